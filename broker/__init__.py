@@ -1,0 +1,1 @@
+"""rankboard broker: PULL ingest, pure per-run sinks, PUB feed and snapshot."""

@@ -1,0 +1,146 @@
+"""The rank -> broker wire: one tagged union of msgspec Structs (PROTOCOL.md section 2).
+
+This module is the single source of truth for the frames a training rank sends. It
+imports only msgspec so that both the agent (inside a training process) and the broker
+can share it. Limits that msgspec can express as constraints are declared on the types,
+so a frame over them fails decoding; the byte-size limits of ``svg`` and metadata
+``json`` (UTF-8 bytes, not characters) are checked by :func:`check_limits` after decoding.
+
+Encoders and decoders are built once here and reused: building them is the expensive part.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+import msgspec
+from msgspec import Meta
+
+#: Largest ZeroMQ message the broker accepts (``ZMQ_MAXMSGSIZE``).
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+#: Largest ``svg`` payload, in UTF-8 bytes.
+MAX_SVG_BYTES = 2 * 1024 * 1024
+#: Largest metadata ``json`` payload, in UTF-8 bytes.
+MAX_METADATA_BYTES = 1 * 1024 * 1024
+MAX_WORLD_SIZE = 65536
+
+RunId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9._:\-]{1,128}$")]
+Rank = Annotated[int, Meta(ge=0, lt=MAX_WORLD_SIZE)]
+NonNegInt = Annotated[int, Meta(ge=0)]
+Short = Annotated[str, Meta(max_length=256)]
+ScalarName = Annotated[str, Meta(max_length=128)]
+ScalarValue = tuple[float, Annotated[int, Meta(ge=0)]]
+
+
+class GpuSample(msgspec.Struct, omit_defaults=True):
+    """One GPU as NVML sees it. ``device_index`` is the physical NVML index on the rank's host."""
+
+    device_index: NonNegInt
+    name: Annotated[str, Meta(max_length=256)]
+    util_percent: Optional[float] = None
+    vram_allocated_bytes: Optional[NonNegInt] = None
+    vram_total_bytes: Optional[NonNegInt] = None
+    temperature_c: Optional[float] = None
+    power_w: Optional[float] = None
+
+
+class ResourceSample(msgspec.Struct, omit_defaults=True):
+    """A rank's latest view of its host and its own GPU; every field may be absent."""
+
+    cpu_percent: Optional[float] = None
+    ram_used_bytes: Optional[NonNegInt] = None
+    ram_total_bytes: Optional[NonNegInt] = None
+    gpu_util_percent: Optional[float] = None
+    vram_allocated_bytes: Optional[NonNegInt] = None
+    vram_total_bytes: Optional[NonNegInt] = None
+    gpus: Annotated[list[GpuSample], Meta(max_length=64)] = []
+
+
+class _Frame(msgspec.Struct, tag_field="type", omit_defaults=True):
+    """Every frame names its run and the sending rank."""
+
+    run: RunId
+    rank: Rank
+
+
+class Register(_Frame, tag="register"):
+    world_size: Annotated[int, Meta(ge=1, le=MAX_WORLD_SIZE)]
+    host: Short
+    local_rank: NonNegInt = 0
+    port: Annotated[int, Meta(ge=0, le=65535)] = 0
+    total_epochs: NonNegInt = 0
+    pid: NonNegInt = 0
+
+
+class Svg(_Frame, tag="svg"):
+    svg: Annotated[str, Meta(max_length=MAX_SVG_BYTES)]
+    label: Optional[Short] = None
+    hash: Optional[Short] = None
+
+
+class Metadata(_Frame, tag="metadata"):
+    json: Annotated[str, Meta(max_length=MAX_METADATA_BYTES)]
+
+
+class Hardware(_Frame, tag="hardware"):
+    summary: Annotated[str, Meta(max_length=4096)]
+
+
+class Resources(_Frame, tag="resources"):
+    sample: ResourceSample
+
+
+class Metrics(_Frame, tag="metrics"):
+    epoch: NonNegInt
+    avg_loss: float
+    batches: NonNegInt = 0
+    samples: NonNegInt = 0
+    epoch_ms: float = 0.0
+    share_complete_ms: Optional[float] = None
+    scalars: Annotated[dict[ScalarName, ScalarValue], Meta(max_length=256)] = {}
+    resources: Optional[ResourceSample] = None
+
+
+class Finish(_Frame, tag="finish"):
+    status: Literal["ok", "error"] = "ok"
+
+
+Frame = Union[Register, Svg, Metadata, Hardware, Resources, Metrics, Finish]
+
+#: Shared codecs. msgspec encoders/decoders are cheap to call and costly to build.
+encoder = msgspec.msgpack.Encoder()
+decoder: msgspec.msgpack.Decoder[Frame] = msgspec.msgpack.Decoder(Frame)
+
+
+class LimitExceeded(ValueError):
+    """A decoded frame is over one of the byte-size limits of PROTOCOL.md section 2."""
+
+
+def _utf8_over(text: str, limit: int) -> bool:
+    """True when ``text`` is more than ``limit`` UTF-8 bytes, encoding only when it must."""
+    n = len(text)
+    if n * 4 <= limit:  # every code point is at most 4 bytes
+        return False
+    if n > limit:
+        return True
+    return len(text.encode("utf-8", "surrogatepass")) > limit
+
+
+def check_limits(frame: Frame) -> None:
+    """Raise :class:`LimitExceeded` for the limits msgspec constraints cannot express."""
+    if isinstance(frame, Svg):
+        if _utf8_over(frame.svg, MAX_SVG_BYTES):
+            raise LimitExceeded("svg over 2 MiB")
+    elif isinstance(frame, Metadata):
+        if _utf8_over(frame.json, MAX_METADATA_BYTES):
+            raise LimitExceeded("metadata json over 1 MiB")
+
+
+def decode(data: bytes) -> Frame:
+    """Decode and fully validate one frame.
+
+    Raises ``msgspec.DecodeError`` (not MessagePack), ``msgspec.ValidationError``
+    (wrong shape, type, tag or constraint) or :class:`LimitExceeded`.
+    """
+    frame = decoder.decode(data)
+    check_limits(frame)
+    return frame

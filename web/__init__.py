@@ -1,0 +1,1 @@
+"""rankboard web: gevent Flask SSE server and the dashboard page."""
