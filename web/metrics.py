@@ -1,0 +1,122 @@
+"""Prometheus exposition of the hub's state, read at scrape time.
+
+A custom :class:`prometheus_client.registry.Collector` on a per-app
+:class:`~prometheus_client.CollectorRegistry` (no global registry: two apps in one process,
+as in tests, never collide). Nothing is counted twice: the broker's totals come from its
+latest heartbeat, the per-rank figures from the latest ``ranks`` event, the web's own from
+the hub.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from web.hub import Hub, finite
+
+RANK_LABELS = ["run", "rank", "host"]
+
+
+class HubCollector(Collector):
+    """Builds every metric family from the hub when scraped."""
+
+    def __init__(self, hub: Hub, clock: Callable[[], float] = time.time) -> None:
+        self.hub = hub
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        hub = self.hub
+        hb = hub.heartbeat
+        accepted = CounterMetricFamily(
+            "rankboard_frames_accepted", "Frames the broker accepted (since its start).")
+        rejected = CounterMetricFamily(
+            "rankboard_frames_rejected", "Frames the broker rejected, by reason (since its start).",
+            labels=["reason"])
+        late = CounterMetricFamily(
+            "rankboard_late_metrics", "Accepted metrics frames dropped because their epoch had closed.")
+        if hb is not None:
+            accepted.add_metric([], hb.accepted)
+            for reason, count in sorted(hb.rejected.items()):
+                rejected.add_metric([reason], count)
+            late.add_metric([], hb.late_metrics)
+        yield accepted
+        yield rejected
+        yield late
+
+        connected = GaugeMetricFamily(
+            "rankboard_web_connected", "1 while the web has a current snapshot and fresh heartbeats.")
+        connected.add_metric([], 1.0 if hub.connected else 0.0)
+        yield connected
+
+        runs = GaugeMetricFamily("rankboard_runs", "Runs known to the web, by status.",
+                                 labels=["status"])
+        by_status: dict[str, int] = {}
+        for state in hub.runs.values():
+            status = str(state.header.get("status") or "unknown")
+            by_status[status] = by_status.get(status, 0) + 1
+        for status, n in sorted(by_status.items()):
+            runs.add_metric([status], n)
+        yield runs
+
+        clients = GaugeMetricFamily("rankboard_sse_clients", "Open SSE streams.")
+        clients.add_metric([], hub.client_count)
+        yield clients
+        dropped = CounterMetricFamily(
+            "rankboard_sse_clients_dropped", "SSE clients dropped because their queue overflowed.")
+        dropped.add_metric([], hub.clients_dropped)
+        yield dropped
+        gaps = CounterMetricFamily(
+            "rankboard_feed_gaps", "Sequence gaps in the broker feed (each healed by a snapshot).")
+        gaps.add_metric([], hub.gaps)
+        yield gaps
+
+        yield from self._rank_families()
+
+    def _rank_families(self) -> Iterator[Metric]:
+        now = self.clock()
+        families = {
+            "cpu": GaugeMetricFamily("rankboard_rank_cpu_percent",
+                                     "Host CPU utilisation in the rank's latest sample.", labels=RANK_LABELS),
+            "gpu": GaugeMetricFamily("rankboard_rank_gpu_util_percent",
+                                     "The rank's GPU utilisation.", labels=RANK_LABELS),
+            "vram": GaugeMetricFamily("rankboard_rank_vram_used_bytes",
+                                      "The rank's GPU memory in use.", labels=RANK_LABELS),
+            "vram_total": GaugeMetricFamily("rankboard_rank_vram_total_bytes",
+                                            "The rank's GPU memory in total.", labels=RANK_LABELS),
+            "age": GaugeMetricFamily("rankboard_rank_last_seen_age_seconds",
+                                     "Seconds since the rank's last accepted frame.", labels=RANK_LABELS),
+            "epoch": GaugeMetricFamily("rankboard_rank_epoch",
+                                       "The last epoch the rank reported.", labels=RANK_LABELS),
+            "loss": GaugeMetricFamily("rankboard_rank_loss",
+                                      "The rank's last reported average loss.", labels=RANK_LABELS),
+        }
+        for state in self.hub.runs.values():
+            for entry in state.ranks_full:
+                if not isinstance(entry, dict):
+                    continue
+                labels = [state.run, str(entry.get("rank")), str(entry.get("host") or "")]
+                res: Any = entry.get("resources") or {}
+                values: dict[str, float | None] = {
+                    "cpu": finite(res.get("cpu_percent")) if isinstance(res, dict) else None,
+                    "gpu": finite(res.get("gpu_util_percent")) if isinstance(res, dict) else None,
+                    "vram": finite(res.get("vram_allocated_bytes")) if isinstance(res, dict) else None,
+                    "vram_total": finite(res.get("vram_total_bytes")) if isinstance(res, dict) else None,
+                    "epoch": finite(entry.get("epoch")),
+                    "loss": finite(entry.get("loss")),
+                }
+                seen = finite(entry.get("last_seen"))
+                values["age"] = max(0.0, now - seen) if seen is not None else None
+                for key, value in values.items():
+                    if value is not None:
+                        families[key].add_metric(labels, value)
+        yield from families.values()
+
+
+def make_registry(hub: Hub) -> CollectorRegistry:
+    """A fresh registry holding only the hub collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(HubCollector(hub))
+    return registry
