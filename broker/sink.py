@@ -1,0 +1,631 @@
+"""One run's pure state machine: ``apply(frame, now) -> [Event]`` (PROTOCOL.md 2, 2.1-2.3, 3).
+
+The sink holds everything the broker knows about one run and turns accepted frames into the
+events the web streams. It does no I/O and reads no clock: the caller passes ``now``. Given
+the same frames and times it produces the same events and state, which is what lets the
+journal rebuild a run by replaying its frames.
+
+Rules worth knowing before reading the code:
+
+* A rejected frame raises :class:`Rejected` *before* anything is touched, so it has no
+  effect at all (no rank created, no sequence number used).
+* Run-wide settings latch on first arrival (world_size, port, total_epochs, the first
+  non-empty svg) or are last-write (metadata); per-rank state is last-write.
+* An epoch closes when every unfinished rank in range reported it, or when a later epoch
+  closes; the record itself comes from :mod:`broker.aggregate`.
+* ``apply`` never emits ``ranks`` (the array is large and changes with every frame): it
+  marks it dirty and :meth:`RunSink.tick` emits it at most once per ``ranks_interval``.
+
+Cost: the work per frame is O(1) apart from header rebuilds, and an epoch close is
+O(world size). The topology (rank -> host, local rank; hosts ordered) is maintained as
+registers arrive and its ordered view is cached until the next topology change.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import math
+from typing import Any, Dict, List, NamedTuple, Tuple
+
+from broker import aggregate
+from rank_agent.protocol import (
+    Finish,
+    Frame,
+    Hardware,
+    Metadata,
+    Metrics,
+    Register,
+    Resources,
+    ResourceSample,
+    Svg,
+)
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two warnings about a conflicting port in one run (the count is kept).
+PORT_WARN_INTERVAL = 60.0
+#: Header status values of a run that has ended.
+ENDED = ("complete", "failed")
+_NO_REPORT = object()  # sentinel for a cached hardware block of a host with no report
+
+
+class Event(NamedTuple):
+    """One thing the web must hear about, numbered in the run's sequence."""
+
+    seq: int  # the run's sequence number; strictly increasing per run, never reused
+    kind: str  # "run" | "epoch" | "ranks" | "complete"
+    data: Any  # run header dict | epoch record dict | ranks list | {"status": ...}
+
+
+class Rejected(Exception):
+    """A frame the sink refuses; ``reason`` is the counter key.
+
+    Reasons: ``world_size_mismatch``, ``rank_out_of_range``, ``bad_metadata_json``.
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class Topology:
+    """Host and local rank per registered global rank, ordered as PROTOCOL 2.1 says.
+
+    Hosts are ordered by the lowest global rank registered on them; ranks within a host by
+    local rank (then global rank, so equal local ranks still order deterministically). The
+    ordered view is rebuilt lazily after a change and cached, so an epoch close or a header
+    costs no sort while the topology is stable.
+    """
+
+    def __init__(self) -> None:
+        #: rank -> (host, local_rank), for every registered rank.
+        self.place: Dict[int, Tuple[str, int]] = {}
+        self._members: Dict[str, List[Tuple[int, int]]] = {}  # host -> sorted (lr, rank)
+        self._lowest: Dict[str, int] = {}  # host -> lowest global rank on it
+        self._ordered: List[Tuple[str, List[int]]] | None = None
+        #: Bumped on every change; lets callers cache things derived from the topology.
+        self.version = 0
+
+    def set(self, rank: int, host: str, local_rank: int) -> List[str]:
+        """Place ``rank``; returns the hosts whose membership changed (empty: no change)."""
+        old = self.place.get(rank)
+        if old == (host, local_rank):
+            return []
+        touched = []
+        if old is not None:
+            self._drop(rank, old)
+            touched.append(old[0])
+        self.place[rank] = (host, local_rank)
+        bisect.insort(self._members.setdefault(host, []), (local_rank, rank))
+        low = self._lowest.get(host)
+        if low is None or rank < low:
+            self._lowest[host] = rank
+        if host not in touched:
+            touched.append(host)
+        self._changed()
+        return touched
+
+    def remove(self, rank: int) -> str | None:
+        """Forget ``rank``; returns its host (None if it was not placed)."""
+        old = self.place.pop(rank, None)
+        if old is None:
+            return None
+        self._drop(rank, old)
+        self._changed()
+        return old[0]
+
+    def _drop(self, rank: int, old: Tuple[str, int]) -> None:
+        host, local_rank = old
+        members = self._members[host]
+        del members[bisect.bisect_left(members, (local_rank, rank))]
+        if not members:
+            del self._members[host]
+            del self._lowest[host]
+        elif self._lowest[host] == rank:
+            self._lowest[host] = min(r for _, r in members)
+
+    def _changed(self) -> None:
+        self._ordered = None
+        self.version += 1
+
+    def ordered(self) -> List[Tuple[str, List[int]]]:
+        """[(host, [ranks in local-rank order])] in host order. Cached; do not mutate."""
+        if self._ordered is None:
+            lowest = self._lowest
+            self._ordered = [
+                (host, [r for _, r in self._members[host]])
+                for host in sorted(lowest, key=lowest.__getitem__)
+            ]
+        return self._ordered
+
+    def members(self, host: str) -> List[Tuple[int, int]]:
+        """The (local_rank, rank) pairs of ``host`` in order (empty for an unknown host)."""
+        return self._members.get(host, [])
+
+
+class _Rank:
+    """Per-rank state. Plain slots: thousands of these are read at every close."""
+
+    __slots__ = ("rank", "status", "last_seen", "epoch", "loss", "hardware", "sample_json")
+
+    def __init__(self, rank: int, now: float) -> None:
+        self.rank = rank
+        self.status = "ok"  # ok | stale | finished | error
+        self.last_seen = now
+        self.epoch: int | None = None
+        self.loss: float | None = None
+        self.hardware: str | None = None
+        self.sample_json: Dict[str, Any] | None = None  # cached dict of the latest sample
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished" or self.status == "error"
+
+
+class RunSink:
+    """The broker's state of one run; see the module docstring for the rules."""
+
+    def __init__(self, run: str, *, stale_after: float = 30.0, ranks_interval: float = 1.0) -> None:
+        self.run = run
+        self.stale_after = stale_after
+        self.ranks_interval = ranks_interval
+        #: Last sequence number issued (0 = none). The server may raise it (after a restart).
+        self.seq = 0
+        #: Closed epoch records, ascending epoch, and the seq of each one's "epoch" event.
+        self.records: List[Dict[str, Any]] = []
+        self.record_seqs: List[int] = []
+        #: (seq, status) of the last "complete" event while the run is ended, else None.
+        self.complete: Tuple[int, str] | None = None
+        #: Metrics frames dropped because their epoch had already closed.
+        self.late_metrics = 0
+        #: Registers that named a port other than the latched one (warned, ignored).
+        self.port_conflicts = 0
+
+        self.started_at: float | None = None
+        self.updated_at: float | None = None
+        self.status = "waiting"
+        self.world_size: int | None = None
+        self.total_epochs = 0  # 0 = unknown
+        self.port = 0  # 0 = none
+        self.svg: str | None = None
+        self.label: str | None = None
+        self.hash: str | None = None
+        self.metadata: Any = None
+
+        self.topology = Topology()
+        self._ranks: Dict[int, _Rank] = {}
+        self._samples: Dict[int, ResourceSample] = {}  # rank -> latest sample
+        self._n_finished = 0  # tracked ranks that have finished (ok or error)
+        self._n_error = 0  # ... of which with status "error"
+        # Pending epochs: epoch -> {rank: its last metrics frame}, and per epoch how many of
+        # those reporters have not finished (the close test is then one comparison).
+        self._pending: Dict[int, Dict[int, Metrics]] = {}
+        self._pending_active: Dict[int, int] = {}
+        self._last_closed = -1
+        self._durations: List[float] = []
+        # Alerts keyed (kind, rank), in first-raised order.
+        self._alerts: Dict[Tuple[str, int | None], Dict[str, Any]] = {}
+        # Hardware string: one cached block per host (invalidated per host) and the joined string.
+        self._hw_blocks: Dict[str, Any] = {}
+        self._hw_string: str | None = ""
+        self._ranks_dirty = False
+        self._ranks_sent_at: float | None = None
+        self._last_port_warn: float | None = None
+        # Per-apply scratch.
+        self._events: List[Event] = []
+        self._header_changed = False
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def finished(self) -> bool:
+        """True while the run has ended (status complete or failed)."""
+        return self.status in ENDED
+
+    def apply(self, frame: Frame, now: float) -> List[Event]:
+        """Apply one decoded frame received at ``now``; returns the events it caused.
+
+        Raises :class:`Rejected` with nothing changed when the frame breaks a sink rule.
+        """
+        parsed = self._check(frame)
+        self._events = []
+        self._header_changed = False
+        if self.started_at is None:
+            self.started_at = now
+            self._header_changed = True
+        self.updated_at = now
+        st = self._touch(frame.rank, now)
+        if isinstance(frame, Metrics):
+            self._on_metrics(frame, st)
+        elif isinstance(frame, Resources):
+            self._set_sample(st, frame.sample)
+        elif isinstance(frame, Register):
+            self._on_register(frame, st, now)
+        elif isinstance(frame, Finish):
+            self._on_finish(frame, st, now)
+        elif isinstance(frame, Hardware):
+            self._on_hardware(frame, st)
+        elif isinstance(frame, Svg):
+            self._on_svg(frame)
+        elif isinstance(frame, Metadata):
+            if parsed != self.metadata or type(parsed) is not type(self.metadata):
+                self._header_changed = True
+            self.metadata = parsed
+        return self._finish_apply(now)
+
+    def tick(self, now: float) -> List[Event]:
+        """Liveness at ``now``: stale transitions and their alerts; the rate-limited ``ranks``."""
+        self._events = []
+        self._header_changed = False
+        limit = now - self.stale_after
+        for st in self._ranks.values():
+            if st.status == "ok" and st.last_seen <= limit:
+                st.status = "stale"
+                self._ranks_dirty = True
+                self._raise("stale", st.rank, f"rank {st.rank} silent for {self.stale_after:g}s", now)
+        if self._header_changed:
+            self._emit("run", self.header())
+        if self._ranks_dirty and (
+            self._ranks_sent_at is None or now - self._ranks_sent_at >= self.ranks_interval
+        ):
+            self._ranks_dirty = False
+            self._ranks_sent_at = now
+            self._emit("ranks", self.ranks())
+        events, self._events = self._events, []
+        return events
+
+    def header(self) -> Dict[str, Any]:
+        """The run header of PROTOCOL 4 as a fresh JSON-ready dict."""
+        return {
+            "run": self.run,
+            "status": self.status,
+            "world_size": self.world_size,
+            "total_epochs": self.total_epochs or None,
+            "label": self.label,
+            "hash": self.hash,
+            "port": self.port or None,
+            "metadata": self.metadata,
+            "hardware": self._hardware(),
+            "has_svg": self.svg is not None,
+            "hosts": [{"host": h, "ranks": list(rs)} for h, rs in self.topology.ordered()],
+            "alerts": [dict(a) for a in self._alerts.values()],
+            "started_at": self.started_at,
+            "updated_at": self.updated_at,
+        }
+
+    def ranks(self) -> List[Dict[str, Any]]:
+        """The ``ranks`` array of PROTOCOL 4 (rank order), each entry plus its last ``loss``."""
+        place = self.topology.place
+        out = []
+        for rank in sorted(self._ranks):
+            st = self._ranks[rank]
+            p = place.get(rank)
+            out.append(
+                {
+                    "rank": rank,
+                    "host": p[0] if p else None,
+                    "local_rank": p[1] if p else None,
+                    "status": st.status,
+                    "last_seen": st.last_seen,
+                    "epoch": st.epoch,
+                    "hardware": st.hardware,
+                    "resources": self._sample_json(st),
+                    "loss": st.loss,
+                }
+            )
+        return out
+
+    def snapshot(self) -> Dict[str, Any]:
+        """Everything a late subscriber needs (the Clone pattern of docs/DESIGN.md) plus the svg."""
+        return {
+            "run": self.run,
+            "seq": self.seq,
+            "header": self.header(),
+            "ranks": self.ranks(),
+            "records": [[s, r] for s, r in zip(self.record_seqs, self.records)],
+            "complete": list(self.complete) if self.complete is not None else None,
+            "svg": self.svg,
+        }
+
+    # ------------------------------------------------------------------ validation
+
+    def _check(self, frame: Frame) -> Any:
+        """Raise Rejected if the frame breaks a sink rule; returns parsed metadata if any.
+
+        Runs before any state changes: this is what makes a rejection side-effect free.
+        """
+        ws = self.world_size
+        if isinstance(frame, Register):
+            if ws is not None and frame.world_size != ws:
+                raise Rejected(
+                    "world_size_mismatch",
+                    f"rank {frame.rank} says world_size {frame.world_size}, run has {ws}",
+                )
+            limit = ws if ws is not None else frame.world_size
+            if frame.rank >= limit:
+                raise Rejected("rank_out_of_range", f"rank {frame.rank} >= world_size {limit}")
+            return None
+        if ws is not None and frame.rank >= ws:
+            raise Rejected("rank_out_of_range", f"rank {frame.rank} >= world_size {ws}")
+        if isinstance(frame, Metadata):
+            try:
+                return json.loads(frame.json)
+            except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
+                raise Rejected("bad_metadata_json", str(exc)[:200]) from None
+        return None
+
+    # ------------------------------------------------------------------ frame rules
+
+    def _touch(self, rank: int, now: float) -> _Rank:
+        """Mark ``rank`` seen (creating it); a stale rank is ok again, a finished one stays."""
+        st = self._ranks.get(rank)
+        if st is None:
+            st = self._ranks[rank] = _Rank(rank, now)
+        else:
+            st.last_seen = now
+            if st.status == "stale":
+                st.status = "ok"
+        self._ranks_dirty = True
+        return st
+
+    def _set_sample(self, st: _Rank, sample: ResourceSample) -> None:
+        self._samples[st.rank] = sample
+        st.sample_json = None
+
+    def _sample_json(self, st: _Rank) -> Dict[str, Any] | None:
+        if st.sample_json is None:
+            sample = self._samples.get(st.rank)
+            if sample is None:
+                return None
+            st.sample_json = aggregate.sample_dict(sample)
+        return st.sample_json
+
+    def _on_register(self, frame: Register, st: _Rank, now: float) -> None:
+        if self.world_size is None:
+            self.world_size = frame.world_size
+            self._header_changed = True
+            self._discard_out_of_range()
+        touched = self.topology.set(frame.rank, frame.host, frame.local_rank)
+        if touched:
+            self._header_changed = True
+            self._topology_changed(touched)
+        if frame.port:
+            if not self.port:
+                self.port = frame.port
+                self._header_changed = True
+            elif frame.port != self.port:
+                self.port_conflicts += 1
+                if self._last_port_warn is None or now - self._last_port_warn >= PORT_WARN_INTERVAL:
+                    self._last_port_warn = now
+                    log.warning(
+                        "run %s: rank %d asks for port %d, already %d; ignored (%d so far)",
+                        self.run, frame.rank, frame.port, self.port, self.port_conflicts,
+                    )
+        if frame.total_epochs and not self.total_epochs:
+            self.total_epochs = frame.total_epochs
+            self._header_changed = True
+        if st.finished:
+            self._reactivate(st)
+        self._close_ready()
+
+    def _reactivate(self, st: _Rank) -> None:
+        """A register from a finished rank: it trains again, and so does an ended run."""
+        if st.status == "error":
+            self._n_error -= 1
+        self._n_finished -= 1
+        st.status = "ok"
+        rank = st.rank
+        for epoch, reports in self._pending.items():
+            if rank in reports:
+                self._pending_active[epoch] += 1
+        if self.finished:
+            self.status = "training" if self.records else "waiting"
+            self.complete = None
+            self._header_changed = True
+
+    def _on_finish(self, frame: Finish, st: _Rank, now: float) -> None:
+        if st.finished:
+            return  # a repeated finish is a no-op: the first one decided the rank's status
+        error = frame.status == "error"
+        st.status = "error" if error else "finished"
+        self._n_finished += 1
+        rank = st.rank
+        for epoch, reports in self._pending.items():
+            if rank in reports:
+                self._pending_active[epoch] -= 1
+        if error:
+            self._n_error += 1
+            self._raise("rank_error", rank, f"rank {rank} finished with error", now)
+        self._close_ready()
+
+    def _on_metrics(self, frame: Metrics, st: _Rank) -> None:
+        if frame.resources is not None:
+            self._set_sample(st, frame.resources)
+        epoch = frame.epoch
+        if epoch <= self._last_closed:
+            self.late_metrics += 1
+            return
+        st.epoch = epoch
+        st.loss = frame.avg_loss
+        reports = self._pending.get(epoch)
+        if reports is None:
+            reports = self._pending[epoch] = {}
+            self._pending_active[epoch] = 0
+        rank = st.rank
+        if rank not in reports and not st.finished:
+            self._pending_active[epoch] += 1
+        reports[rank] = frame
+        ws = self.world_size
+        if ws is not None and self._pending_active[epoch] == ws - self._n_finished:
+            self._close_through(epoch)
+
+    def _on_hardware(self, frame: Hardware, st: _Rank) -> None:
+        if st.hardware == frame.summary:
+            return
+        st.hardware = frame.summary
+        place = self.topology.place.get(st.rank)
+        if place is not None:  # an unplaced rank is in no host block
+            self._hw_blocks.pop(place[0], None)
+            self._refresh_hardware()
+
+    def _on_svg(self, frame: Svg) -> None:
+        if self.svg is None and frame.svg:
+            self.svg = frame.svg
+            self.label = frame.label
+            self.hash = frame.hash
+            self._header_changed = True
+
+    # ------------------------------------------------------------------ world size
+
+    def _discard_out_of_range(self) -> None:
+        """Forget per-rank state of ranks that turned out to be >= the world size."""
+        ws = self.world_size
+        assert ws is not None
+        gone = [r for r in self._ranks if r >= ws]
+        touched: List[str] = []
+        for rank in gone:
+            st = self._ranks.pop(rank)
+            if st.finished:
+                self._n_finished -= 1
+                if st.status == "error":
+                    self._n_error -= 1
+            self._samples.pop(rank, None)
+            host = self.topology.remove(rank)
+            if host is not None and host not in touched:
+                touched.append(host)
+            for epoch in list(self._pending):
+                reports = self._pending[epoch]
+                if reports.pop(rank, None) is not None:
+                    if not st.finished:
+                        self._pending_active[epoch] -= 1
+                    if not reports:
+                        del self._pending[epoch]
+                        del self._pending_active[epoch]
+        if gone:
+            for key in [k for k in self._alerts if k[1] is not None and k[1] >= ws]:
+                del self._alerts[key]
+        if touched:
+            self._topology_changed(touched)
+
+    # ------------------------------------------------------------------ epochs
+
+    def _close_ready(self) -> None:
+        """Close the highest pending epoch that is complete, and every one below it."""
+        ws = self.world_size
+        if ws is None or not self._pending:
+            return
+        need = ws - self._n_finished
+        active = self._pending_active
+        for epoch in sorted(self._pending, reverse=True):
+            if active[epoch] == need:
+                self._close_through(epoch)
+                return
+
+    def _close_through(self, epoch: int) -> None:
+        """Close every pending epoch <= ``epoch`` in ascending order."""
+        for e in sorted(e for e in self._pending if e <= epoch):
+            self._close(e)
+
+    def _close(self, epoch: int) -> None:
+        reports = self._pending.pop(epoch)
+        del self._pending_active[epoch]
+        now = self.updated_at
+        assert self.world_size is not None and now is not None and self.started_at is not None
+        record = aggregate.epoch_record(
+            epoch=epoch,
+            world_size=self.world_size,
+            reports=reports,
+            samples=self._samples,
+            hosts=[ranks for _, ranks in self.topology.ordered()],
+            placement=self.topology.place,
+            total_epochs=self.total_epochs or None,
+            past_durations=self._durations,
+            elapsed_secs=now - self.started_at,
+        )
+        self._last_closed = epoch
+        self._durations.append(record["duration_secs"])
+        del self._durations[: -aggregate.ETA_WINDOW]
+        self.records.append(record)
+        self.record_seqs.append(self._emit("epoch", record))
+        if self.status == "waiting":
+            self.status = "training"
+            self._header_changed = True
+        loss = record["metrics"]["loss"]
+        if not math.isfinite(loss):
+            self._raise("nonfinite_loss", None, f"epoch {epoch}: loss is {loss}", now)
+
+    # ------------------------------------------------------------------ header parts
+
+    def _topology_changed(self, hosts: List[str]) -> None:
+        for host in hosts:
+            self._hw_blocks.pop(host, None)
+        self._refresh_hardware()
+
+    def _refresh_hardware(self) -> None:
+        """Re-join the hardware string (rendering only invalidated host blocks)."""
+        before = self._hw_string
+        self._hw_string = None
+        if self._hardware() != before:
+            self._header_changed = True
+
+    def _hardware(self) -> str:
+        """The hardware string of PROTOCOL 2.2."""
+        if self._hw_string is None:
+            blocks = []
+            for host, _ in self.topology.ordered():
+                block = self._hw_blocks.get(host)
+                if block is None:
+                    block = self._hw_blocks[host] = self._render_host(host)
+                if block is not _NO_REPORT:
+                    blocks.append(block)
+            self._hw_string = " | ".join(blocks)
+        return self._hw_string
+
+    def _render_host(self, host: str) -> Any:
+        """``"<host>: <cpu>"`` plus one ``" | gr=G lr=L: <gpu>"`` per rank with a GPU part."""
+        parts: List[str] = []
+        for local_rank, rank in self.topology.members(host):
+            st = self._ranks.get(rank)
+            summary = st.hardware if st is not None else None
+            if summary is None:
+                continue
+            cpu, sep, gpu = summary.partition(" | ")
+            if not parts:
+                parts.append(f"{host}: {cpu}")
+            if sep and gpu:
+                parts.append(f"gr={rank} lr={local_rank}: {gpu}")
+        return " | ".join(parts) if parts else _NO_REPORT
+
+    # ------------------------------------------------------------------ events
+
+    def _raise(self, kind: str, rank: int | None, message: str, now: float) -> None:
+        """Raise (or re-raise) an alert; the header lists each (kind, rank) once."""
+        alert = self._alerts.get((kind, rank))
+        if alert is None:
+            self._alerts[(kind, rank)] = {"kind": kind, "rank": rank, "message": message, "at": now}
+        else:
+            alert["message"] = message
+            alert["at"] = now
+        self._header_changed = True
+
+    def _emit(self, kind: str, data: Any) -> int:
+        self.seq += 1
+        self._events.append(Event(self.seq, kind, data))
+        return self.seq
+
+    def _finish_apply(self, now: float) -> List[Event]:
+        """Complete the run if every rank finished, then emit the header and completion."""
+        completed = None
+        ws = self.world_size
+        if ws is not None and self._n_finished == ws and not self.finished:
+            completed = "failed" if self._n_error else "complete"
+            self.status = completed
+            self._header_changed = True
+        if self._header_changed:
+            self._emit("run", self.header())
+        if completed is not None:
+            self.complete = (self._emit("complete", {"status": completed}), completed)
+        events, self._events = self._events, []
+        return events
