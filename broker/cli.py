@@ -1,0 +1,266 @@
+"""``rankboard`` entry point: argparse for every subcommand, dispatch, logging setup.
+
+All flags of all subcommands are defined here, in one place, so ``broker``, ``web``, ``up``
+and ``demo`` cannot drift apart. The web commands (``web``, ``up``, ``demo``) and ``keys``
+are imported lazily: ``rankboard broker`` never imports gevent or Flask.
+
+Errors a user can cause (bad flags, an address in use, an unreadable data dir) end in one
+line on stderr naming the problem and a non-zero exit (2 for usage, 1 otherwise), never a
+traceback. SIGINT and SIGTERM stop cleanly with exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, NoReturn, Sequence
+
+__all__ = ["main", "build_parser", "build_server", "default_data_dir", "run_broker"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INGEST = "tcp://127.0.0.1:5585"
+DEFAULT_PUBLISH = "tcp://127.0.0.1:5586"
+DEFAULT_SNAPSHOT = "tcp://127.0.0.1:5587"
+DEFAULT_WEB_HOST = "127.0.0.1"
+DEFAULT_WEB_PORT = 8585
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line: ``<prog>: <problem> (see --help)``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def default_data_dir() -> Path:
+    """``$XDG_STATE_HOME/rankboard``, else ``~/.local/state/rankboard``."""
+    state = os.environ.get("XDG_STATE_HOME")
+    base = Path(state) if state else Path.home() / ".local" / "state"
+    return base / "rankboard"
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _int_range(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _endpoint(text: str) -> str:
+    if "://" not in text:
+        raise argparse.ArgumentTypeError(
+            f"not a ZeroMQ endpoint: {text!r} (expected e.g. tcp://127.0.0.1:5585)"
+        )
+    return text
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="more logging (-v: DEBUG)")
+    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper,
+                   help="logging level (default INFO)")
+
+
+def _feed_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--publish", type=_endpoint, default=DEFAULT_PUBLISH,
+                   help=f"broker PUB endpoint (default {DEFAULT_PUBLISH})")
+    p.add_argument("--snapshot", type=_endpoint, default=DEFAULT_SNAPSHOT,
+                   help=f"broker snapshot ROUTER endpoint (default {DEFAULT_SNAPSHOT})")
+
+
+def _broker_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ingest", type=_endpoint, default=DEFAULT_INGEST,
+                   help=f"PULL endpoint the ranks push to (default {DEFAULT_INGEST}; "
+                        "a cluster passes tcp://*:5585)")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help=f"where runs are journaled (default {default_data_dir()})")
+    p.add_argument("--stale-after", type=_positive_float, default=30.0,
+                   help="seconds of silence before a rank is stale (default 30)")
+    p.add_argument("--max-runs", type=_int_range(1), default=1000,
+                   help="runs held in memory; the oldest finished is evicted (default 1000)")
+    p.add_argument("--curve-secret-key", type=Path, default=None,
+                   help="broker CURVE secret key file (from `rankboard keys`); "
+                        "needs --curve-authorized")
+    p.add_argument("--curve-authorized", type=Path, default=None,
+                   help="directory of authorized client public keys")
+
+
+def _web_flags(p: argparse.ArgumentParser, *, port_default: int | None) -> None:
+    p.add_argument("--host", default=DEFAULT_WEB_HOST,
+                   help=f"web bind address (default {DEFAULT_WEB_HOST})")
+    port_help = ("web port (default: bind lazily on the first port a rank registers)"
+                 if port_default is None else f"web port (default {port_default})")
+    p.add_argument("--port", type=_int_range(0, 65535), default=port_default, help=port_help)
+    p.add_argument("--token", default=os.environ.get("RANKBOARD_TOKEN"),
+                   help="bearer token required by the web (default $RANKBOARD_TOKEN)")
+    p.add_argument("--insecure-no-auth", action="store_true",
+                   help="allow a non-loopback --host without a token")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``rankboard`` command line (every subcommand's flags)."""
+    parser = _Parser(prog="rankboard", description="Live dashboards for distributed training.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("broker", help="run the broker (ingest, feed, journal)")
+    _broker_flags(p)
+    _feed_flags(p)
+    _common(p)
+
+    p = sub.add_parser("web", help="run the web dashboard against a broker")
+    _feed_flags(p)
+    _web_flags(p, port_default=DEFAULT_WEB_PORT)
+    _common(p)
+
+    p = sub.add_parser("up", help="broker and web in one command")
+    _broker_flags(p)
+    _feed_flags(p)
+    _web_flags(p, port_default=None)
+    _common(p)
+
+    p = sub.add_parser("demo", help="everything plus a simulated cluster of real agents")
+    _broker_flags(p)
+    _feed_flags(p)
+    _web_flags(p, port_default=DEFAULT_WEB_PORT)
+    p.add_argument("--ranks", type=_int_range(1, 65536), default=8, help="ranks (default 8)")
+    p.add_argument("--hosts", type=_int_range(1, 65536), default=2, help="hosts (default 2)")
+    p.add_argument("--epochs", type=_int_range(1), default=20, help="epochs (default 20)")
+    p.add_argument("--epoch-seconds", type=_positive_float, default=2.0,
+                   help="seconds per simulated epoch (default 2.0)")
+    _common(p)
+
+    p = sub.add_parser("keys", help="create CURVE key pairs in DIR")
+    p.add_argument("dir", type=Path, metavar="DIR", help="directory for the key pairs")
+    _common(p)
+    return parser
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    level = args.log_level or ("DEBUG" if args.verbose else "INFO")
+    logging.basicConfig(
+        level=level, stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def build_server(args: argparse.Namespace) -> Any:
+    """A :class:`broker.server.BrokerServer` from broker flags (also used by ``up``/``demo``)."""
+    from broker.server import BrokerServer
+
+    return BrokerServer(
+        args.ingest, args.publish, args.snapshot,
+        stale_after=args.stale_after,
+        data_dir=args.data_dir if args.data_dir is not None else default_data_dir(),
+        curve_secret_key=args.curve_secret_key,
+        curve_authorized=args.curve_authorized,
+        max_runs=args.max_runs,
+    )
+
+
+def _install_stop_handlers(stop: Callable[[], None]) -> None:
+    """SIGINT/SIGTERM call ``stop`` (main thread only; elsewhere the caller stops us)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop())
+
+
+def run_broker(args: argparse.Namespace) -> int:
+    """``rankboard broker``: bind, serve until SIGINT/SIGTERM, close."""
+    server = build_server(args)
+    try:
+        server.bind()
+        _install_stop_handlers(server.stop)
+        server.serve_forever()
+    finally:
+        server.close()
+    log.info("broker stopped")
+    return 0
+
+
+def _web_command(name: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        from web import cli as web_cli  # lazy: gevent is patched only in there
+
+        return int(getattr(web_cli, f"{name}_main")(args) or 0)
+
+    return run
+
+
+def _keys_command(args: argparse.Namespace) -> int:
+    from broker.keys import keys_main
+
+    return int(keys_main(args) or 0)
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "broker": run_broker,
+    "web": _web_command("web"),
+    "up": _web_command("up"),
+    "demo": _web_command("demo"),
+    "keys": _keys_command,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``rankboard``; returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2, already printed)
+        return int(exc.code or 0)
+    prog = f"rankboard {args.command}"
+    if hasattr(args, "curve_secret_key") and (
+        (args.curve_secret_key is None) != (args.curve_authorized is None)
+    ):
+        print(f"{prog}: --curve-secret-key and --curve-authorized go together", file=sys.stderr)
+        return 2
+    _configure_logging(args)
+    try:
+        return _COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        return 0
+    except ImportError as exc:
+        print(f"{prog}: not available: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # BindError, data dir problems, ...
+        print(f"{prog}: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: OSError) -> str:
+    """``str(BindError)`` is already the message; other OSErrors read ``strerror: filename``."""
+    from broker.server import BindError
+
+    if isinstance(exc, BindError):
+        return str(exc)
+    if exc.strerror and exc.filename:
+        return f"{exc.strerror}: {exc.filename}"
+    return " ".join(str(exc).split())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

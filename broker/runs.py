@@ -1,0 +1,260 @@
+"""Runs: the broker's registry of live runs, pure (no sockets, no clock of its own).
+
+``Runs.ingest(raw, now)`` is the whole meaning of one received message: size check, decode,
+find or create the run's :class:`~broker.sink.RunSink`, apply, count. The server only moves
+bytes; every reject rule is a fast unit test here (STYLE 4: receive loop apart from handler).
+
+Reject reasons (docs/HELPERS.md): ``oversize``, ``decode``, ``schema``, ``limit`` (decode
+level), the sink's ``Rejected.reason`` and ``too_many_runs``. A rejected frame has no effect
+but its counter: in particular it never creates a run.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict
+from typing import Any, Callable, Iterator
+
+import msgspec
+
+from broker.ratelimit import RateLimitedLog
+from broker.sink import Event, Rejected, RunSink
+from rank_agent import protocol
+from rank_agent.protocol import Frame
+
+__all__ = ["Runs", "OnAccept"]
+
+log = logging.getLogger(__name__)
+
+#: Called with (run, raw, frame, now) for every accepted frame, after the sink applied it
+#: (the server journals it and notes registered ports).
+OnAccept = Callable[[str, bytes, Frame, float], None]
+
+#: How many evicted runs' last sequence numbers are remembered (see ``_evicted``).
+_EVICTED_MEMORY = 100_000
+
+
+class Runs:
+    """All runs the broker holds in memory, with reject counting and a cap on their number.
+
+    When ``max_runs`` runs are held and a frame names a new one, the least recently active
+    *finished* run is evicted from memory (it stays in the journal); if none has finished,
+    the frame is rejected as ``too_many_runs``.
+
+    Hooks (the server wires them to the journal): ``on_accept(run, raw, frame, now)`` after
+    every accepted frame; ``loader(run)`` when a frame names a run not in memory, to bring
+    back one evicted earlier (None: a new run); ``on_evict(run)`` when a run leaves memory
+    (also when a run brought back by ``loader`` is dropped again because its frame was
+    rejected).
+    """
+
+    def __init__(
+        self,
+        *,
+        stale_after: float = 30.0,
+        max_runs: int = 1000,
+        ranks_interval: float = 1.0,
+        sinks: dict[str, RunSink] | None = None,
+        on_accept: OnAccept | None = None,
+        loader: Callable[[str], RunSink | None] | None = None,
+        on_evict: Callable[[str], None] | None = None,
+        rate_log: RateLimitedLog | None = None,
+    ) -> None:
+        if max_runs < 1:
+            raise ValueError("max_runs must be >= 1")
+        self.stale_after = stale_after
+        self.max_runs = max_runs
+        self.ranks_interval = ranks_interval
+        self.on_accept = on_accept
+        self.loader = loader
+        self.on_evict = on_evict
+        self.accepted = 0
+        self.rejected: Counter[str] = Counter()
+        self._rlog = rate_log if rate_log is not None else RateLimitedLog(log)
+        # Ordered by last accepted frame, least recent first: eviction scans from the front.
+        self._sinks: OrderedDict[str, RunSink] = OrderedDict(sinks or {})
+        # late_metrics of runs no longer in memory, so the total never goes backwards.
+        self._late_evicted = 0
+        # run -> last seq issued before eviction: a run that comes back must keep its ids
+        # increasing (the web drops anything at or below what it has seen).
+        self._evicted: OrderedDict[str, int] = OrderedDict()
+
+    # -- accessors ---------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._sinks)
+
+    def __contains__(self, run: object) -> bool:
+        return run in self._sinks
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._sinks))
+
+    def get(self, run: str) -> RunSink | None:
+        """The run's sink, or None when it is not in memory."""
+        return self._sinks.get(run)
+
+    def sinks(self) -> list[RunSink]:
+        """All sinks in memory (least recently active first)."""
+        return list(self._sinks.values())
+
+    @property
+    def late_metrics(self) -> int:
+        """Total metrics frames dropped as late, over every run ever held since start."""
+        return self._late_evicted + sum(s.late_metrics for s in self._sinks.values())
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+    def restore(self, sinks: dict[str, RunSink]) -> None:
+        """Adopt sinks rebuilt from the journal (they count towards ``max_runs``)."""
+        for run, sink in sinks.items():
+            self._sinks[run] = sink
+
+    # -- the handler -------------------------------------------------------------------
+
+    def ingest(self, raw: bytes, now: float) -> list[tuple[str, Event]]:
+        """Apply one received message; returns the events it caused, tagged with the run.
+
+        Never raises for bad input: a rejected frame is counted by reason, logged
+        rate-limited (one line, no traceback) and returns ``[]``.
+        """
+        if len(raw) > protocol.MAX_FRAME_BYTES:
+            return self._reject("oversize", "%d bytes", len(raw))
+        try:
+            frame = protocol.decode(raw)
+        except msgspec.ValidationError as exc:  # subclasses DecodeError: test it first
+            return self._reject("schema", "%s", exc)
+        except msgspec.DecodeError as exc:
+            return self._reject("decode", "%s", exc)
+        except protocol.LimitExceeded as exc:
+            return self._reject("limit", "%s", exc)
+        return self.apply(frame, now, raw)
+
+    def apply(self, frame: Frame, now: float, raw: bytes = b"") -> list[tuple[str, Event]]:
+        """Apply an already decoded frame (``raw`` is handed to ``on_accept``)."""
+        run = frame.run
+        sink = self._sinks.get(run)
+        created = sink is None
+        victim: str | None = None
+        if sink is None:
+            if len(self._sinks) >= self.max_runs:
+                victim = self._eviction_candidate()
+                if victim is None:
+                    return self._reject(
+                        "too_many_runs", "run %r: %d runs held, none finished", run, len(self._sinks)
+                    )
+            sink = self._load_or_new(run)
+        try:
+            events = sink.apply(frame, now)
+        except Rejected as exc:
+            if created:
+                self._forget_new(run)
+            return self._reject(exc.reason, "run %r rank %d: %s", run, frame.rank, exc)
+        except Exception:
+            # A bug in the sink, not bad input: keep the loop alive, but say where.
+            if created:
+                self._forget_new(run)
+            self.rejected["internal"] += 1
+            self._rlog.error("internal", "sink of run %r failed on a %s frame",
+                             run, type(frame).__name__, exc_info=True)
+            return []
+        if created:
+            if victim is not None:
+                self._evict(victim)
+            self._sinks[run] = sink
+        else:
+            self._sinks.move_to_end(run)
+        self.accepted += 1
+        if self.on_accept is not None:
+            try:
+                self.on_accept(run, raw, frame, now)
+            except Exception:
+                self._rlog.error("on_accept", "recording an accepted frame of run %r failed",
+                                 run, exc_info=True)
+        return [(run, ev) for ev in events]
+
+    def tick(self, now: float) -> list[tuple[str, Event]]:
+        """Liveness timers of every run (stale ranks, alerts, throttled ``ranks`` events)."""
+        out: list[tuple[str, Event]] = []
+        for run, sink in list(self._sinks.items()):
+            try:
+                events = sink.tick(now)
+            except Exception:
+                self._rlog.error(("tick", run), "tick of run %r failed", run, exc_info=True)
+                continue
+            out.extend((run, ev) for ev in events)
+        return out
+
+    def snapshot(self, run: str | None = None) -> list[dict[str, Any]]:
+        """Run snapshots (docs/DESIGN.md) of every run, or of ``run`` alone ([] if unknown)."""
+        if run is not None:
+            sink = self._sinks.get(run)
+            return [] if sink is None else [sink.snapshot()]
+        return [s.snapshot() for s in self._sinks.values()]
+
+    def counters(self) -> dict[str, Any]:
+        """Totals since start, as the heartbeat carries them."""
+        return {
+            "accepted": self.accepted,
+            "rejected": dict(self.rejected),
+            "late_metrics": self.late_metrics,
+            "runs": len(self._sinks),
+        }
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _load_or_new(self, run: str) -> RunSink:
+        if self.loader is not None:
+            try:
+                loaded = self.loader(run)
+            except Exception:
+                self._rlog.error(("load", run), "cannot reload run %r from the journal",
+                                 run, exc_info=True)
+                loaded = None
+            if loaded is not None:
+                log.info("run %r reloaded from the journal", run)
+                return loaded
+        sink = RunSink(run, stale_after=self.stale_after, ranks_interval=self.ranks_interval)
+        last = self._evicted.get(run)
+        if last is not None:
+            # Skip one id on purpose: the web sees a gap and re-snapshots the run, replacing
+            # the state it still holds from before the eviction.
+            sink.seq = last + 1
+        return sink
+
+    def _forget_new(self, run: str) -> None:
+        """Undo bringing in a run whose first frame was rejected: it is not held, and a
+        journal that reloaded it may close it again."""
+        self._sinks.pop(run, None)
+        if self.loader is not None:
+            self._notify_evict(run)
+
+    def _notify_evict(self, run: str) -> None:
+        if self.on_evict is None:
+            return
+        try:
+            self.on_evict(run)
+        except Exception:
+            self._rlog.error(("evict", run), "on_evict of run %r failed", run, exc_info=True)
+
+    def _eviction_candidate(self) -> str | None:
+        for run, sink in self._sinks.items():  # least recently active first
+            if sink.complete is not None:
+                return run
+        return None
+
+    def _evict(self, run: str) -> None:
+        sink = self._sinks.pop(run)
+        self._late_evicted += sink.late_metrics
+        self._evicted[run] = sink.seq
+        self._evicted.move_to_end(run)
+        while len(self._evicted) > _EVICTED_MEMORY:
+            self._evicted.popitem(last=False)
+        self._notify_evict(run)
+        log.info("run %r evicted from memory (finished; %d runs held)", run, len(self._sinks))
+
+    def _reject(self, reason: str, detail: str, *args: Any) -> list[tuple[str, Event]]:
+        self.rejected[reason] += 1
+        self._rlog.warning(reason, "rejected frame (%s): " + detail, reason, *args)
+        return []

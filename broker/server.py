@@ -1,0 +1,425 @@
+"""The broker's I/O shell: PULL -> Runs -> PUB, the snapshot ROUTER, timers and the journal.
+
+Everything with meaning lives in :mod:`broker.runs` and :mod:`broker.sink`; this module only
+moves bytes, in one thread, around one ``zmq.Poller``:
+
+* PULL (ingest) is drained in batches (``NOBLOCK`` until ``Again`` or ``batch_limit``), the
+  batch is journaled and flushed once, then its events are PUBlished, each encoded once.
+  Flushing before publishing means no event leaves the broker before the frame that caused
+  it is handed to the OS, and sequence reservations are written before their ids are used.
+* The ROUTER answers snapshot requests between batches (Clone pattern): since every event is
+  published as soon as it exists, a snapshot is always exactly "everything published so far".
+* The poll timeout (``poll_interval``) drives ``Runs.tick`` and the 1 s heartbeat.
+
+The constructor does no I/O (pyzmq ``Device.bind_in`` style): :meth:`bind` creates and
+binds the sockets, then opens the journal; :meth:`run` serves until stopped.
+"""
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Union
+
+import zmq
+
+from broker import feed
+from broker.ratelimit import RateLimitedLog
+from broker.runs import Runs
+from broker.sink import Event, RunSink
+from rank_agent import protocol
+from rank_agent.protocol import Frame, Register
+
+__all__ = [
+    "BrokerServer",
+    "BindError",
+    "DEFAULT_INGEST",
+    "DEFAULT_PUBLISH",
+    "DEFAULT_SNAPSHOT",
+    "is_loopback_endpoint",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INGEST = "tcp://127.0.0.1:5585"
+DEFAULT_PUBLISH = "tcp://127.0.0.1:5586"
+DEFAULT_SNAPSHOT = "tcp://127.0.0.1:5587"
+
+#: The transport-level cap on an ingest message. Twice the protocol limit on purpose: a
+#: message between the two reaches :class:`Runs` and is rejected *and counted* as
+#: ``oversize`` (PROTOCOL 2: "rejected and counted"); only beyond it does ZeroMQ drop the
+#: message and disconnect the peer, which nobody can count but which bounds memory.
+DEFAULT_MAX_MESSAGE_BYTES = 2 * protocol.MAX_FRAME_BYTES
+
+
+class BindError(OSError):
+    """A socket could not be bound; ``str()`` is a one-line reason naming the endpoint."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def is_loopback_endpoint(endpoint: str) -> bool:
+    """True when ``endpoint`` can only be reached from this host (ipc, inproc, loopback tcp)."""
+    scheme, _, rest = endpoint.partition("://")
+    if scheme in ("ipc", "inproc"):
+        return True
+    if scheme not in ("tcp", "ws", "wss"):
+        return False
+    host = rest.rsplit(":", 1)[0] if ":" in rest else rest
+    host = host.split(";")[-1].strip("[]")  # "src;dst" form: the bound address is last
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "*", an interface name or a host name: assume reachable from outside
+
+
+class BrokerServer:
+    """One broker: binds ingest (PULL), publish (PUB) and snapshot (ROUTER) endpoints.
+
+    ``ingest``/``publish``/``snapshot`` may end in ``:*`` (``tcp://127.0.0.1:*``) for an
+    ephemeral port; :meth:`bind` returns the endpoints actually bound. ``clock`` gives the
+    unix time stamped on frames; timers use ``time.monotonic``.
+    """
+
+    def __init__(
+        self,
+        ingest: str = DEFAULT_INGEST,
+        publish: str = DEFAULT_PUBLISH,
+        snapshot: str = DEFAULT_SNAPSHOT,
+        *,
+        stale_after: float = 30.0,
+        data_dir: Union[str, Path, None] = None,
+        curve_secret_key: Union[str, Path, None] = None,
+        curve_authorized: Union[str, Path, None] = None,
+        max_runs: int = 1000,
+        clock: Callable[[], float] = time.time,
+        heartbeat_interval: float = 1.0,
+        poll_interval: float = 0.1,
+        batch_limit: int = 1000,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        context: zmq.Context | None = None,
+    ) -> None:
+        if (curve_secret_key is None) != (curve_authorized is None):
+            raise ValueError("CURVE needs both a secret key file and an authorized-keys directory")
+        if stale_after <= 0:
+            raise ValueError("stale_after must be > 0")
+        if max_runs < 1:
+            raise ValueError("max_runs must be >= 1")
+        self.ingest_endpoint = ingest
+        self.publish_endpoint = publish
+        self.snapshot_endpoint = snapshot
+        self.stale_after = stale_after
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        self.curve_secret_key = curve_secret_key
+        self.curve_authorized = curve_authorized
+        self.max_runs = max_runs
+        self.clock = clock
+        self.heartbeat_interval = heartbeat_interval
+        self.poll_interval = poll_interval
+        self.batch_limit = batch_limit
+        self.max_message_bytes = max_message_bytes
+        #: Random per start: a new one tells the web the broker restarted.
+        self.instance = uuid.uuid4().hex
+        self.runs = Runs(stale_after=stale_after, max_runs=max_runs, on_accept=self._on_accept)
+        self.endpoints: dict[str, str] = {}
+        self._context = context
+        self._own_context = context is None
+        self._ctx: zmq.Context | None = None
+        self._pull: zmq.Socket | None = None
+        self._pub: zmq.Socket | None = None
+        self._router: zmq.Socket | None = None
+        self._auth: Any = None
+        self._journal: Any = None
+        self._stop = threading.Event()
+        self._closed = False
+        self._rlog = RateLimitedLog(log)
+        # Messages of the current batch that are not sink events (registered ports).
+        self._pending_ports: list[tuple[str, int, int]] = []
+
+    # -- setup ---------------------------------------------------------------------------
+
+    def bind(self) -> dict[str, str]:
+        """Create and bind the sockets, then open the journal; returns the bound endpoints.
+
+        Raises :class:`BindError` (address in use, bad endpoint) with everything already
+        created closed again.
+        """
+        if self._pull is not None:
+            return dict(self.endpoints)
+        try:
+            self._bind_sockets()
+        except BaseException:
+            self._close_sockets()
+            raise
+        for name in ("ingest", "publish", "snapshot"):
+            log.info("broker %s bound at %s", name, self.endpoints[name])
+        if not is_loopback_endpoint(self.endpoints["ingest"]) and self._auth is None:
+            log.warning(
+                "ingest %s is reachable from other hosts without CURVE: anyone who can reach "
+                "it can inject frames (see `rankboard keys`)", self.endpoints["ingest"]
+            )
+        if self.data_dir is not None:
+            try:
+                self._open_journal()
+            except BaseException:
+                self._close_sockets()
+                raise
+        return dict(self.endpoints)
+
+    def _bind_sockets(self) -> None:
+        if self._own_context:
+            self._ctx = zmq.Context()
+        else:
+            self._ctx = self._context
+        ctx = self._ctx
+        assert ctx is not None
+        pull = self._pull = ctx.socket(zmq.PULL)
+        pull.linger = 0
+        pull.rcvhwm = 100_000
+        pull.maxmsgsize = self.max_message_bytes
+        if self.curve_secret_key is not None:
+            self._setup_curve(pull)
+        pub = self._pub = ctx.socket(zmq.PUB)
+        pub.linger = 0
+        pub.sndhwm = 100_000  # a slow web loses events (gap -> re-snapshot) only under real overload
+        router = self._router = ctx.socket(zmq.ROUTER)
+        router.linger = 0
+        router.sndhwm = 100_000
+        router.router_mandatory = True  # a full or gone peer raises instead of silently dropping
+        self.endpoints = {
+            "ingest": self._bind_one(pull, self.ingest_endpoint),
+            "publish": self._bind_one(pub, self.publish_endpoint),
+            "snapshot": self._bind_one(router, self.snapshot_endpoint),
+        }
+
+    @staticmethod
+    def _bind_one(sock: zmq.Socket, endpoint: str) -> str:
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            reason = exc.strerror
+            if exc.errno == errno.EADDRINUSE:
+                reason = "Address already in use"
+            raise BindError(exc.errno, f"cannot bind {endpoint}: {reason}") from None
+        last = sock.last_endpoint
+        return last.decode() if isinstance(last, bytes) else str(last)
+
+    def _setup_curve(self, pull: zmq.Socket) -> None:
+        """CURVE server on the ingest socket; clients must hold an authorized public key."""
+        import zmq.auth
+        from zmq.auth.thread import ThreadAuthenticator
+
+        authorized = Path(str(self.curve_authorized))
+        if not authorized.is_dir():
+            raise BindError(errno.ENOENT, f"CURVE authorized-keys directory not found: {authorized}")
+        try:
+            public, secret = zmq.auth.load_certificate(str(self.curve_secret_key))
+        except (OSError, ValueError) as exc:
+            raise BindError(errno.EINVAL, f"cannot load CURVE secret key {self.curve_secret_key}: {exc}") from None
+        if secret is None:
+            raise BindError(errno.EINVAL, f"{self.curve_secret_key} holds no CURVE secret key")
+        assert self._ctx is not None
+        self._auth = ThreadAuthenticator(self._ctx)
+        self._auth.start()
+        self._auth.configure_curve(domain="*", location=str(authorized))
+        pull.curve_publickey = public
+        pull.curve_secretkey = secret
+        pull.curve_server = True
+        log.info("ingest requires CURVE; authorized client keys from %s", authorized)
+
+    def _open_journal(self) -> None:
+        from broker.journal import Journal
+
+        assert self.data_dir is not None
+        journal = self._journal = Journal(self.data_dir)
+        sinks: dict[str, RunSink] = journal.load(stale_after=self.stale_after)
+        self.runs.restore(sinks)
+        self.runs.loader = lambda run: journal.load_run(run, stale_after=self.stale_after)
+        self.runs.on_evict = journal.forget
+        log.info("journal %s: %d runs restored", self.data_dir, len(sinks))
+
+    # -- serving -------------------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        """Serve until :meth:`stop` is called (from any thread or a signal handler)."""
+        self.run(None)
+
+    def run(self, stop_event: threading.Event | None = None) -> None:
+        """Bind if needed, then serve until ``stop_event`` is set or :meth:`stop` is called."""
+        self.bind()
+        pull, router = self._pull, self._router
+        assert pull is not None and router is not None
+        poller = zmq.Poller()
+        poller.register(pull, zmq.POLLIN)
+        poller.register(router, zmq.POLLIN)
+        timeout_ms = max(1, int(self.poll_interval * 1000))
+        next_heartbeat = time.monotonic()
+        next_tick = next_heartbeat + self.poll_interval
+
+        def stopping() -> bool:
+            return self._stop.is_set() or (stop_event is not None and stop_event.is_set())
+
+        while not stopping():
+            ready = dict(poller.poll(timeout_ms))
+            if pull in ready:
+                self._drain_ingest()
+            if router in ready:
+                self._serve_snapshots()
+            mono = time.monotonic()
+            if mono >= next_tick:
+                next_tick = mono + self.poll_interval
+                self._publish_events(self.runs.tick(self.clock()))
+            if mono >= next_heartbeat:
+                next_heartbeat = mono + self.heartbeat_interval
+                self._send_heartbeat()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return within one poll interval; safe from any thread."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Close the journal, the sockets (linger 0) and the context if we made it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._journal is not None:
+            try:
+                self._journal.close()
+            except Exception:
+                log.exception("closing the journal failed")
+            self._journal = None
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        for sock in (self._pull, self._pub, self._router):
+            if sock is not None:
+                sock.close(linger=0)
+        self._pull = self._pub = self._router = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        if self._ctx is not None and self._own_context:
+            self._ctx.term()
+        self._ctx = None
+
+    def __enter__(self) -> BrokerServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the loop's parts ------------------------------------------------------------------
+
+    def _on_accept(self, run: str, raw: bytes, frame: Frame, now: float) -> None:
+        if self._journal is not None:
+            self._journal.record(run, raw, frame, now)
+        if isinstance(frame, Register) and frame.port:
+            self._pending_ports.append((run, frame.rank, frame.port))
+
+    def _drain_ingest(self) -> None:
+        """Receive up to ``batch_limit`` messages, journal them, then publish their events."""
+        pull = self._pull
+        assert pull is not None
+        out: list[list[bytes]] = []
+        touched: dict[str, RunSink] = {}
+        now = self.clock()
+        for _ in range(self.batch_limit):
+            try:
+                raw = pull.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            for run, event in self.runs.ingest(raw, now):
+                msg = self._encode(run, event)
+                if msg is not None:
+                    out.append(msg)
+                sink = self.runs.get(run)
+                if sink is not None:
+                    touched[run] = sink
+            if self._pending_ports:
+                out.extend(feed.encode_port(*p) for p in self._pending_ports)
+                self._pending_ports.clear()
+        if self._journal is not None:
+            try:
+                for sink in touched.values():
+                    self._journal.note_seq(sink)
+                self._journal.flush()
+            except Exception:
+                self._rlog.error("journal", "journal write failed", exc_info=True)
+        pub = self._pub
+        assert pub is not None
+        for msg in out:
+            pub.send_multipart(msg)
+
+    def _publish_events(self, events: list[tuple[str, Event]]) -> None:
+        if not events:
+            return
+        if self._journal is not None:
+            try:
+                seen: set[str] = set()
+                for run, _ in events:
+                    sink = self.runs.get(run)
+                    if sink is not None and run not in seen:
+                        seen.add(run)
+                        self._journal.note_seq(sink)
+                self._journal.flush()
+            except Exception:
+                self._rlog.error("journal", "journal write failed", exc_info=True)
+        pub = self._pub
+        assert pub is not None
+        for run, event in events:
+            msg = self._encode(run, event)
+            if msg is not None:
+                pub.send_multipart(msg)
+
+    def _encode(self, run: str, event: Event) -> list[bytes] | None:
+        try:
+            return feed.encode_event(run, event)
+        except (TypeError, ValueError, OverflowError):
+            # A sink bug (unencodable data); the web will see a gap and re-snapshot.
+            self._rlog.error("encode", "cannot encode %s event %d of run %r",
+                             event.kind, event.seq, run, exc_info=True)
+            return None
+
+    def _send_heartbeat(self) -> None:
+        pub = self._pub
+        assert pub is not None
+        c = self.runs.counters()
+        pub.send_multipart(feed.encode_heartbeat(
+            self.instance, self.clock(), c["accepted"], c["rejected"], c["runs"], c["late_metrics"]
+        ))
+
+    def _serve_snapshots(self) -> None:
+        """Answer every pending snapshot request: one RUN per run, then END."""
+        router = self._router
+        assert router is not None
+        for _ in range(100):
+            try:
+                parts = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            identity, body = parts[0], parts[1:]
+            envelope: list[bytes] = [identity]
+            if body and body[0] == b"":  # a REQ-style delimiter: keep it in the reply
+                envelope.append(b"")
+                body = body[1:]
+            try:
+                run = feed.decode_snapshot_request(body)
+            except feed.FeedError as exc:
+                self._rlog.warning("snapshot_request", "bad snapshot request: %s", exc)
+                continue
+            snaps = self.runs.snapshot(run)
+            try:
+                for snap in snaps:
+                    router.send_multipart(envelope + feed.encode_run_snapshot(snap), zmq.NOBLOCK)
+                end = feed.encode_snapshot_end(self.instance, len(snaps))
+                router.send_multipart(envelope + end, zmq.NOBLOCK)
+            except zmq.ZMQError as exc:  # EHOSTUNREACH / EAGAIN: peer gone or not reading
+                self._rlog.warning("snapshot_send", "snapshot reply abandoned: %s", exc.strerror)
+            log.debug("snapshot of %s: %d runs", run or "all runs", len(snaps))
