@@ -1,0 +1,621 @@
+"""RankAgent: the piece of rankboard that lives inside every training rank (PROTOCOL.md section 5).
+
+It is a guest in someone else's training loop, and every design choice follows from that:
+
+* **Never block, never raise.** Frames go out through a ZeroMQ PUSH socket with a bounded
+  send high-water mark (``sndhwm``, default 1000 frames) and ``zmq.NOBLOCK``; a frame that
+  does not fit (broker slow or gone) is dropped and counted in :attr:`RankAgent.dropped`.
+  Any other failure (encoding, a closed socket, a value that would break the wire schema) is
+  counted, logged rate-limited and swallowed. The only exceptions the agent raises are
+  ``ValueError``/``TypeError`` from the constructor for arguments that could never produce a
+  valid frame (a negative rank, a rank outside the world), i.e. set-up bugs, before training.
+* **No I/O in the constructor.** The ZeroMQ context and socket are created on the first send,
+  so an agent can be built (and ``fork()``-ed) cheaply.
+* **Fork safety.** ZeroMQ contexts must not be used across ``fork()``. The agent records the
+  pid that created its context; in a forked child (``os.register_at_fork`` hook, plus a pid
+  check on every use for forks that bypass the hook) it drops the inherited context and
+  socket *without touching them* (they are parked in a module list so that their finalisers
+  never run in the child) and creates a fresh pair lazily if the child sends. ``close()`` in
+  a child therefore never terminates, or waits on, the parent's context.
+* **Bounded everything.** The queue is the socket's HWM; the sampler keeps one latest
+  sample; logs are rate-limited per kind; strings are clamped to the wire limits and the run
+  id is sanitised to the wire pattern, so the agent never produces a frame the broker rejects.
+* **Bounded shutdown.** Every socket gets ``LINGER`` = ``linger_ms`` (default 500 ms) when it
+  is created, so ``close()`` (and even an interpreter exit that skips ``close()``) waits at
+  most that long for unsent frames, broker or no broker.
+* **Thread safety.** The training thread and the sampler thread both send; a lock guards the
+  socket (held only for a non-blocking send, a microsecond or so).
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import socket as _socket
+import threading
+import time
+import weakref
+from typing import Any, Dict, List, Mapping, Tuple, Union
+
+import zmq
+
+from .protocol import (
+    MAX_FRAME_BYTES,
+    MAX_METADATA_BYTES,
+    MAX_SVG_BYTES,
+    MAX_WORLD_SIZE,
+    Finish,
+    Hardware,
+    Metadata,
+    Metrics,
+    Register,
+    Resources,
+    ResourceSample,
+    Svg,
+    encoder,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BROKER = "tcp://127.0.0.1:5585"
+_MAX_SHORT = 256  # host, label, hash
+_MAX_SUMMARY = 4096
+_MAX_SCALARS = 256
+_MAX_SCALAR_NAME = 128
+_MAX_RUN = 128
+_RUN_BAD = re.compile(r"[^A-Za-z0-9._:\-]+")
+
+ScalarArg = Union[float, Tuple[float, int]]
+
+# -- process-wide bookkeeping: live agents (for fork and exit hooks), parked zmq objects -------
+
+_AGENTS: weakref.WeakSet[RankAgent] = weakref.WeakSet()
+#: zmq objects inherited across fork(): kept referenced forever in the child so that their
+#: finalisers (which would warn, or destroy the parent's context state) never run there.
+_FORK_ORPHANS: List[Any] = []
+
+
+def _after_fork_in_child() -> None:
+    for agent in list(_AGENTS):
+        agent._reset_after_fork()
+
+
+def _close_all_at_exit() -> None:
+    """Flush and close the agents a script forgot to close (bounded by each one's linger)."""
+    for agent in list(_AGENTS):
+        try:
+            agent.close()
+        except Exception:  # pragma: no cover - interpreter teardown
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+# registered after ``import zmq``, so it runs before pyzmq's own exit hook (atexit is LIFO)
+atexit.register(_close_all_at_exit)
+
+
+class _RateLimitedLog:
+    """Logs each kind of trouble at most once per ``every`` seconds, counting what it skipped.
+
+    The set of kinds is a fixed, small set of strings chosen by the agent, so memory is bounded.
+    """
+
+    def __init__(self, every: float = 60.0) -> None:
+        self.every = every
+        self._last: Dict[str, float] = {}
+        self._skipped: Dict[str, int] = {}
+
+    def __call__(self, kind: str, msg: str, *args: Any, level: int = logging.WARNING) -> None:
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.every:
+            self._skipped[kind] = self._skipped.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        skipped = self._skipped.pop(kind, 0)
+        log.log(level, msg, *args)
+        if skipped:
+            log.log(level, "rankboard: %d similar messages suppressed before this one", skipped)
+
+
+def sanitize_run_id(run: str) -> str:
+    """Make ``run`` a valid wire run id (1-128 of ``A-Z a-z 0-9 . _ : -``), deterministically.
+
+    Runs of other characters become ``_`` (``"my run/1"`` -> ``"my_run_1"``). An id longer than
+    128 characters keeps its first 119 and gains ``-`` plus 8 hex digits of a hash of the whole
+    id, so long ids that differ only at the end stay distinct. Every rank computes the same
+    result from the same input, so they all land in the same run. Empty input gives ``"run"``.
+    """
+    text = _RUN_BAD.sub("_", str(run))
+    if len(text) > _MAX_RUN:
+        digest = hashlib.sha1(str(run).encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        text = f"{text[:_MAX_RUN - 9]}-{digest}"
+    return text or "run"
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name)
+    if value is None or not value.strip():
+        return None
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an integer") from None
+
+
+def _clamp(text: str | None, limit: int) -> str | None:
+    if text is None:
+        return None
+    text = str(text)
+    return text if len(text) <= limit else text[:limit]
+
+
+def _finite_or_none(obj: Any) -> Any:
+    """A copy of JSON-like ``obj`` with NaN/Infinity replaced by ``None`` (strict JSON has neither)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_none(v) for v in obj]
+    return obj
+
+
+class RankAgent:
+    """One training rank's connection to the rankboard broker.
+
+    ``broker`` is the broker's ingest endpoint (e.g. ``tcp://head-node:5585``); ``run`` the
+    run id shared by every rank of the job (sanitised with :func:`sanitize_run_id`); ``rank``
+    the global rank (0 <= rank < world_size); ``world_size`` the number of ranks (1-65536);
+    ``local_rank`` the rank on its host (it picks the GPU the sampler reads); ``host`` the
+    host name shown in the dashboard (default: this machine's hostname; clamped to 256
+    characters).
+
+    Keyword-only tuning: ``sndhwm`` (frames queued while the broker is slow or gone before
+    new ones are dropped), ``linger_ms`` (how long ``close()`` may wait to deliver what is
+    queued).
+
+    Every sending method returns ``True`` when the frame was queued and ``False`` when it was
+    dropped; none of them blocks or raises.
+    """
+
+    def __init__(
+        self,
+        broker: str,
+        run: str,
+        rank: int,
+        world_size: int,
+        local_rank: int = 0,
+        host: str | None = None,
+        *,
+        sndhwm: int = 1000,
+        linger_ms: int = 500,
+    ) -> None:
+        rank, world_size, local_rank = int(rank), int(world_size), int(local_rank)
+        if not 1 <= world_size <= MAX_WORLD_SIZE:
+            raise ValueError(f"world_size must be 1..{MAX_WORLD_SIZE}, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be 0..world_size-1 ({world_size - 1}), got {rank}")
+        if local_rank < 0:
+            raise ValueError(f"local_rank must be >= 0, got {local_rank}")
+        self.broker = str(broker)
+        self.run = sanitize_run_id(run)
+        if self.run != str(run):
+            log.info("run id %r sent as %r (wire pattern)", run, self.run)
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.host = _clamp(host if host is not None else _socket.gethostname(), _MAX_SHORT) or "unknown"
+        self.sndhwm = max(1, int(sndhwm))
+        self.linger_ms = max(0, int(linger_ms))
+
+        self._lock = threading.Lock()
+        self._ctx: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+        self._pid = os.getpid()  # the process whose context self._ctx is
+        self._closed = False
+        self._finished = False
+        self._sent = 0
+        self._dropped = 0
+        self._errors = 0
+        self._warn = _RateLimitedLog()
+
+        self._sampler: Any = None  # rank_agent.sampler.Sampler, created on first need
+        self._sampler_thread: threading.Thread | None = None
+        self._sampler_stop = threading.Event()
+        self._latest: ResourceSample | None = None
+        _AGENTS.add(self)
+
+    # -- construction from the launcher's environment ----------------------------------------
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> RankAgent:
+        """Build an agent from the environment a launcher (torchrun, Slurm, or none) set up.
+
+        * broker: ``RANKBOARD_BROKER``, default ``tcp://127.0.0.1:5585``.
+        * rank, world size, local rank: torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` when
+          ``RANK`` is set, else Slurm's ``SLURM_PROCID``/``SLURM_NTASKS`` (or
+          ``SLURM_NPROCS``)/``SLURM_LOCALID``, else a single process: rank 0 of 1, local 0.
+          A missing world size defaults to rank + 1 and a missing local rank to 0.
+        * run: ``RANKBOARD_RUN``; else torchrun's ``TORCHELASTIC_RUN_ID`` (unless it is
+          torchrun's placeholder ``none``); else ``SLURM_JOB_ID``, with ``.<SLURM_STEP_ID>``
+          when set (``12345.0``, as ``sacct`` names a step, so two ``srun`` steps of one
+          allocation are two runs); else, for several ranks, ``MASTER_ADDR:MASTER_PORT`` (the
+          one value all ranks share; warned about, since it repeats across jobs); else a
+          generated ``run-<YYYYmmdd-HHMMSS>-<6 hex>``, which is fine for a single process.
+        * host: ``RANKBOARD_HOST``, else the hostname.
+
+        ``env`` defaults to ``os.environ``; ``kwargs`` (``sndhwm``, ``linger_ms``, or any
+        constructor argument) override what the environment says. Unparseable integers and an
+        inconsistent rank/world size raise ``ValueError`` naming the variable.
+        """
+        env = os.environ if env is None else env
+        if env.get("RANK", "").strip():
+            rank = _env_int(env, "RANK")
+            world = _env_int(env, "WORLD_SIZE")
+            local = _env_int(env, "LOCAL_RANK")
+        elif env.get("SLURM_PROCID", "").strip():
+            rank = _env_int(env, "SLURM_PROCID")
+            world = _env_int(env, "SLURM_NTASKS")
+            if world is None:
+                world = _env_int(env, "SLURM_NPROCS")
+            local = _env_int(env, "SLURM_LOCALID")
+        else:
+            rank, world, local = 0, 1, 0
+        rank = 0 if rank is None else rank
+        world = rank + 1 if world is None else world
+        local = 0 if local is None else local
+
+        run = env.get("RANKBOARD_RUN", "").strip()
+        if not run:
+            elastic = env.get("TORCHELASTIC_RUN_ID", "").strip()
+            if elastic and elastic.lower() != "none":
+                run = elastic
+        if not run:
+            job = env.get("SLURM_JOB_ID", "").strip()
+            if job:
+                step = env.get("SLURM_STEP_ID", "").strip()
+                run = f"{job}.{step}" if step else job
+        if not run and world > 1:
+            addr, port = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
+            if addr and port:
+                run = f"{addr}:{port}"
+                log.warning(
+                    "no RANKBOARD_RUN, TORCHELASTIC_RUN_ID or SLURM_JOB_ID: run id %r from "
+                    "MASTER_ADDR:MASTER_PORT; set RANKBOARD_RUN to name the run", run)
+            else:
+                log.warning(
+                    "rank %d of %d has no shared run id (set RANKBOARD_RUN): each rank will "
+                    "appear as its own run", rank, world)
+        if not run:
+            run = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+        args: Dict[str, Any] = {
+            "broker": env.get("RANKBOARD_BROKER", "").strip() or DEFAULT_BROKER,
+            "run": run,
+            "rank": rank,
+            "world_size": world,
+            "local_rank": local,
+            "host": env.get("RANKBOARD_HOST", "").strip() or None,
+        }
+        args.update(kwargs)
+        return cls(**args)
+
+    # -- counters ----------------------------------------------------------------------------
+
+    @property
+    def sent(self) -> int:
+        """Frames handed to ZeroMQ (queued; delivery is ZeroMQ's job from there)."""
+        return self._sent
+
+    @property
+    def dropped(self) -> int:
+        """Frames lost for any reason: queue full (broker slow or gone), after ``close()``, or
+        an error (also counted in :attr:`errors`). ``sent + dropped`` is every frame tried."""
+        return self._dropped
+
+    @property
+    def errors(self) -> int:
+        """Frames lost to something other than a full queue (bad value, encode or socket error)."""
+        return self._errors
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- the socket --------------------------------------------------------------------------
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: forget the parent's zmq objects and threads without touching them."""
+        if self._ctx is not None or self._sock is not None:
+            _FORK_ORPHANS.append((self._ctx, self._sock))
+        self._ctx = None
+        self._sock = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()  # the parent's may have been held by a thread at fork
+        self._sampler_thread = None  # threads do not survive fork
+        self._sampler_stop = threading.Event()
+        self._sampler = None  # its NVML handles belong to the parent
+
+    def _socket(self) -> zmq.Socket:
+        """The PUSH socket of this process, created on first use. Call with the lock held."""
+        if self._pid != os.getpid():  # a fork the at-fork hook did not see (e.g. a raw syscall)
+            self._reset_after_fork()
+        if self._sock is None:
+            ctx = zmq.Context(io_threads=1)
+            sock = None
+            try:
+                sock = ctx.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, self.linger_ms)
+                sock.setsockopt(zmq.SNDHWM, self.sndhwm)
+                sock.connect(self.broker)
+            except BaseException:
+                if sock is not None:
+                    sock.close(linger=0)
+                ctx.term()
+                raise
+            self._ctx, self._sock = ctx, sock
+        return self._sock
+
+    def _send_bytes(self, data: bytes, kind: str) -> bool:
+        with self._lock:
+            if self._closed:
+                self._dropped += 1
+                return False
+            try:
+                self._socket().send(data, zmq.NOBLOCK)
+            except zmq.Again:
+                self._dropped += 1
+                return False
+            except Exception as exc:
+                self._dropped += 1
+                self._errors += 1
+                self._warn("send", "rankboard: could not send a %s frame to %s: %r", kind, self.broker, exc)
+                return False
+            self._sent += 1
+            return True
+
+    def _send(self, frame: Any) -> bool:
+        try:
+            data = encoder.encode(frame)
+        except Exception as exc:
+            return self._lose("encode", "rankboard: could not encode a %s frame: %r", type(frame).__name__, exc)
+        if len(data) > MAX_FRAME_BYTES:
+            return self._lose("oversize", "rankboard: %s frame of %d bytes is over the 4 MiB limit; not sent",
+                              type(frame).__name__, len(data))
+        return self._send_bytes(data, type(frame).__name__)
+
+    def _lose(self, kind: str, msg: str, *args: Any) -> bool:
+        """Count a frame that could not even be built, log it rate-limited; return False."""
+        with self._lock:
+            self._dropped += 1
+            self._errors += 1
+        self._warn(kind, msg, *args)
+        return False
+
+    # -- the frames --------------------------------------------------------------------------
+
+    def register(self, port: int = 0, total_epochs: int = 0) -> bool:
+        """Announce this rank: world size, host, local rank, pid; ``port`` a dashboard port the
+        launcher would like the web on (0: none), ``total_epochs`` if known (0: unknown)."""
+        try:
+            port, total_epochs = int(port), int(total_epochs)
+            if not 0 <= port <= 65535:
+                self._warn("port", "rankboard: port %d out of range; registering without one", port)
+                port = 0
+            frame = Register(
+                run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
+                local_rank=self.local_rank, port=port, total_epochs=max(0, total_epochs), pid=os.getpid(),
+            )
+        except Exception as exc:
+            return self._lose("register", "rankboard: bad register arguments: %r", exc)
+        return self._send(frame)
+
+    def set_svg(self, svg: Union[str, bytes], label: str | None = None, hash: str | None = None) -> bool:
+        """Send the model graph as SVG (the broker keeps the first non-empty one of the run).
+
+        ``label`` and ``hash`` are clamped to 256 characters; an SVG over 2 MiB (UTF-8) would
+        be rejected, so it is not sent (logged)."""
+        try:
+            if isinstance(svg, (bytes, bytearray, memoryview)):
+                svg = bytes(svg).decode("utf-8", "replace")
+            svg = str(svg)
+            if len(svg) * 4 > MAX_SVG_BYTES and len(svg.encode("utf-8", "surrogatepass")) > MAX_SVG_BYTES:
+                return self._lose("svg", "rankboard: SVG over 2 MiB; not sent")
+            frame = Svg(run=self.run, rank=self.rank, svg=svg,
+                        label=_clamp(label, _MAX_SHORT), hash=_clamp(hash, _MAX_SHORT))
+        except Exception as exc:
+            return self._lose("svg", "rankboard: bad SVG arguments: %r", exc)
+        return self._send(frame)
+
+    def set_metadata(self, obj_or_json_str: Any) -> bool:
+        """Send the run's metadata (the broker keeps the last one, whole).
+
+        A ``str``/``bytes`` must already be JSON; anything else is ``json.dumps``-ed (NaN and
+        infinities become ``null``, as strict JSON has neither). What cannot be serialised,
+        is not valid JSON, or is over 1 MiB is logged and skipped, never raised."""
+        try:
+            if isinstance(obj_or_json_str, (bytes, bytearray)):
+                obj_or_json_str = bytes(obj_or_json_str).decode("utf-8")
+            if isinstance(obj_or_json_str, str):
+                text = obj_or_json_str
+                json.loads(text)  # the broker discards malformed JSON: say so here instead
+            else:
+                try:
+                    text = json.dumps(obj_or_json_str, allow_nan=False)
+                except ValueError:
+                    text = json.dumps(_finite_or_none(obj_or_json_str), allow_nan=False)
+        except Exception as exc:
+            return self._lose("metadata", "rankboard: metadata is not JSON-serialisable; skipped: %r", exc)
+        if len(text) * 4 > MAX_METADATA_BYTES and len(text.encode("utf-8", "surrogatepass")) > MAX_METADATA_BYTES:
+            return self._lose("metadata", "rankboard: metadata over 1 MiB; skipped")
+        return self._send(Metadata(run=self.run, rank=self.rank, json=text))
+
+    def set_hardware(self, summary: str | None = None) -> bool:
+        """Send this rank's hardware summary, ``"<cpu> | <gpu>"``; ``None`` detects it
+        (CPU model, threads, RAM, and this rank's own GPU through NVML). Clamped to 4096."""
+        try:
+            if summary is None:
+                summary = self._get_sampler().hardware_summary()
+            frame = Hardware(run=self.run, rank=self.rank, summary=_clamp(str(summary), _MAX_SUMMARY) or "")
+        except Exception as exc:
+            return self._lose("hardware", "rankboard: could not build the hardware summary: %r", exc)
+        return self._send(frame)
+
+    def log_epoch(
+        self,
+        epoch: int,
+        avg_loss: float,
+        batches: int = 0,
+        samples: int = 0,
+        epoch_ms: float = 0.0,
+        scalars: Mapping[str, ScalarArg] | None = None,
+        share_complete_ms: float | None = None,
+    ) -> bool:
+        """Send this rank's result for one epoch (the hot path: a few microseconds).
+
+        ``scalars`` maps a name to a float (one observation) or a ``(sum, count)`` pair; names
+        are clamped to 128 characters and at most 256 are sent. Numbers may be anything
+        ``float()``/``int()`` accept (0-d tensors, numpy scalars). The sampler's latest
+        resource sample, if sampling runs, rides along. Bad values drop the frame (counted,
+        logged), never raise."""
+        try:
+            sc: Dict[str, Tuple[float, int]] = {}
+            if scalars:
+                for name, value in scalars.items():
+                    if len(sc) >= _MAX_SCALARS:
+                        self._warn("scalars", "rankboard: more than %d scalars; the rest are not sent", _MAX_SCALARS)
+                        break
+                    if isinstance(value, (tuple, list)):
+                        total, count = float(value[0]), int(value[1])
+                        if count < 0:
+                            raise ValueError(f"scalar {name!r} has a negative count")
+                    else:
+                        total, count = float(value), 1
+                    name = str(name)
+                    sc[name if len(name) <= _MAX_SCALAR_NAME else name[:_MAX_SCALAR_NAME]] = (total, count)
+            frame = Metrics(
+                run=self.run, rank=self.rank, epoch=int(epoch), avg_loss=float(avg_loss),
+                batches=int(batches), samples=int(samples), epoch_ms=float(epoch_ms),
+                share_complete_ms=None if share_complete_ms is None else float(share_complete_ms),
+                scalars=sc, resources=self._latest,
+            )
+            if frame.epoch < 0 or frame.batches < 0 or frame.samples < 0:
+                raise ValueError("epoch, batches and samples must be >= 0")
+        except Exception as exc:
+            return self._lose("metrics", "rankboard: bad log_epoch arguments; epoch not sent: %r", exc)
+        return self._send(frame)
+
+    def finish(self, status: str = "ok") -> bool:
+        """Tell the broker this rank is done: ``"ok"`` or ``"error"`` (anything else is sent
+        as ``"error"``). May be sent again (the broker's completion is idempotent)."""
+        status = "ok" if status == "ok" else "error"
+        self._finished = True
+        return self._send(Finish(run=self.run, rank=self.rank, status=status))
+
+    # -- resource sampling -------------------------------------------------------------------
+
+    def _get_sampler(self) -> Any:
+        if self._sampler is None:
+            from .sampler import Sampler
+
+            self._sampler = Sampler(self.local_rank)
+        return self._sampler
+
+    def start_sampling(self, interval: float = 2.0) -> None:
+        """Sample CPU, RAM and this rank's GPU every ``interval`` seconds (at least 0.1) in a
+        daemon thread, sending each as a ``resources`` frame and keeping it for the next
+        :meth:`log_epoch`. The first sample comes after ``min(interval, 0.5)`` s so that its CPU %
+        covers a real interval. A second call while sampling runs does nothing; ``close()``
+        stops it. Sampling does not carry over into a forked child."""
+        if self._closed or (self._sampler_thread is not None and self._sampler_thread.is_alive()):
+            return
+        try:
+            interval = max(0.1, float(interval))
+            sampler = self._get_sampler()
+            stop = self._sampler_stop = threading.Event()
+            thread = threading.Thread(
+                target=self._sample_loop, args=(sampler, stop, interval),
+                name=f"rankboard-sampler-{self.rank}", daemon=True,
+            )
+            thread.start()
+            self._sampler_thread = thread
+        except Exception as exc:
+            self._warn("sampler", "rankboard: could not start sampling: %r", exc)
+
+    def _sample_loop(self, sampler: Any, stop: threading.Event, interval: float) -> None:
+        wait = min(interval, 0.5)
+        while not stop.wait(wait):
+            wait = interval
+            try:
+                sample = sampler.sample()
+            except Exception as exc:  # Sampler.sample already guards each figure
+                self._warn("sample", "rankboard: resource sample failed: %r", exc)
+                continue
+            self._latest = sample
+            self._send(Resources(run=self.run, rank=self.rank, sample=sample))
+
+    @property
+    def latest_sample(self) -> ResourceSample | None:
+        """The sampler's most recent sample (``None`` before the first)."""
+        return self._latest
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop sampling, give queued frames up to ``linger_ms`` to go out, release ZeroMQ.
+
+        Returns within about ``linger_ms`` (+ the sampler's current sample) even with no
+        broker. Idempotent. In a forked child it only closes what the child itself created."""
+        if self._closed:
+            return
+        thread = self._sampler_thread
+        self._sampler_stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2.0)
+        self._sampler_thread = None
+        with self._lock:
+            self._closed = True
+            if self._pid != os.getpid():
+                self._reset_after_fork()
+            sock, ctx = self._sock, self._ctx
+            self._sock = self._ctx = None
+            try:
+                if sock is not None:
+                    sock.close(linger=self.linger_ms)
+                if ctx is not None:
+                    ctx.term()
+            except Exception as exc:
+                self._warn("close", "rankboard: error closing the socket: %r", exc)
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            try:
+                sampler.close()
+            except Exception:
+                pass
+        _AGENTS.discard(self)
+
+    def __enter__(self) -> RankAgent:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Leaving the ``with`` block ends this rank: unless :meth:`finish` was already called,
+        it sends ``finish("error")`` when an exception is propagating (``SystemExit`` with
+        code 0/None counts as success) and ``finish("ok")`` otherwise; then :meth:`close`.
+        The exception itself is never suppressed."""
+        if not self._finished and not self._closed:
+            failed = exc_type is not None
+            if failed and issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (0, None):
+                failed = False
+            self.finish("error" if failed else "ok")
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"RankAgent(broker={self.broker!r}, run={self.run!r}, rank={self.rank}, "
+                f"world_size={self.world_size}, sent={self._sent}, dropped={self._dropped})")
