@@ -1,0 +1,647 @@
+"""The broker's journal: one append-only file per run, replayed into fresh sinks at start.
+
+PROTOCOL.md section 6 ("Persistence") asks that a broker restarted on the same data dir,
+even after SIGKILL, serves the same records, keeps every run's state and issues event ids
+above any it issued before. The sink is pure and deterministic, so the journal does not
+store state: it stores what the sink was fed (accepted frames, as raw wire bytes, with their
+receive time) and rebuilds the state by feeding the same frames to a fresh
+:class:`~broker.sink.RunSink`. Besides frames it stores sequence numbers, which the sink
+cannot recompute (ticks are not replayed): a reservation ``seq_hi`` that every issued id
+stays below, and the id of each closed epoch record, so that a web client's
+``Last-Event-ID`` keeps meaning the same record across a broker restart.
+
+File layout (``<data_dir>``)::
+
+    VERSION               "rankboard-journal 1\\n": the format of everything below
+    LOCK                  flock()ed while a broker holds the dir (one broker per dir)
+    runs/<run>.journal    HEADER, then entries
+
+An entry is ``<u32 length><u32 crc32(body)><body>`` (little endian), ``body = <u8 kind>
+payload``; ``kind`` is one of:
+
+====  ===============  ====================================================================
+ 1    FRAME            ``<f64 receive time>`` + the frame's raw MessagePack bytes
+ 2    SEQ_HI           ``<u64 seq_hi>``: every id issued so far (and until the next one) <= it
+ 3    RECORD_SEQ       ``<u32 index><u64 seq>``: ``sink.record_seqs[index]``
+ 4    COMPLETE_SEQ     ``<u64 seq>``: seq of the run's ``complete`` event (0: reopened)
+====  ===============  ====================================================================
+
+A reader stops at the first entry that is short, over :data:`MAX_ENTRY`, or fails its CRC
+(a torn write at SIGKILL, or garbage), warns once for the file, and truncates the file there
+so later appends stay readable. Unknown kinds with a good CRC are skipped (room for
+additions without a version bump).
+
+``resources`` frames are coalesced: the latest one per rank is held in memory and written
+only right before the next non-``resources`` frame of the run (the frames that can close an
+epoch or change what a rank is), so replay applies every sample an epoch close saw, in the
+same order relative to everything that matters, and the file grows with ranks x epochs, not
+with the sampling rate. The run's very first frame is always written (it is the run's
+``started_at``, which ``elapsed_secs`` counts from). What is lost at a SIGKILL is at most the
+samples newer than a rank's last epoch, and the frames since the last :meth:`Journal.flush`.
+
+Not thread-safe: the broker's single I/O loop owns it.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import re
+import struct
+import time
+import zlib
+from collections import OrderedDict
+from typing import Union
+
+from broker.sink import Rejected, RunSink
+from rank_agent import protocol
+from rank_agent.protocol import Frame, Metrics, Resources
+
+__all__ = ["Journal", "JournalError", "FORMAT_VERSION", "HEADER", "read_entries"]
+
+log = logging.getLogger(__name__)
+
+#: Bumped on any change a v1 reader could not follow.
+FORMAT_VERSION = 1
+_VERSION_TEXT = b"rankboard-journal %d\n" % FORMAT_VERSION
+_VERSION_PREFIX = b"rankboard-journal "
+#: First bytes of every journal file (self-describing even when copied out of its dir).
+HEADER = b"rankboard journal v1\n"
+_HEADER_PREFIX = b"rankboard journal v"
+
+KIND_FRAME = 1
+KIND_SEQ_HI = 2
+KIND_RECORD_SEQ = 3
+KIND_COMPLETE_SEQ = 4
+
+_ENTRY_HEAD = struct.Struct("<II")  # length of body, crc32 of body
+_FRAME_HEAD = struct.Struct("<Bd")  # kind, receive time
+_SEQ = struct.Struct("<BQ")
+_RECORD_SEQ = struct.Struct("<BIQ")
+#: Largest body a writer produces (a frame is at most 4 MiB); anything larger is corruption.
+MAX_ENTRY = protocol.MAX_FRAME_BYTES + 64
+
+_SUFFIX = ".journal"
+_RUN_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}\Z")
+#: Keep a buffer this large after write errors before giving up on it (bounded memory).
+_MAX_BUFFER = 64 * 1024 * 1024
+
+
+class JournalError(RuntimeError):
+    """The data dir cannot be used at all (another broker holds it, or a newer format)."""
+
+
+class _RunFile:
+    """The journal of one run: its write buffer, open handle and bookkeeping."""
+
+    __slots__ = (
+        "run", "path", "fd", "buf", "size", "pending", "started", "seq_hi",
+        "noted_records", "noted_complete", "track_records", "write_failed",
+    )
+
+    def __init__(self, run: str, path: str) -> None:
+        self.run = run
+        self.path = path
+        self.fd: int | None = None
+        self.buf = bytearray()
+        self.size: int | None = None  # bytes on disk at a known entry boundary; None: unknown
+        # rank -> (receive time, raw bytes) of the newest resources frame not yet written
+        self.pending: dict[int, tuple[float, bytes]] = {}
+        self.started = False  # has a frame been written (or buffered) for this run?
+        self.seq_hi = 0
+        self.noted_records = 0
+        self.noted_complete = 0
+        # False when the file holds a history the live sink does not (a run created afresh
+        # over an existing file): its record indices would not match, so do not note them.
+        self.track_records = True
+        self.write_failed = False
+
+
+def _entry(body_head: bytes, payload: bytes = b"") -> bytes:
+    crc = zlib.crc32(payload, zlib.crc32(body_head)) if payload else zlib.crc32(body_head)
+    return _ENTRY_HEAD.pack(len(body_head) + len(payload), crc) + body_head + payload
+
+
+def read_entries(data: bytes) -> tuple[list[tuple[int, memoryview]], int, str | None]:
+    """Split a journal file's bytes (after the header) into ``(kind, payload)`` entries.
+
+    Returns the entries, the byte offset just past the last good one, and why reading
+    stopped early (None when every byte was consumed).
+    """
+    view = memoryview(data)
+    entries: list[tuple[int, memoryview]] = []
+    pos, end = 0, len(view)
+    head = _ENTRY_HEAD.size
+    while pos < end:
+        if end - pos < head:
+            return entries, pos, "truncated entry header"
+        length, crc = _ENTRY_HEAD.unpack_from(view, pos)
+        if length < 1 or length > MAX_ENTRY:
+            return entries, pos, f"bad entry length {length}"
+        if end - pos - head < length:
+            return entries, pos, f"truncated entry ({end - pos - head} of {length} bytes)"
+        body = view[pos + head:pos + head + length]
+        if zlib.crc32(body) != crc:
+            return entries, pos, "checksum mismatch"
+        entries.append((body[0], body[1:]))
+        pos += head + length
+    return entries, pos, None
+
+
+class Journal:
+    """Per-run append-only journals under ``data_dir``, and the rebuild of runs from them.
+
+    The server calls :meth:`load` once at start, :meth:`record` for every accepted frame
+    (after ``sink.apply`` succeeded), :meth:`note_seq` after publishing a run's events,
+    :meth:`flush` once per drained batch and :meth:`close` at exit. The constructor does
+    no I/O.
+    """
+
+    def __init__(
+        self,
+        data_dir: Union[str, os.PathLike[str]],
+        *,
+        seq_block: int = 1000,
+        retention_days: float | None = None,
+        fsync_interval: float | None = None,
+        max_open_files: int = 256,
+    ) -> None:
+        """``seq_block``: ids reserved at a time (a new block is taken when less than half
+        of one is left, so up to ``seq_block // 2`` events per run may be issued between two
+        flushes without breaking the restart guarantee). ``retention_days``: finished runs
+        whose last frame is older are deleted at :meth:`load` (None keeps them).
+        ``fsync_interval``: fsync written files at most this often (seconds) inside
+        :meth:`flush`; None never does (SIGKILL needs no fsync, only power loss does;
+        :meth:`close` always syncs). ``max_open_files``: least recently written handles
+        beyond this are closed."""
+        if seq_block < 2:
+            raise ValueError("seq_block must be >= 2")
+        if max_open_files < 1:
+            raise ValueError("max_open_files must be >= 1")
+        self.data_dir = os.fspath(data_dir)
+        self.runs_dir = os.path.join(self.data_dir, "runs")
+        self.seq_block = seq_block
+        self.retention_days = retention_days
+        self.fsync_interval = fsync_interval
+        self.max_open_files = max_open_files
+        self._files: dict[str, _RunFile] = {}
+        self._dirty: dict[str, _RunFile] = {}
+        self._open: OrderedDict[str, _RunFile] = OrderedDict()  # LRU of open handles
+        self._unsynced: set[str] = set()
+        self._last_sync = time.monotonic()
+        self._lock_fd: int | None = None
+        self._closed = False
+
+    # -- start -------------------------------------------------------------------------
+
+    def load(self, *, stale_after: float = 30.0, now: float | None = None) -> dict[str, RunSink]:
+        """Rebuild every run from disk: ``{run: sink}`` with each sink's ``seq`` above any id
+        issued before, and a fresh reservation already written.
+
+        Creates the dirs, takes the dir's lock (:class:`JournalError` if another broker
+        holds it or the dir is of a newer format), deletes finished runs whose last frame is
+        older than ``retention_days`` (``now`` defaults to the wall clock). A corrupt or
+        truncated tail is cut off with a warning; a file that cannot be read is skipped with
+        a warning. Never raises for a bad file.
+        """
+        os.makedirs(self.runs_dir, exist_ok=True)
+        self._take_lock()
+        self._check_version()
+        wall = time.time() if now is None else now
+        horizon = None if self.retention_days is None else wall - self.retention_days * 86400.0
+        sinks: dict[str, RunSink] = {}
+        try:
+            names = sorted(os.listdir(self.runs_dir))
+        except OSError as exc:
+            log.warning("journal: cannot list %s: %s; starting with no runs", self.runs_dir, exc)
+            return sinks
+        for name in names:
+            if not name.endswith(_SUFFIX):
+                continue
+            run = name[: -len(_SUFFIX)]
+            if not _RUN_ID.match(run):
+                log.warning("journal: ignoring %s (not a run id)", name)
+                continue
+            loaded = self._load_file(run, stale_after, horizon)
+            if loaded is not None:
+                sinks[run] = loaded
+        self.flush()
+        log.info("journal: %d runs rebuilt from %s", len(sinks), self.runs_dir)
+        return sinks
+
+    def load_run(self, run: str, *, stale_after: float = 30.0) -> RunSink | None:
+        """Rebuild one run from its file (e.g. one evicted from memory that is active again);
+        None when it has no readable journal. The same seq guarantees as :meth:`load`."""
+        if not _RUN_ID.match(run):
+            raise ValueError(f"not a run id: {run!r}")
+        self.forget(run)
+        sink = self._load_file(run, stale_after, None)
+        self.flush()
+        return sink
+
+    # -- the hot path ------------------------------------------------------------------
+
+    def record(self, run: str, raw: bytes, frame: Frame, now: float) -> None:
+        """Journal one accepted frame (the sink already applied it). Buffers only."""
+        st = self._files.get(run)
+        if st is None:
+            st = self._new_state(run)
+        if not raw:  # applied without its wire bytes (tests, internal callers)
+            raw = protocol.encoder.encode(frame)
+        if type(frame) is Resources:
+            if st.started:
+                st.pending[frame.rank] = (now, raw)
+                return
+        elif st.pending:
+            if type(frame) is Metrics and frame.resources is not None:
+                # The frame's own sample replaces the rank's held one as it is applied.
+                st.pending.pop(frame.rank, None)
+            self._write_pending(st)
+        st.started = True
+        head = _FRAME_HEAD.pack(KIND_FRAME, now)
+        buf = st.buf
+        buf += _ENTRY_HEAD.pack(len(head) + len(raw), zlib.crc32(raw, zlib.crc32(head)))
+        buf += head
+        buf += raw
+        self._dirty[run] = st
+
+    def note_seq(self, sink: RunSink) -> None:
+        """Journal the run's sequence bookkeeping after its events were published: the ids
+        of newly closed records and of a completion, and a new reservation when ``sink.seq``
+        is within half a block of the last one."""
+        st = self._files.get(sink.run)
+        if st is None:
+            st = self._new_state(sink.run)
+        if st.track_records:
+            seqs = sink.record_seqs
+            n = len(seqs)
+            if n != st.noted_records:
+                if n > st.noted_records:
+                    for i in range(st.noted_records, n):
+                        st.buf += _entry(_RECORD_SEQ.pack(KIND_RECORD_SEQ, i, seqs[i]))
+                st.noted_records = n
+                self._dirty[st.run] = st
+            complete = sink.complete
+            cseq = complete[0] if complete is not None else 0
+            if cseq != st.noted_complete:
+                st.buf += _entry(_SEQ.pack(KIND_COMPLETE_SEQ, cseq))
+                st.noted_complete = cseq
+                self._dirty[st.run] = st
+        if sink.seq > st.seq_hi - self.seq_block // 2:
+            self._reserve(st, sink.seq)
+
+    def flush(self) -> None:
+        """Write every buffered entry (one ``os.write`` per dirty run); fsync at most once
+        per ``fsync_interval``. Write errors are logged, never raised."""
+        if self._dirty:
+            dirty, self._dirty = self._dirty, {}
+            for st in dirty.values():
+                if st.buf:
+                    self._write(st)
+                    if st.buf:  # failed: keep it for the next flush
+                        self._dirty[st.run] = st
+        if self.fsync_interval is not None and self._unsynced:
+            mono = time.monotonic()
+            if mono - self._last_sync >= self.fsync_interval:
+                self._last_sync = mono
+                self._sync_all()
+
+    def forget(self, run: str) -> None:
+        """The run left memory: write what is held for it and close its handle (the file
+        stays; :meth:`load_run` rebuilds it)."""
+        st = self._files.pop(run, None)
+        if st is None:
+            return
+        self._dirty.pop(run, None)
+        self._write_pending(st)
+        if st.buf:
+            self._write(st)
+        self._close_fd(st, sync=self.fsync_interval is not None and run in self._unsynced)
+
+    def close(self) -> None:
+        """Write everything held (coalesced samples included), fsync, close, unlock."""
+        if self._closed:
+            return
+        self._closed = True
+        for st in self._files.values():
+            self._write_pending(st)
+            if st.buf:
+                self._dirty[st.run] = st
+        self.flush()
+        for st in list(self._open.values()):
+            self._close_fd(st, sync=True)
+        self._files.clear()
+        self._dirty.clear()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals: state and writing --------------------------------------------------
+
+    def _path(self, run: str) -> str:
+        return os.path.join(self.runs_dir, run + _SUFFIX)
+
+    def _new_state(self, run: str) -> _RunFile:
+        st = _RunFile(run, self._path(run))
+        try:
+            existing = os.stat(st.path).st_size
+        except OSError:
+            existing = 0
+        if existing > len(HEADER):
+            # A history this Journal did not rebuild (the server made a fresh sink over it):
+            # keep appending, but do not pair its record indices with the old ones.
+            st.started = True
+            st.track_records = False
+            log.warning("journal: run %r restarted in memory over an existing journal; "
+                        "use Journal.load_run() to rebuild it instead", run)
+        self._files[run] = st
+        return st
+
+    def _write_pending(self, st: _RunFile) -> None:
+        """Buffer the held ``resources`` frames of a run, oldest first."""
+        if not st.pending:
+            return
+        held = sorted(st.pending.values(), key=lambda item: item[0])
+        st.pending.clear()
+        for t, raw in held:
+            head = _FRAME_HEAD.pack(KIND_FRAME, t)
+            st.buf += _ENTRY_HEAD.pack(len(head) + len(raw), zlib.crc32(raw, zlib.crc32(head)))
+            st.buf += head
+            st.buf += raw
+        st.started = True
+        self._dirty[st.run] = st
+
+    def _reserve(self, st: _RunFile, seq: int) -> None:
+        st.seq_hi = seq + self.seq_block
+        st.buf += _entry(_SEQ.pack(KIND_SEQ_HI, st.seq_hi))
+        self._dirty[st.run] = st
+
+    def _fd(self, st: _RunFile) -> int:
+        if st.fd is not None:
+            self._open.move_to_end(st.run)
+            return st.fd
+        flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(st.path, flags, 0o644)
+        except FileNotFoundError:
+            os.makedirs(self.runs_dir, exist_ok=True)
+            fd = os.open(st.path, flags, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if st.size is None or st.size > size:
+                st.size = size
+            if st.size < len(HEADER):
+                # New (or torn at creation): start the file over with its header.
+                os.ftruncate(fd, 0)
+                _write_all(fd, HEADER, 0)
+                st.size = len(HEADER)
+        except OSError:
+            os.close(fd)
+            raise
+        st.fd = fd
+        self._open[st.run] = st
+        while len(self._open) > self.max_open_files:
+            _, oldest = self._open.popitem(last=False)
+            if oldest is not st:
+                self._close_fd(oldest, sync=self.fsync_interval is not None
+                               and oldest.run in self._unsynced)
+        return fd
+
+    def _write(self, st: _RunFile) -> None:
+        """Write the run's buffer at its known end. A failed write is cut back to the last
+        entry boundary so that the file never holds a torn entry followed by good ones."""
+        try:
+            fd = self._fd(st)
+            assert st.size is not None
+            _write_all(fd, st.buf, st.size)
+        except OSError as exc:
+            if not st.write_failed:
+                log.error("journal: cannot write %s: %s (will retry)", st.path, exc)
+            st.write_failed = True
+            if st.fd is not None and st.size is not None:
+                try:
+                    os.ftruncate(st.fd, st.size)
+                except OSError:
+                    pass
+            if len(st.buf) > _MAX_BUFFER:
+                log.error("journal: dropping %d buffered bytes of run %r", len(st.buf), st.run)
+                st.buf.clear()
+            return
+        if st.write_failed:
+            log.warning("journal: writing %s works again", st.path)
+            st.write_failed = False
+        st.size += len(st.buf)
+        st.buf.clear()
+        self._unsynced.add(st.run)
+
+    def _close_fd(self, st: _RunFile, *, sync: bool) -> None:
+        self._open.pop(st.run, None)
+        if st.fd is None:
+            return
+        fd, st.fd = st.fd, None
+        try:
+            if sync:
+                os.fsync(fd)
+        except OSError as exc:
+            log.warning("journal: fsync of %s failed: %s", st.path, exc)
+        finally:
+            os.close(fd)
+            self._unsynced.discard(st.run)
+
+    def _sync_all(self) -> None:
+        for run in list(self._unsynced):
+            st = self._files.get(run)
+            if st is not None and st.fd is not None:
+                try:
+                    os.fsync(st.fd)
+                except OSError as exc:
+                    log.warning("journal: fsync of %s failed: %s", st.path, exc)
+        self._unsynced.clear()
+
+    # -- internals: loading ------------------------------------------------------------
+
+    def _take_lock(self) -> None:
+        if self._lock_fd is not None:
+            return
+        fd = os.open(os.path.join(self.data_dir, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise JournalError(
+                    f"data dir {self.data_dir} is in use by another broker") from None
+            raise
+        self._lock_fd = fd
+
+    def _check_version(self) -> None:
+        path = os.path.join(self.data_dir, "VERSION")
+        try:
+            with open(path, "rb") as f:
+                text = f.read(256)
+        except FileNotFoundError:
+            with open(path, "wb") as f:
+                f.write(_VERSION_TEXT)
+            return
+        if text == _VERSION_TEXT:
+            return
+        if text.startswith(_VERSION_PREFIX):
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+            found = text.strip().decode("ascii", "replace")
+            raise JournalError(f"data dir {self.data_dir} holds journal format {found!r}; "
+                               f"this broker reads {FORMAT_VERSION}")
+        log.warning("journal: %s is unreadable (%r); rewriting it", path, text[:40])
+        with open(path, "wb") as f:
+            f.write(_VERSION_TEXT)
+
+    def _set_aside(self, path: str, why: str) -> bool:
+        """Move an unusable journal out of the way (keeping its bytes) so the run can
+        start a new one; False when even that fails."""
+        dest = f"{path}.unreadable-{int(time.time())}"
+        try:
+            os.replace(path, dest)
+        except OSError as exc:
+            log.warning("journal: skipping %s (%s); cannot move it aside: %s", path, why, exc)
+            return False
+        log.warning("journal: skipping %s (%s); moved to %s", path, why, dest)
+        return True
+
+    def _load_file(self, run: str, stale_after: float,
+                   horizon: float | None) -> RunSink | None:
+        path = self._path(run)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("journal: skipping run %r: cannot read %s: %s", run, path, exc)
+            return None
+        if not data.startswith(HEADER):
+            if len(data) < len(HEADER) and HEADER.startswith(data):
+                return None  # torn at creation: nothing was ever recorded; rewritten on use
+            found = data[:len(HEADER)].strip().decode("ascii", "replace")
+            why = (f"journal format {found!r}" if data.startswith(_HEADER_PREFIX)
+                   else "not a rankboard journal")
+            self._set_aside(path, why)
+            return None
+
+        entries, good, problem = read_entries(data[len(HEADER):])
+        if problem is not None:
+            dropped = len(data) - len(HEADER) - good
+            log.warning("journal: %s: %s at byte %d; dropping the last %d bytes and keeping the "
+                        "%d entries before", path, problem, len(HEADER) + good, dropped,
+                        len(entries))
+        sink = RunSink(run, stale_after=stale_after)
+        seq_hi = 0
+        record_seqs: dict[int, int] = {}
+        complete_seq = 0
+        last_time: float | None = None
+        frames = failures = 0
+        for kind, payload in entries:
+            if kind == KIND_FRAME:
+                (t,) = struct.unpack_from("<d", payload)
+                frames += 1
+                try:
+                    sink.apply(protocol.decode(bytes(payload[8:])), t)
+                except Rejected:
+                    pass  # accepted then, rejected now: the sink's rules changed; skip it
+                except Exception as exc:  # undecodable or a sink bug: never fatal at start
+                    if not failures:
+                        log.warning("journal: %s: replaying a frame failed (%s: %s); "
+                                    "skipping such frames", path, type(exc).__name__, exc)
+                    failures += 1
+                    continue
+                last_time = t if last_time is None else max(last_time, t)
+            elif kind == KIND_SEQ_HI:
+                seq_hi = max(seq_hi, struct.unpack_from("<Q", payload)[0])
+            elif kind == KIND_RECORD_SEQ:
+                index, seq = struct.unpack_from("<IQ", payload)
+                record_seqs[index] = seq
+            elif kind == KIND_COMPLETE_SEQ:
+                complete_seq = struct.unpack_from("<Q", payload)[0]
+            # other kinds: written by a newer minor version; nothing to do with them
+        if failures > 1:
+            log.warning("journal: %s: %d frames could not be replayed", path, failures)
+
+        if frames == 0 and not entries:
+            # Nothing in it: an empty file is no run.
+            self._remove(path)
+            return None
+        if (horizon is not None and sink.complete is not None and last_time is not None
+                and last_time < horizon):
+            log.info("journal: deleting finished run %r (last frame %.0f s ago)", run,
+                     time.time() - last_time)
+            self._remove(path)
+            return None
+
+        # Ids after the restart start above everything issued before it.
+        base = max(sink.seq, seq_hi, complete_seq, max(record_seqs.values(), default=0))
+        seqs: list[int] = []
+        known = 0  # records whose id is in the journal (a prefix)
+        prev = 0
+        for i in range(len(sink.records)):
+            seq = record_seqs.get(i)
+            if seq is None or seq <= prev or known < i:
+                # Unknown (its note was lost with a torn tail): a fresh id above all before.
+                base += 1
+                seq = base
+            else:
+                known += 1
+            seqs.append(seq)
+            prev = seq
+        sink.record_seqs[:] = seqs
+        noted_complete = 0
+        if sink.complete is not None:
+            if complete_seq > prev:
+                cseq = noted_complete = complete_seq
+            else:
+                base += 1
+                cseq = base
+            sink.complete = (cseq, sink.complete[1])
+        sink.seq = base
+
+        st = _RunFile(run, path)
+        st.size = len(HEADER) + good
+        st.started = frames > 0
+        st.noted_records = known
+        st.noted_complete = noted_complete
+        if problem is not None:
+            self._truncate(st)
+        self._files[run] = st
+        self.note_seq(sink)  # notes any fresh ids above
+        self._reserve(st, sink.seq)
+        return sink
+
+    def _truncate(self, st: _RunFile) -> None:
+        assert st.size is not None
+        try:
+            fd = self._fd(st)
+            os.ftruncate(fd, st.size)
+        except OSError as exc:
+            log.warning("journal: cannot cut the bad tail of %s: %s", st.path, exc)
+
+    @staticmethod
+    def _remove(path: str) -> None:
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            log.warning("journal: cannot delete %s: %s", path, exc)
+
+
+def _write_all(fd: int, data: Union[bytes, bytearray], offset: int) -> None:
+    """pwrite ``data`` at ``offset``, looping over short writes."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
