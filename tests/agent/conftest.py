@@ -51,6 +51,7 @@ class Receiver:
         return [f for f in self.frames if isinstance(f, cls)]
 
     def close(self) -> None:
+        """Idempotent, so a test can kill "the broker" early and the fixture still cleans up."""
         self.sock.close(linger=0)
         self.ctx.term()
 
