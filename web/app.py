@@ -1,0 +1,296 @@
+"""The Flask app: ``create_app(hub, config)`` and the routes of PROTOCOL.md section 4.
+
+The app only reads the :class:`~web.hub.Hub` (it never touches sockets), so it works under
+any WSGI server; the SSE stream relies on gevent to block in its queue cheaply, which is why
+``web/cli.py`` serves it with gevent's pywsgi.
+
+Config keys (all optional):
+
+* ``token``: the bearer token; None disables auth (the CLI refuses that off loopback);
+* ``ping_interval``: seconds between ``: ping`` comments on idle and busy streams (15);
+* ``template_folder`` / ``static_folder``: override the page's folders (tests).
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import hmac
+import io
+import logging
+import re
+import time
+from typing import Any, Iterator, Mapping
+
+import gevent
+import gevent.queue
+import msgspec
+from flask import Flask, Response, g, render_template, request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from werkzeug.exceptions import HTTPException
+
+from web import sse
+from web.hub import Hub, RunState, Subscriber, parse_position
+from web.metrics import make_registry
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PING_INTERVAL = 15.0
+#: The cookie a valid ``?token=`` sets, so the page's EventSource (which cannot send headers)
+#: is authorised. Its value is derived from the token, never the token itself.
+COOKIE_NAME = "rankboard_session"
+
+PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+            "connect-src 'self'; frame-ancestors 'none'; object-src 'none'; base-uri 'none'")
+SVG_CSP = "default-src 'none'; style-src 'unsafe-inline'; sandbox"
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+RUN_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+RESOURCE_COLUMNS = ("cpu_percent", "ram_used_bytes", "ram_total_bytes", "gpu_util_percent",
+                    "vram_allocated_bytes", "vram_total_bytes")
+
+_json = msgspec.json.Encoder()
+
+
+def header_of(state: RunState) -> dict[str, Any]:
+    """The run header of PROTOCOL 4, with every key present even before the broker's first
+    ``run`` event (absent = null)."""
+    header: dict[str, Any] = {
+        "run": state.run, "status": "waiting", "world_size": None, "total_epochs": None,
+        "label": None, "hash": None, "port": None, "metadata": None, "hardware": "",
+        "has_svg": False, "hosts": [], "alerts": [], "started_at": None, "updated_at": None,
+    }
+    header.update(state.header)
+    return header
+
+
+def json_response(payload: Any, status: int = 200) -> Response:
+    """JSON via msgspec: non-finite floats become null (PROTOCOL 4)."""
+    return Response(_json.encode(payload), status=status, mimetype="application/json")
+
+
+def error(status: int, message: str) -> Response:
+    return json_response({"error": message}, status)
+
+
+def _cell(value: Any) -> str:
+    """A CSV cell: absent, non-numeric and non-finite values are empty."""
+    if isinstance(value, bool) or value is None:
+        return ""
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if value == value and value not in (float("inf"), float("-inf")) else ""
+    return ""
+
+
+def history_csv(records: list[dict[str, Any]]) -> str:
+    """The CSV export: ``epoch,duration_secs,<metrics>,<resources>``; metric columns are the
+    union over records, ``loss`` first then sorted."""
+    names: set[str] = set()
+    for record in records:
+        metrics = record.get("metrics")
+        if isinstance(metrics, dict):
+            names.update(str(k) for k in metrics)
+    metric_columns = (["loss"] if "loss" in names else []) + sorted(names - {"loss"})
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(["epoch", "duration_secs", *metric_columns, *RESOURCE_COLUMNS])
+    for record in records:
+        metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
+        resources = record.get("resources") if isinstance(record.get("resources"), dict) else {}
+        writer.writerow([
+            _cell(record.get("epoch")), _cell(record.get("duration_secs")),
+            *(_cell(metrics.get(name)) for name in metric_columns),
+            *(_cell(resources.get(name)) for name in RESOURCE_COLUMNS),
+        ])
+    return out.getvalue()
+
+
+def _session_value(token: str) -> str:
+    return hmac.new(token.encode("utf-8"), b"rankboard-session-v1", hashlib.sha256).hexdigest()
+
+
+def _same(supplied: str | None, expected: str) -> bool:
+    return supplied is not None and hmac.compare_digest(
+        supplied.encode("utf-8", "surrogateescape"), expected.encode("utf-8"))
+
+
+def create_app(hub: Hub, config: Mapping[str, Any] | None = None) -> Flask:
+    """The dashboard app over ``hub``; see the module docstring for ``config``."""
+    config = dict(config or {})
+    kwargs: dict[str, Any] = {}
+    for key in ("template_folder", "static_folder"):
+        if config.get(key):
+            kwargs[key] = config[key]
+    app = Flask(__name__, **kwargs)
+    token: str | None = config.get("token") or None
+    ping_interval = float(config.get("ping_interval") or DEFAULT_PING_INTERVAL)
+    registry = make_registry(hub)
+    app.config["RANKBOARD_HUB"] = hub
+
+    @app.before_request
+    def _authorise() -> Response | None:
+        if token is None or request.path == "/healthz":
+            return None
+        auth = request.headers.get("Authorization", "")
+        scheme, _, credentials = auth.partition(" ")
+        if scheme.lower() == "bearer" and _same(credentials.strip(), token):
+            return None
+        if _same(request.args.get("token"), token):
+            g.set_session_cookie = True
+            return None
+        if _same(request.cookies.get(COOKIE_NAME), _session_value(token)):
+            return None
+        response = error(401, "unauthorized: pass Authorization: Bearer <token> or ?token=<token>")
+        response.headers["WWW-Authenticate"] = 'Bearer realm="rankboard"'
+        return response
+
+    @app.after_request
+    def _headers(response: Response) -> Response:
+        response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers[name] = value
+        if token is not None and g.get("set_session_cookie"):
+            response.set_cookie(COOKIE_NAME, _session_value(token), httponly=True,
+                                samesite="Strict", secure=request.is_secure, path="/")
+        return response
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException) -> Response:
+        response = error(exc.code or 500, (exc.description or exc.name).strip())
+        if exc.code == 405 and exc.response is None:
+            allowed = getattr(exc, "valid_methods", None)
+            if allowed:
+                response.headers["Allow"] = ", ".join(allowed)
+        return response
+
+    @app.errorhandler(Exception)
+    def _internal_error(exc: Exception) -> Response:
+        log.exception("request %s %s failed", request.method, request.path)
+        return error(500, "internal error")
+
+    def run_state(run: str) -> RunState | None:
+        if not RUN_ID.match(run):
+            return None
+        return hub.runs.get(run)
+
+    def unknown_run(run: str) -> Response:
+        return error(404, "unknown run" if RUN_ID.match(run) else "not a valid run id")
+
+    @app.get("/")
+    def index() -> str:
+        return render_template("index.html")
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        ok = hub.connected
+        return json_response({"ok": ok}, 200 if ok else 503)
+
+    @app.get("/api/runs")
+    def runs() -> Response:
+        out = []
+        for state in hub.runs_newest_first():
+            header = header_of(state)
+            out.append({
+                "run": state.run, "status": header["status"],
+                "world_size": header["world_size"], "total_epochs": header["total_epochs"],
+                "epochs_done": len(state.records), "label": header["label"],
+                "started_at": header["started_at"], "updated_at": header["updated_at"],
+            })
+        return json_response(out)
+
+    @app.get("/api/runs/<run>")
+    def run_detail(run: str) -> Response:
+        state = run_state(run)
+        if state is None:
+            return unknown_run(run)
+        body = header_of(state)
+        body["ranks"] = state.ranks
+        body["records"] = [record for _, record in state.records]
+        return json_response(body)
+
+    @app.get("/api/runs/<run>/history")
+    def history(run: str) -> Response:
+        state = run_state(run)
+        if state is None:
+            return unknown_run(run)
+        return json_response([record for _, record in state.records])
+
+    @app.get("/api/runs/<run>/history.csv")
+    def history_export(run: str) -> Response:
+        state = run_state(run)
+        if state is None:
+            return unknown_run(run)
+        body = history_csv([record for _, record in state.records])
+        response = Response(body, mimetype="text/csv")
+        response.headers["Content-Disposition"] = f'attachment; filename="{run}-history.csv"'
+        return response
+
+    @app.get("/api/runs/<run>/graph.svg")
+    def graph(run: str) -> Response:
+        state = run_state(run)
+        if state is None:
+            return unknown_run(run)
+        if not state.svg:
+            return error(404, "this run has no graph")
+        response = Response(state.svg, content_type="image/svg+xml")
+        response.headers["Content-Security-Policy"] = SVG_CSP
+        return response
+
+    @app.get("/api/runs/<run>/events")
+    def events(run: str) -> Response:
+        state = run_state(run)
+        if state is None:
+            return unknown_run(run)
+        position = parse_position([request.headers.get("Last-Event-ID")])
+        subscribed = hub.subscribe(run, position)
+        if subscribed is None:
+            return unknown_run(run)
+        sub, initial, last = subscribed
+        response = Response(
+            _stream(hub, sub, initial, last, ping_interval),
+            content_type="text/event-stream",
+        )
+        response.call_on_close(lambda: hub.unsubscribe(sub))
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["X-Accel-Buffering"] = "no"
+        return response
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _stream(hub: Hub, sub: Subscriber, initial: list[bytes], last: int,
+            ping_interval: float) -> Iterator[bytes]:
+    """One client's SSE body: the replay, then live items with ids above ``last``, with a
+    ``: ping`` whenever ``ping_interval`` has passed since the previous one."""
+    current = gevent.getcurrent()
+    if isinstance(current, gevent.Greenlet):  # pywsgi's handler: killed if the client is dropped
+        sub.greenlet = current
+    try:
+        yield b"".join(initial)
+        next_ping = time.monotonic() + ping_interval
+        while True:
+            now = time.monotonic()
+            if now >= next_ping:
+                yield sse.PING
+                next_ping = now + ping_interval
+            try:
+                item = sub.queue.get(timeout=max(0.001, next_ping - time.monotonic()))
+            except gevent.queue.Empty:
+                continue
+            if item is None:  # closed by the hub: dropped, run gone, or shutdown
+                return
+            seq, data = item
+            if seq > last:
+                last = seq
+                yield data
+    finally:
+        sub.greenlet = None
+        hub.unsubscribe(sub)

@@ -1,0 +1,218 @@
+"""``rankboard demo``'s simulated cluster: real processes, each a real :class:`RankAgent`.
+
+:class:`Cluster` (run inside the gevent web process) starts ``--ranks`` processes spread
+over ``--hosts`` simulated hosts (``node-a``, ``node-b``, ...), waits for them to finish a
+run, pauses, and starts the next run, until stopped. Each process runs :func:`main` (``python
+-m web.demo ...``): it registers the web's port and the epoch count, rank 0 sends the model
+graph and the hyperparameters, every rank sends its hardware, samples resources with the
+real sampler, and logs plausible loss/accuracy curves with noise (the last rank is a bit
+slower, as real clusters have a straggler).
+
+This module imports nothing heavy at import time: rank processes load only rank_agent.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import math
+import random
+import signal
+import string
+import sys
+import time
+from typing import Any, Sequence
+
+log = logging.getLogger(__name__)
+
+#: Pause between a finished run and the next one.
+RUN_PAUSE = 3.0
+BATCH_SIZE = 64
+BATCHES = 120
+
+
+def host_name(index: int) -> str:
+    """``node-a`` .. ``node-z``, then ``node-27`` ..."""
+    return f"node-{string.ascii_lowercase[index]}" if index < 26 else f"node-{index + 1}"
+
+
+def layout(ranks: int, hosts: int) -> list[tuple[str, int]]:
+    """(host, local_rank) of each global rank: ranks filled host by host."""
+    hosts = max(1, min(hosts, ranks))
+    per_host = math.ceil(ranks / hosts)
+    return [(host_name(r // per_host), r % per_host) for r in range(ranks)]
+
+
+def model_svg(label: str = "demo-mlp") -> str:
+    """A small model graph: a column of layer boxes joined by arrows (no script)."""
+    layers = ["input 1x28x28", "conv 3x3, 32", "relu", "maxpool 2x2", "conv 3x3, 64",
+              "relu", "flatten", "linear 9216-128", "dropout 0.25", "linear 128-10", "softmax"]
+    box_w, box_h, gap, x = 180, 26, 14, 20
+    height = len(layers) * (box_h + gap) + 30
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 220 {height}" '
+        f'width="220" height="{height}" font-family="sans-serif" font-size="12">',
+        f"<title>{label}</title>",
+        '<defs><marker id="a" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="6" '
+        'markerHeight="6" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#8899aa"/></marker></defs>',
+    ]
+    for i, name in enumerate(layers):
+        y = 15 + i * (box_h + gap)
+        fill = "#1f3b57" if name.split()[0] in ("conv", "linear") else "#2b2f36"
+        parts.append(f'<rect x="{x}" y="{y}" width="{box_w}" height="{box_h}" rx="5" '
+                     f'fill="{fill}" stroke="#8899aa"/>')
+        parts.append(f'<text x="{x + box_w // 2}" y="{y + 17}" fill="#e6edf3" '
+                     f'text-anchor="middle">{name}</text>')
+        if i + 1 < len(layers):
+            y2 = y + box_h + gap
+            parts.append(f'<line x1="{x + box_w // 2}" y1="{y + box_h}" x2="{x + box_w // 2}" '
+                         f'y2="{y2 - 1}" stroke="#8899aa" marker-end="url(#a)"/>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def curves(epoch: int, epochs: int, rank: int, rng: random.Random) -> tuple[float, float]:
+    """(loss, accuracy) of one rank for one epoch: exponential decay, per-rank bias, noise."""
+    progress = epoch / max(1, epochs - 1)
+    bias = 1.0 + 0.04 * math.sin(rank * 1.7)
+    loss = (0.12 + 2.2 * math.exp(-4.0 * progress)) * bias
+    loss *= 1.0 + rng.gauss(0.0, 0.03)
+    accuracy = 0.98 - 0.88 * math.exp(-4.5 * progress) - 0.01 * (bias - 1.0) * 10
+    accuracy = min(0.999, max(0.0, accuracy + rng.gauss(0.0, 0.008)))
+    return max(0.0, loss), accuracy
+
+
+# ----------------------------------------------------------------- one rank process
+def run_rank(ns: argparse.Namespace) -> int:
+    from rank_agent import RankAgent
+
+    rng = random.Random(f"{ns.run}:{ns.rank}")
+    slow = 1.15 if ns.rank == ns.world_size - 1 and ns.world_size > 1 else 1.0
+    agent = RankAgent(broker=ns.broker, run=ns.run, rank=ns.rank, world_size=ns.world_size,
+                      local_rank=ns.local_rank, host=ns.host)
+    try:
+        agent.register(port=ns.port, total_epochs=ns.epochs)
+        if ns.rank == 0:
+            svg = model_svg()
+            agent.set_svg(svg, label="demo-cnn", hash=hashlib.sha256(svg.encode()).hexdigest()[:12])
+            agent.set_metadata({
+                "model": "demo-cnn", "dataset": "synthetic-mnist", "optimizer": "adamw",
+                "lr": 3e-4, "weight_decay": 0.01, "batch_size": BATCH_SIZE,
+                "epochs": ns.epochs, "world_size": ns.world_size, "hosts": ns.hosts,
+                "precision": "bf16", "seed": 1234,
+            })
+        agent.set_hardware()
+        agent.start_sampling(interval=max(0.5, min(2.0, ns.epoch_seconds / 2)))
+        for epoch in range(ns.epochs):
+            started = time.monotonic()
+            time.sleep(ns.epoch_seconds * slow * (1.0 + rng.uniform(-0.05, 0.05)))
+            ms = (time.monotonic() - started) * 1000.0
+            loss, accuracy = curves(epoch, ns.epochs, ns.rank, rng)
+            lr = 3e-4 * 0.5 * (1.0 + math.cos(math.pi * epoch / ns.epochs))
+            agent.log_epoch(epoch, loss, batches=BATCHES, samples=BATCHES * BATCH_SIZE,
+                            epoch_ms=ms, share_complete_ms=ms,
+                            scalars={"accuracy": accuracy, "lr": lr})
+        agent.finish("ok")
+    finally:
+        agent.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of one simulated rank (``python -m web.demo``)."""
+    p = argparse.ArgumentParser(prog="python -m web.demo", description="one simulated rank")
+    p.add_argument("--broker", required=True)
+    p.add_argument("--run", required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--local-rank", type=int, default=0)
+    p.add_argument("--host", required=True)
+    p.add_argument("--hosts", type=int, default=1)
+    p.add_argument("--epochs", type=int, required=True)
+    p.add_argument("--epoch-seconds", type=float, required=True)
+    p.add_argument("--port", type=int, default=0)
+    ns = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s rank {ns.rank}: %(message)s")
+
+    def _exit(*_: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _exit)
+    try:
+        return run_rank(ns)
+    except KeyboardInterrupt:
+        return 0
+
+
+# -------------------------------------------------------- the cluster (web process)
+class Cluster:
+    """Runs simulated training runs back to back (under gevent, in the web process)."""
+
+    def __init__(self, ingest: str, *, ranks: int, hosts: int, epochs: int,
+                 epoch_seconds: float, port: int) -> None:
+        self.ingest = ingest
+        self.ranks = ranks
+        self.hosts = max(1, min(hosts, ranks))
+        self.epochs = epochs
+        self.epoch_seconds = epoch_seconds
+        self.port = port
+        self.procs: list[Any] = []
+        self.runs_started = 0
+        self._stopping = False
+        self._greenlet: Any = None
+
+    def start(self) -> None:
+        import gevent
+
+        self._greenlet = gevent.spawn(self._loop)
+
+    def _spawn_run(self) -> str:
+        from gevent import subprocess
+
+        self.runs_started += 1
+        run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{self.runs_started}"
+        log.info("demo: starting run %s (%d ranks on %d hosts, %d epochs)",
+                 run, self.ranks, self.hosts, self.epochs)
+        for rank, (host, local_rank) in enumerate(layout(self.ranks, self.hosts)):
+            cmd = [sys.executable, "-m", "web.demo", "--broker", self.ingest, "--run", run,
+                   "--rank", str(rank), "--world-size", str(self.ranks),
+                   "--local-rank", str(local_rank), "--host", host, "--hosts", str(self.hosts),
+                   "--epochs", str(self.epochs), "--epoch-seconds", repr(self.epoch_seconds),
+                   "--port", str(self.port)]
+            self.procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
+        return run
+
+    def _loop(self) -> None:
+        import gevent
+
+        while not self._stopping:
+            run = self._spawn_run()
+            while not self._stopping and any(p.poll() is None for p in self.procs):
+                gevent.sleep(0.2)
+            if self._stopping:
+                return
+            codes = [p.returncode for p in self.procs]
+            self.procs = []
+            log.info("demo: run %s done (exit codes %s); next run in %.0f s", run, codes, RUN_PAUSE)
+            deadline = time.monotonic() + RUN_PAUSE
+            while not self._stopping and time.monotonic() < deadline:
+                gevent.sleep(0.2)
+
+    def stop(self) -> None:
+        """Stop starting runs and terminate the rank processes (SIGTERM, then SIGKILL)."""
+        from web.cli import terminate
+
+        self._stopping = True
+        procs, self.procs = self.procs, []
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            terminate(proc, timeout=5.0)
+        if self._greenlet is not None:
+            self._greenlet.kill(block=True, timeout=2.0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
