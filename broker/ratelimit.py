@@ -39,7 +39,8 @@ class RateLimitedLog:
         self._keys: OrderedDict[Hashable, list[Any]] = OrderedDict()
 
     def log(
-        self, key: Hashable, level: int, msg: str, *args: Any, exc_info: bool = False
+        self, key: Hashable, level: int, msg: str, *args: Any, exc_info: bool = False,
+        stacklevel: int = 1,
     ) -> bool:
         """Log ``msg % args`` unless ``key`` logged within ``interval``; True if emitted."""
         now = self._clock()
@@ -55,16 +56,17 @@ class RateLimitedLog:
         if suppressed:
             msg = msg + " (%d similar suppressed)"
             args = (*args, suppressed)
-        self.logger.log(level, msg, *args, exc_info=exc_info)
+        # stacklevel: the record names the caller's line, not this helper's.
+        self.logger.log(level, msg, *args, exc_info=exc_info, stacklevel=stacklevel + 1)
         return True
 
     def warning(self, key: Hashable, msg: str, *args: Any) -> bool:
         """Shorthand for :meth:`log` at WARNING."""
-        return self.log(key, logging.WARNING, msg, *args)
+        return self.log(key, logging.WARNING, msg, *args, stacklevel=2)
 
     def error(self, key: Hashable, msg: str, *args: Any, exc_info: bool = False) -> bool:
         """Shorthand for :meth:`log` at ERROR."""
-        return self.log(key, logging.ERROR, msg, *args, exc_info=exc_info)
+        return self.log(key, logging.ERROR, msg, *args, exc_info=exc_info, stacklevel=2)
 
     def suppressed(self, key: Hashable) -> int:
         """Lines of ``key`` suppressed since its last emitted line (for tests and stats)."""

@@ -74,7 +74,7 @@ class FeedClient:
     def recv(self, timeout: float = 10.0) -> feed.Update:
         """Next decoded feed update (heartbeats included), or fail after ``timeout``."""
         if not self.sub.poll(int(timeout * 1000)):
-            pytest.fail("no feed message within %.1f s" % timeout)
+            pytest.fail(f"no feed message within {timeout:.1f} s")
         update = feed.decode_update(self.sub.recv_multipart())
         assert update is not None
         return update

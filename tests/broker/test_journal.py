@@ -606,6 +606,50 @@ def test_forget_then_load_run(tmp_path: Path) -> None:
     assert sinks["r"].complete == srv.sinks["r"].complete
 
 
+def test_load_run_of_an_unknown_run_is_none_and_writes_nothing(tmp_path: Path) -> None:
+    j = Journal(tmp_path)
+    j.load()
+    try:
+        assert j.load_run("never-seen") is None
+        assert list((tmp_path / "runs").iterdir()) == []
+    finally:
+        j.close()
+
+
+def test_write_errors_are_logged_and_retried_never_raised(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    srv = Server(tmp_path, fsync_interval=0.0)
+    training(srv, "r", ranks=1, epochs=1)
+    runs = tmp_path / "runs"
+    srv.journal.forget("r")  # its handle is closed: the next write must open the file again
+    shutil.move(runs, tmp_path / "runs-away")
+    runs.write_text("a file where the dir was")
+    caplog.set_level(logging.ERROR, logger="broker.journal")
+    srv.send(Metrics(run="r", rank=0, epoch=1, avg_loss=1.0))  # a write that fails
+    srv.send(Metrics(run="r", rank=0, epoch=2, avg_loss=1.0))
+    assert len([r for r in caplog.records if "cannot write" in r.getMessage()]) == 1
+    runs.unlink()
+    shutil.move(tmp_path / "runs-away", runs)
+    srv.journal.flush()  # what was held is written now, in order
+    expect = srv.sinks["r"].records
+    srv.close()
+    j, sinks = reload(tmp_path)
+    j.close()
+    assert [r["epoch"] for r in sinks["r"].records] == [0, 1, 2]
+    assert same(sinks["r"].records, expect)
+
+
+def test_a_file_whose_first_entry_is_bad_is_no_run(tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "r.journal").write_bytes(HEADER + b"\x05\x00\x00\x00garbage")
+    caplog.set_level(logging.WARNING, logger="broker.journal")
+    j, sinks = reload(tmp_path)
+    j.close()
+    assert sinks == {} and "dropping the last 11 bytes" in caplog.text
+    assert not (tmp_path / "runs" / "r.journal").exists()
+
+
 def test_constructor_does_no_io(tmp_path: Path) -> None:
     Journal(tmp_path / "nope")
     assert not (tmp_path / "nope").exists()

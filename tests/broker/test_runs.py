@@ -1,0 +1,275 @@
+"""Runs: decode + reject counting + run cap, in memory (no sockets); and RateLimitedLog."""
+from __future__ import annotations
+
+import logging
+
+import msgspec
+import pytest
+
+from broker.ratelimit import RateLimitedLog
+from broker.runs import Runs
+from rank_agent import protocol
+from rank_agent.protocol import Svg
+from tests.broker.conftest import bad_metadata, enc, finish, metrics, register
+
+T0 = 1_000_000.0
+
+
+def kinds(events: list) -> list[str]:
+    return [ev.kind for _, ev in events]
+
+
+# -- decode-level rejects --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b"\xc1", "decode"),  # never-used MessagePack opcode
+        (b"\xda\xff", "decode"),  # a str header cut short
+        (enc(register())[:-3], "decode"),  # truncated
+        (b"", "decode"),
+        (enc({"type": "bogus", "run": "r1", "rank": 0}), "schema"),  # unknown tag
+        (enc({"run": "r1", "rank": 0, "world_size": 1, "host": "h"}), "schema"),  # no tag
+        (enc({"type": "register", "run": "r1", "rank": "zero", "world_size": 1, "host": "h"}),
+         "schema"),  # wrong type
+        (enc({"type": "register", "run": "r1", "rank": 0, "host": "h"}), "schema"),  # missing
+        (enc({"type": "register", "run": "bad run!", "rank": 0, "world_size": 1, "host": "h"}),
+         "schema"),  # run id pattern
+        (enc({"type": "metrics", "run": "r1", "rank": -1, "epoch": 0, "avg_loss": 1.0}),
+         "schema"),  # constraint
+        (enc([1, 2, 3]), "schema"),  # valid msgpack, not a map
+        (b"\x00" * (protocol.MAX_FRAME_BYTES + 1), "oversize"),
+        (enc(Svg(run="r1", rank=0, svg="\u00e9" * (protocol.MAX_SVG_BYTES // 2 + 1))), "limit"),
+    ],
+)
+def test_bad_frame_is_counted_by_reason_and_has_no_effect(raw: bytes, reason: str) -> None:
+    runs = Runs()
+    assert runs.ingest(raw, T0) == []
+    assert runs.rejected == {reason: 1}
+    assert runs.accepted == 0
+    assert len(runs) == 0
+
+
+def test_validation_error_is_schema_not_decode() -> None:
+    # ValidationError subclasses DecodeError: the order of the excepts matters.
+    assert issubclass(msgspec.ValidationError, msgspec.DecodeError)
+    runs = Runs()
+    runs.ingest(enc({"type": "finish", "run": "r1", "rank": 0, "status": "maybe"}), T0)
+    assert runs.rejected == {"schema": 1}
+
+
+def test_unknown_extra_keys_are_ignored() -> None:
+    runs = Runs()
+    raw = enc({"type": "register", "run": "r1", "rank": 0, "world_size": 1, "host": "h",
+               "future_field": [1, 2]})
+    assert kinds(runs.ingest(raw, T0)) == ["run"]
+    assert runs.accepted == 1 and not runs.rejected
+
+
+def test_valid_frames_around_bad_ones_are_applied() -> None:
+    runs = Runs()
+    out = []
+    stream = [enc(register(world_size=2, rank=0)), b"\xc1", enc(register(world_size=2, rank=1)),
+              enc({"type": "nope"}), enc(metrics(rank=0)), b"\x00" * (protocol.MAX_FRAME_BYTES + 1),
+              enc(metrics(rank=1))]
+    for raw in stream:
+        out.extend(runs.ingest(raw, T0))
+    assert runs.accepted == 4
+    assert runs.rejected == {"decode": 1, "schema": 1, "oversize": 1}
+    assert "epoch" in kinds(out)
+    sink = runs.get("r1")
+    assert sink is not None and len(sink.records) == 1
+    assert all(run == "r1" for run, _ in out)
+    seqs = [ev.seq for _, ev in out]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+
+# -- sink-level rejects --------------------------------------------------------------------
+
+
+def test_rejected_first_frame_creates_no_run() -> None:
+    runs = Runs()
+    assert runs.ingest(enc(bad_metadata(run="fresh")), T0) == []
+    assert runs.rejected == {"bad_metadata_json": 1}
+    assert "fresh" not in runs and len(runs) == 0
+    assert runs.snapshot() == []
+
+
+def test_sink_rejects_are_counted_and_the_run_survives() -> None:
+    runs = Runs()
+    runs.ingest(enc(register(world_size=2)), T0)
+    seq = runs.get("r1").seq
+    assert runs.ingest(enc(register(world_size=3, rank=1)), T0) == []
+    assert runs.ingest(enc(metrics(rank=5)), T0) == []
+    assert runs.rejected == {"world_size_mismatch": 1, "rank_out_of_range": 1}
+    assert runs.get("r1").seq == seq  # no effect at all
+
+
+def test_rejections_log_one_line_per_interval_without_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    rlog = RateLimitedLog(logging.getLogger("broker.runs"), 10.0, clock=lambda: now[0])
+    runs = Runs(rate_log=rlog)
+    with caplog.at_level(logging.WARNING, logger="broker.runs"):
+        for _ in range(100):
+            runs.ingest(b"\xc1", T0)
+    assert runs.rejected == {"decode": 100}
+    lines = [r for r in caplog.records if r.name == "broker.runs"]
+    assert len(lines) == 1
+    assert not lines[0].exc_info and "decode" in lines[0].getMessage()
+    now[0] = 11.0
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="broker.runs"):
+        runs.ingest(b"\xc1", T0)
+    assert "99 similar suppressed" in caplog.records[0].getMessage()
+
+
+# -- hooks, late metrics, tick, snapshot ---------------------------------------------------
+
+
+def test_on_accept_sees_only_accepted_frames_with_their_bytes() -> None:
+    seen = []
+    runs = Runs(on_accept=lambda run, raw, frame, now: seen.append((run, raw, type(frame), now)))
+    good = enc(register())
+    runs.ingest(good, T0)
+    runs.ingest(b"\xc1", T0)
+    runs.ingest(enc(bad_metadata()), T0)
+    assert seen == [("r1", good, protocol.Register, T0)]
+
+
+def test_late_metrics_total() -> None:
+    runs = Runs()
+    runs.ingest(enc(register()), T0)
+    runs.ingest(enc(metrics(epoch=0)), T0)
+    runs.ingest(enc(metrics(epoch=0, avg_loss=2.0)), T0 + 1)  # epoch 0 already closed
+    assert runs.late_metrics == 1
+    assert runs.counters() == {"accepted": 3, "rejected": {}, "late_metrics": 1, "runs": 1}
+
+
+def test_tick_returns_run_tagged_events() -> None:
+    runs = Runs(stale_after=5.0)
+    runs.ingest(enc(register(run="a")), T0)
+    runs.ingest(enc(register(run="b")), T0)
+    out = runs.tick(T0 + 10.0)  # both ranks went stale; ranks arrays due
+    assert {run for run, _ in out} == {"a", "b"}
+    assert "ranks" in kinds(out)
+    assert runs.get("a").ranks()[0]["status"] == "stale"
+
+
+def test_snapshot_all_one_and_unknown() -> None:
+    runs = Runs()
+    runs.ingest(enc(register(run="a")), T0)
+    runs.ingest(enc(register(run="b")), T0)
+    assert sorted(s["run"] for s in runs.snapshot()) == ["a", "b"]
+    [one] = runs.snapshot("a")
+    assert one["run"] == "a" and one["seq"] == runs.get("a").seq
+    assert runs.snapshot("nope") == []
+
+
+# -- the run cap ---------------------------------------------------------------------------
+
+
+def _finished_run(runs: Runs, run: str, now: float) -> None:
+    runs.ingest(enc(register(run=run)), now)
+    runs.ingest(enc(metrics(run=run)), now)
+    runs.ingest(enc(finish(run=run)), now)
+    assert runs.get(run).complete is not None
+
+
+def test_full_registry_evicts_the_oldest_finished_run() -> None:
+    evicted = []
+    runs = Runs(max_runs=3, on_evict=evicted.append)
+    _finished_run(runs, "old", T0)
+    _finished_run(runs, "newer", T0 + 1)
+    runs.ingest(enc(register(run="live")), T0 + 2)
+    late_before = runs.late_metrics
+    assert runs.ingest(enc(register(run="fourth")), T0 + 3)
+    assert "old" not in runs and {"newer", "live", "fourth"} == set(runs)
+    assert evicted == ["old"]
+    assert runs.late_metrics == late_before
+    assert not runs.rejected
+
+
+def test_activity_order_decides_which_finished_run_is_oldest() -> None:
+    runs = Runs(max_runs=2)
+    _finished_run(runs, "a", T0)
+    _finished_run(runs, "b", T0 + 1)
+    runs.ingest(enc(metrics(run="a", epoch=7)), T0 + 2)  # a is active again (late or not)
+    runs.ingest(enc(register(run="c")), T0 + 3)
+    assert set(runs) == {"a", "c"}
+
+
+def test_full_registry_with_nothing_finished_rejects_too_many_runs() -> None:
+    runs = Runs(max_runs=2)
+    runs.ingest(enc(register(run="a")), T0)
+    runs.ingest(enc(register(run="b")), T0)
+    assert runs.ingest(enc(register(run="c")), T0) == []
+    assert runs.rejected == {"too_many_runs": 1}
+    assert set(runs) == {"a", "b"}
+    # known runs still take frames
+    assert runs.ingest(enc(metrics(run="a")), T0)
+
+
+def test_rejected_frame_of_a_new_run_evicts_nothing() -> None:
+    runs = Runs(max_runs=1)
+    _finished_run(runs, "a", T0)
+    runs.ingest(enc(bad_metadata(run="b")), T0)
+    assert set(runs) == {"a"}
+    assert runs.rejected == {"bad_metadata_json": 1}
+
+
+def test_evicted_run_coming_back_keeps_ids_increasing_with_a_gap() -> None:
+    runs = Runs(max_runs=1)
+    _finished_run(runs, "a", T0)
+    last = runs.get("a").seq
+    runs.ingest(enc(register(run="b")), T0)
+    assert "a" not in runs
+    runs.ingest(enc(finish(run="b")), T0)
+    out = runs.ingest(enc(register(run="a")), T0 + 5)
+    # one id skipped on purpose: the web sees the gap and re-snapshots the run
+    assert out and out[0][1].seq == last + 2
+
+
+def test_loader_brings_back_an_evicted_run() -> None:
+    stash = {}
+    runs = Runs(max_runs=1, loader=lambda run: stash.pop(run, None),
+                on_evict=lambda run: None)
+    _finished_run(runs, "a", T0)
+    stash["a"] = runs.get("a")
+    runs.ingest(enc(register(run="b")), T0)
+    runs.ingest(enc(finish(run="b")), T0)
+    assert "a" not in runs
+    runs.ingest(enc(register(run="a")), T0)
+    assert "a" in runs and len(runs.get("a").records) == 1
+
+
+def test_max_runs_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        Runs(max_runs=0)
+
+
+# -- RateLimitedLog ------------------------------------------------------------------------
+
+
+def test_rate_limited_log_per_key(caplog: pytest.LogCaptureFixture) -> None:
+    now = [100.0]
+    rl = RateLimitedLog(logging.getLogger("t.rl"), 5.0, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="t.rl"):
+        assert rl.warning("a", "first %s", 1)
+        assert not rl.warning("a", "again")
+        assert not rl.warning("a", "again")
+        assert rl.warning("b", "other key")
+        assert rl.suppressed("a") == 2
+        now[0] += 5.0
+        assert rl.warning("a", "after %d", 2)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert msgs == ["first 1", "other key", "after 2 (2 similar suppressed)"]
+    assert rl.suppressed("a") == 0
+
+
+def test_rate_limited_log_bounds_its_keys() -> None:
+    rl = RateLimitedLog(logging.getLogger("t.rl2"), 5.0, clock=lambda: 0.0, max_keys=3)
+    for i in range(10):
+        rl.warning(i, "x")
+    assert len(rl._keys) == 3
