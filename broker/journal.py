@@ -237,7 +237,8 @@ class Journal:
             raise ValueError(f"not a run id: {run!r}")
         self.forget(run)
         sink = self._load_file(run, stale_after, None)
-        self.flush()
+        if sink is not None:
+            self.flush()  # the new reservation is on disk before any of its events go out
         return sink
 
     # -- the hot path ------------------------------------------------------------------
@@ -546,13 +547,14 @@ class Journal:
         record_seqs: dict[int, int] = {}
         complete_seq = 0
         last_time: float | None = None
-        frames = failures = 0
+        frames = applied = failures = 0
         for kind, payload in entries:
             if kind == KIND_FRAME:
                 (t,) = struct.unpack_from("<d", payload)
                 frames += 1
                 try:
                     sink.apply(protocol.decode(bytes(payload[8:])), t)
+                    applied += 1
                 except Rejected:
                     pass  # accepted then, rejected now: the sink's rules changed; skip it
                 except Exception as exc:  # undecodable or a sink bug: never fatal at start
@@ -573,9 +575,12 @@ class Journal:
         if failures > 1:
             log.warning("journal: %s: %d frames could not be replayed", path, failures)
 
-        if frames == 0 and not entries:
-            # Nothing in it: an empty file is no run.
+        if frames == 0:
+            # Nothing (readable) in it: no run. Its first frame is gone, so is everything.
             self._remove(path)
+            return None
+        if applied == 0:
+            self._set_aside(path, "none of its frames can be replayed")
             return None
         if (horizon is not None and sink.complete is not None and last_time is not None
                 and last_time < horizon):
