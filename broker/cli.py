@@ -252,10 +252,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _one_line(exc: OSError) -> str:
-    """``str(BindError)`` is already the message; other OSErrors read ``strerror: filename``."""
-    from broker.server import BindError
+    """``str(StartError)`` is already the message; other OSErrors read ``strerror: filename``."""
+    from broker.server import StartError
 
-    if isinstance(exc, BindError):
+    if isinstance(exc, StartError):
         return str(exc)
     if exc.strerror and exc.filename:
         return f"{exc.strerror}: {exc.filename}"

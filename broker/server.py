@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import re
 import threading
 import time
 import uuid
@@ -37,6 +38,8 @@ from rank_agent.protocol import Frame, Register
 __all__ = [
     "BrokerServer",
     "BindError",
+    "DataDirError",
+    "StartError",
     "DEFAULT_INGEST",
     "DEFAULT_PUBLISH",
     "DEFAULT_SNAPSHOT",
@@ -56,11 +59,19 @@ DEFAULT_SNAPSHOT = "tcp://127.0.0.1:5587"
 DEFAULT_MAX_MESSAGE_BYTES = 2 * protocol.MAX_FRAME_BYTES
 
 
-class BindError(OSError):
-    """A socket could not be bound; ``str()`` is a one-line reason naming the endpoint."""
+class StartError(OSError):
+    """The broker cannot start; ``str()`` is a one-line reason naming the problem."""
 
     def __str__(self) -> str:
         return str(self.strerror)
+
+
+class BindError(StartError):
+    """A socket could not be bound (address in use, bad endpoint, CURVE key files)."""
+
+
+class DataDirError(StartError):
+    """The data dir cannot be used (not a directory, no permission, held by another broker)."""
 
 
 def is_loopback_endpoint(endpoint: str) -> bool:
@@ -148,8 +159,8 @@ class BrokerServer:
     def bind(self) -> dict[str, str]:
         """Create and bind the sockets, then open the journal; returns the bound endpoints.
 
-        Raises :class:`BindError` (address in use, bad endpoint) with everything already
-        created closed again.
+        Raises :class:`BindError` (address in use, bad endpoint) or :class:`DataDirError`
+        with everything already created closed again.
         """
         if self._pull is not None:
             return dict(self.endpoints)
@@ -204,7 +215,7 @@ class BrokerServer:
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
-            reason = exc.strerror
+            reason = re.sub(r"\s*\(addr=.*\)$", "", str(exc.strerror))  # pyzmq appends it
             if exc.errno == errno.EADDRINUSE:
                 reason = "Address already in use"
             raise BindError(exc.errno, f"cannot bind {endpoint}: {reason}") from None
@@ -235,11 +246,21 @@ class BrokerServer:
         log.info("ingest requires CURVE; authorized client keys from %s", authorized)
 
     def _open_journal(self) -> None:
-        from broker.journal import Journal
+        from broker.journal import Journal, JournalError
 
         assert self.data_dir is not None
         journal = self._journal = Journal(self.data_dir)
-        sinks: dict[str, RunSink] = journal.load(stale_after=self.stale_after)
+        try:
+            sinks: dict[str, RunSink] = journal.load(stale_after=self.stale_after)
+        except (OSError, JournalError) as exc:
+            self._journal = None
+            journal.close()
+            if isinstance(exc, JournalError):  # its message already names the dir
+                message = " ".join(str(exc).split())
+            else:
+                where = exc.filename or self.data_dir
+                message = f"cannot use data dir {where}: {exc.strerror or exc}"
+            raise DataDirError(getattr(exc, "errno", None) or errno.EIO, message) from None
         self.runs.restore(sinks)
         self.runs.loader = lambda run: journal.load_run(run, stale_after=self.stale_after)
         self.runs.on_evict = journal.forget

@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from broker import feed
-from broker.server import BindError, BrokerServer, is_loopback_endpoint
+from broker.server import BindError, BrokerServer, DataDirError, is_loopback_endpoint
 from rank_agent import protocol
 from tests.broker.conftest import (
     LOOPBACK_ANY,
@@ -297,3 +297,15 @@ def test_journal_restart_keeps_records_and_raises_ids(
     finally:
         p2.close(linger=0)
         c2.close()
+
+
+def test_data_dir_held_by_another_broker_is_a_one_line_error(
+        tmp_path: Path, start_broker: Callable[..., RunningBroker]) -> None:
+    pytest.importorskip("broker.journal")
+    start_broker(data_dir=tmp_path)
+    second = BrokerServer(LOOPBACK_ANY, LOOPBACK_ANY, LOOPBACK_ANY, data_dir=tmp_path)
+    with pytest.raises(DataDirError) as info:
+        second.bind()
+    second.close()
+    assert "in use by another broker" in str(info.value) and "\n" not in str(info.value)
+    assert second.endpoints and second._pull is None  # its sockets were closed again
