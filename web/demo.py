@@ -43,7 +43,7 @@ def layout(ranks: int, hosts: int) -> list[tuple[str, int]]:
     return [(host_name(r // per_host), r % per_host) for r in range(ranks)]
 
 
-def model_svg(label: str = "demo-mlp") -> str:
+def model_svg(label: str = "demo-cnn") -> str:
     """A small model graph: a column of layer boxes joined by arrows (no script)."""
     layers = ["input 1x28x28", "conv 3x3, 32", "relu", "maxpool 2x2", "conv 3x3, 64",
               "relu", "flatten", "linear 9216-128", "dropout 0.25", "linear 128-10", "softmax"]
