@@ -101,7 +101,8 @@ export function formatNumber(v) {
   if (a >= 1e4) return `${+(v / 1e3).toPrecision(3)}k`;
   if (a >= 1) return String(+v.toPrecision(4));
   if (a >= 1e-3) return String(+v.toPrecision(3));
-  return v.toExponential(1);
+  const [mant, exp] = v.toExponential(1).split("e");
+  return `${+mant}e${exp}`;
 }
 
 /**

@@ -190,6 +190,10 @@ async function refreshRuns() {
     if (wanted && runs.some((r) => r.run === wanted)) openRun(wanted, true);
     else if (runs.length) openRun(runs[0].run, false);
     else showEmpty(true);
+  } else if (!state.picked && runs.length && runs[0].run !== state.run) {
+    // Nobody chose this run: when it has ended and a newer one started, follow the newest.
+    const st = state.header && state.header.status;
+    if (st === "complete" || st === "failed") openRun(runs[0].run, false);
   }
 }
 
@@ -738,7 +742,6 @@ function renderRanks() {
       st,
       seen,
       h("td", "mono", r && isNum(r.epoch) ? r.epoch : DASH),
-      h("td", "num mono", fmtLoss(r ? r.loss : null)),
       util,
       vram,
       h("td", "num mono", fmtThroughput(m ? m.throughput : null)),
@@ -750,7 +753,7 @@ function renderRanks() {
   if (!rows.length) {
     const tr = h("tr");
     const td = h("td", "muted empty-row", "no ranks yet");
-    td.colSpan = 12;
+    td.colSpan = 11;
     tr.append(td);
     rows.push(tr);
   }
@@ -926,7 +929,6 @@ function renderRankPanel() {
     ["status", r ? r.status : DASH],
     ["last seen", null],
     ["last epoch", r && isNum(r.epoch) ? r.epoch : DASH],
-    ["loss", fmtLoss(r ? r.loss : null)],
     ["GPU util", fmtPct(g.util)],
     ["VRAM", isNum(g.vu) ? `${fmtBytes(g.vu)} / ${fmtBytes(g.vt)}` : DASH],
     ["throughput", fmtThroughput(gm ? gm.throughput : null)],
