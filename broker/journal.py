@@ -293,7 +293,7 @@ class Journal:
             self._reserve(st, sink.seq)
 
     def flush(self) -> None:
-        """Write every buffered entry (one ``os.write`` per dirty run); fsync at most once
+        """Write every buffered entry (one ``os.pwrite`` per dirty run); fsync at most once
         per ``fsync_interval``. Write errors are logged, never raised."""
         if self._dirty:
             dirty, self._dirty = self._dirty, {}
@@ -314,10 +314,13 @@ class Journal:
         st = self._files.pop(run, None)
         if st is None:
             return
-        self._dirty.pop(run, None)
         self._write_pending(st)
+        self._dirty.pop(run, None)
         if st.buf:
             self._write(st)
+            if st.buf:
+                log.error("journal: run %r left memory with %d bytes unwritten", run,
+                          len(st.buf))
         self._close_fd(st, sync=self.fsync_interval is not None and run in self._unsynced)
 
     def close(self) -> None:
