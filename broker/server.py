@@ -341,6 +341,11 @@ class BrokerServer:
     def _on_accept(self, run: str, raw: bytes, frame: Frame, now: float) -> None:
         if self._journal is not None:
             self._journal.record(run, raw, frame, now)
+            sink = self.runs.get(run)
+            if sink is not None:
+                # Per frame, not per batch: the journal reserves ids in blocks and a batch
+                # may issue more events for one run than half a block.
+                self._journal.note_seq(sink)
         if isinstance(frame, Register) and frame.port:
             self._pending_ports.append((run, frame.rank, frame.port))
 
@@ -349,7 +354,6 @@ class BrokerServer:
         pull = self._pull
         assert pull is not None
         out: list[list[bytes]] = []
-        touched: dict[str, RunSink] = {}
         now = self.clock()
         for _ in range(self.batch_limit):
             try:
@@ -360,16 +364,11 @@ class BrokerServer:
                 msg = self._encode(run, event)
                 if msg is not None:
                     out.append(msg)
-                sink = self.runs.get(run)
-                if sink is not None:
-                    touched[run] = sink
             if self._pending_ports:
                 out.extend(feed.encode_port(*p) for p in self._pending_ports)
                 self._pending_ports.clear()
         if self._journal is not None:
             try:
-                for sink in touched.values():
-                    self._journal.note_seq(sink)
                 self._journal.flush()
             except Exception:
                 self._rlog.error("journal", "journal write failed", exc_info=True)

@@ -191,3 +191,50 @@ def test_parser_defaults_per_command(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (d.port, d.ranks, d.hosts, d.epochs, d.epoch_seconds) == (8585, 8, 2, 20, 2.0)
     k = p.parse_args(["keys", "somewhere"])
     assert k.dir == Path("somewhere")
+
+
+def test_sigkill_restart_on_same_data_dir_keeps_records_and_raises_ids(
+        tmp_path: Path, spawn: list[Broker]) -> None:
+    from broker import feed
+    from tests.broker.conftest import FeedClient, enc, metrics, register
+
+    n = 1500  # one batch can hold more events than half a journal seq block
+    b = Broker("--ingest", ANY, "--publish", ANY, "--snapshot", ANY, "--data-dir", str(tmp_path))
+    spawn.append(b)
+    eps = b.wait_bound()
+    ctx = zmq.Context()
+    client = FeedClient(ctx, eps["publish"], eps["snapshot"])
+    push = ctx.socket(zmq.PUSH)
+    try:
+        client.until(lambda u: True, what="subscription live")
+        push.linger = 0
+        push.sndhwm = 0
+        push.connect(eps["ingest"])
+        frames = [enc(register(run="k"))] + [enc(metrics(run="k", epoch=e)) for e in range(n)]
+        for raw in frames:
+            push.send(raw)
+        events = client.events("k", until=lambda u: u.kind == "epoch" and u.data["epoch"] == n - 1,
+                               timeout=60)
+        issued = max(u.seq for u in events)
+        b.proc.kill()
+        b.proc.wait(10)
+
+        again = Broker("--ingest", ANY, "--publish", ANY, "--snapshot", ANY,
+                       "--data-dir", str(tmp_path))
+        spawn.append(again)
+        eps2 = again.wait_bound()
+        client2 = FeedClient(ctx, eps2["publish"], eps2["snapshot"])
+        try:
+            [snap], _ = client2.snapshot("k")
+            assert [rec["epoch"] for _, rec in snap["records"]] == list(range(n))
+            assert snap["seq"] > issued
+            hb = client2.until(lambda u: isinstance(u, feed.Heartbeat), what="heartbeat")[0]
+            assert hb.runs == 1
+        finally:
+            client2.close()
+        again.proc.send_signal(signal.SIGTERM)
+        assert again.proc.wait(15) == 0
+    finally:
+        push.close(linger=0)
+        client.close()
+        ctx.term()
