@@ -117,46 +117,51 @@ def mean_scalars(reports: Sequence[Metrics]) -> Dict[str, float]:
     A count of 0 means the rank did not report the scalar. When the reporting ranks'
     batches sum to 0 the mean is unweighted. Returned sorted by name.
     """
-    acc: Dict[str, List[float]] = {}  # name -> [sum(v*b), sum(b), sum(v), n]
+    per_name: Dict[str, List[Tuple[float, int]]] = {}  # name -> [(value, batches)] rank order
     for m in reports:
         b = m.batches
         for name, (total, count) in m.scalars.items():
-            if count == 0:
-                continue
-            v = total / count
-            a = acc.get(name)
-            if a is None:
-                acc[name] = [v * b, b, v, 1]
-            else:
-                a[0] += v * b
-                a[1] += b
-                a[2] += v
-                a[3] += 1
+            if count:
+                values = per_name.get(name)
+                if values is None:
+                    values = per_name[name] = []
+                values.append((total / count, b))
     out: Dict[str, float] = {}
-    for name in sorted(acc):
-        wsum, bsum, usum, n = acc[name]
-        out[name] = wsum / bsum if bsum else usum / n
+    for name in sorted(per_name):
+        values = per_name[name]
+        wsum = 0.0
+        usum = 0.0
+        bsum = 0
+        for v, b in values:
+            wsum += v * b
+            usum += v
+            bsum += b
+        out[name] = wsum / bsum if bsum else usum / len(values)
     return out
 
 
 def gpu_metrics(ranks: Sequence[int], reports: Sequence[Metrics]) -> List[Dict[str, Any]]:
-    """Per reporting rank (rank order): throughput in samples/ms, batch share, shard size 0."""
+    """Per reporting rank (rank order): throughput in samples/ms, batch share, shard size 0.
+
+    Throughput uses ``share_complete_ms`` when the rank sent it (the time its share of the
+    data took), else ``epoch_ms``; 0 when that time is 0. Batch shares are equal when no
+    rank counted batches.
+    """
     bsum = 0
     for m in reports:
         bsum += m.batches
     equal = 1.0 / len(reports) if reports else 0.0
-    out = []
-    for rank, m in zip(ranks, reports):
-        d = m.share_complete_ms if m.share_complete_ms is not None else m.epoch_ms
-        out.append(
-            {
-                "device_index": rank,
-                "throughput": m.samples / d if d else 0.0,
-                "chunk_ratio": m.batches / bsum if bsum else equal,
-                "shard_size": 0,
-            }
-        )
-    return out
+    return [
+        {
+            "device_index": rank,
+            "throughput": m.samples / d if (
+                d := m.epoch_ms if m.share_complete_ms is None else m.share_complete_ms
+            ) else 0.0,
+            "chunk_ratio": m.batches / bsum if bsum else equal,
+            "shard_size": 0,
+        }
+        for rank, m in zip(ranks, reports)
+    ]
 
 
 def max_epoch_ms(reports: Sequence[Metrics]) -> float:
@@ -170,27 +175,45 @@ def max_epoch_ms(reports: Sequence[Metrics]) -> float:
     return best
 
 
+def gpu_entries(
+    samples: Mapping[int, ResourceSample], placement: Mapping[int, Placement]
+) -> Dict[int, Dict[str, Any]]:
+    """rank -> its relabelled first GPU, for every rank whose sample has a GPU.
+
+    The sink keeps this map up to date as samples and registers arrive (so a close does
+    not format thousands of names); this builds it from scratch, for tests and callers
+    without such a cache.
+    """
+    return {
+        rank: rank_gpu(rank, placement.get(rank), s.gpus[0])
+        for rank, s in samples.items()
+        if s.gpus
+    }
+
+
 def cluster_resources(
     samples: Mapping[int, ResourceSample],
     hosts: Sequence[Sequence[int]],
-    placement: Mapping[int, Placement],
+    gpus: Mapping[int, Dict[str, Any]],
 ) -> Dict[str, Any]:
     """The cluster-wide sample from every rank's latest sample.
 
     ``hosts`` lists, in topology order, each host's ranks in local-rank order; ranks with
     no host are in no list, so they are left out of CPU and RAM (which are per host: ranks
     on one host read the same /proc, so adding them up would double-count). GPU figures
-    are per rank. A sum of 0 and a mean over nothing are None.
+    are per rank. A sum of 0 and a mean over nothing are None. ``gpus`` is the map of
+    :func:`gpu_entries`; the record gets copies, in rank order.
     """
     cpu_sum = 0.0
     cpu_n = 0
     ram_used = 0
     ram_total = 0
+    get = samples.get
     for members in hosts:
         cpu: float | None = None
         ram = False
         for rank in members:
-            s = samples.get(rank)
+            s = get(rank)
             if s is None:
                 continue
             if cpu is None and s.cpu_percent is not None:
@@ -209,19 +232,18 @@ def cluster_resources(
     util_n = 0
     vram_alloc = 0
     vram_total = 0
-    gpus: List[Dict[str, Any]] = []
-    get_place = placement.get
-    for rank in sorted(samples):
-        s = samples[rank]
-        if s.gpu_util_percent is not None:
-            util_sum += s.gpu_util_percent
+    for s in samples.values():  # integer sums: order does not matter; util: see below
+        a = s.vram_allocated_bytes
+        if a is not None:
+            vram_alloc += a
+        a = s.vram_total_bytes
+        if a is not None:
+            vram_total += a
+    for rank in sorted(samples):  # float sum in rank order, so the result is reproducible
+        u = samples[rank].gpu_util_percent
+        if u is not None:
+            util_sum += u
             util_n += 1
-        if s.vram_allocated_bytes is not None:
-            vram_alloc += s.vram_allocated_bytes
-        if s.vram_total_bytes is not None:
-            vram_total += s.vram_total_bytes
-        if s.gpus:
-            gpus.append(rank_gpu(rank, get_place(rank), s.gpus[0]))
     return {
         "cpu_percent": cpu_sum / cpu_n if cpu_n else None,
         "ram_used_bytes": ram_used or None,
@@ -229,7 +251,7 @@ def cluster_resources(
         "gpu_util_percent": util_sum / util_n if util_n else None,
         "vram_allocated_bytes": vram_alloc or None,
         "vram_total_bytes": vram_total or None,
-        "gpus": gpus,
+        "gpus": [gpus[rank].copy() for rank in sorted(gpus)],
     }
 
 
@@ -251,7 +273,7 @@ def epoch_record(
     reports: Mapping[int, Metrics],
     samples: Mapping[int, ResourceSample],
     hosts: Sequence[Sequence[int]],
-    placement: Mapping[int, Placement],
+    gpus: Mapping[int, Dict[str, Any]],
     total_epochs: int | None,
     past_durations: Sequence[float],
     elapsed_secs: float,
@@ -259,7 +281,8 @@ def epoch_record(
     """The record of one closed epoch (PROTOCOL.md 2.3 and the shape of section 4).
 
     ``reports`` maps rank -> that rank's last ``metrics`` frame for ``epoch``;
-    ``past_durations`` are the ``duration_secs`` of the records already closed.
+    ``past_durations`` are the ``duration_secs`` of the records already closed; ``gpus``
+    is the map of :func:`gpu_entries` over ``samples``.
     """
     ranks: List[int] = []
     frames: List[Metrics] = []
@@ -286,7 +309,7 @@ def epoch_record(
         "elapsed_secs": elapsed_secs,
         "eta_secs": eta_secs(durations, total_epochs, epoch),
         "metrics": metrics,
-        "resources": cluster_resources(samples, hosts, placement),
+        "resources": cluster_resources(samples, hosts, gpus),
         "gpu_metrics": gpu_metrics(ranks, frames),
         "missing_ranks": missing,
     }

@@ -197,6 +197,9 @@ class RunSink:
         self.topology = Topology()
         self._ranks: Dict[int, _Rank] = {}
         self._samples: Dict[int, ResourceSample] = {}  # rank -> latest sample
+        # rank -> its first GPU relabelled for the record, kept as samples and registers
+        # arrive so that a close copies dicts instead of formatting thousands of names.
+        self._gpus: Dict[int, Dict[str, Any]] = {}
         self._n_finished = 0  # tracked ranks that have finished (ok or error)
         self._n_error = 0  # ... of which with status "error"
         # Pending epochs: epoch -> {rank: its last metrics frame}, and per epoch how many of
@@ -371,8 +374,18 @@ class RunSink:
         return st
 
     def _set_sample(self, st: _Rank, sample: ResourceSample) -> None:
-        self._samples[st.rank] = sample
+        rank = st.rank
+        self._samples[rank] = sample
         st.sample_json = None
+        self._relabel_gpu(rank)
+
+    def _relabel_gpu(self, rank: int) -> None:
+        sample = self._samples.get(rank)
+        if sample is not None and sample.gpus:
+            place = self.topology.place.get(rank)
+            self._gpus[rank] = aggregate.rank_gpu(rank, place, sample.gpus[0])
+        else:
+            self._gpus.pop(rank, None)
 
     def _sample_json(self, st: _Rank) -> Dict[str, Any] | None:
         if st.sample_json is None:
@@ -391,6 +404,7 @@ class RunSink:
         if touched:
             self._header_changed = True
             self._topology_changed(touched)
+            self._relabel_gpu(frame.rank)
         if frame.port:
             if not self.port:
                 self.port = frame.port
@@ -492,6 +506,7 @@ class RunSink:
                 if st.status == "error":
                     self._n_error -= 1
             self._samples.pop(rank, None)
+            self._gpus.pop(rank, None)
             host = self.topology.remove(rank)
             if host is not None and host not in touched:
                 touched.append(host)
@@ -539,7 +554,7 @@ class RunSink:
             reports=reports,
             samples=self._samples,
             hosts=[ranks for _, ranks in self.topology.ordered()],
-            placement=self.topology.place,
+            gpus=self._gpus,
             total_epochs=self.total_epochs or None,
             past_durations=self._durations,
             elapsed_secs=now - self.started_at,
