@@ -220,6 +220,7 @@ class RankAgent:
         self._sock: zmq.Socket | None = None
         self._pid = os.getpid()  # the process whose context self._ctx is
         self._closed = False
+        self._broken: Exception | None = None  # set when the endpoint proved unusable
         self._finished = False
         self._sent = 0
         self._dropped = 0
@@ -344,7 +345,10 @@ class RankAgent:
         self._sampler = None  # its NVML handles belong to the parent
 
     def _socket(self) -> zmq.Socket:
-        """The PUSH socket of this process, created on first use. Call with the lock held."""
+        """The PUSH socket of this process, created on first use. Call with the lock held.
+
+        Raises what ZeroMQ raises for an unusable endpoint; the caller latches that in
+        ``self._broken`` so that a bad endpoint costs one failed attempt, not one per frame."""
         if self._pid != os.getpid():  # a fork the at-fork hook did not see (e.g. a raw syscall)
             self._reset_after_fork()
         if self._sock is None:
@@ -364,22 +368,41 @@ class RankAgent:
         return self._sock
 
     def _send_bytes(self, data: bytes, kind: str) -> bool:
+        """Queue one encoded frame without blocking; count it as sent or dropped."""
         with self._lock:
-            if self._closed:
+            if self._closed or self._broken is not None:
                 self._dropped += 1
+                if self._broken is not None:
+                    self._errors += 1
                 return False
             try:
-                self._socket().send(data, zmq.NOBLOCK)
-            except zmq.Again:
-                self._dropped += 1
-                return False
+                sock = self._socket()
             except Exception as exc:
+                self._broken = exc
                 self._dropped += 1
                 self._errors += 1
-                self._warn("send", "rankboard: could not send a %s frame to %s: %r", kind, self.broker, exc)
-                return False
-            self._sent += 1
-            return True
+                failure: Exception = exc
+                fatal = True
+            else:
+                try:
+                    sock.send(data, zmq.NOBLOCK)
+                except zmq.Again:
+                    self._dropped += 1
+                    return False
+                except Exception as exc:
+                    self._dropped += 1
+                    self._errors += 1
+                    failure, fatal = exc, False
+                else:
+                    self._sent += 1
+                    return True
+        # logging happens outside the lock: a slow log handler must not stall the other sender
+        if fatal:
+            log.error("rankboard: cannot use broker endpoint %r (%r); this agent will send nothing",
+                      self.broker, failure)
+        else:
+            self._warn("send", "rankboard: could not send a %s frame to %s: %r", kind, self.broker, failure)
+        return False
 
     def _send(self, frame: Any) -> bool:
         try:
@@ -515,9 +538,8 @@ class RankAgent:
     def finish(self, status: str = "ok") -> bool:
         """Tell the broker this rank is done: ``"ok"`` or ``"error"`` (anything else is sent
         as ``"error"``). May be sent again (the broker's completion is idempotent)."""
-        status = "ok" if status == "ok" else "error"
         self._finished = True
-        return self._send(Finish(run=self.run, rank=self.rank, status=status))
+        return self._send(Finish(run=self.run, rank=self.rank, status="ok" if status == "ok" else "error"))
 
     # -- resource sampling -------------------------------------------------------------------
 
@@ -586,13 +608,15 @@ class RankAgent:
                 self._reset_after_fork()
             sock, ctx = self._sock, self._ctx
             self._sock = self._ctx = None
-            try:
-                if sock is not None:
-                    sock.close(linger=self.linger_ms)
-                if ctx is not None:
-                    ctx.term()
-            except Exception as exc:
-                self._warn("close", "rankboard: error closing the socket: %r", exc)
+        # outside the lock: a thread still calling log_epoch gets an immediate drop, not a
+        # wait of up to linger_ms
+        try:
+            if sock is not None:
+                sock.close(linger=self.linger_ms)
+            if ctx is not None:
+                ctx.term()  # bounded: the only socket had LINGER = linger_ms
+        except Exception as exc:
+            self._warn("close", "rankboard: error closing the socket: %r", exc)
         sampler, self._sampler = self._sampler, None
         if sampler is not None:
             try:

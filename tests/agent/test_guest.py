@@ -180,3 +180,14 @@ def test_fork_before_first_send(receiver, make_agent):
     assert _wait_child(pid) == 0
     frames = receiver.wait_for(lambda fs: {7, 8} <= {f.epoch for f in fs if isinstance(f, Metrics)})
     assert len(frames) == 2
+
+
+def test_unusable_endpoint_is_tried_once_then_frames_are_dropped(make_agent, caplog):
+    caplog.set_level("ERROR", logger="rank_agent")
+    agent = make_agent(broker="not-an-endpoint")
+    for i in range(100):
+        assert agent.log_epoch(i, 1.0) is False
+    assert agent.dropped == agent.errors == 100 and agent.sent == 0
+    assert agent._ctx is None  # no context left behind by the failed attempt
+    errors = [r for r in caplog.records if r.name == "rank_agent.agent"]
+    assert len(errors) == 1 and "not-an-endpoint" in errors[0].getMessage()
