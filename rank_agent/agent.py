@@ -21,8 +21,9 @@ It is a guest in someone else's training loop, and every design choice follows f
   sample; logs are rate-limited per kind; strings are clamped to the wire limits and the run
   id is sanitised to the wire pattern, so the agent never produces a frame the broker rejects.
 * **Bounded shutdown.** Every socket gets ``LINGER`` = ``linger_ms`` (default 500 ms) when it
-  is created, so ``close()`` (and even an interpreter exit that skips ``close()``) waits at
-  most that long for unsent frames, broker or no broker.
+  is created, so ``close()`` waits at most that long for unsent frames, broker or no broker.
+  An agent a script never closed is closed by an ``atexit`` hook (same bound), so its last
+  frames (``finish``) still go out.
 * **Thread safety.** The training thread and the sampler thread both send; a lock guards the
   socket (held only for a non-blocking send, a microsecond or so).
 """

@@ -191,3 +191,20 @@ def test_unusable_endpoint_is_tried_once_then_frames_are_dropped(make_agent, cap
     assert agent._ctx is None  # no context left behind by the failed attempt
     errors = [r for r in caplog.records if r.name == "rank_agent.agent"]
     assert len(errors) == 1 and "not-an-endpoint" in errors[0].getMessage()
+
+
+def test_an_agent_left_open_is_flushed_at_interpreter_exit(receiver):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "from rank_agent import RankAgent\n"
+        f"a = RankAgent(broker={receiver.endpoint!r}, run='exit', rank=0, world_size=1)\n"
+        "a.register(); a.log_epoch(0, 1.0); a.finish()\n"  # no close(): the exit hook flushes
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    frames = receiver.wait_count(3)
+    assert [type(f) for f in frames] == [Register, Metrics, Finish]
