@@ -3,7 +3,9 @@
 Frames go in through the broker's ingest exactly as a training rank sends them; the page
 is only ever driven and read like a user would see it (plus canvas pixels and ``window``
 for the script-injection checks). Every wait polls with a deadline (Playwright's
-``expect`` / ``wait_for_function``), never a sleep.
+``expect``, or ``page.evaluate`` in ``wait_until``), never a sleep. Not
+``page.wait_for_function``: its polling compiles a string in the page, which the page's
+CSP (no ``unsafe-eval``) rightly refuses.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from playwright.sync_api import expect
 
 from rank_agent import protocol as wire
 
-from .conftest import ARTIFACTS, Stack
+from .conftest import ARTIFACTS, Stack, wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -92,7 +94,12 @@ def coloured(page: Any, selector: str) -> int:
 
 def wait_drawn(page: Any, selector: str) -> None:
     """Wait until the canvas shows at least one drawn series."""
-    page.wait_for_function(f"({COLOURED_PIXELS})({json.dumps(selector)}) > 30", timeout=10000)
+    wait_until(lambda: coloured(page, selector) > 30, 10.0, f"a series drawn on {selector}")
+
+
+def wait_js(page: Any, expression: str, timeout: float = 10.0) -> None:
+    """Poll a JS expression (evaluated as a function, so CSP does not object)."""
+    wait_until(lambda: page.evaluate(f"() => Boolean({expression})"), timeout, expression)
 
 
 # --------------------------------------------------------------------------------- tests
@@ -117,7 +124,7 @@ def test_live_run_advances_without_reload(stack: Stack, page: Any) -> None:
         "href", f"/api/runs/{run}/history.csv")
     img = page.locator("#graph img")
     expect(img).to_have_attribute("src", f"/api/runs/{run}/graph.svg?v=abc123def456")
-    page.wait_for_function("document.querySelector('#graph img').naturalWidth > 0")
+    wait_js(page, "document.querySelector('#graph img').naturalWidth > 0")
 
     # live: more epochs arrive while the page stays open
     for e in (1, 2):
@@ -205,10 +212,39 @@ def test_hostile_content_is_text_and_never_runs(stack: Stack, page: Any) -> None
     # the hostile svg is only ever an <img>; wait until it has loaded (or failed)
     img = page.locator("#graph img")
     expect(img).to_have_attribute("src", f"/api/runs/{run}/graph.svg?v=h1")
-    page.wait_for_function("document.querySelector('#graph img').complete")
+    wait_js(page, "document.querySelector('#graph img').complete")
     assert page.locator("#graph svg, #graph script").count() == 0
     assert page.locator('img[src="x"], b').count() == 0
     assert page.evaluate("typeof window.__pwned") == "undefined"
+    page.errors.check()
+
+
+def test_run_picker_switches_runs_cleanly(stack: Stack, page: Any) -> None:
+    for run, world in (("picker-a", 1), ("picker-b", 3)):
+        register(stack, run, world=world, total=4)
+        stack.send(wire.Svg(run=run, rank=0, svg=GRAPH_SVG, label=f"label-{run}", hash=run))
+        epoch(stack, run, 0, range(world))
+    stack.wait_run("picker-a", epochs=1)
+    stack.wait_run("picker-b", epochs=1)
+    open_run(page, stack, "picker-a")
+    expect(page.locator("#run-name")).to_have_text("label-picker-a")
+    expect(page.locator("#rank-tabs [data-rank]")).to_have_count(1)
+
+    page.locator("#run-picker").select_option("picker-b")
+    expect(page.locator("#run-name")).to_have_text("label-picker-b")
+    expect(page.locator("#rank-tabs [data-rank]")).to_have_count(3)
+    expect(page.locator("#log-table tbody tr")).to_have_count(1)
+    expect(page.locator("#csv-link")).to_have_attribute("href", "/api/runs/picker-b/history.csv")
+    expect(page.locator("#graph img")).to_have_attribute(
+        "src", "/api/runs/picker-b/graph.svg?v=picker-b")
+    assert page.evaluate("location.hash") == "#run=picker-b"
+    # the new run's stream is live; the old one's is closed
+    epoch(stack, "picker-b", 1, range(3))
+    expect(page.locator("#epoch-count")).to_have_text("2/4")
+    epoch(stack, "picker-a", 1, range(1))
+    stack.wait_run("picker-a", epochs=2)
+    expect(page.locator("#log-table tbody tr")).to_have_count(2)
+    expect(page.locator("#run-name")).to_have_text("label-picker-b")
     page.errors.check()
 
 
@@ -296,7 +332,7 @@ def test_screenshot_of_a_realistic_multi_rank_run(stack: Stack, page: Any) -> No
     expect(page.locator('#rank-table [data-mark="slowest"]')).to_have_count(1)
     expect(page.locator('#rank-table tr[data-rank="5"] [data-mark="slowest"]')).to_be_visible()
     expect(page.locator('#log-table tr[data-epoch="9"] td.missing')).to_have_text("7")
-    page.wait_for_function("document.querySelector('#graph img').naturalWidth > 0")
+    wait_js(page, "document.querySelector('#graph img').naturalWidth > 0")
     for chart in ("metrics", "resources"):
         wait_drawn(page, f'canvas[data-chart="{chart}"]')
     ARTIFACTS.mkdir(exist_ok=True)

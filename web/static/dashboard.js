@@ -771,7 +771,8 @@ function renderRanks() {
   $("kpi-ranks").classList.toggle("bad", !!(counts.stale || counts.error));
   const sub = ["stale", "error", "finished"].filter((k) => counts[k]).map((k) => `${counts[k]} ${k}`);
   $("kpi-ranks-sub").textContent = sub.length ? sub.join(" · ") : denom ? "all reporting" : "";
-  $("rank-count").textContent = denom ? `${ok}/${denom} live` : DASH;
+  const live = !hd || hd.status === "training" || hd.status === "waiting";
+  $("rank-count").textContent = !denom ? DASH : live ? `${ok}/${denom} live` : `${denom}`;
 
   renderResourceBars();
   renderAlerts();
