@@ -99,8 +99,10 @@ def history_csv(records: list[dict[str, Any]]) -> str:
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(["epoch", "duration_secs", *metric_columns, *RESOURCE_COLUMNS])
     for record in records:
-        metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
-        resources = record.get("resources") if isinstance(record.get("resources"), dict) else {}
+        metrics = record.get("metrics")
+        metrics = metrics if isinstance(metrics, dict) else {}
+        resources = record.get("resources")
+        resources = resources if isinstance(resources, dict) else {}
         writer.writerow([
             _cell(record.get("epoch")), _cell(record.get("duration_secs")),
             *(_cell(metrics.get(name)) for name in metric_columns),

@@ -158,14 +158,26 @@ class LazyBinder:
         self.ignored: set[int] = set()
         self._binding = False
 
+    def on_snapshot(self, hub: Any) -> None:
+        """A rank may have registered before the web subscribed: take the port of the newest
+        unfinished run in the snapshot, as if its registration had just arrived."""
+        if self.web.port is not None:
+            return
+        for state in hub.runs_newest_first():
+            port = state.header.get("port")
+            if isinstance(port, int) and port > 0 and state.header.get("status") not in (
+                    "complete", "failed"):
+                self.on_port(state.run, -1, port)
+                return
+
     def on_port(self, run: str, rank: int, port: int) -> None:
         import gevent
 
         if self.web.port is not None:
             if port != self.web.port and port not in self.ignored:
                 self.ignored.add(port)
-                log.warning("run %s rank %d registered port %d; the web is already on %d "
-                            "(ignored)", run, rank, port, self.web.port)
+                log.warning("run %s registered port %d; the web is already on %d (ignored)",
+                            run, port, self.web.port)
             return
         if self._binding:
             return
@@ -174,7 +186,7 @@ class LazyBinder:
 
     def _bind(self, run: str, rank: int, port: int) -> None:
         try:
-            log.info("run %s rank %d registered port %d: binding the web there", run, rank, port)
+            log.info("run %s registered port %d: binding the web there", run, port)
             self.web.bind(port)
         except OSError as exc:
             self.failed.add(port)
@@ -236,14 +248,23 @@ class BrokerChild:
                "--data-dir", str(data_dir), "--stale-after", repr(float(args.stale_after))]
         if getattr(args, "max_runs", None) is not None:
             cmd += ["--max-runs", str(args.max_runs)]
+        if getattr(args, "retention_days", None) is not None:
+            cmd += ["--retention-days", repr(float(args.retention_days))]
         if getattr(args, "curve_secret_key", None) is not None:
             cmd += ["--curve-secret-key", str(args.curve_secret_key),
                     "--curve-authorized", str(args.curve_authorized)]
         level = getattr(args, "log_level", None) or ("DEBUG" if getattr(args, "verbose", 0) else "INFO")
+        given = {"ingest": ingest, "publish": publish, "snapshot": snapshot}
+        #: ephemeral endpoints are learnt from the child's "bound at" log lines (INFO)
+        self.learn = any(ep.endswith(":*") for ep in given.values())
+        if self.learn and level not in ("DEBUG", "INFO"):
+            level = "INFO"
+        self.wait_bound = level in ("DEBUG", "INFO")
         cmd += ["--log-level", level]
         self.cmd = cmd
         self.proc: Any = None
-        self.endpoints: dict[str, str] = {}
+        self.endpoints: dict[str, str] = {} if self.learn else dict(given)
+        self._seen: set[str] = set()
 
     def start(self, stopper: Stopper) -> str | None:
         """Start the child and wait until it has bound all three sockets.
@@ -267,18 +288,22 @@ class BrokerChild:
                 sys.stderr.flush()
                 m = _BOUND.search(line)
                 if m:
-                    self.endpoints[m.group(1)] = m.group(2)
-                    if len(self.endpoints) == 3:
+                    self._seen.add(m.group(1))
+                    if self.learn:
+                        self.endpoints[m.group(1)] = m.group(2)
+                    if len(self._seen) == 3:
                         ready.set()
             ready.set()  # the child exited
 
         gevent.spawn(relay)
+        if not self.wait_bound:  # its log is quiet: a failed bind shows as its exit instead
+            return None
         deadline = time.monotonic() + BROKER_START_TIMEOUT
         while not ready.is_set() and not stopper.stopping and time.monotonic() < deadline:
             ready.wait(0.2)
         if stopper.stopping:
             return None
-        if len(self.endpoints) == 3:
+        if len(self._seen) == 3:
             return None
         code = self.proc.poll()
         if code is not None:
@@ -364,6 +389,7 @@ def _up(args: argparse.Namespace, prog: str, *, demo: bool) -> int:
         if args.port is None:
             binder = LazyBinder(web)
             web.hub.port_listeners.append(binder.on_port)
+            web.hub.snapshot_listeners.append(binder.on_snapshot)
             log.info("the web binds on the first port a rank registers (or pass --port)")
         else:
             try:

@@ -179,3 +179,22 @@ def test_web_restart_restores_history_from_the_broker(spawn: Any, broker: Any,
     after = get_json(second.port, "/api/runs/kept")
     assert after["records"] == before["records"]
     assert after["status"] == before["status"] == "complete"
+
+
+def test_malformed_http_is_a_clean_4xx_without_traceback(web: Any) -> None:
+    import socket
+
+    for raw in (b"GARBAGE\r\n\r\n",
+                b"GET /api/runs/%zz%00/events HTTP/1.1\r\nHost: x\r\nLast-Event-ID: \xff\xfe\r\n\r\n",
+                b"GET /api/runs/a/events HTTP/1.1\r\nHost: x\r\nLast-Event-ID: 1\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", web.port), timeout=10) as s:
+            s.sendall(raw)
+            data = b""
+            while b"\r\n" not in data:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        status = data.split(b"\r\n", 1)[0]
+        assert status.startswith((b"HTTP/1.1 4", b"HTTP/1.0 4")), (raw, status)
+    assert "Traceback" not in web.output("stderr")

@@ -1,0 +1,144 @@
+"""The web commands as subprocesses: token auth, the bind refusal, ``up``'s lazy bind and
+``demo`` end to end (start, a run that advances, clean SIGINT)."""
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from typing import Any
+
+import psutil
+
+from .conftest import Pusher, SSEClient, fetch, get_json, start_web, wait_for
+
+TOKEN = "s3cret-token"
+
+
+def test_token_auth(spawn: Any, broker: Any, pusher: Pusher) -> None:
+    web = start_web(spawn, broker, "--token", TOKEN)
+    pusher.register("authrun", 0, 1)
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    wait_for(lambda: fetch(web.port, "/api/runs/authrun", bearer).status == 200, what="run")
+
+    assert fetch(web.port, "/healthz").status == 200  # open
+    for path in ("/", "/api/runs", "/api/runs/authrun", "/api/runs/authrun/history",
+                 "/api/runs/authrun/history.csv", "/api/runs/authrun/graph.svg",
+                 "/api/runs/authrun/events", "/metrics", "/static/dashboard.js", "/nope"):
+        r = fetch(web.port, path)
+        assert r.status == 401, path
+        assert r.headers["X-Frame-Options"] == "DENY"
+        assert fetch(web.port, path, {"Authorization": "Bearer wrong"}).status == 401
+        assert fetch(web.port, path + "?token=wrong").status == 401
+    assert fetch(web.port, "/api/runs", bearer).status == 200
+    assert fetch(web.port, "/metrics", bearer).status == 200
+
+    r = fetch(web.port, f"/?token={TOKEN}")
+    assert r.status == 200
+    cookie = r.headers["Set-Cookie"]
+    attrs = [a.strip().lower() for a in cookie.split(";")]
+    assert "httponly" in attrs and "samesite=strict" in attrs and "path=/" in attrs
+    assert TOKEN not in cookie
+    pair = cookie.split(";")[0]
+    with_cookie = {"Cookie": pair}
+    assert fetch(web.port, "/api/runs", with_cookie).status == 200
+    assert fetch(web.port, "/api/runs", {"Cookie": pair + "x"}).status == 401
+    with SSEClient(web.port, "/api/runs/authrun/events", with_cookie) as c:
+        assert c.status == 200
+        ev = c.next_event()
+        assert ev is not None and ev["event"] == "run"
+
+
+def test_non_loopback_bind_without_token_is_refused(spawn: Any, broker: Any) -> None:
+    for cmd in ("web", "up"):
+        proc = spawn(cmd, "--publish", broker.publish, "--snapshot", broker.snapshot,
+                     "--host", "0.0.0.0", "--port", "0")
+        code = proc.proc.wait(30)
+        proc.close()
+        assert code != 0
+        err = [line for line in proc.lines["stderr"] if line.strip()]
+        assert len(err) == 1, err
+        assert "--token" in err[0] and "0.0.0.0" in err[0]
+
+
+def test_web_bind_failure_is_one_line(spawn: Any, broker: Any) -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        port = holder.getsockname()[1]
+        proc = spawn("web", "--publish", broker.publish, "--snapshot", broker.snapshot,
+                     "--port", str(port))
+        code = proc.proc.wait(30)
+        proc.close()
+    finally:
+        holder.close()
+    assert code == 1
+    err = [line for line in proc.lines["stderr"] if "rankboard web:" in line]
+    assert len(err) == 1 and str(port) in err[0] and "in use" in err[0].lower(), proc.lines
+
+
+def test_up_binds_lazily_on_the_first_registered_port(spawn: Any, tmp_path: Any) -> None:
+    up = spawn("up", "--ingest", "tcp://127.0.0.1:*", "--publish", "tcp://127.0.0.1:*",
+               "--snapshot", "tcp://127.0.0.1:*", "--data-dir", str(tmp_path / "data"))
+    ingest = up.wait_line(r"broker ingest bound at (\S+)", stream="stderr").group(1)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    pusher = Pusher(ingest)
+    try:
+        # the port is taken: the bind fails, is reported, and the web waits for the next one
+        def failed() -> bool:
+            pusher.register("launch", 0, 2, port=port)
+            return f"cannot bind the web to 127.0.0.1:{port}" in up.output()
+
+        wait_for(failed, what="a failed lazy bind")
+        assert not up.lines["stdout"]
+        holder.close()
+        n = len(up.lines["stdout"])
+
+        def bound() -> bool:
+            pusher.register("launch", 1, 2, port=port)
+            return any(line.startswith("dashboard:") for line in up.lines["stdout"][n:])
+
+        wait_for(bound, what="the lazy bind")
+        assert up.wait_line(r"^dashboard: http://localhost:(\d+)$").group(1) == str(port)
+        assert up.wait_line(rf"^ssh -L {port}:localhost:{port} \S+$")
+        wait_for(lambda: fetch(port, "/healthz").status == 200, what="healthz")
+        assert get_json(port, "/api/runs")[0]["run"] == "launch"
+        # a later, different port is warned about and ignored
+        pusher.register("other", 0, 1, port=port + 1 if port < 65535 else port - 1)
+        up.wait_line(rf"already on {port} \(ignored\)", stream="stderr")
+    finally:
+        pusher.close()
+        holder.close()
+    assert up.stop(signal.SIGINT) == 0
+
+
+def test_demo_runs_and_stops_cleanly_on_sigint(spawn: Any) -> None:
+    demo = spawn("demo", "--port", "0", "--ranks", "4", "--hosts", "2", "--epochs", "3",
+                 "--epoch-seconds", "0.3")
+    port = demo.wait_dashboard(timeout=30)
+    wait_for(lambda: fetch(port, "/healthz").status == 200, what="healthz")
+
+    def advanced() -> Any:
+        runs = get_json(port, "/api/runs")
+        return runs if runs and runs[-1]["epochs_done"] >= 2 else None
+
+    runs = wait_for(advanced, timeout=30, what="the demo run to advance")
+    run = runs[-1]["run"]
+    body = get_json(port, f"/api/runs/{run}")
+    assert body["world_size"] == 4 and body["total_epochs"] == 3
+    assert [h["host"] for h in body["hosts"]] == ["node-a", "node-b"]
+    assert body["has_svg"] and body["metadata"]["world_size"] == 4
+    assert fetch(port, f"/api/runs/{run}/graph.svg").status == 200
+    assert {"loss", "accuracy"} <= set(body["records"][0]["metrics"])
+
+    children = psutil.Process(demo.proc.pid).children(recursive=True)
+    assert children, "the broker child should be running"
+    started = time.monotonic()
+    assert demo.stop(signal.SIGINT, timeout=20) == 0
+    assert time.monotonic() - started < 15
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, alive
+    assert "Traceback" not in demo.output()
