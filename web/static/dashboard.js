@@ -436,6 +436,7 @@ function renderHeader() {
   $("run-hash").title = hash ? `model hash ${hash}` : "";
   const status = (hd && hd.status) || "waiting";
   $("status").dataset.status = status;
+  $("run-view").dataset.status = status;
   $("status-text").textContent = STATUS_TEXT[status] || status;
 
   // progress
