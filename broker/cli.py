@@ -101,6 +101,9 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds of silence before a rank is stale (default 30)")
     p.add_argument("--max-runs", type=_int_range(1), default=1000,
                    help="runs held in memory; the oldest finished is evicted (default 1000)")
+    p.add_argument("--retention-days", type=_positive_float, default=None,
+                   help="at start, delete finished runs whose last frame is older than this "
+                        "many days (default: keep forever)")
     p.add_argument("--curve-secret-key", type=Path, default=None,
                    help="broker CURVE secret key file (from `rankboard keys`); "
                         "needs --curve-authorized")
@@ -154,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("keys", help="create CURVE key pairs in DIR")
     p.add_argument("dir", type=Path, metavar="DIR", help="directory for the key pairs")
+    p.add_argument("--clients", type=_int_range(1, 10_000), default=1,
+                   help="client key pairs to have (client-1 .. client-N; existing ones are "
+                        "kept, default 1)")
     _common(p)
     return parser
 
@@ -177,6 +183,7 @@ def build_server(args: argparse.Namespace) -> Any:
         curve_secret_key=args.curve_secret_key,
         curve_authorized=args.curve_authorized,
         max_runs=args.max_runs,
+        retention_days=getattr(args, "retention_days", None),
     )
 
 

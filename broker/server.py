@@ -110,6 +110,7 @@ class BrokerServer:
         curve_secret_key: Union[str, Path, None] = None,
         curve_authorized: Union[str, Path, None] = None,
         max_runs: int = 1000,
+        retention_days: float | None = None,
         clock: Callable[[], float] = time.time,
         heartbeat_interval: float = 1.0,
         poll_interval: float = 0.1,
@@ -131,6 +132,8 @@ class BrokerServer:
         self.curve_secret_key = curve_secret_key
         self.curve_authorized = curve_authorized
         self.max_runs = max_runs
+        #: finished runs older than this are deleted from the journal at start (None: kept)
+        self.retention_days = retention_days
         self.clock = clock
         self.heartbeat_interval = heartbeat_interval
         self.poll_interval = poll_interval
@@ -249,7 +252,7 @@ class BrokerServer:
         from broker.journal import Journal, JournalError
 
         assert self.data_dir is not None
-        journal = self._journal = Journal(self.data_dir)
+        journal = self._journal = Journal(self.data_dir, retention_days=self.retention_days)
         try:
             sinks: dict[str, RunSink] = journal.load(stale_after=self.stale_after)
         except (OSError, JournalError) as exc:

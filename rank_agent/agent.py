@@ -45,6 +45,7 @@ from typing import Any, Dict, List, Mapping, Tuple, Union
 
 import zmq
 
+from . import curve
 from .protocol import (
     MAX_FRAME_BYTES,
     MAX_METADATA_BYTES,
@@ -359,6 +360,10 @@ class RankAgent:
                 sock = ctx.socket(zmq.PUSH)
                 sock.setsockopt(zmq.LINGER, self.linger_ms)
                 sock.setsockopt(zmq.SNDHWM, self.sndhwm)
+                # CURVE from RANKBOARD_CURVE_*; a configured but unusable key raises here,
+                # which latches the agent as broken: it sends nothing rather than plain.
+                for option, value in (curve.socket_options() or {}).items():
+                    sock.setsockopt(option, value)
                 sock.connect(self.broker)
             except BaseException:
                 if sock is not None:

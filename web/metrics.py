@@ -92,6 +92,9 @@ class HubCollector(Collector):
                                        "The last epoch the rank reported.", labels=RANK_LABELS),
             "loss": GaugeMetricFamily("rankboard_rank_loss",
                                       "The rank's last reported average loss.", labels=RANK_LABELS),
+            "stale": GaugeMetricFamily("rankboard_rank_stale",
+                                       "1 while the rank is stale (silent for --stale-after "
+                                       "seconds, e.g. hung), else 0.", labels=RANK_LABELS),
         }
         for state in self.hub.runs.values():
             for entry in state.ranks_full:
@@ -107,6 +110,7 @@ class HubCollector(Collector):
                     "epoch": finite(entry.get("epoch")),
                     "loss": finite(entry.get("loss")),
                 }
+                values["stale"] = 1.0 if entry.get("status") == "stale" else 0.0
                 seen = finite(entry.get("last_seen"))
                 values["age"] = max(0.0, now - seen) if seen is not None else None
                 for key, value in values.items():
