@@ -54,18 +54,6 @@ RESOURCE_COLUMNS = ("cpu_percent", "ram_used_bytes", "ram_total_bytes", "gpu_uti
 _json = msgspec.json.Encoder()
 
 
-def header_of(state: RunState) -> dict[str, Any]:
-    """The run header of PROTOCOL 4, with every key present even before the broker's first
-    ``run`` event (absent = null)."""
-    header: dict[str, Any] = {
-        "run": state.run, "status": "waiting", "world_size": None, "total_epochs": None,
-        "label": None, "hash": None, "port": None, "metadata": None, "hardware": "",
-        "has_svg": False, "hosts": [], "alerts": [], "started_at": None, "updated_at": None,
-    }
-    header.update(state.header)
-    return header
-
-
 def json_response(payload: Any, status: int = 200) -> Response:
     """JSON via msgspec: non-finite floats become null (PROTOCOL 4)."""
     return Response(_json.encode(payload), status=status, mimetype="application/json")
@@ -195,7 +183,7 @@ def create_app(hub: Hub, config: Mapping[str, Any] | None = None) -> Flask:
     def runs() -> Response:
         out = []
         for state in hub.runs_newest_first():
-            header = header_of(state)
+            header = state.public_header()
             out.append({
                 "run": state.run, "status": header["status"],
                 "world_size": header["world_size"], "total_epochs": header["total_epochs"],
@@ -209,7 +197,7 @@ def create_app(hub: Hub, config: Mapping[str, Any] | None = None) -> Flask:
         state = run_state(run)
         if state is None:
             return unknown_run(run)
-        body = header_of(state)
+        body = state.public_header()
         body["ranks"] = state.ranks
         body["records"] = [record for _, record in state.records]
         return json_response(body)

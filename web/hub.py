@@ -119,6 +119,17 @@ class RunState:
         #: seq -> the record's "epoch" event bytes, encoded once (replays reuse them)
         self._record_bytes: dict[int, bytes] = {}
 
+    def public_header(self) -> dict[str, Any]:
+        """The run header of PROTOCOL 4 with every key present, even before the broker's
+        first ``run`` event (absent = null)."""
+        header: dict[str, Any] = {
+            "run": self.run, "status": "waiting", "world_size": None, "total_epochs": None,
+            "label": None, "hash": None, "port": None, "metadata": None, "hardware": "",
+            "has_svg": False, "hosts": [], "alerts": [], "started_at": None, "updated_at": None,
+        }
+        header.update(self.header)
+        return header
+
     def record_event(self, seq: int, record: dict[str, Any]) -> bytes:
         data = self._record_bytes.get(seq)
         if data is None:
@@ -490,7 +501,7 @@ class Hub:
             return None
         if position < 0 or position > state.seq:
             position = 0
-        chunks = [sse.retry(RETRY_MS), sse.json_event("run", position, state.header)]
+        chunks = [sse.retry(RETRY_MS), sse.json_event("run", position, state.public_header())]
         last = position
         for seq, record in state.records:
             if seq > position:
