@@ -1,0 +1,113 @@
+"""agent_send_p99_us and sampler_sample_us: what rankboard costs inside a training process.
+
+agent_send_p99_us: the wall time of one ``RankAgent.log_epoch`` call (4 scalars, the
+sampler's latest sample riding along, as ``start_sampling`` makes it) in the calling thread,
+with a real receiver draining the PULL end in another process so the send queue never fills
+(a full queue would measure the drop path instead). The calls are paced (one every 200 µs)
+rather than back to back: training calls it once per epoch, and pacing keeps the figure from
+measuring ZeroMQ's queue under a burst. p99 over all calls.
+
+sampler_sample_us: the median wall time of one ``Sampler.sample()`` (psutil CPU times and
+virtual memory, plus NVML when a GPU and driver are present; the figure says which).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import time
+from typing import Any
+
+import zmq
+from common import percentile, result
+
+from rank_agent import RankAgent
+from rank_agent.sampler import Sampler
+
+
+def _drain(endpoint_q: Any, stop: Any) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.linger = 0
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    endpoint_q.put(f"tcp://127.0.0.1:{port}")
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    while not stop.is_set():
+        if poller.poll(100):
+            while True:
+                try:
+                    sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+    sock.close(0)
+    ctx.term()
+
+
+def agent_send(quick: bool) -> dict[str, Any]:
+    mpc = mp.get_context("spawn")
+    q = mpc.Queue()
+    stop = mpc.Event()
+    proc = mpc.Process(target=_drain, args=(q, stop), daemon=True)
+    proc.start()
+    try:
+        endpoint = q.get(timeout=30)
+        agent = RankAgent(endpoint, run="bench-agent", rank=3, world_size=8, local_rank=3, host="node-a")
+        try:
+            agent.register(total_epochs=100)
+            agent.start_sampling(interval=0.5)
+            deadline = time.monotonic() + 10
+            while agent.latest_sample is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            scalars = {"acc": 0.91, "grad_norm": (3.0, 2), "lr": 1e-3, "tokens_per_s": 12345.0}
+            n = 5000 if quick else 50000
+            for i in range(200):  # warm-up: the socket is created on the first send
+                agent.log_epoch(i, 0.5, batches=100, samples=6400, epoch_ms=1000.0, scalars=scalars)
+            times: list[float] = []
+            clock = time.perf_counter
+            next_at = clock()
+            for i in range(n):
+                while clock() < next_at:
+                    pass
+                t0 = clock()
+                agent.log_epoch(i, 0.5, batches=100, samples=6400, epoch_ms=1000.0, scalars=scalars)
+                times.append(clock() - t0)
+                next_at = t0 + 200e-6
+            dropped = agent.dropped
+        finally:
+            agent.close()
+    finally:
+        stop.set()
+        proc.join(10)
+    us = [t * 1e6 for t in times]
+    return result("agent_send_p99_us", round(percentile(us, 99), 2), "us",
+                  p50_us=round(percentile(us, 50), 2), max_us=round(max(us), 1), calls=n,
+                  dropped=dropped)
+
+
+def sampler_sample(quick: bool) -> dict[str, Any]:
+    sampler = Sampler(0)
+    try:
+        sampler.sample()
+        n = 500 if quick else 5000
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            sampler.sample()
+            times.append(time.perf_counter() - t0)
+        gpu = sampler.gpu_name is not None
+    finally:
+        sampler.close()
+    us = [t * 1e6 for t in times]
+    return result("sampler_sample_us", round(statistics.median(us), 2), "us",
+                  p99_us=round(percentile(us, 99), 1), gpu=gpu, samples=n)
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    return [agent_send(quick), sampler_sample(quick)]
+
+
+if __name__ == "__main__":
+    import json
+
+    for line in run(True):
+        print(json.dumps(line))

@@ -1,0 +1,194 @@
+"""ingest_ratio: broker frames/s over what a bare pyzmq PULL loop receives from the same senders.
+
+Senders: ``SENDERS`` separate processes (spawned), each playing a slice of the ranks of one
+run (8 ranks per host) and pushing a realistic mix, pre-encoded before the start so that
+encoding is not what they spend their time on: per rank and epoch a ``resources`` frame (one
+GPU) and a ``metrics`` frame (4 scalars, the latest sample riding along, as the agent sends
+it). Epochs close as they complete, so the broker also builds records and publishes them.
+Registers are sent first and applied before the clock starts.
+
+Receivers, one after the other, fed by identical sender processes:
+
+* baseline: a raw pyzmq PULL socket in this process, ``recv()`` until every frame arrived
+  (the physical ceiling of one Python thread receiving these messages over loopback TCP);
+* broker: the real :class:`broker.server.BrokerServer` (journal on a tmp data dir, PUB and
+  snapshot sockets bound) serving in a thread of this process: full decode, sink apply,
+  journal, publish. Its ``runs.accepted`` counter says when every frame was taken; it is
+  polled every 2 ms by the main thread (which otherwise sleeps).
+
+Both clocks start when the senders are released (one shared ``Event``) and stop at the last
+frame, so both include the same sender start-up. ``value`` is the broker's frames/s,
+``baseline`` the raw loop's, ``ratio`` broker / raw.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+from common import result
+
+from broker.server import BrokerServer
+from rank_agent import protocol
+from rank_agent.protocol import GpuSample, Metrics, Register, Resources, ResourceSample
+
+SENDERS = 4
+RANKS = 256
+RANKS_PER_HOST = 8
+RUN = "bench-ingest"
+
+
+def _sample(rank: int, i: int) -> ResourceSample:
+    gpu = GpuSample(device_index=rank % RANKS_PER_HOST, name="NVIDIA H100 80GB HBM3",
+                    util_percent=float(90 + i % 10), vram_allocated_bytes=(60 << 30) + i,
+                    vram_total_bytes=80 << 30, temperature_c=61.0, power_w=650.5)
+    return ResourceSample(cpu_percent=42.5, ram_used_bytes=500 << 30, ram_total_bytes=1 << 40,
+                          gpu_util_percent=gpu.util_percent, vram_allocated_bytes=gpu.vram_allocated_bytes,
+                          vram_total_bytes=80 << 30, gpus=[gpu])
+
+
+def frames_for(sender: int, epochs: int) -> list[bytes]:
+    """The frames one sender pushes, in send order: per epoch, per rank, resources + metrics."""
+    enc = protocol.encoder.encode
+    ranks = range(sender, RANKS, SENDERS)
+    out = []
+    for e in range(epochs):
+        for r in ranks:
+            sample = _sample(r, e)
+            out.append(enc(Resources(run=RUN, rank=r, sample=sample)))
+            out.append(enc(Metrics(run=RUN, rank=r, epoch=e, avg_loss=1.0 / (e + 1), batches=100,
+                                   samples=6400, epoch_ms=1000.0 + r, share_complete_ms=900.0,
+                                   scalars={"acc": (90.0, 100), "grad_norm": (1.5, 1), "lr": (1e-3, 1),
+                                            "tokens_per_s": (12345.0, 1)},
+                                   resources=sample)))
+    return out
+
+
+def registers() -> list[bytes]:
+    enc = protocol.encoder.encode
+    return [enc(Register(run=RUN, rank=r, world_size=RANKS, host=f"node-{r // RANKS_PER_HOST:03d}",
+                         local_rank=r % RANKS_PER_HOST, total_epochs=100000)) for r in range(RANKS)]
+
+
+def _sender(endpoint: str, sender: int, epochs: int, ready: Any, go: Any) -> None:
+    frames = frames_for(sender, epochs)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.sndhwm = 10_000
+    sock.connect(endpoint)
+    ready.release()
+    go.wait()
+    send = sock.send
+    for f in frames:
+        send(f)
+    sock.close(linger=-1)  # deliver everything
+    ctx.term()
+
+
+class _Senders:
+    def __init__(self, endpoint: str, epochs: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.ready = ctx.Semaphore(0)
+        self.go = ctx.Event()
+        self.procs = [ctx.Process(target=_sender, args=(endpoint, i, epochs, self.ready, self.go),
+                                  daemon=True) for i in range(SENDERS)]
+        for p in self.procs:
+            p.start()
+        for _ in self.procs:
+            if not self.ready.acquire(timeout=60):
+                raise RuntimeError("a sender did not start")
+
+    def start(self) -> float:
+        t0 = time.perf_counter()
+        self.go.set()
+        return t0
+
+    def join(self) -> None:
+        for p in self.procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+
+
+def raw_rate(epochs: int) -> float:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.linger = 0
+    sock.rcvhwm = 100_000
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    total = SENDERS * len(range(0, RANKS, SENDERS)) * epochs * 2
+    try:
+        senders = _Senders(f"tcp://127.0.0.1:{port}", epochs)
+        recv = sock.recv
+        t0 = senders.start()
+        for _ in range(total):
+            recv()
+        dt = time.perf_counter() - t0
+        senders.join()
+    finally:
+        sock.close(0)
+        ctx.term()
+    return total / dt
+
+
+def broker_rate(epochs: int) -> tuple[float, int]:
+    with tempfile.TemporaryDirectory(prefix="rankboard-bench-") as tmp:
+        server = BrokerServer("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*",
+                              data_dir=Path(tmp) / "data")
+        endpoints = server.bind()
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            ctx = zmq.Context()
+            push = ctx.socket(zmq.PUSH)
+            push.connect(endpoints["ingest"])
+            for f in registers():
+                push.send(f)
+            push.close(linger=-1)
+            ctx.term()
+            deadline = time.monotonic() + 30
+            while server.runs.accepted < RANKS:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("registers not applied")
+                time.sleep(0.005)
+            base = server.runs.accepted
+            total = SENDERS * len(range(0, RANKS, SENDERS)) * epochs * 2
+            senders = _Senders(endpoints["ingest"], epochs)
+            t0 = senders.start()
+            deadline = time.monotonic() + 300
+            while server.runs.accepted - base < total:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("broker did not take every frame")
+                time.sleep(0.002)
+            dt = time.perf_counter() - t0
+            senders.join()
+            sink = server.runs.get(RUN)
+            records = len(sink.records) if sink is not None else 0
+            rejected = server.runs.rejected_total
+            if rejected:
+                raise RuntimeError(f"broker rejected {rejected} frames: {dict(server.runs.rejected)}")
+        finally:
+            server.stop()
+            thread.join(10)
+            server.close()
+    return total / dt, records
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    epochs = 40 if quick else 200
+    raw = raw_rate(epochs)
+    rate, records = broker_rate(epochs)
+    return [result("ingest_ratio", round(rate), "frames/s", baseline=round(raw), ratio=round(rate / raw, 3),
+                   frames=SENDERS * (RANKS // SENDERS) * epochs * 2, senders=SENDERS, ranks=RANKS,
+                   records=records)]
+
+
+if __name__ == "__main__":
+    import json
+
+    for line in run(True):
+        print(json.dumps(line))
