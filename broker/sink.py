@@ -74,9 +74,10 @@ class Topology:
     """Host and local rank per registered global rank, ordered as PROTOCOL 2.1 says.
 
     Hosts are ordered by the lowest global rank registered on them; ranks within a host by
-    local rank (then global rank, so equal local ranks still order deterministically). The
-    ordered view is rebuilt lazily after a change and cached, so an epoch close or a header
-    costs no sort while the topology is stable.
+    local rank (then global rank, so equal local ranks still order deterministically).
+    Everything derived is cached per host and rebuilt only for the host that changed; the
+    host order is re-sorted only when a host appears, disappears or changes its lowest
+    rank. So an epoch close costs no sort, and a register costs O(hosts), not O(ranks).
     """
 
     def __init__(self) -> None:
@@ -84,9 +85,9 @@ class Topology:
         self.place: Dict[int, Tuple[str, int]] = {}
         self._members: Dict[str, List[Tuple[int, int]]] = {}  # host -> sorted (lr, rank)
         self._lowest: Dict[str, int] = {}  # host -> lowest global rank on it
-        self._ordered: List[Tuple[str, List[int]]] | None = None
-        #: Bumped on every change; lets callers cache things derived from the topology.
-        self.version = 0
+        self._order: List[str] | None = None  # hosts in topology order
+        self._entries: Dict[str, Dict[str, Any]] = {}  # host -> {"host", "ranks"} (cached)
+        self._ordered: List[Dict[str, Any]] | None = None
 
     def set(self, rank: int, host: str, local_rank: int) -> List[str]:
         """Place ``rank``; returns the hosts whose membership changed (empty: no change)."""
@@ -102,9 +103,10 @@ class Topology:
         low = self._lowest.get(host)
         if low is None or rank < low:
             self._lowest[host] = rank
+            self._order = None
         if host not in touched:
             touched.append(host)
-        self._changed()
+        self._changed(host)
         return touched
 
     def remove(self, rank: int) -> str | None:
@@ -113,7 +115,6 @@ class Topology:
         if old is None:
             return None
         self._drop(rank, old)
-        self._changed()
         return old[0]
 
     def _drop(self, rank: int, old: Tuple[str, int]) -> None:
@@ -123,21 +124,37 @@ class Topology:
         if not members:
             del self._members[host]
             del self._lowest[host]
+            self._order = None
         elif self._lowest[host] == rank:
             self._lowest[host] = min(r for _, r in members)
+            self._order = None
+        self._changed(host)
 
-    def _changed(self) -> None:
+    def _changed(self, host: str) -> None:
+        self._entries.pop(host, None)
         self._ordered = None
-        self.version += 1
 
-    def ordered(self) -> List[Tuple[str, List[int]]]:
-        """[(host, [ranks in local-rank order])] in host order. Cached; do not mutate."""
-        if self._ordered is None:
+    def hosts(self) -> List[str]:
+        """Host names in topology order. Cached; do not mutate."""
+        if self._order is None:
             lowest = self._lowest
-            self._ordered = [
-                (host, [r for _, r in self._members[host]])
-                for host in sorted(lowest, key=lowest.__getitem__)
-            ]
+            self._order = sorted(lowest, key=lowest.__getitem__)
+        return self._order
+
+    def ordered(self) -> List[Dict[str, Any]]:
+        """``[{"host", "ranks": [ranks in local-rank order]}]`` in host order: the header's
+        ``hosts``. Cached and shared between headers; do not mutate."""
+        if self._ordered is None:
+            entries = self._entries
+            out = []
+            for host in self.hosts():
+                entry = entries.get(host)
+                if entry is None:
+                    entry = entries[host] = {
+                        "host": host, "ranks": [r for _, r in self._members[host]],
+                    }
+                out.append(entry)
+            self._ordered = out
         return self._ordered
 
     def members(self, host: str) -> List[Tuple[int, int]]:
@@ -193,6 +210,7 @@ class RunSink:
         self.label: str | None = None
         self.hash: str | None = None
         self.metadata: Any = None
+        self._metadata_raw: str | None = None  # text of the accepted metadata (known valid)
 
         self.topology = Topology()
         self._ranks: Dict[int, _Rank] = {}
@@ -252,10 +270,11 @@ class RunSink:
             self._on_hardware(frame, st)
         elif isinstance(frame, Svg):
             self._on_svg(frame)
-        elif isinstance(frame, Metadata):
+        elif isinstance(frame, Metadata) and frame.json != self._metadata_raw:
             if parsed != self.metadata or type(parsed) is not type(self.metadata):
-                self._header_changed = True
+                self._header_changed = True  # (re-formatted but equal JSON changes nothing)
             self.metadata = parsed
+            self._metadata_raw = frame.json
         return self._finish_apply(now)
 
     def tick(self, now: float) -> List[Event]:
@@ -280,7 +299,12 @@ class RunSink:
         return events
 
     def header(self) -> Dict[str, Any]:
-        """The run header of PROTOCOL 4 as a fresh JSON-ready dict."""
+        """The run header of PROTOCOL 4 as a JSON-ready dict.
+
+        The dict is new, but ``hosts`` and ``metadata`` are shared with earlier headers
+        (rebuilding them per event would make a registration storm quadratic): event data
+        is read-only for every consumer.
+        """
         return {
             "run": self.run,
             "status": self.status,
@@ -292,7 +316,7 @@ class RunSink:
             "metadata": self.metadata,
             "hardware": self._hardware(),
             "has_svg": self.svg is not None,
-            "hosts": [{"host": h, "ranks": list(rs)} for h, rs in self.topology.ordered()],
+            "hosts": self.topology.ordered(),
             "alerts": [dict(a) for a in self._alerts.values()],
             "started_at": self.started_at,
             "updated_at": self.updated_at,
@@ -352,7 +376,8 @@ class RunSink:
             return None
         if ws is not None and frame.rank >= ws:
             raise Rejected("rank_out_of_range", f"rank {frame.rank} >= world_size {ws}")
-        if isinstance(frame, Metadata):
+        if isinstance(frame, Metadata) and frame.json != self._metadata_raw:
+            # Every rank often sends the same blob: the text already accepted needs no parse.
             try:
                 return json.loads(frame.json)
             except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
@@ -553,7 +578,7 @@ class RunSink:
             world_size=self.world_size,
             reports=reports,
             samples=self._samples,
-            hosts=[ranks for _, ranks in self.topology.ordered()],
+            hosts=[entry["ranks"] for entry in self.topology.ordered()],
             gpus=self._gpus,
             total_epochs=self.total_epochs or None,
             past_durations=self._durations,
@@ -589,7 +614,7 @@ class RunSink:
         """The hardware string of PROTOCOL 2.2."""
         if self._hw_string is None:
             blocks = []
-            for host, _ in self.topology.ordered():
+            for host in self.topology.hosts():
                 block = self._hw_blocks.get(host)
                 if block is None:
                     block = self._hw_blocks[host] = self._render_host(host)

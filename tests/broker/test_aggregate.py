@@ -125,6 +125,16 @@ def test_ram_first_rank_with_both_fields_summed_over_hosts() -> None:
     assert (out["ram_used_bytes"], out["ram_total_bytes"]) == (3, 12)
 
 
+def test_cpu_and_ram_may_come_from_different_ranks_of_a_host() -> None:
+    samples = {
+        0: ResourceSample(cpu_percent=20.0),  # CPU, but no RAM
+        1: ResourceSample(cpu_percent=80.0, ram_used_bytes=3, ram_total_bytes=9),
+    }
+    out = resources(samples, [[0, 1]])
+    assert out["cpu_percent"] == 20.0
+    assert (out["ram_used_bytes"], out["ram_total_bytes"]) == (3, 9)
+
+
 def test_host_order_follows_local_rank_order_given() -> None:
     samples = {0: ResourceSample(cpu_percent=1.0), 1: ResourceSample(cpu_percent=9.0)}
     assert resources(samples, [[1, 0]])["cpu_percent"] == 9.0

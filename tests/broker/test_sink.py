@@ -274,6 +274,20 @@ def test_topology_ordering() -> None:
     assert [h["host"] for h in sink.header()["hosts"]] == ["w", "z", "y", "x"]
 
 
+def test_earlier_headers_do_not_change_after_the_fact() -> None:
+    sink = RunSink(RUN)
+    first = sink.apply(reg(1, 4, "a"), 1.0)[0].data
+    frozen = msgspec.msgpack.encode(first)
+    sink.apply(reg(0, 4, "a"), 2.0)  # same host, new lowest rank
+    sink.apply(reg(2, 4, "b"), 3.0)
+    sink.apply(reg(1, 4, "c"), 4.0)  # moves away
+    sink.apply(hw(0, "cpu | gpu"), 5.0)
+    assert msgspec.msgpack.encode(first) == frozen
+    assert sink.header()["hosts"] == [
+        {"host": "a", "ranks": [0]}, {"host": "c", "ranks": [1]}, {"host": "b", "ranks": [2]},
+    ]
+
+
 def test_port_first_nonzero_wins(caplog) -> None:
     sink = registered(4)  # placements settled: only the port can change the header now
     sink.apply(reg(0, 4, port=0), 1.0)
@@ -324,6 +338,8 @@ def test_metadata_last_write_wins_whole_blob() -> None:
     events = sink.apply(meta(1, '{"c": [1, 2]}'), 2.0)
     assert of_kind(events, "run")[0]["metadata"] == {"c": [1, 2]}  # replaced, not merged
     assert sink.apply(meta(0, '{ "c" : [1,2] }'), 3.0) == []  # same value: header unchanged
+    assert sink.apply(meta(1, '{ "c" : [1,2] }'), 4.0) == []  # same text again
+    assert of_kind(sink.apply(meta(1, "null"), 5.0), "run")[0]["metadata"] is None
 
 
 def test_hardware_string_grouped_by_host() -> None:
