@@ -135,14 +135,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s rank {ns.rank}: %(message)s")
 
+    stopping: list[bool] = []
+
     def _exit(*_: Any) -> None:
-        raise SystemExit(0)
+        # once: Ctrl-C reaches the whole process group and the demo then sends SIGTERM; a
+        # second signal must not interrupt the agent's close (a no-op handler, not SIG_IGN,
+        # which would make a pending signal raise inside zmq)
+        if not stopping:
+            stopping.append(True)
+            raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, _exit)
-    try:
-        return run_rank(ns)
-    except KeyboardInterrupt:
-        return 0
+    signal.signal(signal.SIGINT, _exit)
+    return run_rank(ns)
 
 
 # -------------------------------------------------------- the cluster (web process)
