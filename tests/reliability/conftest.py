@@ -30,12 +30,12 @@ class Endpoints:
         return {"ingest": self.ingest, "publish": self.publish, "snapshot": self.snapshot}
 
 
-def start_broker(spawn: Callable[..., Proc], data_dir: Path, *extra: str,
+def start_broker(spawner: Callable[..., Proc], data_dir: Path, *extra: str,
                  endpoints: Endpoints | None = None) -> tuple[Proc, Endpoints]:
     """``rankboard broker`` on ``endpoints`` (default: ephemeral loopback ports); waits until
     all three sockets are bound and returns the process and the bound endpoints."""
     eps = endpoints.as_dict() if endpoints else {"ingest": ANY, "publish": ANY, "snapshot": ANY}
-    proc = spawn("broker", "--ingest", eps["ingest"], "--publish", eps["publish"],
+    proc = spawner("broker", "--ingest", eps["ingest"], "--publish", eps["publish"],
                  "--snapshot", eps["snapshot"], "--data-dir", str(data_dir), *extra)
     found = {name: proc.wait_line(rf"broker {name} bound at (\S+)", stream="stderr").group(1)
              for name in ("ingest", "publish", "snapshot")}
