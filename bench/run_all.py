@@ -1,0 +1,125 @@
+"""Run every rankboard benchmark; one JSON object per line on stdout.
+
+    python bench/run_all.py --quick     # smaller sizes, under a minute on 2 cores
+    python bench/run_all.py             # full sizes; also rewrites BENCHMARKS.md
+    python bench/run_all.py --only ingest,epoch_close
+
+Each line is ``{"name", "value", "unit", "baseline", "ratio"}`` (baseline and ratio are null
+where no baseline applies). Ratios compare against a baseline measured in the same run, so
+they hold on a noisy machine. Benchmarks print figures; none of them is a test and none
+asserts a speed. Details of each measurement are in the module docstrings and BENCHMARKS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import agent_send  # noqa: E402
+import common  # noqa: E402
+import epoch_close  # noqa: E402
+import ingest  # noqa: E402
+import web_bench  # noqa: E402
+
+#: (group, run(quick) -> results); order: cheap and pure first.
+GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
+    ("epoch_close", epoch_close.run),
+    ("agent", agent_send.run),
+    ("ingest", ingest.run),
+    ("web", web_bench.run),
+]
+
+#: name -> (target, "<=" or ">=") as the performance issue states them.
+TARGETS: dict[str, tuple[float, str]] = {
+    "ingest_ratio": (0.5, ">="),
+    "epoch_close_4096_ms": (10.0, "<="),
+    "epoch_close_scaling": (2.0, "<="),
+    "e2e_latency_p50_ms": (3.0, "<="),
+    "e2e_latency_p99_ms": (20.0, "<="),
+    "fanout_1000_p99_ms": (200.0, "<="),
+    "fanout_kib_per_client": (32.0, "<="),
+    "agent_send_p99_us": (20.0, "<="),
+    "sampler_sample_us": (200.0, "<="),
+    "late_join_1024x100_s": (2.0, "<="),
+}
+NAMES = list(TARGETS)
+
+
+def _figure(r: dict[str, Any]) -> float:
+    """The figure a target applies to: the ratio where there is one, else the value."""
+    return r["ratio"] if r["name"] == "ingest_ratio" else r["value"]
+
+
+def write_markdown(results: list[dict[str, Any]], command: str, path: Path, seconds: float) -> None:
+    m = common.machine()
+    lines = [
+        "# rankboard benchmarks",
+        "",
+        "Figures of the last full run of `bench/run_all.py` (rewritten by it; see bench/*.py for",
+        "how each is measured and docs below for what the figures mean).",
+        "",
+        f"- command: `{command}` ({seconds:.0f} s)",
+        f"- machine: {m['nproc']} CPUs ({m['affinity']} usable), {m['cpu']}; {m['platform']}",
+        f"- Python {m['python']}, pyzmq {m['pyzmq']}, libzmq {m['libzmq']}",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
+        "",
+        "| benchmark | value | unit | baseline | ratio | target | met | details |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        target = TARGETS.get(r["name"])
+        if target is not None:
+            figure = _figure(r)
+            met = figure <= target[0] if target[1] == "<=" else figure >= target[0]
+            tgt = f"{target[1]} {target[0]:g}"
+        else:
+            met, tgt = None, ""
+        extra = ", ".join(f"{k}={v}" for k, v in (r.get("_extra") or {}).items())
+        lines.append(f"| {r['name']} | {r['value']} | {r['unit']} | "
+                     f"{'' if r['baseline'] is None else r['baseline']} | "
+                     f"{'' if r['ratio'] is None else r['ratio']} | {tgt} | "
+                     f"{'' if met is None else ('yes' if met else '**no**')} | {extra} |")
+    notes = path.read_text(encoding="utf-8").split("<!-- notes -->", 1)[1] if path.exists() and \
+        "<!-- notes -->" in path.read_text(encoding="utf-8") else "\n"
+    path.write_text("\n".join(lines) + "\n\n<!-- notes -->" + notes, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (for the test)")
+    parser.add_argument("--only", default="", help="comma-separated groups: "
+                        + ",".join(g for g, _ in GROUPS))
+    parser.add_argument("--markdown", type=Path, default=None,
+                        help="write the figures there (default: BENCHMARKS.md on a full run)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    only = {g for g in args.only.split(",") if g}
+    started = time.monotonic()
+    results: list[dict[str, Any]] = []
+    for group, fn in GROUPS:
+        if only and group not in only:
+            continue
+        for r in fn(args.quick):
+            results.append(r)
+            print(json.dumps({k: r[k] for k in ("name", "value", "unit", "baseline", "ratio")}),
+                  flush=True)
+            if r.get("_extra"):
+                print(f"  {r['name']}: {json.dumps(r['_extra'])}", file=sys.stderr, flush=True)
+    md = args.markdown
+    if md is None and not args.quick and not only:
+        md = common.REPO / "BENCHMARKS.md"
+    if md is not None:
+        command = "python bench/run_all.py" + (" --quick" if args.quick else "") + \
+            (f" --only {args.only}" if only else "")
+        write_markdown(results, command, md, time.monotonic() - started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
