@@ -33,6 +33,7 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 
 _BOUND = re.compile(r"broker (ingest|publish|snapshot) bound at (\S+)")
+_CHILD_FAILURE = re.compile(r"^rankboard broker: (.*)$")
 EPHEMERAL = "tcp://127.0.0.1:*"
 BROKER_START_TIMEOUT = 20.0
 
@@ -265,6 +266,8 @@ class BrokerChild:
         self.proc: Any = None
         self.endpoints: dict[str, str] = {} if self.learn else dict(given)
         self._seen: set[str] = set()
+        #: the child's own one-line reason for exiting ("rankboard broker: <reason>")
+        self.reason: str | None = None
 
     def start(self, stopper: Stopper) -> str | None:
         """Start the child and wait until it has bound all three sockets.
@@ -284,6 +287,10 @@ class BrokerChild:
             assert self.proc is not None
             for raw in self.proc.stderr:
                 line = raw.decode("utf-8", "replace")
+                failure = _CHILD_FAILURE.match(line)
+                if failure:  # becomes our own one-line reason instead of a second line
+                    self.reason = failure.group(1).strip()
+                    continue
                 sys.stderr.write(line)
                 sys.stderr.flush()
                 m = _BOUND.search(line)
@@ -305,10 +312,18 @@ class BrokerChild:
             return None
         if len(self._seen) == 3:
             return None
-        code = self.proc.poll()
-        if code is not None:
-            return f"the broker exited with status {code}"
-        return f"the broker did not bind within {BROKER_START_TIMEOUT:.0f} s"
+        try:
+            self.proc.wait(timeout=2.0)  # its stderr closed: it is exiting
+        except subprocess.TimeoutExpired:
+            return f"the broker did not bind within {BROKER_START_TIMEOUT:.0f} s"
+        return self.failure()
+
+    def failure(self) -> str:
+        """Why the child exited, in one line."""
+        code = None if self.proc is None else self.proc.poll()
+        if self.reason:
+            return f"broker: {self.reason}"
+        return f"the broker exited with status {code}"
 
     def exited(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
@@ -407,9 +422,10 @@ def _up(args: argparse.Namespace, prog: str, *, demo: bool) -> int:
             )
             cluster.start()
         while not stopper.wait(0.5):
-            code = broker.exited()
-            if code is not None:
-                return _fail(prog, f"the broker exited with status {code}")
+            if broker.exited() is not None:
+                if stopper.wait(0.5):  # Ctrl-C reached the broker first
+                    return 0
+                return _fail(prog, broker.failure())
         return 0
     finally:
         if cluster is not None:

@@ -142,3 +142,22 @@ def test_demo_runs_and_stops_cleanly_on_sigint(spawn: Any) -> None:
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, alive
     assert "Traceback" not in demo.output()
+
+
+def test_up_broker_bind_failure_is_one_line(spawn: Any, tmp_path: Any) -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        port = holder.getsockname()[1]
+        proc = spawn("up", "--ingest", f"tcp://127.0.0.1:{port}", "--publish", "tcp://127.0.0.1:*",
+                     "--snapshot", "tcp://127.0.0.1:*", "--data-dir", str(tmp_path / "d"),
+                     "--port", "0")
+        code = proc.proc.wait(30)
+        proc.close()
+    finally:
+        holder.close()
+    assert code == 1
+    err = [line for line in proc.lines["stderr"] if line.startswith("rankboard ")]
+    assert len(err) == 1 and err[0].startswith("rankboard up:"), proc.lines["stderr"]
+    assert str(port) in err[0] and "in use" in err[0].lower()
