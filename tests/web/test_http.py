@@ -154,10 +154,10 @@ def test_healthz_and_metrics(web: Any, pusher: Pusher) -> None:
     assert 'rankboard_runs{status="training"} 1.0' in text
 
 
-def test_healthz_503_without_broker(spawn: Any, tmp_path: Any) -> None:
-    from .conftest import start_web
+def test_healthz_503_until_a_late_broker_comes_up(spawn: Any, tmp_path: Any) -> None:
+    from .conftest import Broker, start_web
 
-    class Nowhere:  # endpoints nobody binds (ipc in an empty tmp dir)
+    class Nowhere:  # endpoints nobody binds yet (ipc in an empty tmp dir)
         publish = f"ipc://{tmp_path}/pub"
         snapshot = f"ipc://{tmp_path}/snap"
 
@@ -165,6 +165,17 @@ def test_healthz_503_without_broker(spawn: Any, tmp_path: Any) -> None:
     r = fetch(web.port, "/healthz")
     assert r.status == 503 and r.json() == {"ok": False}
     assert fetch(web.port, "/api/runs").json() == []
+
+    late = Broker(tmp_path / "data", {"ingest": "tcp://127.0.0.1:*", "publish": Nowhere.publish,
+                                      "snapshot": Nowhere.snapshot})
+    pusher = Pusher(late.ingest)
+    try:
+        wait_for(lambda: fetch(web.port, "/healthz").status == 200, what="healthy once it is up")
+        pusher.register("late", 0, 1)
+        wait_for(lambda: fetch(web.port, "/api/runs/late").status == 200, what="its run")
+    finally:
+        pusher.close()
+        late.stop()
 
 
 def test_web_restart_restores_history_from_the_broker(spawn: Any, broker: Any,
