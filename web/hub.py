@@ -629,5 +629,5 @@ class FeedPump:
                 handler(parts)
             except Exception:  # one bad message never kills the pump
                 log.exception("feed message handling failed")
-            if n % 200 == 0:
+            if n % 100 == 0:
                 gevent.sleep(0)

@@ -172,3 +172,16 @@ def test_broker_restart_is_followed(web: Any, broker: Any, pusher: Pusher) -> No
         assert epochs(got) == [1]
     body = fetch(web.port, "/api/runs/survivor").json()
     assert [r["epoch"] for r in body["records"]] == [0, 1]
+
+
+def test_a_burst_reaches_a_reader_complete_and_in_order(web: Any, pusher: Pusher) -> None:
+    run = "burst"
+    start_run(pusher, run, world=2, total=400)
+    wait_for(lambda: fetch(web.port, f"/api/runs/{run}").status == 200, what="run")
+    with SSEClient(web.port, f"/api/runs/{run}/events") as c:
+        c.events_until(lambda e: e["event"] == "run")
+        for e in range(400):
+            pusher.epoch(run, e, 2, loss=1.0 / (e + 1))
+        got = c.events_until(lambda e: e["event"] == "epoch" and e["data"]["epoch"] == 399)
+    assert epochs(got) == list(range(400))
+    assert ids(got) == sorted(set(ids(got)))
