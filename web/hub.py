@@ -391,6 +391,7 @@ class Hub:
                 log.warning("malformed run snapshot skipped: %r", exc)
                 return
             self._snap_runs[state.run] = state
+            self._outstanding = (self._outstanding[0], self.clock())  # progress: not timed out
             return
         target = self._outstanding[0]
         self._outstanding = None
