@@ -18,7 +18,9 @@ Receivers, one after the other, fed by identical sender processes:
 
 Both clocks start when the senders are released (one shared ``Event``) and stop at the last
 frame, so both include the same sender start-up. ``value`` is the broker's frames/s,
-``baseline`` the raw loop's, ``ratio`` broker / raw.
+``baseline`` the raw loop's, ``ratio`` broker / raw. ``decode_only_ratio`` (BENCHMARKS.md)
+is ``protocol.decode`` alone over the same frames (no sockets, no sink) / raw: the ceiling of
+any fully decoding broker in this interpreter.
 """
 from __future__ import annotations
 
@@ -178,13 +180,25 @@ def broker_rate(epochs: int) -> tuple[float, int]:
     return total / dt, records
 
 
+def decode_rate(epochs: int) -> float:
+    """Frames/s of ``protocol.decode`` alone over the same frames, in one thread, no sockets:
+    a ceiling for any broker that fully decodes what it receives."""
+    frames = [f for s in range(SENDERS) for f in frames_for(s, epochs)]
+    decode = protocol.decode
+    t0 = time.perf_counter()
+    for f in frames:
+        decode(f)
+    return len(frames) / (time.perf_counter() - t0)
+
+
 def run(quick: bool) -> list[dict[str, Any]]:
     epochs = 40 if quick else 200
     raw = raw_rate(epochs)
     rate, records = broker_rate(epochs)
+    dec = decode_rate(epochs)
     return [result("ingest_ratio", round(rate), "frames/s", baseline=round(raw), ratio=round(rate / raw, 3),
                    frames=SENDERS * (RANKS // SENDERS) * epochs * 2, senders=SENDERS, ranks=RANKS,
-                   records=records)]
+                   records=records, decode_only_fps=round(dec), decode_only_ratio=round(dec / raw, 3))]
 
 
 if __name__ == "__main__":
