@@ -95,84 +95,176 @@ def rank_gpu(rank: int, placement: Placement | None, gpu: GpuSample) -> Dict[str
     }
 
 
-def weighted_loss(reports: Sequence[Metrics]) -> float:
-    """Batch-weighted mean of ``avg_loss``: 0 when no batches, NaN propagates.
+def exact_sum(values: Sequence[float]) -> float:
+    """Correctly rounded sum (``math.fsum``), so a record does not depend on the order in
+    which ranks reported. Non-finite inputs keep IEEE meaning: inf - inf is NaN."""
+    try:
+        return math.fsum(values)
+    except ValueError:  # inf + -inf
+        return math.nan
+    except OverflowError:  # finite values whose exact sum overflows: plain IEEE sum
+        total = 0.0
+        for v in values:
+            total += v
+        return total
 
-    With zero batches every product ``loss * 0`` is 0 unless a loss is non-finite, so
-    the sum is then NaN: a diverged rank stays visible even when it reported no batches.
+
+#: Per scalar name, rank -> (that rank's value sum/count, its batches).
+ScalarValues = Dict[str, Dict[int, Tuple[float, int]]]
+
+
+class EpochReports:
+    """The reports of one pending epoch, with each report's per-rank figures worked out as
+    it arrives.
+
+    A close must stay O(world size) with a small constant at thousands of ranks, so the
+    per-report work (loss times batches, scalar means, throughput, the ``gpu_metrics``
+    entry) is done in :meth:`put`, one frame at a time, and the close is left with a few
+    C-level passes (exact sums, a sort of rank ids). Everything is keyed by rank, so a
+    repeated report of a rank replaces its earlier one exactly (last write wins), and sums
+    are correctly rounded (:func:`exact_sum`), so the order ranks reported in does not
+    change a record.
     """
-    num = 0.0
-    den = 0
-    for m in reports:
-        num += m.avg_loss * m.batches
-        den += m.batches
-    if den:
-        return num / den
-    return math.nan if math.isnan(num) else 0.0
+
+    __slots__ = ("frames", "scalars", "_lossb", "_batches", "_epoch_ms", "_gpu")
+
+    def __init__(self) -> None:
+        #: rank -> its last ``metrics`` frame for the epoch.
+        self.frames: Dict[int, Metrics] = {}
+        #: scalar name -> rank -> (sum/count, batches), for counts above 0.
+        self.scalars: ScalarValues = {}
+        self._lossb: Dict[int, float] = {}
+        self._batches: Dict[int, int] = {}
+        self._epoch_ms: Dict[int, float] = {}
+        self._gpu: Dict[int, Dict[str, Any]] = {}
+
+    def put(self, rank: int, frame: Metrics) -> bool:
+        """Store ``rank``'s report; True if it is the rank's first for this epoch."""
+        old = self.frames.get(rank)
+        if old is not None:
+            self._forget_scalars(rank, old)
+        self.frames[rank] = frame
+        b = frame.batches
+        self._lossb[rank] = frame.avg_loss * b
+        self._batches[rank] = b
+        self._epoch_ms[rank] = frame.epoch_ms
+        # Throughput uses share_complete_ms when sent (the time the rank's share of the
+        # data took), else epoch_ms; 0 when that time is 0. chunk_ratio is set at close.
+        d = frame.epoch_ms if frame.share_complete_ms is None else frame.share_complete_ms
+        self._gpu[rank] = {
+            "device_index": rank,
+            "throughput": frame.samples / d if d else 0.0,
+            "chunk_ratio": 0.0,
+            "shard_size": 0,
+        }
+        scalars = self.scalars
+        for name, (total, count) in frame.scalars.items():
+            if count:  # a count of 0: the rank did not report this scalar
+                values = scalars.get(name)
+                if values is None:
+                    values = scalars[name] = {}
+                values[rank] = (total / count, b)
+        return old is None
+
+    def pop(self, rank: int) -> Metrics | None:
+        """Forget ``rank``'s report (a rank that turned out to be out of range)."""
+        old = self.frames.pop(rank, None)
+        if old is not None:
+            self._forget_scalars(rank, old)
+            del self._lossb[rank], self._batches[rank], self._epoch_ms[rank], self._gpu[rank]
+        return old
+
+    def _forget_scalars(self, rank: int, old: Metrics) -> None:
+        for name in old.scalars:
+            values = self.scalars.get(name)
+            if values is not None and values.pop(rank, None) is not None and not values:
+                del self.scalars[name]
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def __contains__(self, rank: object) -> bool:
+        return rank in self.frames
+
+    def loss(self) -> float:
+        """Batch-weighted mean of ``avg_loss``: 0 when no batches, NaN propagates.
+
+        With zero batches every product ``loss * 0`` is 0 unless a loss is non-finite, so
+        the sum is then NaN: a diverged rank stays visible even when it counted no batches.
+        """
+        num = exact_sum(list(self._lossb.values()))
+        den = sum(self._batches.values())
+        if den:
+            return num / den
+        return math.nan if math.isnan(num) else 0.0
+
+    def scalar_means(self) -> Dict[str, float]:
+        """Each scalar's mean over the ranks that reported it, weighted by their batches
+        (unweighted when those batches sum to 0); sorted by name."""
+        out: Dict[str, float] = {}
+        for name in sorted(self.scalars):
+            pairs = self.scalars[name].values()
+            bsum = sum([b for _, b in pairs])
+            if bsum:
+                out[name] = exact_sum([v * b for v, b in pairs]) / bsum
+            else:
+                out[name] = exact_sum([v for v, _ in pairs]) / len(pairs)
+        return out
+
+    def epoch_ms(self) -> float:
+        """The slowest rank's epoch time; a NaN from one rank does not hide the others."""
+        times = [t for t in self._epoch_ms.values() if t == t]
+        if times:
+            return max(times)
+        return math.nan if self._epoch_ms else 0.0
+
+    def gpu_metrics(self, ranks: Sequence[int]) -> List[Dict[str, Any]]:
+        """The ``gpu_metrics`` entries of ``ranks`` (rank order), with each rank's batch
+        share filled in (equal shares when no rank counted batches). Hands over the
+        entries: call once, at close."""
+        gpu = self._gpu
+        batches = self._batches
+        bsum = sum(batches.values())
+        out = [gpu[rank] for rank in ranks]
+        if bsum:
+            for entry, rank in zip(out, ranks):
+                entry["chunk_ratio"] = batches[rank] / bsum
+        elif out:
+            equal = 1.0 / len(out)
+            for entry in out:
+                entry["chunk_ratio"] = equal
+        return out
+
+
+def _gather(reports: Sequence[Metrics]) -> EpochReports:
+    gathered = EpochReports()
+    for i, m in enumerate(reports):
+        gathered.put(i, m)
+    return gathered
+
+
+def weighted_loss(reports: Sequence[Metrics]) -> float:
+    """:meth:`EpochReports.loss` over a list of reports."""
+    return _gather(reports).loss()
 
 
 def mean_scalars(reports: Sequence[Metrics]) -> Dict[str, float]:
-    """Each scalar: per-rank sum/count, then a batch-weighted mean over the reporting ranks.
-
-    A count of 0 means the rank did not report the scalar. When the reporting ranks'
-    batches sum to 0 the mean is unweighted. Returned sorted by name.
-    """
-    per_name: Dict[str, List[Tuple[float, int]]] = {}  # name -> [(value, batches)] rank order
-    for m in reports:
-        b = m.batches
-        for name, (total, count) in m.scalars.items():
-            if count:
-                values = per_name.get(name)
-                if values is None:
-                    values = per_name[name] = []
-                values.append((total / count, b))
-    out: Dict[str, float] = {}
-    for name in sorted(per_name):
-        values = per_name[name]
-        wsum = 0.0
-        usum = 0.0
-        bsum = 0
-        for v, b in values:
-            wsum += v * b
-            usum += v
-            bsum += b
-        out[name] = wsum / bsum if bsum else usum / len(values)
-    return out
-
-
-def gpu_metrics(ranks: Sequence[int], reports: Sequence[Metrics]) -> List[Dict[str, Any]]:
-    """Per reporting rank (rank order): throughput in samples/ms, batch share, shard size 0.
-
-    Throughput uses ``share_complete_ms`` when the rank sent it (the time its share of the
-    data took), else ``epoch_ms``; 0 when that time is 0. Batch shares are equal when no
-    rank counted batches.
-    """
-    bsum = 0
-    for m in reports:
-        bsum += m.batches
-    equal = 1.0 / len(reports) if reports else 0.0
-    return [
-        {
-            "device_index": rank,
-            "throughput": m.samples / d if (
-                d := m.epoch_ms if m.share_complete_ms is None else m.share_complete_ms
-            ) else 0.0,
-            "chunk_ratio": m.batches / bsum if bsum else equal,
-            "shard_size": 0,
-        }
-        for rank, m in zip(ranks, reports)
-    ]
+    """:meth:`EpochReports.scalar_means` over a list of reports: per-rank sum/count (a count
+    of 0: not reported), then a batch-weighted mean over the reporting ranks."""
+    return _gather(reports).scalar_means()
 
 
 def max_epoch_ms(reports: Sequence[Metrics]) -> float:
-    """The slowest rank's epoch time; a NaN from one rank does not hide the others."""
-    best = -math.inf
-    for m in reports:
-        if m.epoch_ms > best:
-            best = m.epoch_ms
-    if best == -math.inf:  # nothing comparable: every time NaN (or no reports at all)
-        return math.nan if reports else 0.0
-    return best
+    """:meth:`EpochReports.epoch_ms` over a list of reports."""
+    return _gather(reports).epoch_ms()
+
+
+def gpu_metrics(ranks: Sequence[int], reports: Sequence[Metrics]) -> List[Dict[str, Any]]:
+    """The ``gpu_metrics`` entries of ``reports`` sent by ``ranks`` (same order)."""
+    gathered = EpochReports()
+    for rank, m in zip(ranks, reports):
+        gathered.put(rank, m)
+    return gathered.gpu_metrics(list(ranks))
 
 
 def gpu_entries(
@@ -202,10 +294,10 @@ def cluster_resources(
     no host are in no list, so they are left out of CPU and RAM (which are per host: ranks
     on one host read the same /proc, so adding them up would double-count). GPU figures
     are per rank. A sum of 0 and a mean over nothing are None. ``gpus`` is the map of
-    :func:`gpu_entries`; the record gets copies, in rank order.
+    :func:`gpu_entries`; the record shares its dicts (event data is read-only), in rank
+    order.
     """
-    cpu_sum = 0.0
-    cpu_n = 0
+    cpus: List[float] = []
     ram_used = 0
     ram_total = 0
     get = samples.get
@@ -225,33 +317,20 @@ def cluster_resources(
             if ram and cpu is not None:
                 break
         if cpu is not None:
-            cpu_sum += cpu
-            cpu_n += 1
+            cpus.append(cpu)
 
-    util_sum = 0.0
-    util_n = 0
-    vram_alloc = 0
-    vram_total = 0
-    for s in samples.values():  # integer sums: order does not matter; util: see below
-        a = s.vram_allocated_bytes
-        if a is not None:
-            vram_alloc += a
-        a = s.vram_total_bytes
-        if a is not None:
-            vram_total += a
-    for rank in sorted(samples):  # float sum in rank order, so the result is reproducible
-        u = samples[rank].gpu_util_percent
-        if u is not None:
-            util_sum += u
-            util_n += 1
+    every = samples.values()
+    utils = [u for s in every if (u := s.gpu_util_percent) is not None]
+    vram_alloc = sum([v for s in every if (v := s.vram_allocated_bytes) is not None])
+    vram_total = sum([v for s in every if (v := s.vram_total_bytes) is not None])
     return {
-        "cpu_percent": cpu_sum / cpu_n if cpu_n else None,
+        "cpu_percent": exact_sum(cpus) / len(cpus) if cpus else None,
         "ram_used_bytes": ram_used or None,
         "ram_total_bytes": ram_total or None,
-        "gpu_util_percent": util_sum / util_n if util_n else None,
+        "gpu_util_percent": exact_sum(utils) / len(utils) if utils else None,
         "vram_allocated_bytes": vram_alloc or None,
         "vram_total_bytes": vram_total or None,
-        "gpus": [gpus[rank].copy() for rank in sorted(gpus)],
+        "gpus": [gpus[rank] for rank in sorted(gpus)],
     }
 
 
@@ -270,7 +349,7 @@ def epoch_record(
     *,
     epoch: int,
     world_size: int,
-    reports: Mapping[int, Metrics],
+    reports: Mapping[int, Metrics] | EpochReports,
     samples: Mapping[int, ResourceSample],
     hosts: Sequence[Sequence[int]],
     gpus: Mapping[int, Dict[str, Any]],
@@ -280,26 +359,29 @@ def epoch_record(
 ) -> Dict[str, Any]:
     """The record of one closed epoch (PROTOCOL.md 2.3 and the shape of section 4).
 
-    ``reports`` maps rank -> that rank's last ``metrics`` frame for ``epoch``;
+    ``reports`` maps rank -> that rank's last ``metrics`` frame for ``epoch`` (or is the
+    :class:`EpochReports` the sink gathered them in);
     ``past_durations`` are the ``duration_secs`` of the records already closed; ``gpus``
     is the map of :func:`gpu_entries` over ``samples``.
     """
-    ranks: List[int] = []
-    frames: List[Metrics] = []
-    missing: List[int] = []
-    get = reports.get
-    for rank in range(world_size):
-        m = get(rank)
-        if m is None:
-            missing.append(rank)
-        else:
-            ranks.append(rank)
-            frames.append(m)
-    metrics: Dict[str, float] = {"loss": weighted_loss(frames)}
-    for name, value in mean_scalars(frames).items():
+    if isinstance(reports, EpochReports):
+        gathered = reports
+    else:
+        gathered = EpochReports()
+        for rank in sorted(reports):
+            if rank < world_size:
+                gathered.put(rank, reports[rank])
+    ranks = sorted(gathered.frames)
+    if len(ranks) == world_size:
+        missing: List[int] = []
+    else:
+        frames = gathered.frames
+        missing = [rank for rank in range(world_size) if rank not in frames]
+    metrics: Dict[str, float] = {"loss": gathered.loss()}
+    for name, value in gathered.scalar_means().items():
         if name != "loss":  # the aggregated loss owns the key; a scalar cannot shadow it
             metrics[name] = value
-    duration = max_epoch_ms(frames) / 1000.0
+    duration = gathered.epoch_ms() / 1000.0
     durations = list(past_durations[-(ETA_WINDOW - 1):]) if ETA_WINDOW > 1 else []
     durations.append(duration)
     return {
@@ -310,6 +392,6 @@ def epoch_record(
         "eta_secs": eta_secs(durations, total_epochs, epoch),
         "metrics": metrics,
         "resources": cluster_resources(samples, hosts, gpus),
-        "gpu_metrics": gpu_metrics(ranks, frames),
+        "gpu_metrics": gathered.gpu_metrics(ranks),
         "missing_ranks": missing,
     }

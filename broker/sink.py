@@ -220,9 +220,9 @@ class RunSink:
         self._gpus: Dict[int, Dict[str, Any]] = {}
         self._n_finished = 0  # tracked ranks that have finished (ok or error)
         self._n_error = 0  # ... of which with status "error"
-        # Pending epochs: epoch -> {rank: its last metrics frame}, and per epoch how many of
+        # Pending epochs: epoch -> its reports (rank -> last metrics frame), and how many of
         # those reporters have not finished (the close test is then one comparison).
-        self._pending: Dict[int, Dict[int, Metrics]] = {}
+        self._pending: Dict[int, aggregate.EpochReports] = {}
         self._pending_active: Dict[int, int] = {}
         self._last_closed = -1
         self._durations: List[float] = []
@@ -457,7 +457,7 @@ class RunSink:
         st.status = "ok"
         rank = st.rank
         for epoch, reports in self._pending.items():
-            if rank in reports:
+            if rank in reports.frames:
                 self._pending_active[epoch] += 1
         if self.finished:
             self.status = "training" if self.records else "waiting"
@@ -472,7 +472,7 @@ class RunSink:
         self._n_finished += 1
         rank = st.rank
         for epoch, reports in self._pending.items():
-            if rank in reports:
+            if rank in reports.frames:
                 self._pending_active[epoch] -= 1
         if error:
             self._n_error += 1
@@ -490,12 +490,10 @@ class RunSink:
         st.loss = frame.avg_loss
         reports = self._pending.get(epoch)
         if reports is None:
-            reports = self._pending[epoch] = {}
+            reports = self._pending[epoch] = aggregate.EpochReports()
             self._pending_active[epoch] = 0
-        rank = st.rank
-        if rank not in reports and not st.finished:
+        if reports.put(st.rank, frame) and not st.finished:
             self._pending_active[epoch] += 1
-        reports[rank] = frame
         ws = self.world_size
         if ws is not None and self._pending_active[epoch] == ws - self._n_finished:
             self._close_through(epoch)
@@ -537,7 +535,7 @@ class RunSink:
                 touched.append(host)
             for epoch in list(self._pending):
                 reports = self._pending[epoch]
-                if reports.pop(rank, None) is not None:
+                if reports.pop(rank) is not None:
                     if not st.finished:
                         self._pending_active[epoch] -= 1
                     if not reports:

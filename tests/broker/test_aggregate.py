@@ -191,14 +191,6 @@ def test_gpus_one_per_rank_first_gpu_relabelled_in_rank_order() -> None:
     ]
 
 
-def test_record_gpus_are_copies() -> None:
-    samples = {0: ResourceSample(gpus=[gpu()])}
-    entries = agg.gpu_entries(samples, {})
-    out = agg.cluster_resources(samples, [], entries)
-    out["gpus"][0]["name"] = "mutated"
-    assert entries[0]["name"] == "gr=0 H100"
-
-
 # ---------------------------------------------------------------- eta
 
 
@@ -250,3 +242,30 @@ def test_sample_dict_has_every_key() -> None:
     d = agg.sample_dict(ResourceSample(cpu_percent=1.0, gpus=[gpu()]))
     assert list(d) == list(agg.SAMPLE_KEYS) + ["gpus"]
     assert list(d["gpus"][0]) == list(agg.GPU_KEYS)
+
+
+def test_record_does_not_depend_on_report_order() -> None:
+    # Naive left-to-right sums of these differ by order; the record must not.
+    losses = [1e16, 1.0, -1e16, 3.0]
+    frames = [met(r, loss, b=1, scalars={"x": (loss, 1)}) for r, loss in enumerate(losses)]
+    results = set()
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [0, 2, 1, 3]):
+        gathered = agg.EpochReports()
+        for r in order:
+            gathered.put(r, frames[r])
+        results.add((gathered.loss(), gathered.scalar_means()["x"]))
+    assert results == {(1.0, 1.0)}
+
+
+def test_infinite_losses_of_both_signs_make_nan() -> None:
+    assert math.isnan(agg.weighted_loss([met(0, math.inf), met(1, -math.inf)]))
+    assert agg.weighted_loss([met(0, math.inf), met(1, 1.0)]) == math.inf
+
+
+def test_epoch_reports_pop_forgets_everything_of_the_rank() -> None:
+    gathered = agg.EpochReports()
+    gathered.put(0, met(0, 1.0, b=1, epoch_ms=10.0, scalars={"x": (1.0, 1)}))
+    gathered.put(1, met(1, 9.0, b=1, epoch_ms=99.0, scalars={"x": (5.0, 1), "y": (1.0, 1)}))
+    assert 1 in gathered and gathered.pop(1) is not None and 1 not in gathered
+    assert (gathered.loss(), gathered.scalar_means(), gathered.epoch_ms()) == (1.0, {"x": 1.0}, 10.0)
+    assert gathered.pop(1) is None

@@ -387,10 +387,13 @@ def test_epoch_closes_when_every_rank_reported() -> None:
 
 def test_duplicate_metrics_before_close_last_write_wins() -> None:
     sink = registered(2)
-    sink.apply(met(0, 0, loss=100.0), 1.0)
-    sink.apply(met(0, 0, loss=2.0), 2.0)
-    (record,) = of_kind(sink.apply(met(1, 0, loss=4.0), 3.0), "epoch")
-    assert record["metrics"]["loss"] == 3.0
+    sink.apply(met(0, 0, loss=100.0, b=5, samples=9, epoch_ms=9000.0,
+                   scalars={"acc": (9.0, 1), "gone": (1.0, 1)}), 1.0)
+    sink.apply(met(0, 0, loss=2.0, scalars={"acc": (1.0, 1)}), 2.0)
+    (record,) = of_kind(sink.apply(met(1, 0, loss=4.0, scalars={"acc": (3.0, 1)}), 3.0), "epoch")
+    assert record["metrics"] == {"loss": 3.0, "acc": 2.0}  # nothing of the first report left
+    assert record["duration_secs"] == 0.0
+    assert [g["chunk_ratio"] for g in record["gpu_metrics"]] == [0.5, 0.5]
     assert sink.late_metrics == 0
 
 
