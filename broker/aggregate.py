@@ -1,14 +1,17 @@
 """Pure epoch aggregation: the record of PROTOCOL.md section 2.3.
 
-Everything here is a function of its arguments: no clock, no I/O, no state. The sink
-(:mod:`broker.sink`) decides *when* an epoch closes and hands over what it has; this module
-decides *what* the record says. Keeping the rules here, apart from the first-arrival and
-last-write rules of the sink, means each of them is one small unit test.
+No clock, no I/O: the sink (:mod:`broker.sink`) decides *when* an epoch closes and hands
+over what it has; this module decides *what* the record says. Keeping the rules here, apart
+from the first-arrival and last-write rules of the sink, makes each one a small unit test.
+The only state is :class:`EpochReports`, a pending epoch's reports, which the sink fills as
+frames arrive.
 
-Cost matters: a close at 4096 ranks must stay within a few milliseconds, so every function
-is a single pass over its input with no per-rank lookups that scan other ranks. The
-topology arrives already ordered (hosts in order, ranks in local-rank order) and the
-placement of a rank is a dict lookup.
+Cost matters: a close at 4096 ranks must stay within a few milliseconds. The per-report
+work is done as each report arrives (:meth:`EpochReports.put`), the topology arrives
+already ordered, relabelled GPU entries arrive prebuilt, and what is left for the close is
+a few passes over the ranks. Float sums are exact (``math.fsum``), so a record does not
+depend on the order in which ranks reported. Records share dicts with the sink's caches:
+event data is read-only.
 """
 from __future__ import annotations
 

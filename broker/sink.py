@@ -16,9 +16,10 @@ Rules worth knowing before reading the code:
 * ``apply`` never emits ``ranks`` (the array is large and changes with every frame): it
   marks it dirty and :meth:`RunSink.tick` emits it at most once per ``ranks_interval``.
 
-Cost: the work per frame is O(1) apart from header rebuilds, and an epoch close is
-O(world size). The topology (rank -> host, local rank; hosts ordered) is maintained as
-registers arrive and its ordered view is cached until the next topology change.
+Cost: the work per frame is O(1), plus O(hosts) when the header changes, and an epoch
+close is O(world size). The topology (rank -> host, local rank; hosts ordered) is maintained
+as registers arrive, cached per host, and re-sorted only when the host order can change.
+Event data shares structure with the sink's caches and earlier events: it is read-only.
 """
 from __future__ import annotations
 
