@@ -127,6 +127,8 @@ class Runs:
             return self._reject("schema", "%s", exc)
         except msgspec.DecodeError as exc:
             return self._reject("decode", "%s", exc)
+        except RecursionError:  # valid MessagePack nested too deep (in an ignored extra key)
+            return self._reject("decode", "nested too deep to decode")
         except protocol.LimitExceeded as exc:
             return self._reject("limit", "%s", exc)
         return self.apply(frame, now, raw)

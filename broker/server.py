@@ -91,6 +91,22 @@ def is_loopback_endpoint(endpoint: str) -> bool:
         return False  # "*", an interface name or a host name: assume reachable from outside
 
 
+def _msgpack_ints(obj: Any) -> Any:
+    """A copy of ``obj`` whose ints outside MessagePack's range (-2**63 .. 2**64-1) are
+    floats. Every wire integer fits, but aggregates of them may not (a cluster's summed
+    bytes); without this one hostile sample makes a record, and the run's snapshot,
+    unencodable."""
+    if isinstance(obj, bool):
+        return obj
+    if isinstance(obj, int):
+        return obj if -(2**63) <= obj < 2**64 else float(obj)
+    if isinstance(obj, dict):
+        return {k: _msgpack_ints(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_msgpack_ints(v) for v in obj]
+    return obj
+
+
 class BrokerServer:
     """One broker: binds ingest (PULL), publish (PUB) and snapshot (ROUTER) endpoints.
 
@@ -363,7 +379,14 @@ class BrokerServer:
                 raw = pull.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            for run, event in self.runs.ingest(raw, now):
+            try:
+                events = self.runs.ingest(raw, now)
+            except Exception:  # a bug, not bad input (Runs counts those): keep serving
+                self.runs.rejected["internal"] += 1
+                self._rlog.error("ingest", "ingesting a %d-byte message failed", len(raw),
+                                 exc_info=True)
+                events = []
+            for run, event in events:
                 msg = self._encode(run, event)
                 if msg is not None:
                     out.append(msg)
@@ -403,8 +426,11 @@ class BrokerServer:
 
     def _encode(self, run: str, event: Event) -> list[bytes] | None:
         try:
-            return feed.encode_event(run, event)
-        except (TypeError, ValueError, OverflowError):
+            try:
+                return feed.encode_event(run, event)
+            except OverflowError:
+                return feed.encode_event(run, event._replace(data=_msgpack_ints(event.data)))
+        except (TypeError, ValueError, OverflowError, RecursionError):
             # A sink bug (unencodable data); the web will see a gap and re-snapshot.
             self._rlog.error("encode", "cannot encode %s event %d of run %r",
                              event.kind, event.seq, run, exc_info=True)
@@ -417,6 +443,19 @@ class BrokerServer:
         pub.send_multipart(feed.encode_heartbeat(
             self.instance, self.clock(), c["accepted"], c["rejected"], c["runs"], c["late_metrics"]
         ))
+
+    def _encode_snapshot(self, snap: dict[str, Any]) -> list[bytes] | None:
+        """A run snapshot's parts; None (logged) if even the widened copy cannot be encoded,
+        so one bad run never takes the loop, or the other runs' snapshots, with it."""
+        try:
+            try:
+                return feed.encode_run_snapshot(snap)
+            except OverflowError:
+                return feed.encode_run_snapshot(_msgpack_ints(snap))
+        except (TypeError, ValueError, OverflowError, RecursionError):
+            self._rlog.error("encode_snapshot", "cannot encode the snapshot of run %r",
+                             snap.get("run"), exc_info=True)
+            return None
 
     def _serve_snapshots(self) -> None:
         """Answer every pending snapshot request: one RUN per run, then END."""
@@ -438,10 +477,11 @@ class BrokerServer:
                 self._rlog.warning("snapshot_request", "bad snapshot request: %s", exc)
                 continue
             snaps = self.runs.snapshot(run)
+            encoded = [m for m in map(self._encode_snapshot, snaps) if m is not None]
             try:
-                for snap in snaps:
-                    router.send_multipart(envelope + feed.encode_run_snapshot(snap), zmq.NOBLOCK)
-                end = feed.encode_snapshot_end(self.instance, len(snaps))
+                for parts in encoded:
+                    router.send_multipart(envelope + parts, zmq.NOBLOCK)
+                end = feed.encode_snapshot_end(self.instance, len(encoded))
                 router.send_multipart(envelope + end, zmq.NOBLOCK)
             except zmq.ZMQError as exc:  # EHOSTUNREACH / EAGAIN: peer gone or not reading
                 self._rlog.warning("snapshot_send", "snapshot reply abandoned: %s", exc.strerror)

@@ -1,0 +1,529 @@
+"""A seeded generator of hostile ingest traffic, and the harness that pushes it through a
+real broker's PULL socket and checks the outcome.
+
+Every generated message carries what it must do, as a set of outcomes known *by
+construction* (not by asking the decoder): ``"accept"`` or reject reasons
+(docs/HELPERS.md). Most have exactly one; a few are honestly ambiguous (random bytes may
+decode to a wrong-shaped value: ``decode`` or ``schema``; JSON nested 500 deep may or may
+not fit the recursion limit: ``accept`` or ``bad_metadata_json``). The harness then checks, per outcome,
+``#frames that must have it <= counter <= #frames that may have it``, that every frame is
+counted exactly once, and that the broker never dies.
+
+Valid traffic is checkable: a dedicated run (:data:`CHECK_RUN`, 3 ranks) whose epochs all
+close with losses known in advance, interleaved with the hostile frames (some of which
+target that run and must be rejected without effect), then finished. Its records at the end
+must be exactly the expected ones: a valid frame lost or a rejected one applied shows there.
+
+Used by ``tests/reliability/test_fuzz.py`` (a quick run) and ``bench/fuzz_ingest.py``
+(>= 100 000 frames).
+"""
+from __future__ import annotations
+
+import math
+import random
+import string
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import msgspec
+import zmq
+
+from broker import feed
+from rank_agent import protocol
+
+CHECK_RUN = "fz-check"
+CHECK_WORLD = 3
+HOSTILE_RUNS = [f"fz-h{i}" for i in range(6)]
+HOSTILE_WORLD = 4
+NEW_RUN_PREFIX = "fz-n"
+
+_enc = msgspec.msgpack.Encoder()
+_NONFINITE = (math.nan, math.inf, -math.inf)
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Msg:
+    data: bytes
+    expect: frozenset[str]
+    kind: str  # the generator that made it (for reports)
+
+
+def one(outcome: str) -> frozenset[str]:
+    return frozenset((outcome,))
+
+
+def check_loss(epoch: int, rank: int) -> float:
+    return 1.0 / (epoch + 1) + 0.25 * rank
+
+
+def check_batches(rank: int) -> int:
+    return rank + 1
+
+
+def expected_check_losses(epochs: int) -> list[float]:
+    """The record loss of every epoch of :data:`CHECK_RUN` (batch-weighted mean, PROTOCOL 2.3)."""
+    out = []
+    for e in range(epochs):
+        num = sum(check_loss(e, r) * check_batches(r) for r in range(CHECK_WORLD))
+        out.append(num / sum(check_batches(r) for r in range(CHECK_WORLD)))
+    return out
+
+
+def _check_registers(epochs: int) -> list[Msg]:
+    """In the preamble: hostile frames aimed at the check run must find its world size."""
+    return [Msg(_enc.encode(protocol.Register(run=CHECK_RUN, rank=r, world_size=CHECK_WORLD,
+                                              host=f"node-{r}", total_epochs=epochs)),
+                one("accept"), "check") for r in range(CHECK_WORLD)]
+
+
+def _check_script(epochs: int) -> list[Msg]:
+    accept = one("accept")
+    msgs: list[Msg] = []
+    for e in range(epochs):
+        for r in range(CHECK_WORLD):
+            msgs.append(Msg(_enc.encode(protocol.Metrics(
+                run=CHECK_RUN, rank=r, epoch=e, avg_loss=check_loss(e, r),
+                batches=check_batches(r), samples=10 * (r + 1), epoch_ms=5.0,
+                scalars={"acc": (0.5, 1)})), accept, "check"))
+    msgs += [Msg(_enc.encode(protocol.Finish(run=CHECK_RUN, rank=r)), accept, "check")
+             for r in range(CHECK_WORLD)]
+    return msgs
+
+
+class _Hostile:
+    """The hostile generators; each returns one :class:`Msg`."""
+
+    def __init__(self, rng: random.Random, big: bool) -> None:
+        self.rng = rng
+        self.big = big  # allow the multi-MiB frames
+        self.new_runs = 0
+
+    # -- helpers ---------------------------------------------------------------------
+    def run(self) -> str:
+        return self.rng.choice(HOSTILE_RUNS)
+
+    def rank(self) -> int:
+        return self.rng.randrange(HOSTILE_WORLD)
+
+    def weird_float(self) -> float:
+        r = self.rng.random()
+        if r < 0.5:
+            return self.rng.choice(_NONFINITE)
+        if r < 0.7:
+            return self.rng.choice((0.0, -0.0, 1e308, -1e308, 5e-324))
+        return self.rng.uniform(-1e6, 1e6)
+
+    def text(self, n: int) -> str:
+        alphabet = string.printable + "\u00e9\u4e2d\U0001f600\u202e<>&\"'"
+        return "".join(self.rng.choice(alphabet) for _ in range(n))
+
+    def sample(self) -> dict[str, Any]:
+        rng = self.rng
+        s: dict[str, Any] = {}
+        for key in ("cpu_percent", "gpu_util_percent"):
+            if rng.random() < 0.7:
+                s[key] = self.weird_float()
+        for key in ("ram_used_bytes", "ram_total_bytes", "vram_allocated_bytes",
+                    "vram_total_bytes"):
+            if rng.random() < 0.5:
+                s[key] = rng.choice((0, 1, 2**40, 2**63 - 1))
+        s["gpus"] = [{"device_index": rng.randrange(8), "name": self.text(rng.randrange(20)),
+                      "util_percent": self.weird_float(), "power_w": self.weird_float(),
+                      "temperature_c": self.weird_float()}
+                     for _ in range(rng.randrange(3))]
+        return s
+
+    def valid_dict(self) -> dict[str, Any]:
+        """A valid frame for a hostile run (registered in the preamble with world 4)."""
+        rng = self.rng
+        run, rank = self.run(), self.rank()
+        kind = rng.choice(("register", "svg", "metadata", "hardware", "resources", "metrics",
+                           "metrics", "metrics", "finish"))
+        d: dict[str, Any] = {"type": kind, "run": run, "rank": rank}
+        if kind == "register":
+            d.update(world_size=HOSTILE_WORLD, host=self.text(rng.randrange(1, 30)),
+                     local_rank=rng.randrange(4), port=rng.randrange(65536),
+                     total_epochs=rng.randrange(100), pid=rng.randrange(2**31))
+        elif kind == "svg":
+            d.update(svg=f"<svg xmlns='http://www.w3.org/2000/svg'><script>alert({rng.random()})"
+                         "</script></svg>", label=self.text(10), hash=self.text(8))
+        elif kind == "metadata":
+            d.update(json=f'{{"lr": {rng.random()}, "s": "{rng.randrange(10**6)}", "x": [1, null]}}')
+        elif kind == "hardware":
+            d.update(summary=self.text(rng.randrange(0, 60)) + " | " + self.text(10))
+        elif kind == "resources":
+            d.update(sample=self.sample())
+        elif kind == "metrics":
+            d.update(epoch=rng.randrange(200), avg_loss=self.weird_float(),
+                     batches=rng.randrange(100), samples=rng.randrange(10**6),
+                     epoch_ms=self.weird_float(), share_complete_ms=self.weird_float(),
+                     scalars={self.text(5): (self.weird_float(), rng.randrange(5))
+                              for _ in range(rng.randrange(4))},
+                     resources=self.sample() if rng.random() < 0.5 else None)
+        else:
+            d.update(status=rng.choice(("ok", "error")))
+        if rng.random() < 0.1:
+            d["unknown_extra_key"] = [self.weird_float(), {"nested": self.text(5)}]
+        return d
+
+    # -- the generators --------------------------------------------------------------
+    def valid_nonfinite(self) -> Msg:
+        return Msg(_enc.encode(self.valid_dict()), one("accept"), "valid_nonfinite")
+
+    def garbage(self) -> Msg:
+        body = bytes(self.rng.randrange(256) for _ in range(self.rng.randrange(0, 64)))
+        return Msg(b"\xc1" + body, one("decode"), "garbage")  # 0xc1: never used in MessagePack
+
+    def random_bytes(self) -> Msg:
+        body = bytes(self.rng.randrange(256) for _ in range(self.rng.randrange(0, 128)))
+        return Msg(body, frozenset(("decode", "schema")), "random_bytes")
+
+    def truncated(self) -> Msg:
+        raw = _enc.encode(self.valid_dict())
+        return Msg(raw[: self.rng.randrange(len(raw))], one("decode"), "truncated")
+
+    def unknown_tag(self) -> Msg:
+        d = self.valid_dict()
+        d["type"] = self.rng.choice(("bogus", "", "REGISTER", "metrics ", "x" * 300))
+        return Msg(_enc.encode(d), one("schema"), "unknown_tag")
+
+    def wrong_type(self) -> Msg:
+        rng = self.rng
+        d = self.valid_dict()
+        key = rng.choice(("run", "rank", "type", "missing_run", "missing_rank", "bad_run_id",
+                          "negative_rank", "huge_rank", "nonfinite_rank", "array", "scalar"))
+        if key in ("run", "rank", "type"):
+            d[key] = rng.choice(([1, 2], {"a": 1}, None, 1.5, True, b"\x00bytes") if key != "rank"
+                                else ("0", [0], {"r": 0}, None, 1.5, True))
+        elif key == "missing_run":
+            del d["run"]
+        elif key == "missing_rank":
+            del d["rank"]
+        elif key == "bad_run_id":
+            d["run"] = rng.choice(("", "a b", "../../etc/passwd", "x" * 129, "run!", "r\x00",
+                                   "\u00e9t\u00e9", "<script>"))
+        elif key == "negative_rank":
+            d["rank"] = -rng.randrange(1, 2**40)
+        elif key == "huge_rank":
+            d["rank"] = rng.choice((65536, 2**31, 2**63 - 1))
+        elif key == "nonfinite_rank":
+            d["rank"] = rng.choice(_NONFINITE)
+        elif key == "array":
+            return Msg(_enc.encode(list(d.values())), one("schema"), "wrong_type")
+        else:
+            return Msg(_enc.encode(rng.choice((0, "frame", 1.5, None, True))), one("schema"),
+                       "wrong_type")
+        return Msg(_enc.encode(d), one("schema"), "wrong_type")
+
+    def huge_length(self) -> Msg:
+        """MessagePack headers announcing far more data than follows."""
+        rng = self.rng
+        choice = rng.randrange(4)
+        tail = bytes(rng.randrange(256) for _ in range(rng.randrange(8)))
+        if choice == 0:   # str32 of 4 GiB at top level
+            return Msg(b"\xdb\xff\xff\xff\xff" + tail, one("decode"), "huge_length")
+        if choice == 1:   # a frame whose svg claims 4 GiB
+            prefix = _enc.encode({"type": "svg", "run": self.run(), "rank": 0})
+            head = bytes([prefix[0] + 1]) + prefix[1:]  # one more map entry
+            return Msg(head + _enc.encode("svg") + b"\xdb\xff\xff\xff\xff" + tail,
+                       one("decode"), "huge_length")
+        if choice == 2:   # map32 claiming 4 billion entries
+            return Msg(b"\xdf\xff\xff\xff\xff" + _enc.encode("type") + tail,
+                       frozenset(("decode", "schema")), "huge_length")
+        # a bin32 of 4 GiB inside an ignored extra key of a valid frame
+        prefix = _enc.encode(self.valid_dict())
+        head = bytes([prefix[0] + 1]) + prefix[1:] if prefix[0] < 0x8F else None
+        if head is None:
+            return Msg(b"\xc6\xff\xff\xff\xff" + tail, one("decode"), "huge_length")
+        return Msg(head + _enc.encode("zz") + b"\xc6\xff\xff\xff\xff" + tail, one("decode"),
+                   "huge_length")
+
+    def deep_nesting(self) -> Msg:
+        rng = self.rng
+        depth = rng.choice((50, 500, 5000, 100_000))
+        where = rng.randrange(3)
+        if where == 0:   # nested arrays at top level: not a map
+            return Msg(b"\x91" * depth + b"\x00", one("schema"), "deep_nesting")
+        if where == 1:   # inside an ignored extra key of a valid frame
+            d = self.valid_dict()
+            d.pop("unknown_extra_key", None)
+            raw = _enc.encode(d)
+            if raw[0] >= 0x8F:
+                return Msg(b"\x91" * depth + b"\x00", one("schema"), "deep_nesting")
+            raw = bytes([raw[0] + 1]) + raw[1:] + _enc.encode("deep") + b"\x91" * depth + b"\x00"
+            # shallow enough to skip: accepted; too deep for the decoder: decode
+            return Msg(raw, frozenset(("accept", "decode")), "deep_nesting")
+        # in the metadata JSON of a hostile run
+        text = "[" * depth + "]" * depth
+        d = {"type": "metadata", "run": self.run(), "rank": self.rank(), "json": text}
+        return Msg(_enc.encode(d), frozenset(("accept", "bad_metadata_json")), "deep_nesting")
+
+    def out_of_range(self) -> Msg:
+        """Ranks the schema allows but the run does not; registers that disagree."""
+        rng = self.rng
+        run = rng.choice(HOSTILE_RUNS + [CHECK_RUN])
+        world = CHECK_WORLD if run == CHECK_RUN else HOSTILE_WORLD
+        if rng.random() < 0.5:
+            d = {"type": "metrics", "run": run, "rank": rng.randrange(world, 65536), "epoch": 0,
+                 "avg_loss": 1.0}
+            return Msg(_enc.encode(d), one("rank_out_of_range"), "out_of_range")
+        d = {"type": "register", "run": run, "rank": 0,
+             "world_size": rng.choice([w for w in (1, 2, 5, 7, 65536) if w != world]),
+             "host": "liar"}
+        return Msg(_enc.encode(d), one("world_size_mismatch"), "out_of_range")
+
+    def bad_metadata(self) -> Msg:
+        run = self.rng.choice(HOSTILE_RUNS + [CHECK_RUN])
+        text = self.rng.choice(("{", "{not json", "[1,]", "NaN?", "", "\"unterminated", "{}{}"))
+        d = {"type": "metadata", "run": run, "rank": 0, "json": text}
+        return Msg(_enc.encode(d), one("bad_metadata_json"), "bad_metadata")
+
+    def over_limit(self) -> Msg:
+        """One field just over a PROTOCOL 2 limit (small ones; the MiB ones when ``big``)."""
+        rng = self.rng
+        run, rank = self.run(), self.rank()
+        small = [
+            ({"type": "register", "run": run, "rank": rank, "world_size": HOSTILE_WORLD,
+              "host": "h" * 257}, "schema"),
+            ({"type": "svg", "run": run, "rank": rank, "svg": "<svg/>", "label": "l" * 257},
+             "schema"),
+            ({"type": "svg", "run": run, "rank": rank, "svg": "<svg/>", "hash": "h" * 257},
+             "schema"),
+            ({"type": "hardware", "run": run, "rank": rank, "summary": "s" * 4097}, "schema"),
+            ({"type": "metrics", "run": run, "rank": rank, "epoch": 0, "avg_loss": 1.0,
+              "scalars": {f"s{i}": [1.0, 1] for i in range(257)}}, "schema"),
+            ({"type": "metrics", "run": run, "rank": rank, "epoch": 0, "avg_loss": 1.0,
+              "scalars": {"n" * 129: [1.0, 1]}}, "schema"),
+            ({"type": "resources", "run": run, "rank": rank,
+              "sample": {"gpus": [{"device_index": i, "name": "g"} for i in range(65)]}},
+             "schema"),
+            ({"type": "register", "run": run, "rank": rank, "world_size": 65537, "host": "h"},
+             "schema"),
+            ({"type": "register", "run": run, "rank": rank, "world_size": 0, "host": "h"},
+             "schema"),
+            ({"type": "register", "run": run, "rank": rank, "world_size": HOSTILE_WORLD,
+              "host": "h", "port": rng.choice((65536, -1))}, "schema"),
+        ]
+        if self.big and rng.random() < 0.05:
+            big = [
+                ({"type": "svg", "run": run, "rank": rank, "svg": "x" * (2 * MiB + 1)}, "schema"),
+                ({"type": "svg", "run": run, "rank": rank, "svg": "\u00e9" * (MiB + 1)}, "limit"),
+                ({"type": "metadata", "run": run, "rank": rank, "json": "\"" + "\u00e9" *
+                  (MiB // 2 + 1) + "\""}, "limit"),
+                ({"type": "metadata", "run": run, "rank": rank, "json": "1" * (MiB + 1)},
+                 "schema"),
+            ]
+            d, reason = rng.choice(big)
+        else:
+            d, reason = rng.choice(small)
+        return Msg(_enc.encode(d), one(reason), "over_limit")
+
+    def oversize(self) -> Msg:
+        n = protocol.MAX_FRAME_BYTES + 1 + self.rng.randrange(1024)
+        return Msg(b"\x00" * n, one("oversize"), "oversize")
+
+    def new_run(self) -> Msg:
+        """A valid frame for a brand-new run id. The harness runs the broker with a run cap
+        above their number (the cap itself is tested in test_bounds.py): evicting the check
+        run would make its records unverifiable."""
+        self.new_runs += 1
+        d = {"type": "register", "run": f"{NEW_RUN_PREFIX}{self.new_runs}", "rank": 0,
+             "world_size": 2, "host": "h"}
+        return Msg(_enc.encode(d), one("accept"), "new_run")
+
+
+#: (generator name, weight). ``oversize`` is rare: each is 4 MiB on the wire.
+WEIGHTS: list[tuple[str, float]] = [
+    ("valid_nonfinite", 30), ("garbage", 8), ("random_bytes", 8), ("truncated", 10),
+    ("unknown_tag", 5), ("wrong_type", 12), ("huge_length", 5), ("deep_nesting", 3),
+    ("out_of_range", 6), ("bad_metadata", 3), ("over_limit", 6), ("new_run", 4),
+    ("oversize", 0.02),
+]
+
+
+def generate(n: int, seed: int, *, big: bool = True) -> tuple[list[Msg], int]:
+    """``n`` messages (preamble, the check run, hostile traffic interleaved) and the number
+    of epochs of :data:`CHECK_RUN`. Deterministic for a seed."""
+    rng = random.Random(seed)
+    hostile = _Hostile(rng, big)
+    preamble = [Msg(_enc.encode(protocol.Register(run=run, rank=0, world_size=HOSTILE_WORLD,
+                                                  host="h")), one("accept"), "preamble")
+                for run in HOSTILE_RUNS]
+    epochs = max(2, (n // 10) // CHECK_WORLD)
+    preamble += _check_registers(epochs)
+    check = _check_script(epochs)
+    if n < len(preamble) + len(check):
+        raise ValueError(f"need at least {len(preamble) + len(check)} messages")
+    names = [name for name, _ in WEIGHTS]
+    weights = [w for _, w in WEIGHTS]
+    out = list(preamble)
+    left_check, left_total = len(check), n - len(preamble)
+    ci = 0
+    while left_total:
+        if left_check and rng.random() < left_check / left_total:
+            out.append(check[ci])
+            ci += 1
+            left_check -= 1
+        else:
+            out.append(getattr(hostile, rng.choices(names, weights)[0])())
+        left_total -= 1
+    return out, epochs
+
+
+# ------------------------------------------------------------------------- the harness
+@dataclass
+class Report:
+    frames: int
+    bytes_sent: int
+    seconds: float
+    accepted: int
+    rejected: dict[str, int]
+    by_kind: Counter[str]
+    check_epochs: int
+    check_records: int
+    valid_lost: int
+    broker_alive: bool
+    problems: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"frames fuzzed: {self.frames} ({self.bytes_sent / MiB:.1f} MiB in "
+               f"{self.seconds:.1f} s)",
+               f"broker crashes: {0 if self.broker_alive else 1}",
+               f"valid frames lost: {self.valid_lost} (check run: {self.check_records}/"
+               f"{self.check_epochs} epochs closed as expected)",
+               f"accepted: {self.accepted}",
+               "rejected by reason: " + ", ".join(f"{k}={v}" for k, v in
+                                                 sorted(self.rejected.items())),
+               "generated by kind: " + ", ".join(f"{k}={v}" for k, v in
+                                                sorted(self.by_kind.items()))]
+        out += [f"PROBLEM: {p}" for p in self.problems]
+        return out
+
+
+def bounds(msgs: list[Msg]) -> dict[str, tuple[int, int]]:
+    """outcome -> (frames that must have it, frames that may have it)."""
+    must: Counter[str] = Counter()
+    may: Counter[str] = Counter()
+    for m in msgs:
+        for outcome in m.expect:
+            may[outcome] += 1
+        if len(m.expect) == 1:
+            must[next(iter(m.expect))] += 1
+    return {k: (must[k], may[k]) for k in may}
+
+
+def _heartbeat(sub: zmq.Socket, timeout: float) -> feed.Heartbeat | None:
+    deadline = time.monotonic() + timeout
+    latest = None
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not sub.poll(int(left * 1000)):
+            return latest
+        update = feed.decode_update(sub.recv_multipart())
+        if isinstance(update, feed.Heartbeat):
+            return update
+
+
+def run_fuzz(ingest: str, publish: str, snapshot: str, msgs: list[Msg], epochs: int, *,
+             alive: Callable[[], bool], timeout: float = 120.0) -> Report:
+    """Push ``msgs`` through ``ingest``, wait until the broker has counted all of them
+    (heartbeats on ``publish``), then check the counters and :data:`CHECK_RUN`'s records
+    (``snapshot``). ``alive()`` says whether the broker still runs."""
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.linger = 0
+    push.sndhwm = 1000  # back-pressure: a blocking send waits for the broker, never drops
+    sub = ctx.socket(zmq.SUB)
+    sub.linger = 0
+    sub.setsockopt(zmq.SUBSCRIBE, b"!hb")
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.linger = 0
+    problems: list[str] = []
+    try:
+        sub.connect(publish)
+        push.connect(ingest)
+        dealer.connect(snapshot)
+        base = _heartbeat(sub, 15.0)
+        if base is None:
+            raise RuntimeError("no heartbeat from the broker")
+        base_total = base.accepted + sum(base.rejected.values())
+        started = time.monotonic()
+        sent_bytes = 0
+        for m in msgs:
+            push.send(m.data, copy=len(m.data) < 65536)
+            sent_bytes += len(m.data)
+        deadline = time.monotonic() + timeout
+        hb = base
+        while hb.accepted + sum(hb.rejected.values()) - base_total < len(msgs):
+            if not alive():
+                break
+            left = deadline - time.monotonic()
+            got = _heartbeat(sub, min(5.0, max(0.1, left)))
+            if got is not None:
+                hb = got
+            if left <= 0:
+                break
+        seconds = time.monotonic() - started
+        broker_alive = alive()
+        counted = hb.accepted + sum(hb.rejected.values()) - base_total
+        if counted != len(msgs):
+            problems.append(f"{len(msgs)} frames sent, {counted} counted")
+        accepted = hb.accepted - base.accepted
+        rejected = {k: v - base.rejected.get(k, 0) for k, v in hb.rejected.items()
+                    if v - base.rejected.get(k, 0)}
+        observed = dict(rejected, accept=accepted)
+        limits = bounds(msgs)
+        for outcome, count in observed.items():
+            lo, hi = limits.get(outcome, (0, 0))
+            if not lo <= count <= hi:
+                problems.append(f"{outcome}: counted {count}, expected {lo}..{hi}")
+        for outcome, (lo, _) in limits.items():
+            if lo and outcome not in observed:
+                problems.append(f"{outcome}: counted 0, expected at least {lo}")
+
+        # the check run: every epoch closed, with the expected loss, nobody missing
+        dealer.send_multipart(feed.encode_snapshot_request(CHECK_RUN))
+        snap: dict[str, Any] | None = None
+        while True:
+            if not dealer.poll(15_000):
+                problems.append("no snapshot reply")
+                break
+            verb, body = feed.decode_snapshot_reply(dealer.recv_multipart())
+            if verb == "END":
+                break
+            snap = body
+        want = expected_check_losses(epochs)
+        good = 0
+        if snap is not None:
+            recs = [rec for _, rec in snap["records"]]
+            for e, rec in enumerate(recs[: len(want)]):
+                if (rec["epoch"] == e and rec["missing_ranks"] == []
+                        and math.isclose(rec["metrics"]["loss"], want[e], rel_tol=1e-12)):
+                    good += 1
+            if len(recs) != len(want):
+                problems.append(f"check run has {len(recs)} records, expected {len(want)}")
+            if snap["header"].get("status") != "complete":
+                problems.append(f"check run status {snap['header'].get('status')!r}")
+        else:
+            problems.append("check run missing")
+        if good != len(want):
+            problems.append(f"check run: {len(want) - good} epochs missing or wrong")
+        check_frames = sum(1 for m in msgs if m.kind == "check")
+        # a record needs all 3 metrics frames of its epoch: count the frames behind bad ones
+        valid_lost = (len(want) - good) * CHECK_WORLD
+        if snap is None or snap["header"].get("status") != "complete":
+            valid_lost += CHECK_WORLD  # the finishes
+        valid_lost = min(valid_lost, check_frames)
+        return Report(frames=len(msgs), bytes_sent=sent_bytes, seconds=seconds,
+                      accepted=accepted, rejected=rejected,
+                      by_kind=Counter(m.kind for m in msgs), check_epochs=len(want),
+                      check_records=good, valid_lost=valid_lost, broker_alive=broker_alive,
+                      problems=problems)
+    finally:
+        for s in (push, sub, dealer):
+            s.close(linger=0)
+        ctx.term()
+

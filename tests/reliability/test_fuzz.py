@@ -1,0 +1,86 @@
+"""Hostile input through the REAL PULL socket of a real ``rankboard broker`` process: random
+and malformed frames interleaved with a checkable valid run (tests/reliability/fuzzgen.py).
+Zero crashes, every valid frame applied, every frame counted by reason, and the counts on the
+web's /metrics. The long run is ``python bench/fuzz_ingest.py`` (>= 100 000 frames)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from rank_agent import protocol as P
+from tests.web.conftest import Proc, Pusher, fetch, start_web, wait_for
+
+from . import fuzzgen
+from .conftest import no_traceback, start_broker
+
+FRAMES = 5000
+SEED = 20261129
+
+
+def test_generator_is_deterministic_and_covers_every_kind() -> None:
+    a, epochs = fuzzgen.generate(2000, SEED)
+    b, _ = fuzzgen.generate(2000, SEED)
+    assert a == b and len(a) == 2000 and epochs >= 2
+    kinds = {m.kind for m in fuzzgen.generate(20_000, SEED, big=False)[0]}
+    assert kinds >= {name for name, _ in fuzzgen.WEIGHTS} - {"oversize"}
+
+
+def test_fuzzed_ingest_no_crash_no_valid_frame_lost_rejects_counted(
+        spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    msgs, epochs = fuzzgen.generate(FRAMES, SEED)
+    msgs.append(fuzzgen._Hostile(__import__("random").Random(1), True).oversize())
+    broker, eps = start_broker(spawn, tmp_path / "data", "--max-runs", "100000")
+    web = start_web(spawn, eps)
+    report = fuzzgen.run_fuzz(eps.ingest, eps.publish, eps.snapshot, msgs, epochs,
+                              alive=lambda: broker.proc.poll() is None)
+    print("\n" + "\n".join(report.lines()))
+    assert report.broker_alive
+    assert report.problems == []
+    assert report.valid_lost == 0 and report.check_records == epochs
+    assert report.rejected.get("internal", 0) == 0
+
+    # the web's /metrics shows the same totals, by reason
+    def scraped() -> dict[str, float] | None:
+        found: dict[str, float] = {}
+        for line in fetch(web.port, "/metrics").text.splitlines():
+            if line.startswith("rankboard_frames_rejected_total{reason="):
+                reason = line.split('"')[1]
+                found[reason] = float(line.rsplit(" ", 1)[1])
+        return found if found == {k: float(v) for k, v in report.rejected.items()} else None
+
+    wait_for(scraped, what="/metrics to show the broker's reject counters")
+    assert fetch(web.port, "/healthz").status == 200
+    assert broker.proc.poll() is None
+    no_traceback(broker, web)
+
+
+def test_byte_counts_summing_past_64_bits_neither_crash_nor_lose_the_record(
+        spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    """Every wire integer fits MessagePack, but a cluster's summed RAM of four hosts each
+    claiming 2**64-1 bytes does not: the record and the run's snapshot must still go out."""
+    broker, eps = start_broker(spawn, tmp_path / "data")
+    web = start_web(spawn, eps)
+    pusher = Pusher(eps.ingest)
+    try:
+        huge = 2**64 - 1
+        for rank in range(4):
+            pusher.register("wide", rank, 4, host=f"host-{rank}", local_rank=0)
+            pusher.send(P.Resources(run="wide", rank=rank, sample=P.ResourceSample(
+                cpu_percent=1.0, ram_used_bytes=huge, ram_total_bytes=huge,
+                vram_allocated_bytes=huge, vram_total_bytes=huge)))
+        pusher.epoch("wide", 0, 4)
+        pusher.register("after", 0, 1)  # the broker still serves after it
+
+        def record() -> dict | None:
+            r = fetch(web.port, "/api/runs/wide")
+            recs = r.json()["records"] if r.status == 200 else []
+            return recs[0] if recs else None
+
+        rec = wait_for(record, what="the wide record on the web")
+        assert rec["resources"]["ram_used_bytes"] == float(4 * huge)
+        assert rec["resources"]["vram_total_bytes"] == float(4 * huge)
+        wait_for(lambda: fetch(web.port, "/api/runs/after").status == 200, what="next run")
+        assert broker.proc.poll() is None
+        no_traceback(broker, web)
+    finally:
+        pusher.close()
