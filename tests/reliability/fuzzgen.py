@@ -108,6 +108,9 @@ class _Hostile:
     def rank(self) -> int:
         return self.rng.randrange(HOSTILE_WORLD)
 
+    def epoch(self) -> int:
+        return self.rng.randrange(30) if self.rng.random() < 0.95 else self.rng.randrange(2**40)
+
     def weird_float(self) -> float:
         r = self.rng.random()
         if r < 0.5:
@@ -129,7 +132,7 @@ class _Hostile:
         for key in ("ram_used_bytes", "ram_total_bytes", "vram_allocated_bytes",
                     "vram_total_bytes"):
             if rng.random() < 0.5:
-                s[key] = rng.choice((0, 1, 2**40, 2**63 - 1))
+                s[key] = rng.choice((0, 1, 2**40, 2**63 - 1, 2**64 - 1))
         s["gpus"] = [{"device_index": rng.randrange(8), "name": self.text(rng.randrange(20)),
                       "util_percent": self.weird_float(), "power_w": self.weird_float(),
                       "temperature_c": self.weird_float()}
@@ -157,7 +160,8 @@ class _Hostile:
         elif kind == "resources":
             d.update(sample=self.sample())
         elif kind == "metrics":
-            d.update(epoch=rng.randrange(200), avg_loss=self.weird_float(),
+            # mostly low epochs, so all 4 ranks meet and weird values reach the aggregation
+            d.update(epoch=self.epoch(), avg_loss=self.weird_float(),
                      batches=rng.randrange(100), samples=rng.randrange(10**6),
                      epoch_ms=self.weird_float(), share_complete_ms=self.weird_float(),
                      scalars={self.text(5): (self.weird_float(), rng.randrange(5))

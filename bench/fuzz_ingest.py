@@ -1,0 +1,91 @@
+"""Fuzz the broker's ingest: N seeded hostile and valid frames through the REAL PULL socket
+of a real ``rankboard broker`` process; prints frames fuzzed, crashes, valid frames lost and
+rejections by reason (tests/reliability/fuzzgen.py has the generator and the checks).
+
+    python bench/fuzz_ingest.py --frames 100000 --seed 1
+
+Exit status 0 when the broker survived, no valid frame was lost and every counter is within
+what the generator expects; 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.reliability import fuzzgen  # noqa: E402
+
+BOUND = re.compile(r"broker (ingest|publish|snapshot) bound at (\S+)")
+
+
+def start_broker(data_dir: str, max_runs: int) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    any_port = "tcp://127.0.0.1:*"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker.cli", "broker", "--ingest", any_port, "--publish",
+         any_port, "--snapshot", any_port, "--data-dir", data_dir, "--max-runs", str(max_runs),
+         "--log-level", "INFO"],
+        cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    found: dict[str, str] = {}
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 30
+    while len(found) < 3 and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        m = BOUND.search(line)
+        if m:
+            found[m.group(1)] = m.group(2)
+    if len(found) < 3:
+        proc.kill()
+        raise SystemExit("the broker did not start")
+    return proc, found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", type=int, default=100_000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-big", action="store_true", help="skip the MiB-sized frames")
+    args = parser.parse_args()
+    t0 = time.monotonic()
+    msgs, epochs = fuzzgen.generate(args.frames, args.seed, big=not args.no_big)
+    print(f"generated {len(msgs)} frames in {time.monotonic() - t0:.1f} s (seed {args.seed})",
+          flush=True)
+    new_runs = sum(1 for m in msgs if m.kind == "new_run")
+    with tempfile.TemporaryDirectory(prefix="rankboard-fuzz-") as data_dir:
+        proc, eps = start_broker(data_dir, max_runs=2 * new_runs + 100)
+        errors: list[str] = []
+        try:
+            report = fuzzgen.run_fuzz(eps["ingest"], eps["publish"], eps["snapshot"], msgs,
+                                      epochs, alive=lambda: proc.poll() is None, timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                _, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            errors = [line for line in (err or "").splitlines()
+                      if "Traceback" in line or " ERROR " in line]
+    for line in report.lines():
+        print(line)
+    print(f"broker exit status: {proc.returncode}; ERROR/Traceback lines in its log: "
+          f"{len(errors)}")
+    for line in errors[:10]:
+        print("  " + line)
+    ok = report.broker_alive and not report.problems and report.valid_lost == 0 and not errors
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
