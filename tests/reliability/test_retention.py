@@ -1,0 +1,59 @@
+"""``--retention-days``: a broker started with it deletes finished runs whose last frame is
+older, keeps unfinished and recent ones; without it, everything is kept."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import zmq
+
+from broker.journal import Journal
+from broker.runs import Runs
+from rank_agent import protocol as P
+from tests.broker.conftest import FeedClient
+from tests.web.conftest import Proc
+
+from .conftest import start_broker
+
+DAY = 86400.0
+
+
+def write_journal(data: Path) -> None:
+    """old-done (finished 3 days ago), old-open (unfinished, 3 days), new-done (finished now)."""
+    journal = Journal(data)
+    journal.load()
+    runs = Runs(on_accept=lambda run, raw, frame, now: (
+        journal.record(run, raw, frame, now), journal.note_seq(runs.get(run))))
+    now = time.time()
+    for run, at, done in (("old-done", now - 3 * DAY, True), ("old-open", now - 3 * DAY, False),
+                          ("new-done", now, True)):
+        runs.ingest(P.encoder.encode(P.Register(run=run, rank=0, world_size=1, host="h")), at)
+        runs.ingest(P.encoder.encode(P.Metrics(run=run, rank=0, epoch=0, avg_loss=1.0)), at)
+        if done:
+            runs.ingest(P.encoder.encode(P.Finish(run=run, rank=0)), at)
+    journal.flush()
+    journal.close()
+
+
+@pytest.mark.parametrize("flags, kept", [
+    (["--retention-days", "1"], ["new-done", "old-open"]),
+    ([], ["new-done", "old-done", "old-open"]),
+])
+def test_retention_days_deletes_old_finished_runs_at_start(
+        spawn: Callable[..., Proc], tmp_path: Path, flags: list[str], kept: list[str]) -> None:
+    data = tmp_path / "data"
+    write_journal(data)
+    _, eps = start_broker(spawn, data, *flags)
+    ctx = zmq.Context()
+    client = FeedClient(ctx, eps.publish, eps.snapshot)
+    try:
+        snaps, _ = client.snapshot()
+    finally:
+        client.close()
+        ctx.term()
+    assert sorted(s["run"] for s in snaps) == kept
+    assert all(len(s["records"]) == 1 for s in snaps)
+    assert sorted(p.name for p in (data / "runs").glob("*.journal")) == [
+        f"{run}.journal" for run in kept]
