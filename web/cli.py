@@ -3,7 +3,8 @@
 This is the only module that monkey-patches (gevent), and it does so at the start of each
 command, never at import: ``broker.cli`` imports it lazily, and tests may import it safely.
 
-* ``web``: the feed pump (SUB + snapshot) and the gevent WSGI server for the app.
+* ``web``: the feed pump (SUB + snapshot) and the gevent WSGI server for the app (its
+  connections have ``TCP_NODELAY``: see :func:`set_nodelay`).
 * ``up``: the broker as a child process (``python -m broker.cli broker ...``) plus the web
   here; without ``--port`` the web binds lazily on the first port a rank registers.
 * ``demo``: ``up`` with a private broker on ephemeral loopback ports and a temporary data
@@ -97,6 +98,44 @@ def _env_number(name: str, default: float, kind: Callable[[str], Any]) -> Any:
 
 
 # --------------------------------------------------------------------------- the web
+def set_nodelay(sock: Any) -> None:
+    """Turn Nagle's algorithm off on an accepted connection.
+
+    An SSE event is one small write. With Nagle on, a write made while the previous small
+    segment (say the 1/s ``ranks`` event) is still unacknowledged is held by the kernel until
+    the client's delayed ACK, up to ~40 ms: that was the whole e2e p99. The web writes whole
+    events (never byte by byte), so sending each write at once costs nothing. A socket that
+    is not TCP (a UNIX socket) or is already closed is left alone.
+    """
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (OSError, AttributeError):
+        pass
+
+
+_NODELAY_HANDLER: Any = None
+
+
+def nodelay_handler_class() -> Any:
+    """gevent pywsgi's ``WSGIHandler`` that sets ``TCP_NODELAY`` before serving a connection.
+
+    Built on first use (importing gevent.pywsgi stays out of this module's import, see the
+    module docstring) and cached, so every server of the process shares one class."""
+    global _NODELAY_HANDLER
+    if _NODELAY_HANDLER is None:
+        from gevent.pywsgi import WSGIHandler
+
+        class NoDelayHandler(WSGIHandler):  # type: ignore[misc]
+            """A pywsgi handler whose connection sends each write at once (no Nagle)."""
+
+            def handle(self) -> None:
+                set_nodelay(self.socket)
+                super().handle()
+
+        _NODELAY_HANDLER = NoDelayHandler
+    return _NODELAY_HANDLER
+
+
 class Web:
     """The hub, its feed pump, the app and (once bound) the gevent WSGI server."""
 
@@ -122,7 +161,7 @@ class Web:
         from gevent.pywsgi import LoggingLogAdapter, WSGIServer
 
         server = WSGIServer(
-            (self.host, port), self.app,
+            (self.host, port), self.app, handler_class=nodelay_handler_class(),
             log=LoggingLogAdapter(logging.getLogger("web.access"), logging.DEBUG),
             error_log=LoggingLogAdapter(logging.getLogger("web.server"), logging.ERROR),
         )
