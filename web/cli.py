@@ -132,6 +132,17 @@ def nodelay_handler_class() -> Any:
                 set_nodelay(self.socket)
                 super().handle()
 
+            def read_request(self, raw_requestline: str) -> Any:
+                # A header line over 64 KiB or over 100 headers raises http.client's
+                # LineTooLong/HTTPException, which pywsgi answers 400 but also prints a
+                # traceback for; as a ValueError it is a one-line client error.
+                import http.client
+
+                try:
+                    return super().read_request(raw_requestline)
+                except http.client.HTTPException as exc:
+                    raise ValueError(f"bad request headers: {type(exc).__name__}") from None
+
         _NODELAY_HANDLER = NoDelayHandler
     return _NODELAY_HANDLER
 
