@@ -95,16 +95,22 @@ def _msgpack_ints(obj: Any) -> Any:
     """A copy of ``obj`` whose ints outside MessagePack's range (-2**63 .. 2**64-1) are
     floats. Every wire integer fits, but aggregates of them may not (a cluster's summed
     bytes); without this one hostile sample makes a record, and the run's snapshot,
-    unencodable."""
-    if isinstance(obj, bool):
-        return obj
-    if isinstance(obj, int):
-        return obj if -(2**63) <= obj < 2**64 else float(obj)
-    if isinstance(obj, dict):
-        return {k: _msgpack_ints(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_msgpack_ints(v) for v in obj]
-    return obj
+    unencodable. Iterative: metadata may legitimately nest close to the recursion limit."""
+    root = [obj]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        parent, key = stack.pop()
+        value = parent[key]
+        if isinstance(value, dict):
+            value = parent[key] = dict(value)
+            stack.extend((value, k) for k in value)
+        elif isinstance(value, (list, tuple)):
+            value = parent[key] = list(value)
+            stack.extend((value, i) for i in range(len(value)))
+        elif isinstance(value, int) and not isinstance(value, bool) and not (
+                -(2**63) <= value < 2**64):
+            parent[key] = float(value)
+    return root[0]
 
 
 class BrokerServer:

@@ -499,6 +499,20 @@ def run_fuzz(ingest: str, publish: str, snapshot: str, msgs: list[Msg], epochs: 
             if verb == "END":
                 break
             snap = body
+        # every run the broker holds must still be servable (encodable) as a snapshot
+        dealer.send_multipart(feed.encode_snapshot_request())
+        served = 0
+        while True:
+            if not dealer.poll(60_000):
+                problems.append("no reply to a full snapshot request")
+                break
+            verb, body = feed.decode_snapshot_reply(dealer.recv_multipart())
+            if verb == "END":
+                if body["runs"] != served or served != hb.runs:
+                    problems.append(f"full snapshot: {served} runs served, END says "
+                                    f"{body['runs']}, heartbeat says {hb.runs}")
+                break
+            served += 1
         want = expected_check_losses(epochs)
         good = 0
         if snap is not None:
