@@ -256,6 +256,38 @@ def create_app(hub: Hub, config: Mapping[str, Any] | None = None) -> Flask:
     return app
 
 
+#: Replay chunks under this size are joined into one write; bigger ones are written as they
+#: are. See :func:`_replay`.
+COALESCE_BYTES = 4096
+
+
+def _replay(chunks: list[bytes]) -> Iterator[bytes]:
+    """The replay as writes: each big chunk (an epoch record, encoded once in the hub and
+    shared by every client) is yielded itself, never copied; runs of small chunks (``retry``,
+    the header, small records) are joined, so a client costs a few writes rather than one
+    per chunk. The per-client copy is bounded by about ``COALESCE_BYTES`` (joining the whole
+    replay was a copy of every record per client, most of the web's memory per client). The
+    list is emptied as it goes, so nothing of the replay stays referenced by the stream."""
+    small: list[bytes] = []
+    size = 0
+    chunks.reverse()
+    while chunks:
+        chunk = chunks.pop()
+        if len(chunk) >= COALESCE_BYTES:
+            if small:
+                yield small[0] if len(small) == 1 else b"".join(small)
+                small, size = [], 0
+            yield chunk
+            continue
+        small.append(chunk)
+        size += len(chunk)
+        if size >= COALESCE_BYTES:
+            yield b"".join(small)
+            small, size = [], 0
+    if small:
+        yield small[0] if len(small) == 1 else b"".join(small)
+
+
 def _stream(hub: Hub, sub: Subscriber, initial: list[bytes], last: int,
             ping_interval: float) -> Iterator[bytes]:
     """One client's SSE body: the replay, then live items with ids above ``last``, with a
@@ -264,7 +296,7 @@ def _stream(hub: Hub, sub: Subscriber, initial: list[bytes], last: int,
     if isinstance(current, gevent.Greenlet):  # pywsgi's handler: killed if the client is dropped
         sub.greenlet = current
     try:
-        yield b"".join(initial)
+        yield from _replay(initial)
         next_ping = time.monotonic() + ping_interval
         while True:
             now = time.monotonic()

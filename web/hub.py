@@ -52,6 +52,8 @@ ENDED = ("complete", "failed")
 
 #: Sentinel the hub puts into a client's queue to end its stream.
 _CLOSE = None
+#: The first chunk of every stream (shared, like every other chunk of a replay).
+_RETRY = sse.retry(RETRY_MS)
 
 
 class Subscriber:
@@ -98,7 +100,7 @@ class RunState:
     """What the web knows of one run, with the sequence number of each piece."""
 
     __slots__ = ("run", "seq", "header", "ranks", "ranks_full", "records", "complete", "svg",
-                 "subscribers", "_record_bytes")
+                 "subscribers", "_record_bytes", "_header_event")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -118,6 +120,9 @@ class RunState:
         self.subscribers: set[Subscriber] = set()
         #: seq -> the record's "epoch" event bytes, encoded once (replays reuse them)
         self._record_bytes: dict[int, bytes] = {}
+        #: (id, bytes) of the last replayed ``run`` header event: a burst of connecting
+        #: clients (all at the same position) shares one encoding; reset with the header
+        self._header_event: tuple[int, bytes] | None = None
 
     def public_header(self) -> dict[str, Any]:
         """The run header of PROTOCOL 4 with every key present, even before the broker's
@@ -136,7 +141,17 @@ class RunState:
             data = self._record_bytes[seq] = sse.json_event("epoch", seq, record)
         return data
 
+    def header_event(self, position: int) -> bytes:
+        """The replay's ``run`` event (the public header with id ``position``), encoded once
+        per header and position however many clients subscribe."""
+        cached = self._header_event
+        if cached is None or cached[0] != position:
+            cached = self._header_event = (position, sse.json_event("run", position,
+                                                                    self.public_header()))
+        return cached[1]
+
     def set_header(self, header: Any) -> None:
+        self._header_event = None
         header = dict(header) if isinstance(header, dict) else {}
         svg = header.pop("svg", None)  # tolerated, never published: the header shape is exact
         if isinstance(svg, str) and svg:
@@ -467,9 +482,11 @@ class Hub:
 
     # ------------------------------------------------------------ subscribers
     def _broadcast(self, state: RunState, seq: int, data: bytes) -> None:
-        """Push the same bytes to every subscriber of the run; drop any that is full."""
+        """Push the same item (the same bytes) to every subscriber of the run; drop any that
+        is full. Queues hold references only: nothing is copied per client."""
+        item = (seq, data)
         for sub in list(state.subscribers):
-            if not sub.offer((seq, data)):
+            if not sub.offer(item):
                 self.drop(sub, "queue full")
 
     def drop(self, sub: Subscriber, why: str) -> None:
@@ -502,7 +519,7 @@ class Hub:
             return None
         if position < 0 or position > state.seq:
             position = 0
-        chunks = [sse.retry(RETRY_MS), sse.json_event("run", position, state.public_header())]
+        chunks = [_RETRY, state.header_event(position)]
         last = position
         for seq, record in state.records:
             if seq > position:

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 
 from broker import feed
 from web import sse
-from web.app import history_csv
+from web.app import COALESCE_BYTES, _replay, history_csv
 from web.hub import Hub, Subscriber, parse_position
 from web.metrics import make_registry
 
@@ -231,6 +231,38 @@ def test_a_position_ahead_of_the_run_counts_as_zero() -> None:
     _, chunks, _ = hub.subscribe(RUN, 99)  # type: ignore[misc]
     assert [(e["id"], e["event"]) for e in parse(chunks[1:])] == [
         ("0", "run"), ("2", "epoch"), ("3", "epoch")]
+
+
+def test_replays_share_the_encoded_bytes_and_the_header_follows_changes() -> None:
+    hub = ready_hub(2)
+    _, a, _ = hub.subscribe(RUN, 0)  # type: ignore[misc]
+    _, b, _ = hub.subscribe(RUN, 0)  # type: ignore[misc]
+    assert len(a) == len(b) == 4 and all(x is y for x, y in zip(a, b))
+    _, c, _ = hub.subscribe(RUN, 3)  # type: ignore[misc]
+    assert [(e["id"], e["event"]) for e in parse(c[1:2])] == [("3", "run")]
+    hub.handle_pub(ev(4, "run", header("complete", label="changed")))
+    _, d, _ = hub.subscribe(RUN, 0)  # type: ignore[misc]
+    (run_event,) = parse(d[1:2])
+    assert run_event["id"] == "0" and json.loads(run_event["data"])["label"] == "changed"
+    assert json.loads(run_event["data"])["status"] == "complete"
+
+
+def test_replay_writes_big_chunks_uncopied_and_joins_small_ones() -> None:
+    big1, big2 = b"A" * COALESCE_BYTES, b"B" * (3 * COALESCE_BYTES)
+    small = [b"retry: 2000\n\n", b"x" * 100, b"y" * 200]
+    chunks = [small[0], small[1], big1, small[2], big2, b"z" * 10]
+    expected = b"".join(chunks)
+    writes = list(_replay(list(chunks)))
+    assert b"".join(writes) == expected
+    assert writes[1] is big1 and writes[3] is big2  # shared bytes, not per-client copies
+    assert len(writes) == 5  # the two leading small chunks went out as one write
+    many = [b"s" * 100] * 100  # 10 KB of small chunks: a few writes, each bounded
+    writes = list(_replay(list(many)))
+    assert b"".join(writes) == b"".join(many)
+    assert 2 <= len(writes) <= 4 and all(len(w) < 2 * COALESCE_BYTES for w in writes)
+    source = list(chunks)
+    list(_replay(source))
+    assert source == []  # the stream keeps nothing of the replay once written
 
 
 def test_unknown_run_cannot_be_subscribed() -> None:
