@@ -74,6 +74,13 @@ _RUN_BAD = re.compile(r"[^A-Za-z0-9._:\-]+")
 
 ScalarArg = Union[float, Tuple[float, int]]
 
+# hot-path bindings (log_epoch runs once per epoch in the training thread): one global
+# lookup each instead of an attribute chain
+_encode = encoder.encode
+_getpid = os.getpid
+_NOBLOCK = zmq.NOBLOCK
+_Again = zmq.Again
+
 # -- process-wide bookkeeping: live agents (for fork and exit hooks), parked zmq objects -------
 
 _AGENTS: weakref.WeakSet[RankAgent] = weakref.WeakSet()
@@ -220,6 +227,9 @@ class RankAgent:
         self._lock = threading.Lock()
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
+        #: ``self._sock.send`` while the socket is usable (None: not created yet, closed,
+        #: broken or forked): the send fast path is "``_push`` set and same pid"
+        self._push: Any = None
         self._pid = os.getpid()  # the process whose context self._ctx is
         self._closed = False
         self._broken: Exception | None = None  # set when the endpoint proved unusable
@@ -340,6 +350,7 @@ class RankAgent:
             _FORK_ORPHANS.append((self._ctx, self._sock))
         self._ctx = None
         self._sock = None
+        self._push = None
         self._pid = os.getpid()
         self._lock = threading.Lock()  # the parent's may have been held by a thread at fork
         self._sampler_thread = None  # threads do not survive fork
@@ -371,28 +382,21 @@ class RankAgent:
                 ctx.term()
                 raise
             self._ctx, self._sock = ctx, sock
+            self._push = sock.send
         return self._sock
 
-    def _send_bytes(self, data: bytes, kind: str) -> bool:
-        """Queue one encoded frame without blocking; count it as sent or dropped."""
+    def _send_bytes(self, data: bytes, frame_type: type) -> bool:
+        """Queue one encoded frame without blocking; count it as sent or dropped.
+
+        The fast path (the socket exists, in this process) is one lock, one pid check and one
+        non-blocking send; the first send, a closed or broken agent and a fork the at-fork
+        hook did not see go through :meth:`_send_other`, under the same lock."""
         with self._lock:
-            if self._closed or self._broken is not None:
-                self._dropped += 1
-                if self._broken is not None:
-                    self._errors += 1
-                return False
-            try:
-                sock = self._socket()
-            except Exception as exc:
-                self._broken = exc
-                self._dropped += 1
-                self._errors += 1
-                failure: Exception = exc
-                fatal = True
-            else:
+            push = self._push
+            if push is not None and self._pid == _getpid():
                 try:
-                    sock.send(data, zmq.NOBLOCK)
-                except zmq.Again:
+                    push(data, _NOBLOCK)
+                except _Again:
                     self._dropped += 1
                     return False
                 except Exception as exc:
@@ -402,23 +406,56 @@ class RankAgent:
                 else:
                     self._sent += 1
                     return True
+            else:
+                outcome = self._send_other(data)
+                if isinstance(outcome, bool):
+                    return outcome
+                failure, fatal = outcome
         # logging happens outside the lock: a slow log handler must not stall the other sender
         if fatal:
             log.error("rankboard: cannot use broker endpoint %r (%r); this agent will send nothing",
                       self.broker, failure)
         else:
-            self._warn("send", "rankboard: could not send a %s frame to %s: %r", kind, self.broker, failure)
+            self._warn("send", "rankboard: could not send a %s frame to %s: %r",
+                       frame_type.__name__, self.broker, failure)
         return False
+
+    def _send_other(self, data: bytes) -> bool | tuple[Exception, bool]:
+        """Every send but the fast path; call with the lock held. Counts the frame and returns
+        whether it was queued, or ``(failure, fatal)`` for the caller to log once unlocked."""
+        if self._closed or self._broken is not None:
+            self._dropped += 1
+            if self._broken is not None:
+                self._errors += 1
+            return False
+        try:
+            sock = self._socket()
+        except Exception as exc:
+            self._broken = exc
+            self._dropped += 1
+            self._errors += 1
+            return exc, True
+        try:
+            sock.send(data, zmq.NOBLOCK)
+        except zmq.Again:
+            self._dropped += 1
+            return False
+        except Exception as exc:
+            self._dropped += 1
+            self._errors += 1
+            return exc, False
+        self._sent += 1
+        return True
 
     def _send(self, frame: Any) -> bool:
         try:
-            data = encoder.encode(frame)
+            data = _encode(frame)
         except Exception as exc:
             return self._lose("encode", "rankboard: could not encode a %s frame: %r", type(frame).__name__, exc)
         if len(data) > MAX_FRAME_BYTES:
             return self._lose("oversize", "rankboard: %s frame of %d bytes is over the 4 MiB limit; not sent",
                               type(frame).__name__, len(data))
-        return self._send_bytes(data, type(frame).__name__)
+        return self._send_bytes(data, type(frame))
 
     def _lose(self, kind: str, msg: str, *args: Any) -> bool:
         """Count a frame that could not even be built, log it rate-limited; return False."""
@@ -513,33 +550,67 @@ class RankAgent:
         are clamped to 128 characters and at most 256 are sent. Numbers may be anything
         ``float()``/``int()`` accept (0-d tensors, numpy scalars). The sampler's latest
         resource sample, if sampling runs, rides along. Bad values drop the frame (counted,
-        logged), never raise."""
+        logged), never raise.
+
+        Written for speed (it runs in the training thread): a value that already has its
+        wire type (exactly ``float``, ``int`` or ``str``) is used as it is; anything else
+        goes through ``float()``/``int()``/``str()``, so what is accepted, sent or dropped
+        is what it always was."""
         try:
-            sc: Dict[str, Tuple[float, int]] = {}
-            if scalars:
-                for name, value in scalars.items():
-                    if len(sc) >= _MAX_SCALARS:
-                        self._warn("scalars", "rankboard: more than %d scalars; the rest are not sent", _MAX_SCALARS)
-                        break
-                    if isinstance(value, (tuple, list)):
-                        total, count = float(value[0]), int(value[1])
-                        if count < 0:
-                            raise ValueError(f"scalar {name!r} has a negative count")
-                    else:
-                        total, count = float(value), 1
-                    name = str(name)
-                    sc[name if len(name) <= _MAX_SCALAR_NAME else name[:_MAX_SCALAR_NAME]] = (total, count)
-            frame = Metrics(
-                run=self.run, rank=self.rank, epoch=int(epoch), avg_loss=float(avg_loss),
-                batches=int(batches), samples=int(samples), epoch_ms=float(epoch_ms),
-                share_complete_ms=None if share_complete_ms is None else float(share_complete_ms),
-                scalars=sc, resources=self._latest,
-            )
-            if frame.epoch < 0 or frame.batches < 0 or frame.samples < 0:
+            if type(epoch) is not int:
+                epoch = int(epoch)
+            if type(avg_loss) is not float:
+                avg_loss = float(avg_loss)
+            if type(batches) is not int:
+                batches = int(batches)
+            if type(samples) is not int:
+                samples = int(samples)
+            if type(epoch_ms) is not float:
+                epoch_ms = float(epoch_ms)
+            if share_complete_ms is not None and type(share_complete_ms) is not float:
+                share_complete_ms = float(share_complete_ms)
+            if epoch < 0 or batches < 0 or samples < 0:
                 raise ValueError("epoch, batches and samples must be >= 0")
+            frame = Metrics(
+                run=self.run, rank=self.rank, epoch=epoch, avg_loss=avg_loss,
+                batches=batches, samples=samples, epoch_ms=epoch_ms,
+                share_complete_ms=share_complete_ms,
+                scalars=self._scalars(scalars) if scalars else {}, resources=self._latest,
+            )
         except Exception as exc:
             return self._lose("metrics", "rankboard: bad log_epoch arguments; epoch not sent: %r", exc)
         return self._send(frame)
+
+    def _scalars(self, scalars: Mapping[Any, Any]) -> Dict[str, Tuple[float, int]]:
+        """``log_epoch``'s scalars as the wire wants them: ``{name: (sum, count)}``, names
+        clamped to 128 characters, at most 256 entries. Raises for a bad value (the caller
+        drops the frame)."""
+        sc: Dict[str, Tuple[float, int]] = {}
+        capped = type(scalars) is not dict or len(scalars) > _MAX_SCALARS  # else it cannot bite
+        for name, value in scalars.items():
+            if capped and len(sc) >= _MAX_SCALARS:
+                self._warn("scalars", "rankboard: more than %d scalars; the rest are not sent", _MAX_SCALARS)
+                break
+            kind = type(value)
+            if kind is float:
+                pair: Tuple[float, int] = (value, 1)
+            elif kind is tuple or isinstance(value, (tuple, list)):
+                total, count = value[0], value[1]
+                if type(total) is not float:
+                    total = float(total)
+                if type(count) is not int:
+                    count = int(count)
+                if count < 0:
+                    raise ValueError(f"scalar {name!r} has a negative count")
+                pair = (total, count)
+            else:
+                pair = (float(value), 1)
+            if type(name) is not str:
+                name = str(name)
+            if len(name) > _MAX_SCALAR_NAME:
+                name = name[:_MAX_SCALAR_NAME]
+            sc[name] = pair
+        return sc
 
     def finish(self, status: str = "ok") -> bool:
         """Tell the broker this rank is done: ``"ok"`` or ``"error"`` (anything else is sent
@@ -613,7 +684,7 @@ class RankAgent:
             if self._pid != os.getpid():
                 self._reset_after_fork()
             sock, ctx = self._sock, self._ctx
-            self._sock = self._ctx = None
+            self._sock = self._ctx = self._push = None
         # outside the lock: a thread still calling log_epoch gets an immediate drop, not a
         # wait of up to linger_ms
         try:

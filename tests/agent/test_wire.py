@@ -150,6 +150,37 @@ def test_numbers_from_numpy_like_objects_are_accepted(receiver, make_agent):
     assert (met.epoch, met.avg_loss, met.batches, met.scalars) == (2, 0.25, 4, {"acc": (0.5, 1)})
 
 
+def test_values_of_other_types_are_converted_as_float_and_int_would(receiver, make_agent):
+    """log_epoch's fast path (exact float/int/tuple/str used as they are) must not change what
+    other types become: subclasses, bools, ints for floats, lists, non-str names."""
+    from types import MappingProxyType
+
+    class F(float):  # numpy.float64 is a float subclass
+        pass
+
+    class I(int):  # noqa: E742 - numpy integer-like
+        pass
+
+    agent = make_agent(broker=receiver.endpoint)
+    assert agent.log_epoch(I(3), F(0.5), batches=True, samples=I(7), epoch_ms=2,
+                           share_complete_ms=I(5),
+                           scalars={"f": F(1.5), "i": 2, "b": True, "l": [I(4), F(2.0)],
+                                    "t": (3, I(2)), 7: 0.25, "n" * 130: (1.0, 1)})
+    assert agent.log_epoch(4, 1.0, scalars=MappingProxyType({f"s{i}": 1.0 for i in range(300)}))
+    assert agent.log_epoch(5, 1.0, scalars={"l": [1.0]}) is False  # a pair needs two items
+    assert agent.log_epoch(6, 1.0, scalars={"x": "1.5"})  # float("1.5"), as before
+    a, b, c = receiver.wait_count(3)
+    assert (a.epoch, a.avg_loss, a.batches, a.samples, a.epoch_ms, a.share_complete_ms) == (
+        3, 0.5, 1, 7, 2.0, 5.0)
+    assert a.scalars == {"f": (1.5, 1), "i": (2.0, 1), "b": (1.0, 1), "l": (4.0, 2),
+                         "t": (3.0, 2), "7": (0.25, 1), "n" * 128: (1.0, 1)}
+    for pair in a.scalars.values():
+        assert type(pair[0]) is float and type(pair[1]) is int
+    assert len(b.scalars) == 256 and list(b.scalars)[-1] == "s255"
+    assert c.scalars == {"x": (1.5, 1)}
+    assert agent.errors == 1 and agent.sent == 3
+
+
 def test_too_many_scalars_are_capped(receiver, make_agent):
     agent = make_agent(broker=receiver.endpoint)
     assert agent.log_epoch(0, 1.0, scalars={f"s{i}": float(i) for i in range(300)})
