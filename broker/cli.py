@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=_int_range(1), default=20, help="epochs (default 20)")
     p.add_argument("--epoch-seconds", type=_positive_float, default=2.0,
                    help="seconds per simulated epoch (default 2.0)")
+    p.add_argument("--no-browser", action="store_true",
+                   help="do not open the dashboard in a browser (it opens only where there "
+                        "is a display)")
     _common(p)
 
     p = sub.add_parser("keys", help="create CURVE key pairs in DIR")

@@ -115,6 +115,31 @@ def set_nodelay(sock: Any) -> None:
 
 _NODELAY_HANDLER: Any = None
 
+_TOKEN_IN_QUERY = re.compile(r"([?&]token=)[^&\s]*", re.IGNORECASE)
+
+
+def redact_token(line: str) -> str:
+    """``line`` with every ``token=`` query value replaced, for logs."""
+    return _TOKEN_IN_QUERY.sub(r"\1<redacted>", line)
+
+
+def open_browser(url: str) -> bool:
+    """Open ``url`` in the user's browser when there is a screen to show it on.
+
+    On a headless cluster node (no ``DISPLAY``/``WAYLAND_DISPLAY``) this does nothing: the
+    printed URL and ssh hint are the way in. ``$BROWSER`` is honoured (``webbrowser``)."""
+    graphical = (sys.platform in ("darwin", "win32") or bool(os.environ.get("DISPLAY"))
+                 or bool(os.environ.get("WAYLAND_DISPLAY")) or bool(os.environ.get("BROWSER")))
+    if not graphical:
+        return False
+    import webbrowser
+
+    try:
+        return bool(webbrowser.open(url, new=2))
+    except Exception as exc:  # a broken browser setup must not stop the demo
+        log.warning("could not open a browser: %s", exc)
+        return False
+
 
 def nodelay_handler_class() -> Any:
     """gevent pywsgi's ``WSGIHandler`` that sets ``TCP_NODELAY`` before serving a connection.
@@ -131,6 +156,10 @@ def nodelay_handler_class() -> Any:
             def handle(self) -> None:
                 set_nodelay(self.socket)
                 super().handle()
+
+            def format_request(self) -> str:
+                # The access log must not carry a ``?token=`` credential.
+                return redact_token(super().format_request())
 
             def read_request(self, raw_requestline: str) -> Any:
                 # A header line over 64 KiB or over 100 headers raises http.client's
@@ -471,6 +500,8 @@ def _up(args: argparse.Namespace, prog: str, *, demo: bool) -> int:
                 epochs=args.epochs, epoch_seconds=args.epoch_seconds, port=web.port,
             )
             cluster.start()
+            if not args.no_browser:
+                open_browser(f"http://localhost:{web.port}/")
         while not stopper.wait(0.5):
             if broker.exited() is not None:
                 if stopper.wait(0.5):  # Ctrl-C reached the broker first
