@@ -7,12 +7,24 @@ with a real receiver draining the PULL end in another process so the send queue 
 rather than back to back: training calls it once per epoch, and pacing keeps the figure from
 measuring ZeroMQ's queue under a burst. p99 over all calls.
 
+Placement, as a training job has it: the calling thread ("the training thread") runs on a
+CPU of its own and the agent's background threads (ZeroMQ's I/O thread, the sampler) and
+the receiver ("the broker") on the others, so the figure is what the agent costs the
+training thread rather than how often this benchmark's own helpers preempt it. The I/O and
+sampler threads are created while the process is on the background CPUs (threads inherit
+the creator's affinity), then only the calling thread moves. Nothing is pinned when fewer
+than 2 CPUs are usable (``pinned`` in the details says which). Other processes on the
+machine can still preempt the calling thread: that stays in the figure. The garbage
+collector stays on; ``gc_collections`` counts the collections during the timed calls.
+
 sampler_sample_us: the median wall time of one ``Sampler.sample()`` (psutil CPU times and
 virtual memory, plus NVML when a GPU and driver are present; the figure says which).
 """
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
+import os
 import statistics
 import time
 from typing import Any
@@ -24,7 +36,26 @@ from rank_agent import RankAgent
 from rank_agent.sampler import Sampler
 
 
-def _drain(endpoint_q: Any, stop: Any) -> None:
+def _placement() -> tuple[set[int] | None, set[int] | None]:
+    """(background CPUs, the calling thread's CPU), or (None, None) where pinning is not
+    possible (fewer than 2 usable CPUs, or no sched_setaffinity)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None, None
+    if len(cpus) < 2:
+        return None, None
+    return set(cpus[:-1]), {cpus[-1]}
+
+
+def _pin(cpus: set[int] | None) -> None:
+    """Move the calling thread (only it: pid 0) to ``cpus``; None leaves it where it is."""
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+
+
+def _drain(endpoint_q: Any, stop: Any, cpus: set[int] | None = None) -> None:
+    _pin(cpus)  # before the context: its I/O thread inherits this
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PULL)
     sock.linger = 0
@@ -44,13 +75,16 @@ def _drain(endpoint_q: Any, stop: Any) -> None:
 
 
 def agent_send(quick: bool) -> dict[str, Any]:
+    background, caller = _placement()
+    original = os.sched_getaffinity(0) if caller is not None else None
     mpc = mp.get_context("spawn")
     q = mpc.Queue()
     stop = mpc.Event()
-    proc = mpc.Process(target=_drain, args=(q, stop), daemon=True)
+    proc = mpc.Process(target=_drain, args=(q, stop, background), daemon=True)
     proc.start()
     try:
         endpoint = q.get(timeout=30)
+        _pin(background)  # the agent's I/O thread (first send) and sampler thread start here
         agent = RankAgent(endpoint, run="bench-agent", rank=3, world_size=8, local_rank=3, host="node-a")
         try:
             agent.register(total_epochs=100)
@@ -58,12 +92,14 @@ def agent_send(quick: bool) -> dict[str, Any]:
             deadline = time.monotonic() + 10
             while agent.latest_sample is None and time.monotonic() < deadline:
                 time.sleep(0.01)
-            scalars = {"acc": 0.91, "grad_norm": (3.0, 2), "lr": 1e-3, "tokens_per_s": 12345.0}
+            _pin(caller)  # then only the calling thread moves to its own CPU
+            scalars: dict[str, Any] = {"acc": 0.91, "grad_norm": (3.0, 2), "lr": 1e-3, "tokens_per_s": 12345.0}
             n = 5000 if quick else 50000
             for i in range(200):  # warm-up: the socket is created on the first send
                 agent.log_epoch(i, 0.5, batches=100, samples=6400, epoch_ms=1000.0, scalars=scalars)
             times: list[float] = []
             clock = time.perf_counter
+            collections = sum(st["collections"] for st in gc.get_stats())
             next_at = clock()
             for i in range(n):
                 while clock() < next_at:
@@ -72,16 +108,18 @@ def agent_send(quick: bool) -> dict[str, Any]:
                 agent.log_epoch(i, 0.5, batches=100, samples=6400, epoch_ms=1000.0, scalars=scalars)
                 times.append(clock() - t0)
                 next_at = t0 + 200e-6
+            collections = sum(st["collections"] for st in gc.get_stats()) - collections
             dropped = agent.dropped
         finally:
             agent.close()
     finally:
+        _pin(original)
         stop.set()
         proc.join(10)
     us = [t * 1e6 for t in times]
     return result("agent_send_p99_us", round(percentile(us, 99), 2), "us",
                   p50_us=round(percentile(us, 50), 2), max_us=round(max(us), 1), calls=n,
-                  dropped=dropped)
+                  dropped=dropped, pinned=caller is not None, gc_collections=collections)
 
 
 def sampler_sample(quick: bool) -> dict[str, Any]:
