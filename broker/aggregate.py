@@ -16,9 +16,22 @@ event data is read-only.
 from __future__ import annotations
 
 import math
+from functools import partial
+from itertools import starmap
+from operator import attrgetter, is_not, itemgetter, mul
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
+import msgspec
+
 from rank_agent.protocol import GpuSample, Metrics, ResourceSample
+
+_asdict = msgspec.structs.asdict
+_first = itemgetter(0)
+_second = itemgetter(1)
+_not_none = partial(is_not, None)
+_gpu_util = attrgetter("gpu_util_percent")
+_vram_alloc = attrgetter("vram_allocated_bytes")
+_vram_total = attrgetter("vram_total_bytes")
 
 #: How many of the most recent epoch durations the ETA averages.
 ETA_WINDOW = 5
@@ -80,22 +93,19 @@ def gpu_label(rank: int, placement: Placement | None) -> str:
     return f"{placement[0]}:lr={placement[1]} gr={rank} "
 
 
-def rank_gpu(rank: int, placement: Placement | None, gpu: GpuSample) -> Dict[str, Any]:
+def rank_gpu(rank: int, placement: Placement | None, gpu: GpuSample,
+             label: str | None = None) -> Dict[str, Any]:
     """A rank's first GPU relabelled for the cluster view.
 
     ``device_index`` becomes the global rank: a rank-local sampler reports index 0 on
     every rank when ``CUDA_VISIBLE_DEVICES`` is scoped, which would collapse all ranks
-    into one chart series.
+    into one chart series. ``label`` is :func:`gpu_label` of the rank if the caller has
+    it cached.
     """
-    return {
-        "device_index": rank,
-        "name": gpu_label(rank, placement) + gpu.name,
-        "util_percent": gpu.util_percent,
-        "vram_allocated_bytes": gpu.vram_allocated_bytes,
-        "vram_total_bytes": gpu.vram_total_bytes,
-        "temperature_c": gpu.temperature_c,
-        "power_w": gpu.power_w,
-    }
+    entry = _asdict(gpu)  # every field in schema order (GPU_KEYS), copied in C
+    entry["device_index"] = rank
+    entry["name"] = (gpu_label(rank, placement) if label is None else label) + gpu.name
+    return entry
 
 
 def exact_sum(values: Sequence[float]) -> float:
@@ -143,30 +153,34 @@ class EpochReports:
 
     def put(self, rank: int, frame: Metrics) -> bool:
         """Store ``rank``'s report; True if it is the rank's first for this epoch."""
-        old = self.frames.get(rank)
+        frames = self.frames
+        old = frames.get(rank)
         if old is not None:
             self._forget_scalars(rank, old)
-        self.frames[rank] = frame
+        frames[rank] = frame
         b = frame.batches
+        ms = frame.epoch_ms
         self._lossb[rank] = frame.avg_loss * b
         self._batches[rank] = b
-        self._epoch_ms[rank] = frame.epoch_ms
+        self._epoch_ms[rank] = ms
         # Throughput uses share_complete_ms when sent (the time the rank's share of the
         # data took), else epoch_ms; 0 when that time is 0. chunk_ratio is set at close.
-        d = frame.epoch_ms if frame.share_complete_ms is None else frame.share_complete_ms
+        share = frame.share_complete_ms
+        d = ms if share is None else share
         self._gpu[rank] = {
             "device_index": rank,
             "throughput": frame.samples / d if d else 0.0,
             "chunk_ratio": 0.0,
             "shard_size": 0,
         }
-        scalars = self.scalars
-        for name, (total, count) in frame.scalars.items():
-            if count:  # a count of 0: the rank did not report this scalar
-                values = scalars.get(name)
-                if values is None:
-                    values = scalars[name] = {}
-                values[rank] = (total / count, b)
+        if frame.scalars:
+            scalars = self.scalars
+            for name, (total, count) in frame.scalars.items():
+                if count:  # a count of 0: the rank did not report this scalar
+                    try:
+                        scalars[name][rank] = (total / count, b)
+                    except KeyError:
+                        scalars[name] = {rank: (total / count, b)}
         return old is None
 
     def pop(self, rank: int) -> Metrics | None:
@@ -207,16 +221,19 @@ class EpochReports:
         out: Dict[str, float] = {}
         for name in sorted(self.scalars):
             pairs = self.scalars[name].values()
-            bsum = sum([b for _, b in pairs])
+            # (C-level passes: starmap/map over the pairs instead of comprehensions.)
+            bsum = sum(map(_second, pairs))
             if bsum:
-                out[name] = exact_sum([v * b for v, b in pairs]) / bsum
+                out[name] = exact_sum(list(starmap(mul, pairs))) / bsum
             else:
-                out[name] = exact_sum([v for v, _ in pairs]) / len(pairs)
+                out[name] = exact_sum(list(map(_first, pairs))) / len(pairs)
         return out
 
     def epoch_ms(self) -> float:
         """The slowest rank's epoch time; a NaN from one rank does not hide the others."""
-        times = [t for t in self._epoch_ms.values() if t == t]
+        times = list(self._epoch_ms.values())
+        if any(map(math.isnan, times)):
+            times = [t for t in times if t == t]
         if times:
             return max(times)
         return math.nan if self._epoch_ms else 0.0
@@ -228,7 +245,7 @@ class EpochReports:
         gpu = self._gpu
         batches = self._batches
         bsum = sum(batches.values())
-        out = [gpu[rank] for rank in ranks]
+        out = list(map(gpu.__getitem__, ranks))
         if bsum:
             for entry, rank in zip(out, ranks):
                 entry["chunk_ratio"] = batches[rank] / bsum
@@ -323,9 +340,11 @@ def cluster_resources(
             cpus.append(cpu)
 
     every = samples.values()
-    utils = [u for s in every if (u := s.gpu_util_percent) is not None]
-    vram_alloc = sum([v for s in every if (v := s.vram_allocated_bytes) is not None])
-    vram_total = sum([v for s in every if (v := s.vram_total_bytes) is not None])
+    # C-level passes (map/filter) over thousands of samples; None is skipped, and so is 0
+    # in the sums, where it adds nothing.
+    utils = list(filter(_not_none, map(_gpu_util, every)))
+    vram_alloc = sum(filter(None, map(_vram_alloc, every)))
+    vram_total = sum(filter(None, map(_vram_total, every)))
     return {
         "cpu_percent": exact_sum(cpus) / len(cpus) if cpus else None,
         "ram_used_bytes": ram_used or None,
@@ -333,7 +352,7 @@ def cluster_resources(
         "gpu_util_percent": exact_sum(utils) / len(utils) if utils else None,
         "vram_allocated_bytes": vram_alloc or None,
         "vram_total_bytes": vram_total or None,
-        "gpus": [gpus[rank] for rank in sorted(gpus)],
+        "gpus": list(map(gpus.__getitem__, sorted(gpus))),
     }
 
 

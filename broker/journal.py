@@ -97,7 +97,7 @@ class _RunFile:
 
     __slots__ = (
         "run", "path", "fd", "buf", "size", "pending", "started", "seq_hi",
-        "noted_records", "noted_complete", "track_records", "write_failed",
+        "noted_records", "noted_complete", "noted_seq", "track_records", "write_failed",
     )
 
     def __init__(self, run: str, path: str) -> None:
@@ -112,10 +112,17 @@ class _RunFile:
         self.seq_hi = 0
         self.noted_records = 0
         self.noted_complete = 0
+        # sink.seq at the last full note_seq (-1: none yet). Records and completions are
+        # numbered, so while sink.seq stays the same there is nothing new to note.
+        self.noted_seq = -1
         # False when the file holds a history the live sink does not (a run created afresh
         # over an existing file): its record indices would not match, so do not note them.
         self.track_records = True
         self.write_failed = False
+
+
+def _time_of(item: tuple[float, bytes]) -> float:
+    return item[0]
 
 
 def _entry(body_head: bytes, payload: bytes = b"") -> bytes:
@@ -248,6 +255,23 @@ class Journal:
         st = self._files.get(run)
         if st is None:
             st = self._new_state(run)
+        self._record(st, raw, frame, now)
+
+    def accept(self, sink: RunSink, raw: bytes, frame: Frame, now: float) -> None:
+        """:meth:`record` then :meth:`note_seq`, for the frame the sink just applied: the
+        broker's per-frame call. In the common case (a ``resources`` frame to hold, or a
+        frame that issued no id) it is a few attribute checks and one dict store."""
+        st = self._files.get(sink.run)
+        if st is None:
+            st = self._new_state(sink.run)
+        if raw and st.started and type(frame) is Resources:
+            st.pending[frame.rank] = (now, raw)
+        else:
+            self._record(st, raw, frame, now)
+        if sink.seq != st.noted_seq:
+            self._note_seq(st, sink)
+
+    def _record(self, st: _RunFile, raw: bytes, frame: Frame, now: float) -> None:
         if not raw:  # applied without its wire bytes (tests, internal callers)
             raw = protocol.encoder.encode(frame)
         if type(frame) is Resources:
@@ -255,7 +279,7 @@ class Journal:
                 st.pending[frame.rank] = (now, raw)
                 return
         elif st.pending:
-            if type(frame) is Metrics and frame.resources is not None:
+            if type(frame) is Metrics and frame.resources is not None:  # type: ignore[union-attr]
                 # The frame's own sample replaces the rank's held one as it is applied.
                 st.pending.pop(frame.rank, None)
             self._write_pending(st)
@@ -265,15 +289,20 @@ class Journal:
         buf += _ENTRY_HEAD.pack(len(head) + len(raw), zlib.crc32(raw, zlib.crc32(head)))
         buf += head
         buf += raw
-        self._dirty[run] = st
+        self._dirty[st.run] = st
 
     def note_seq(self, sink: RunSink) -> None:
         """Journal the run's sequence bookkeeping after its events were published: the ids
         of newly closed records and of a completion, and a new reservation when ``sink.seq``
-        is within half a block of the last one."""
+        is within half a block of the last one. Nothing to do (one comparison) while
+        ``sink.seq`` is what it was at the last call."""
         st = self._files.get(sink.run)
         if st is None:
             st = self._new_state(sink.run)
+        if sink.seq != st.noted_seq:
+            self._note_seq(st, sink)
+
+    def _note_seq(self, st: _RunFile, sink: RunSink) -> None:
         if st.track_records:
             seqs = sink.record_seqs
             n = len(seqs)
@@ -291,6 +320,7 @@ class Journal:
                 self._dirty[st.run] = st
         if sink.seq > st.seq_hi - self.seq_block // 2:
             self._reserve(st, sink.seq)
+        st.noted_seq = sink.seq
 
     def flush(self) -> None:
         """Write every buffered entry (one ``os.pwrite`` per dirty run); fsync at most once
@@ -372,8 +402,9 @@ class Journal:
         """Buffer the held ``resources`` frames of a run, oldest first."""
         if not st.pending:
             return
-        held = sorted(st.pending.values(), key=lambda item: item[0])
-        st.pending.clear()
+        pending = st.pending
+        held = list(pending.values()) if len(pending) == 1 else sorted(pending.values(), key=_time_of)
+        pending.clear()
         for t, raw in held:
             head = _FRAME_HEAD.pack(KIND_FRAME, t)
             st.buf += _ENTRY_HEAD.pack(len(head) + len(raw), zlib.crc32(raw, zlib.crc32(head)))

@@ -21,13 +21,18 @@ from broker.sink import Event, Rejected, RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Frame
 
-__all__ = ["Runs", "OnAccept"]
+__all__ = ["Runs", "OnAccept", "Recorder"]
 
 log = logging.getLogger(__name__)
 
 #: Called with (run, raw, frame, now) for every accepted frame, after the sink applied it
 #: (the server journals it and notes registered ports).
 OnAccept = Callable[[str, bytes, Frame, float], None]
+
+#: Called with (sink, raw, frame, now) for every accepted frame, after the sink applied it
+#: and before ``on_accept``: the journal's ``accept`` (it needs the sink, which this hands
+#: over without a second lookup).
+Recorder = Callable[[RunSink, bytes, Frame, float], None]
 
 #: How many evicted runs' last sequence numbers are remembered (see ``_evicted``).
 _EVICTED_MEMORY = 100_000
@@ -40,11 +45,11 @@ class Runs:
     *finished* run is evicted from memory (it stays in the journal); if none has finished,
     the frame is rejected as ``too_many_runs``.
 
-    Hooks (the server wires them to the journal): ``on_accept(run, raw, frame, now)`` after
-    every accepted frame; ``loader(run)`` when a frame names a run not in memory, to bring
-    back one evicted earlier (None: a new run); ``on_evict(run)`` when a run leaves memory
-    (also when a run brought back by ``loader`` is dropped again because its frame was
-    rejected).
+    Hooks (the server wires them to the journal): ``recorder(sink, raw, frame, now)``, then
+    ``on_accept(run, raw, frame, now)``, after every accepted frame; ``loader(run)`` when a
+    frame names a run not in memory, to bring back one evicted earlier (None: a new run);
+    ``on_evict(run)`` when a run leaves memory (also when a run brought back by ``loader``
+    is dropped again because its frame was rejected).
     """
 
     def __init__(
@@ -55,6 +60,7 @@ class Runs:
         ranks_interval: float = 1.0,
         sinks: dict[str, RunSink] | None = None,
         on_accept: OnAccept | None = None,
+        recorder: Recorder | None = None,
         loader: Callable[[str], RunSink | None] | None = None,
         on_evict: Callable[[str], None] | None = None,
         rate_log: RateLimitedLog | None = None,
@@ -65,6 +71,7 @@ class Runs:
         self.max_runs = max_runs
         self.ranks_interval = ranks_interval
         self.on_accept = on_accept
+        self.recorder = recorder
         self.loader = loader
         self.on_evict = on_evict
         self.accepted = 0
@@ -72,6 +79,7 @@ class Runs:
         self._rlog = rate_log if rate_log is not None else RateLimitedLog(log)
         # Ordered by last accepted frame, least recent first: eviction scans from the front.
         self._sinks: OrderedDict[str, RunSink] = OrderedDict(sinks or {})
+        self._mru: str | None = None  # the run last moved to the end of ``_sinks``
         # late_metrics of runs no longer in memory, so the total never goes backwards.
         self._late_evicted = 0
         # run -> last seq issued before eviction: a run that comes back must keep its ids
@@ -110,6 +118,7 @@ class Runs:
         """Adopt sinks rebuilt from the journal (they count towards ``max_runs``)."""
         for run, sink in sinks.items():
             self._sinks[run] = sink
+        self._mru = None
 
     # -- the handler -------------------------------------------------------------------
 
@@ -131,50 +140,107 @@ class Runs:
             return self._reject("decode", "nested too deep to decode")
         except protocol.LimitExceeded as exc:
             return self._reject("limit", "%s", exc)
-        return self.apply(frame, now, raw)
+        # What follows is apply() inlined for a run already held: the broker's per-frame
+        # path, where a function call is a measurable share of the cost.
+        run = frame.run
+        sink = self._sinks.get(run)
+        if sink is None:
+            return self._apply_new(frame, now, raw)
+        try:
+            events = sink.apply(frame, now)
+        except Rejected as exc:
+            return self._reject(exc.reason, "run %r rank %d: %s", run, frame.rank, exc)
+        except Exception:
+            return self._internal(run, frame)
+        if run != self._mru:  # most frames are of the run that sent the previous one
+            self._sinks.move_to_end(run)
+            self._mru = run
+        self.accepted += 1
+        recorder = self.recorder
+        if recorder is not None:
+            try:
+                recorder(sink, raw, frame, now)
+            except Exception:
+                self._rlog.error("recorder", "recording an accepted frame of run %r failed",
+                                 run, exc_info=True)
+        if self.on_accept is not None:
+            try:
+                self.on_accept(run, raw, frame, now)
+            except Exception:
+                self._rlog.error("on_accept", "an accepted frame's hook for run %r failed",
+                                 run, exc_info=True)
+        if events:
+            return [(run, ev) for ev in events]
+        return []
 
     def apply(self, frame: Frame, now: float, raw: bytes = b"") -> list[tuple[str, Event]]:
         """Apply an already decoded frame (``raw`` is handed to ``on_accept``)."""
         run = frame.run
         sink = self._sinks.get(run)
-        created = sink is None
-        victim: str | None = None
         if sink is None:
-            if len(self._sinks) >= self.max_runs:
-                victim = self._eviction_candidate()
-                if victim is None:
-                    return self._reject(
-                        "too_many_runs", "run %r: %d runs held, none finished", run, len(self._sinks)
-                    )
-            sink = self._load_or_new(run)
+            return self._apply_new(frame, now, raw)
         try:
             events = sink.apply(frame, now)
         except Rejected as exc:
-            if created:
-                self._forget_new(run)
             return self._reject(exc.reason, "run %r rank %d: %s", run, frame.rank, exc)
         except Exception:
-            # A bug in the sink, not bad input: keep the loop alive, but say where.
-            if created:
-                self._forget_new(run)
-            self.rejected["internal"] += 1
-            self._rlog.error("internal", "sink of run %r failed on a %s frame",
-                             run, type(frame).__name__, exc_info=True)
-            return []
-        if created:
-            if victim is not None:
-                self._evict(victim)
-            self._sinks[run] = sink
-        else:
+            return self._internal(run, frame)
+        if run != self._mru:  # most frames are of the run that sent the previous one
             self._sinks.move_to_end(run)
+            self._mru = run
+        return self._accepted(sink, raw, frame, now, events)
+
+    def _apply_new(self, frame: Frame, now: float, raw: bytes) -> list[tuple[str, Event]]:
+        """A frame naming a run not in memory: bring it back or make it, within the cap."""
+        run = frame.run
+        victim: str | None = None
+        if len(self._sinks) >= self.max_runs:
+            victim = self._eviction_candidate()
+            if victim is None:
+                return self._reject(
+                    "too_many_runs", "run %r: %d runs held, none finished", run, len(self._sinks)
+                )
+        sink = self._load_or_new(run)
+        try:
+            events = sink.apply(frame, now)
+        except Rejected as exc:
+            self._forget_new(run)
+            return self._reject(exc.reason, "run %r rank %d: %s", run, frame.rank, exc)
+        except Exception:
+            self._forget_new(run)
+            return self._internal(run, frame)
+        if victim is not None:
+            self._evict(victim)
+        self._sinks[run] = sink
+        self._mru = run
+        return self._accepted(sink, raw, frame, now, events)
+
+    def _accepted(self, sink: RunSink, raw: bytes, frame: Frame, now: float,
+                  events: list[Event]) -> list[tuple[str, Event]]:
+        run = sink.run
         self.accepted += 1
+        if self.recorder is not None:
+            try:
+                self.recorder(sink, raw, frame, now)
+            except Exception:
+                self._rlog.error("recorder", "recording an accepted frame of run %r failed",
+                                 run, exc_info=True)
         if self.on_accept is not None:
             try:
                 self.on_accept(run, raw, frame, now)
             except Exception:
-                self._rlog.error("on_accept", "recording an accepted frame of run %r failed",
+                self._rlog.error("on_accept", "an accepted frame's hook for run %r failed",
                                  run, exc_info=True)
-        return [(run, ev) for ev in events]
+        if events:
+            return [(run, ev) for ev in events]
+        return []
+
+    def _internal(self, run: str, frame: Frame) -> list[tuple[str, Event]]:
+        """A bug in the sink, not bad input: keep the loop alive, but say where."""
+        self.rejected["internal"] += 1
+        self._rlog.error("internal", "sink of run %r failed on a %s frame",
+                         run, type(frame).__name__, exc_info=True)
+        return []
 
     def tick(self, now: float) -> list[tuple[str, Event]]:
         """Liveness timers of every run (stale ranks, alerts, throttled ``ranks`` events)."""

@@ -216,9 +216,13 @@ class RunSink:
         self.topology = Topology()
         self._ranks: Dict[int, _Rank] = {}
         self._samples: Dict[int, ResourceSample] = {}  # rank -> latest sample
-        # rank -> its first GPU relabelled for the record, kept as samples and registers
-        # arrive so that a close copies dicts instead of formatting thousands of names.
+        # rank -> its first GPU relabelled for the record. Built lazily: a sample or a
+        # register only marks the rank in ``_gpus_dirty`` (a resources frame stays O(1) with
+        # no allocation), and a close rebuilds just the marked ranks, once however many
+        # samples arrived since (the sampler usually sends several per epoch).
         self._gpus: Dict[int, Dict[str, Any]] = {}
+        self._gpus_dirty: set[int] = set()
+        self._gpu_labels: Dict[int, str] = {}  # rank -> its GPU name prefix (by placement)
         self._n_finished = 0  # tracked ranks that have finished (ok or error)
         self._n_error = 0  # ... of which with status "error"
         # Pending epochs: epoch -> its reports (rank -> last metrics frame), and how many of
@@ -250,38 +254,74 @@ class RunSink:
         """Apply one decoded frame received at ``now``; returns the events it caused.
 
         Raises :class:`Rejected` with nothing changed when the frame breaks a sink rule.
+
+        ``resources`` and ``metrics`` frames are nearly all the traffic, so they take a
+        path of their own: a bounds check, the rank touched in place, the sample stored as
+        the decoded Struct (dicts are built lazily, when ``ranks()`` or a close needs them)
+        and no event list unless something is emitted.
         """
-        parsed = self._check(frame)
-        self._events = []
-        self._header_changed = False
+        tp = type(frame)
+        rank = frame.rank
+        if tp is Resources or tp is Metrics:
+            ws = self.world_size
+            if ws is not None and rank >= ws:
+                raise Rejected("rank_out_of_range", f"rank {rank} >= world_size {ws}")
+            parsed = None
+        else:
+            parsed = self._check(frame)
         if self.started_at is None:
             self.started_at = now
             self._header_changed = True
         self.updated_at = now
-        st = self._touch(frame.rank, now)
-        if isinstance(frame, Metrics):
-            self._on_metrics(frame, st)
-        elif isinstance(frame, Resources):
-            self._set_sample(st, frame.sample)
-        elif isinstance(frame, Register):
-            self._on_register(frame, st, now)
-        elif isinstance(frame, Finish):
-            self._on_finish(frame, st, now)
-        elif isinstance(frame, Hardware):
-            self._on_hardware(frame, st)
-        elif isinstance(frame, Svg):
-            self._on_svg(frame)
-        elif isinstance(frame, Metadata) and frame.json != self._metadata_raw:
-            if parsed != self.metadata or type(parsed) is not type(self.metadata):
-                self._header_changed = True  # (re-formatted but equal JSON changes nothing)
-            self.metadata = parsed
-            self._metadata_raw = frame.json
-        return self._finish_apply(now)
+        # Any accepted frame marks its rank seen; a stale rank is ok again, a finished one stays.
+        st = self._ranks.get(rank)
+        if st is None:
+            st = self._ranks[rank] = _Rank(rank, now)
+        else:
+            st.last_seen = now
+            if st.status == "stale":
+                st.status = "ok"
+        self._ranks_dirty = True
+        if tp is Resources:
+            self._samples[rank] = frame.sample  # type: ignore[union-attr]
+            st.sample_json = None
+            self._gpus_dirty.add(rank)
+            # A sample changes nothing in the header and cannot complete the run.
+            return self._take_events() if self._header_changed else []
+        try:
+            if tp is Metrics:
+                self._on_metrics(frame, st)  # type: ignore[arg-type]
+            elif tp is Register:
+                self._on_register(frame, st, now)  # type: ignore[arg-type]
+            elif tp is Finish:
+                self._on_finish(frame, st, now)  # type: ignore[arg-type]
+            elif tp is Hardware:
+                self._on_hardware(frame, st)  # type: ignore[arg-type]
+            elif tp is Svg:
+                self._on_svg(frame)  # type: ignore[arg-type]
+            elif tp is Metadata and frame.json != self._metadata_raw:  # type: ignore[union-attr]
+                if parsed != self.metadata or type(parsed) is not type(self.metadata):
+                    self._header_changed = True  # (re-formatted but equal JSON changes nothing)
+                self.metadata = parsed
+                self._metadata_raw = frame.json  # type: ignore[union-attr]
+            ws = self.world_size
+            if ws is not None and self._n_finished == ws and self.status not in ENDED:
+                self._complete()
+            elif self._header_changed:
+                self._emit_header()
+        except BaseException:
+            # A bug, not bad input (Runs counts it): drop this frame's half-made events.
+            self._events = []
+            self._header_changed = False
+            raise
+        events = self._events
+        if not events:
+            return []
+        self._events = []
+        return events
 
     def tick(self, now: float) -> List[Event]:
         """Liveness at ``now``: stale transitions and their alerts; the rate-limited ``ranks``."""
-        self._events = []
-        self._header_changed = False
         limit = now - self.stale_after
         for st in self._ranks.values():
             if st.status == "ok" and st.last_seen <= limit:
@@ -289,15 +329,14 @@ class RunSink:
                 self._ranks_dirty = True
                 self._raise("stale", st.rank, f"rank {st.rank} silent for {self.stale_after:g}s", now)
         if self._header_changed:
-            self._emit("run", self.header())
+            self._emit_header()
         if self._ranks_dirty and (
             self._ranks_sent_at is None or now - self._ranks_sent_at >= self.ranks_interval
         ):
             self._ranks_dirty = False
             self._ranks_sent_at = now
             self._emit("ranks", self.ranks())
-        events, self._events = self._events, []
-        return events
+        return self._take_events()
 
     def header(self) -> Dict[str, Any]:
         """The run header of PROTOCOL 4 as a JSON-ready dict.
@@ -387,31 +426,28 @@ class RunSink:
 
     # ------------------------------------------------------------------ frame rules
 
-    def _touch(self, rank: int, now: float) -> _Rank:
-        """Mark ``rank`` seen (creating it); a stale rank is ok again, a finished one stays."""
-        st = self._ranks.get(rank)
-        if st is None:
-            st = self._ranks[rank] = _Rank(rank, now)
-        else:
-            st.last_seen = now
-            if st.status == "stale":
-                st.status = "ok"
-        self._ranks_dirty = True
-        return st
-
-    def _set_sample(self, st: _Rank, sample: ResourceSample) -> None:
-        rank = st.rank
-        self._samples[rank] = sample
-        st.sample_json = None
-        self._relabel_gpu(rank)
-
-    def _relabel_gpu(self, rank: int) -> None:
-        sample = self._samples.get(rank)
-        if sample is not None and sample.gpus:
-            place = self.topology.place.get(rank)
-            self._gpus[rank] = aggregate.rank_gpu(rank, place, sample.gpus[0])
-        else:
-            self._gpus.pop(rank, None)
+    def _refresh_gpus(self) -> None:
+        """Rebuild the relabelled GPU entry of every rank marked since the last close."""
+        dirty = self._gpus_dirty
+        if not dirty:
+            return
+        samples = self._samples
+        gpus = self._gpus
+        labels = self._gpu_labels
+        place = self.topology.place
+        gpu_label = aggregate.gpu_label
+        rank_gpu = aggregate.rank_gpu
+        for rank in dirty:
+            sample = samples.get(rank)
+            if sample is not None and sample.gpus:
+                # The rank's name prefix is cached: it changes only with its placement.
+                label = labels.get(rank)
+                if label is None:
+                    label = labels[rank] = gpu_label(rank, place.get(rank))
+                gpus[rank] = rank_gpu(rank, None, sample.gpus[0], label)
+            else:
+                gpus.pop(rank, None)
+        dirty.clear()
 
     def _sample_json(self, st: _Rank) -> Dict[str, Any] | None:
         if st.sample_json is None:
@@ -430,7 +466,8 @@ class RunSink:
         if touched:
             self._header_changed = True
             self._topology_changed(touched)
-            self._relabel_gpu(frame.rank)
+            self._gpus_dirty.add(frame.rank)  # its GPU name carries its host
+            self._gpu_labels.pop(frame.rank, None)
         if frame.port:
             if not self.port:
                 self.port = frame.port
@@ -481,8 +518,12 @@ class RunSink:
         self._close_ready()
 
     def _on_metrics(self, frame: Metrics, st: _Rank) -> None:
-        if frame.resources is not None:
-            self._set_sample(st, frame.resources)
+        rank = st.rank
+        sample = frame.resources
+        if sample is not None:  # applied first, exactly as a resources frame
+            self._samples[rank] = sample
+            st.sample_json = None
+            self._gpus_dirty.add(rank)
         epoch = frame.epoch
         if epoch <= self._last_closed:
             self.late_metrics += 1
@@ -493,10 +534,11 @@ class RunSink:
         if reports is None:
             reports = self._pending[epoch] = aggregate.EpochReports()
             self._pending_active[epoch] = 0
-        if reports.put(st.rank, frame) and not st.finished:
-            self._pending_active[epoch] += 1
+        active = self._pending_active
+        if reports.put(rank, frame) and st.status != "finished" and st.status != "error":
+            active[epoch] += 1
         ws = self.world_size
-        if ws is not None and self._pending_active[epoch] == ws - self._n_finished:
+        if ws is not None and active[epoch] == ws - self._n_finished:
             self._close_through(epoch)
 
     def _on_hardware(self, frame: Hardware, st: _Rank) -> None:
@@ -531,6 +573,8 @@ class RunSink:
                     self._n_error -= 1
             self._samples.pop(rank, None)
             self._gpus.pop(rank, None)
+            self._gpus_dirty.discard(rank)
+            self._gpu_labels.pop(rank, None)
             host = self.topology.remove(rank)
             if host is not None and host not in touched:
                 touched.append(host)
@@ -572,6 +616,7 @@ class RunSink:
         del self._pending_active[epoch]
         now = self.updated_at
         assert self.world_size is not None and now is not None and self.started_at is not None
+        self._refresh_gpus()
         record = aggregate.epoch_record(
             epoch=epoch,
             world_size=self.world_size,
@@ -654,17 +699,24 @@ class RunSink:
         self._events.append(Event(self.seq, kind, data))
         return self.seq
 
-    def _finish_apply(self, now: float) -> List[Event]:
-        """Complete the run if every rank finished, then emit the header and completion."""
-        completed = None
-        ws = self.world_size
-        if ws is not None and self._n_finished == ws and not self.finished:
-            completed = "failed" if self._n_error else "complete"
-            self.status = completed
-            self._header_changed = True
+    def _complete(self) -> None:
+        """Every rank finished: the run ends; the header (with its status), then completion."""
+        completed = "failed" if self._n_error else "complete"
+        self.status = completed
+        self._emit_header()
+        self.complete = (self._emit("complete", {"status": completed}), completed)
+
+    def _emit_header(self) -> None:
+        """A ``run`` event with the full header (so every pending change goes with it)."""
+        self._header_changed = False
+        self._emit("run", self.header())
+
+    def _take_events(self) -> List[Event]:
+        """Emit the header if it changed, then hand over the events (and reset the scratch)."""
         if self._header_changed:
-            self._emit("run", self.header())
-        if completed is not None:
-            self.complete = (self._emit("complete", {"status": completed}), completed)
-        events, self._events = self._events, []
+            self._emit_header()
+        events = self._events
+        if not events:
+            return []
+        self._events = []
         return events
