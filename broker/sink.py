@@ -15,9 +15,16 @@ Rules worth knowing before reading the code:
   closes; the record itself comes from :mod:`broker.aggregate`.
 * ``apply`` never emits ``ranks`` (the array is large and changes with every frame): it
   marks it dirty and :meth:`RunSink.tick` emits it at most once per ``ranks_interval``.
+* Header changes made by ``register`` and ``hardware`` frames (hosts, hardware, world_size,
+  port, total_epochs) are coalesced the same way: ``tick`` emits the ``run`` event at most
+  once per ``ranks_interval`` (a 4,096-rank start-up would otherwise publish ~8k growing
+  headers). What users expect at once (the first frame, svg, metadata, status, alerts,
+  completion) is emitted by ``apply``; any ``run`` event carries the whole header and clears
+  the pending change, and a pending change is flushed right before any ``epoch`` event.
 
-Cost: the work per frame is O(1), plus O(hosts) when the header changes, and an epoch
-close is O(world size). The topology (rank -> host, local rank; hosts ordered) is maintained
+Cost: the work per frame is O(1), plus O(hosts) for a register that changes the topology
+or O(ranks on the host) for a hardware report, and an epoch close is O(world size); headers
+are built when emitted. The topology (rank -> host, local rank; hosts ordered) is maintained
 as registers arrive, cached per host, and re-sorted only when the host order can change.
 Event data shares structure with the sink's caches and earlier events: it is read-only.
 """
@@ -241,7 +248,15 @@ class RunSink:
         self._last_port_warn: float | None = None
         # Per-apply scratch.
         self._events: List[Event] = []
+        # The header changed in a way users expect to see at once (svg, metadata, status,
+        # alerts, completion, the run's first frame): apply() (or tick()) emits it now.
         self._header_changed = False
+        # The header changed through registers or hardware frames (hosts, hardware,
+        # world_size, port, total_epochs): tick() emits it at most once per ranks_interval,
+        # so a start-up storm of thousands of them is not thousands of growing headers.
+        # Any run event carries the whole header and clears it; an epoch event flushes it.
+        self._header_pending = False
+        self._header_sent_at: float | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -321,14 +336,18 @@ class RunSink:
         return events
 
     def tick(self, now: float) -> List[Event]:
-        """Liveness at ``now``: stale transitions and their alerts; the rate-limited ``ranks``."""
+        """Liveness at ``now``: stale transitions and their alerts; the rate-limited ``ranks``
+        and coalesced header (``run``) events."""
         limit = now - self.stale_after
         for st in self._ranks.values():
             if st.status == "ok" and st.last_seen <= limit:
                 st.status = "stale"
                 self._ranks_dirty = True
                 self._raise("stale", st.rank, f"rank {st.rank} silent for {self.stale_after:g}s", now)
-        if self._header_changed:
+        if self._header_changed or (self._header_pending and (
+            self._header_sent_at is None or now - self._header_sent_at >= self.ranks_interval
+        )):
+            self._header_sent_at = now
             self._emit_header()
         if self._ranks_dirty and (
             self._ranks_sent_at is None or now - self._ranks_sent_at >= self.ranks_interval
@@ -458,20 +477,21 @@ class RunSink:
         return st.sample_json
 
     def _on_register(self, frame: Register, st: _Rank, now: float) -> None:
+        # Header changes from registers (and hardware) are coalesced: see _header_pending.
         if self.world_size is None:
             self.world_size = frame.world_size
-            self._header_changed = True
+            self._header_pending = True
             self._discard_out_of_range()
         touched = self.topology.set(frame.rank, frame.host, frame.local_rank)
         if touched:
-            self._header_changed = True
+            self._header_pending = True
             self._topology_changed(touched)
             self._gpus_dirty.add(frame.rank)  # its GPU name carries its host
             self._gpu_labels.pop(frame.rank, None)
         if frame.port:
             if not self.port:
                 self.port = frame.port
-                self._header_changed = True
+                self._header_pending = True
             elif frame.port != self.port:
                 self.port_conflicts += 1
                 if self._last_port_warn is None or now - self._last_port_warn >= PORT_WARN_INTERVAL:
@@ -482,7 +502,7 @@ class RunSink:
                     )
         if frame.total_epochs and not self.total_epochs:
             self.total_epochs = frame.total_epochs
-            self._header_changed = True
+            self._header_pending = True
         if st.finished:
             self._reactivate(st)
         self._close_ready()
@@ -547,8 +567,13 @@ class RunSink:
         st.hardware = frame.summary
         place = self.topology.place.get(st.rank)
         if place is not None:  # an unplaced rank is in no host block
-            self._hw_blocks.pop(place[0], None)
-            self._refresh_hardware()
+            # Only this host's block can change: compare it, not the whole string (O(hosts)).
+            host = place[0]
+            before = self._hw_blocks.get(host)
+            block = self._hw_blocks[host] = self._render_host(host)
+            if block != before:
+                self._hw_string = None
+                self._header_pending = True  # coalesced (see _header_pending)
 
     def _on_svg(self, frame: Svg) -> None:
         if self.svg is None and frame.svg:
@@ -632,6 +657,10 @@ class RunSink:
         self._durations.append(record["duration_secs"])
         del self._durations[: -aggregate.ETA_WINDOW]
         self.records.append(record)
+        if self._header_pending:
+            # The web must never show a record under a stale header: a coalesced header
+            # change goes out first.
+            self._emit_header()
         self.record_seqs.append(self._emit("epoch", record))
         if self.status == "waiting":
             self.status = "training"
@@ -643,16 +672,11 @@ class RunSink:
     # ------------------------------------------------------------------ header parts
 
     def _topology_changed(self, hosts: List[str]) -> None:
+        """Membership of ``hosts`` changed: their hardware blocks and the string are stale
+        (re-rendered when a header is built; the caller already marked the header)."""
         for host in hosts:
             self._hw_blocks.pop(host, None)
-        self._refresh_hardware()
-
-    def _refresh_hardware(self) -> None:
-        """Re-join the hardware string (rendering only invalidated host blocks)."""
-        before = self._hw_string
         self._hw_string = None
-        if self._hardware() != before:
-            self._header_changed = True
 
     def _hardware(self) -> str:
         """The hardware string of PROTOCOL 2.2."""
@@ -709,6 +733,7 @@ class RunSink:
     def _emit_header(self) -> None:
         """A ``run`` event with the full header (so every pending change goes with it)."""
         self._header_changed = False
+        self._header_pending = False
         self._emit("run", self.header())
 
     def _take_events(self) -> List[Event]:

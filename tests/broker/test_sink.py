@@ -116,11 +116,16 @@ def test_header_defaults() -> None:
 
 def test_frames_that_do_not_change_the_header_emit_nothing() -> None:
     sink = registered(2)
+    sink.tick(0.0)  # the registers' (coalesced) header goes out
     assert sink.apply(res(0, cpu_percent=5.0), 1.0) == []
     assert sink.apply(reg(0, 2, "a"), 2.0) == []  # same placement again
     assert sink.apply(met(0, 0), 3.0) == []  # epoch not complete yet
-    assert sink.apply(hw(0, "cpu | gpu"), 4.0) != []
+    assert of_kind(sink.tick(3.0), "run") == []  # (a pending header would go out here)
+    # A hardware change is a header change, coalesced: the next tick emits it.
+    assert sink.apply(hw(0, "cpu | gpu"), 4.0) == []
+    assert of_kind(sink.tick(4.0), "run") != []
     assert sink.apply(hw(0, "cpu | gpu"), 5.0) == []  # same summary: string unchanged
+    assert of_kind(sink.tick(6.0), "run") == []
 
 
 def test_seq_strictly_increasing_and_records_match_events() -> None:
@@ -253,7 +258,8 @@ def test_discarded_rank_hardware_leaves_nothing_behind() -> None:
 
 def test_host_and_local_rank_last_write() -> None:
     sink = registered(2, hosts=["a", "a"])
-    events = sink.apply(reg(1, 2, "b", lr=3), 1.0)
+    assert sink.apply(reg(1, 2, "b", lr=3), 1.0) == []  # header change coalesced ...
+    events = sink.tick(1.0)  # ... until the next tick
     assert of_kind(events, "run")[0]["hosts"] == [{"host": "a", "ranks": [0]}, {"host": "b", "ranks": [1]}]
     entry = sink.ranks()[1]
     assert (entry["host"], entry["local_rank"]) == ("b", 3)
@@ -278,10 +284,13 @@ def test_earlier_headers_do_not_change_after_the_fact() -> None:
     sink = RunSink(RUN)
     first = sink.apply(reg(1, 4, "a"), 1.0)[0].data
     frozen = msgspec.msgpack.encode(first)
-    sink.apply(reg(0, 4, "a"), 2.0)  # same host, new lowest rank
-    sink.apply(reg(2, 4, "b"), 3.0)
-    sink.apply(reg(1, 4, "c"), 4.0)  # moves away
-    sink.apply(hw(0, "cpu | gpu"), 5.0)
+    later = []
+    for t, frame in [(2.0, reg(0, 4, "a")),  # same host, new lowest rank
+                     (3.0, reg(2, 4, "b")), (4.0, reg(1, 4, "c")),  # (rank 1 moves away)
+                     (5.0, hw(0, "cpu | gpu"))]:
+        sink.apply(frame, t)
+        later += of_kind(sink.tick(t), "run")  # coalesced: each tick builds a header
+    assert len(later) == 4
     assert msgspec.msgpack.encode(first) == frozen
     assert sink.header()["hosts"] == [
         {"host": "a", "ranks": [0]}, {"host": "c", "ranks": [1]}, {"host": "b", "ranks": [2]},
@@ -291,11 +300,16 @@ def test_earlier_headers_do_not_change_after_the_fact() -> None:
 def test_port_first_nonzero_wins(caplog) -> None:
     sink = registered(4)  # placements settled: only the port can change the header now
     sink.apply(reg(0, 4, port=0), 1.0)
+    sink.tick(1.0)  # the registers' (coalesced) header goes out
     assert sink.header()["port"] is None
-    assert of_kind(sink.apply(reg(1, 4, port=8585), 2.0), "run")[0]["port"] == 8585
+    # Header changes from registers are coalesced: the next tick emits them.
+    assert sink.apply(reg(1, 4, port=8585), 2.0) == []
+    assert of_kind(sink.tick(2.0), "run")[0]["port"] == 8585
     assert sink.apply(reg(2, 4, port=8585), 3.0) == []  # the same port again: a no-op
+    assert of_kind(sink.tick(3.0), "run") == []
     with caplog.at_level(logging.WARNING, logger="broker.sink"):
         assert sink.apply(reg(3, 4, port=9000), 4.0) == []  # a different one: ignored
+        assert of_kind(sink.tick(4.0), "run") == []
         sink.apply(reg(3, 4, port=9001), 5.0)  # warned once per interval, still counted
         sink.apply(reg(2, 4, port=0), 6.0)  # zero is "no port": not a conflict
     assert sink.port == 8585 and sink.header()["port"] == 8585
@@ -358,11 +372,105 @@ def test_hardware_string_grouped_by_host() -> None:
     )
     assert sink.ranks()[1]["hardware"] == "Xeon 64c | H100 80GB | extra"
     # Per-rank last write re-renders.
-    events = sink.apply(hw(3, "EPYC | B200"), 6.0)
+    assert sink.apply(hw(3, "EPYC | B200"), 6.0) == []  # coalesced: the next tick emits it
+    events = sink.tick(6.0)
     assert of_kind(events, "run")[0]["hardware"].endswith("gr=3 lr=1: B200")
     # Once rank 5 registers, its report shows up under its host.
     sink.apply(reg(5, 6, "c", lr=0), 7.0)
     assert sink.header()["hardware"].endswith(" | c: unplaced | gr=5 lr=0: GPU")
+
+
+# ---------------------------------------------------------------- header coalescing
+
+
+def test_register_and_hardware_header_changes_are_coalesced_by_tick() -> None:
+    sink = RunSink(RUN, ranks_interval=1.0)
+    events: list[Event] = []
+    # A start-up storm: 64 registers and 64 hardware reports over 2.5 s, ticked every 0.1 s
+    # as the server does.
+    frames = [reg(r, 64, f"h{r // 8}", lr=r % 8) for r in range(64)]
+    frames += [hw(r, f"cpu{r // 8} | gpu{r}") for r in range(64)]
+    applied: list[Event] = []
+    t, next_tick = 0.0, 0.0
+    for frame in frames:
+        while next_tick <= t:
+            events += sink.tick(next_tick)
+            next_tick = round(next_tick + 0.1, 6)
+        out = sink.apply(frame, t)
+        applied += out
+        events += out
+        t = round(t + 2.5 / len(frames), 6)
+    # Only the run's first frame emits at once (a new run shows up at once).
+    assert kinds(applied) == ["run"] and applied[0].data["hosts"] == [{"host": "h0", "ranks": [0]}]
+    runs = [e for e in events if e.kind == "run"]
+    assert 2 <= len(runs) <= 5  # the first frame, then at most one per ranks_interval
+    tick_times = [e.data["updated_at"] for e in runs[1:]]
+    assert all(b - a >= 1.0 - 1.0 / len(frames) for a, b in zip(tick_times, tick_times[1:]))
+    # Nothing is lost: the next tick once the interval passed emits the final header.
+    (last,) = of_kind(sink.tick(t + 1.0), "run")
+    assert last == sink.header()
+    assert [h["host"] for h in last["hosts"]] == [f"h{i}" for i in range(8)]
+    assert last["hardware"].startswith("h0: cpu0 | gr=0 lr=0: gpu0 | gr=1 lr=1: gpu1")
+    assert last["world_size"] == 64
+    assert of_kind(sink.tick(t + 5.0), "run") == []  # sent: nothing pending any more
+    seqs = [e.seq for e in events] + [sink.seq]
+    assert seqs == sorted(set(seqs))
+
+
+def test_pending_header_is_flushed_just_before_an_epoch() -> None:
+    sink = registered(2)
+    sink.tick(0.0)
+    sink.apply(met(0, 0), 1.0)
+    assert sink.apply(hw(0, "Xeon | H100"), 1.5) == []  # pending
+    events = sink.apply(met(1, 0), 2.0)
+    assert kinds(events) == ["run", "epoch", "run"]  # header, record, then status training
+    flushed = events[0].data
+    assert flushed["hardware"] == "a: Xeon | gr=0 lr=0: H100" and flushed["status"] == "waiting"
+    assert events[0].seq + 1 == events[1].seq
+    assert of_kind(sink.tick(2.0), "run") == []  # nothing left pending
+    # A register that closes epochs itself (its world size discards a rank) flushes too.
+    sink = RunSink(RUN)
+    sink.apply(met(0, 0), 1.0)
+    sink.apply(met(5, 0), 1.0)  # rank 5: out of range once the world size is known
+    events = sink.apply(reg(0, 1, "solo"), 2.0)
+    assert kinds(events) == ["run", "epoch", "run"]
+    assert events[0].data["world_size"] == 1 and events[0].data["hosts"] == [
+        {"host": "solo", "ranks": [0]}]
+    assert events[1].data["missing_ranks"] == []
+
+
+def test_changes_users_expect_at_once_emit_from_apply_and_clear_the_pending_header() -> None:
+    sink = registered(2)
+    sink.tick(0.0)
+    assert sink.apply(reg(1, 2, "b"), 1.0) == []  # pending hosts change
+    events = sink.apply(svg(0, "<svg/>", label="net"), 1.1)
+    (header,) = of_kind(events, "run")  # at once, carrying the pending change too
+    assert header["has_svg"] and header["label"] == "net"
+    assert [h["host"] for h in header["hosts"]] == ["a", "b"]
+    assert of_kind(sink.tick(5.0), "run") == []  # cleared: it went out with the svg
+    sink.apply(hw(0, "c | g"), 6.0)  # pending again
+    (header,) = of_kind(sink.apply(meta(0, '{"lr": 0.1}'), 6.1), "run")
+    assert header["metadata"] == {"lr": 0.1} and header["hardware"] == "a: c | gr=0 lr=0: g"
+    assert of_kind(sink.tick(9.0), "run") == []
+    # Alerts (a rank that failed) and completion are immediate too.
+    sink.apply(reg(0, 2, "z"), 10.0)  # pending
+    events = sink.apply(fin(0, "error"), 10.1)
+    (header,) = of_kind(events, "run")
+    assert [a["kind"] for a in header["alerts"]] == ["rank_error"]
+    assert header["hosts"][0]["host"] == "z"
+    events = sink.apply(fin(1), 10.2)
+    assert kinds(events) == ["run", "complete"] and events[0].data["status"] == "failed"
+
+
+def test_coalesced_header_rate_limited_per_ranks_interval() -> None:
+    sink = registered(2, ranks_interval=1.0)
+    assert of_kind(sink.tick(0.0), "run") != []  # first pending header: at once
+    sink.apply(hw(0, "c | g1"), 0.1)
+    assert of_kind(sink.tick(0.5), "run") == []  # within the interval: held
+    sink.apply(hw(0, "c | g2"), 0.6)
+    (header,) = of_kind(sink.tick(1.0), "run")  # one header for both changes
+    assert header["hardware"].endswith("g2")
+    assert of_kind(sink.tick(3.0), "run") == []
 
 
 # ---------------------------------------------------------------- epochs
@@ -373,8 +481,11 @@ def test_epoch_closes_when_every_rank_reported() -> None:
     sink.apply(reg(0, 2, "a", total_epochs=4), 0.0)
     assert sink.apply(met(0, 0, loss=1.0, b=1, samples=10, epoch_ms=500.0), 10.0) == []
     events = sink.apply(met(1, 0, loss=4.0, b=3, samples=30, epoch_ms=1000.0), 11.0)
-    assert kinds(events) == ["epoch", "run"]  # status waiting -> training
-    record = events[0].data
+    # The registers' coalesced header first (no tick ran), then the record, then the
+    # header again for status waiting -> training.
+    assert kinds(events) == ["run", "epoch", "run"]
+    assert events[0].data["total_epochs"] == 4 and events[0].data["status"] == "waiting"
+    record = events[1].data
     assert record["epoch"] == 0 and record["total_epochs"] == 4
     assert record["metrics"] == {"loss": pytest.approx(3.25)}
     assert record["duration_secs"] == 1.0
@@ -382,7 +493,7 @@ def test_epoch_closes_when_every_rank_reported() -> None:
     assert record["eta_secs"] == pytest.approx(1.0 * 3)
     assert record["missing_ranks"] == []
     assert [g["throughput"] for g in record["gpu_metrics"]] == [0.02, 0.03]
-    assert events[1].data["status"] == "training" and sink.status == "training"
+    assert events[2].data["status"] == "training" and sink.status == "training"
 
 
 def test_duplicate_metrics_before_close_last_write_wins() -> None:
@@ -467,6 +578,7 @@ def test_no_close_before_world_size_known() -> None:
 
 def test_nan_loss_stays_nan_and_raises_alert() -> None:
     sink = registered(2)
+    sink.tick(0.0)  # the registers' (coalesced) header goes out
     sink.apply(met(0, 3, loss=math.nan), 1.0)
     events = sink.apply(met(1, 3, loss=1.0), 2.0)
     (record,) = of_kind(events, "epoch")
@@ -649,6 +761,7 @@ def test_reactivated_rank_is_waited_for_its_pending_epoch() -> None:
 
 def test_stale_then_ok_via_tick_and_alert_stays() -> None:
     sink = registered(2, stale_after=30.0)  # registered at t=0
+    sink.tick(0.0)  # the registers' (coalesced) header goes out
     sink.apply(res(1), 20.0)
     assert of_kind(sink.tick(29.9), "run") == []
     events = sink.tick(30.0)
