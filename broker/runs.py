@@ -4,7 +4,7 @@
 find or create the run's :class:`~broker.sink.RunSink`, apply, count. The server only moves
 bytes; every reject rule is a fast unit test here (STYLE 4: receive loop apart from handler).
 
-Reject reasons (docs/HELPERS.md): ``oversize``, ``decode``, ``schema``, ``limit`` (decode
+Reject reasons (docs/PROTOCOL.md section 7): ``oversize``, ``decode``, ``schema``, ``limit`` (decode
 level), the sink's ``Rejected.reason`` and ``too_many_runs``. A rejected frame has no effect
 but its counter: in particular it never creates a run.
 """

@@ -3,7 +3,7 @@ real broker's PULL socket and checks the outcome.
 
 Every generated message carries what it must do, as a set of outcomes known *by
 construction* (not by asking the decoder): ``"accept"`` or reject reasons
-(docs/HELPERS.md). Most have exactly one; a few are honestly ambiguous (random bytes may
+(docs/PROTOCOL.md section 7). Most have exactly one; a few are honestly ambiguous (random bytes may
 decode to a wrong-shaped value: ``decode`` or ``schema``; JSON nested 500 deep may or may
 not fit the recursion limit: ``accept`` or ``bad_metadata_json``). The harness then checks, per outcome,
 ``#frames that must have it <= counter <= #frames that may have it``, that every frame is
