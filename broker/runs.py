@@ -140,38 +140,7 @@ class Runs:
             return self._reject("decode", "nested too deep to decode")
         except protocol.LimitExceeded as exc:
             return self._reject("limit", "%s", exc)
-        # What follows is apply() inlined for a run already held: the broker's per-frame
-        # path, where a function call is a measurable share of the cost.
-        run = frame.run
-        sink = self._sinks.get(run)
-        if sink is None:
-            return self._apply_new(frame, now, raw)
-        try:
-            events = sink.apply(frame, now)
-        except Rejected as exc:
-            return self._reject(exc.reason, "run %r rank %d: %s", run, frame.rank, exc)
-        except Exception:
-            return self._internal(run, frame)
-        if run != self._mru:  # most frames are of the run that sent the previous one
-            self._sinks.move_to_end(run)
-            self._mru = run
-        self.accepted += 1
-        recorder = self.recorder
-        if recorder is not None:
-            try:
-                recorder(sink, raw, frame, now)
-            except Exception:
-                self._rlog.error("recorder", "recording an accepted frame of run %r failed",
-                                 run, exc_info=True)
-        if self.on_accept is not None:
-            try:
-                self.on_accept(run, raw, frame, now)
-            except Exception:
-                self._rlog.error("on_accept", "an accepted frame's hook for run %r failed",
-                                 run, exc_info=True)
-        if events:
-            return [(run, ev) for ev in events]
-        return []
+        return self.apply(frame, now, raw)
 
     def apply(self, frame: Frame, now: float, raw: bytes = b"") -> list[tuple[str, Event]]:
         """Apply an already decoded frame (``raw`` is handed to ``on_accept``)."""
