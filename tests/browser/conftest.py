@@ -52,11 +52,14 @@ def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "cond
 class Stack:
     """``rankboard up`` as a child process, plus a PUSH socket into its ingest."""
 
-    def __init__(self, data_dir: Path) -> None:
-        cmd = [sys.executable, "-m", "broker.cli", "up", "--port", "0",
-               "--ingest", "tcp://127.0.0.1:*", "--publish", "tcp://127.0.0.1:*",
-               "--snapshot", "tcp://127.0.0.1:*", "--data-dir", str(data_dir),
-               "--stale-after", "60"]
+    def __init__(self, data_dir: Path, command: List[str] | None = None) -> None:
+        """``command``: other ``rankboard`` arguments (e.g. ``demo ...``) instead of ``up``."""
+        cmd = [sys.executable, "-m", "broker.cli"]
+        cmd += command if command is not None else [
+            "up", "--port", "0", "--ingest", "tcp://127.0.0.1:*",
+            "--publish", "tcp://127.0.0.1:*", "--snapshot", "tcp://127.0.0.1:*",
+            "--stale-after", "60"]
+        cmd += ["--data-dir", str(data_dir)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -152,9 +155,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api")
+    missing = None
+    try:
+        from playwright import sync_api
+    except ImportError:
+        missing = "the playwright package (pip install playwright)"
     if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} not installed")
+        missing = f"Debian's chromium at {CHROMIUM} (apt-get install chromium)"
+    if missing:
+        if os.environ.get("CI"):  # CI installs both: a skip there would hide lost coverage
+            pytest.fail(f"browser tests need {missing}")
+        pytest.skip(f"browser tests need {missing}")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:

@@ -1,0 +1,55 @@
+"""``rankboard demo`` as a new user sees it: real agent processes, the real page, a
+screenshot in artifacts/demo.png for a human to look at."""
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from playwright.sync_api import expect
+
+from .conftest import ARTIFACTS, Stack, wait_until
+from .test_dashboard import coloured, wait_drawn
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Stack]:
+    s = Stack(tmp_path / "data", ["demo", "--port", "0", "--no-browser", "--ranks", "4",
+                                  "--hosts", "2", "--epochs", "8", "--epoch-seconds", "0.5"])
+    try:
+        s.start()
+        yield s
+    finally:
+        s.close()
+
+
+def test_demo_dashboard_is_live_and_clean(demo: Stack, page: Any) -> None:
+    def running_run() -> Any:
+        runs = demo.get_json("/api/runs")
+        return runs[0]["run"] if runs and (runs[0]["epochs_done"] or 0) >= 1 else None
+
+    run = wait_until(running_run, 30.0, "the demo's first epoch")
+    page.goto(f"{demo.url}/")
+    expect(page.locator("#run-picker")).to_have_value(run)
+    expect(page.locator("#rank-tabs [data-rank]")).to_have_count(4, timeout=15_000)
+
+    def epochs_shown() -> int:
+        text = page.locator("#epoch-count").text_content() or "0/"
+        return int(text.split("/")[0] or 0)
+
+    first = epochs_shown()
+    wait_until(lambda: epochs_shown() >= first + 2, 20.0, "the demo run to advance on the page")
+    expect(page.locator("#hardware")).to_contain_text("node-a")
+    expect(page.locator("#metadata")).to_contain_text("world_size")
+    for chart in ("metrics", "resources"):
+        wait_drawn(page, f'canvas[data-chart="{chart}"]')
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "demo.png"), full_page=True)
+    assert coloured(page, 'canvas[data-chart="metrics"]') > 30
+    page.errors.check()
+
+    demo.proc.send_signal(signal.SIGINT)
+    assert demo.proc.wait(timeout=20) == 0
