@@ -49,6 +49,11 @@ from . import curve
 from .protocol import (
     MAX_FRAME_BYTES,
     MAX_METADATA_BYTES,
+    MAX_RUN_ID,
+    MAX_SCALAR_NAME,
+    MAX_SCALARS,
+    MAX_SHORT,
+    MAX_SUMMARY,
     MAX_SVG_BYTES,
     MAX_WORLD_SIZE,
     Finish,
@@ -65,11 +70,6 @@ from .protocol import (
 log = logging.getLogger(__name__)
 
 DEFAULT_BROKER = "tcp://127.0.0.1:5585"
-_MAX_SHORT = 256  # host, label, hash
-_MAX_SUMMARY = 4096
-_MAX_SCALARS = 256
-_MAX_SCALAR_NAME = 128
-_MAX_RUN = 128
 _RUN_BAD = re.compile(r"[^A-Za-z0-9._:\-]+")
 
 ScalarArg = Union[float, Tuple[float, int]]
@@ -142,9 +142,9 @@ def sanitize_run_id(run: str) -> str:
     result from the same input, so they all land in the same run. Empty input gives ``"run"``.
     """
     text = _RUN_BAD.sub("_", str(run))
-    if len(text) > _MAX_RUN:
+    if len(text) > MAX_RUN_ID:
         digest = hashlib.sha1(str(run).encode("utf-8", "surrogatepass")).hexdigest()[:8]
-        text = f"{text[:_MAX_RUN - 9]}-{digest}"
+        text = f"{text[:MAX_RUN_ID - 9]}-{digest}"
     return text or "run"
 
 
@@ -220,7 +220,7 @@ class RankAgent:
         self.rank = rank
         self.world_size = world_size
         self.local_rank = local_rank
-        self.host = _clamp(host if host is not None else _socket.gethostname(), _MAX_SHORT) or "unknown"
+        self.host = _clamp(host if host is not None else _socket.gethostname(), MAX_SHORT) or "unknown"
         self.sndhwm = max(1, int(sndhwm))
         self.linger_ms = max(0, int(linger_ms))
 
@@ -495,7 +495,7 @@ class RankAgent:
             if len(svg) * 4 > MAX_SVG_BYTES and len(svg.encode("utf-8", "surrogatepass")) > MAX_SVG_BYTES:
                 return self._lose("svg", "rankboard: SVG over 2 MiB; not sent")
             frame = Svg(run=self.run, rank=self.rank, svg=svg,
-                        label=_clamp(label, _MAX_SHORT), hash=_clamp(hash, _MAX_SHORT))
+                        label=_clamp(label, MAX_SHORT), hash=_clamp(hash, MAX_SHORT))
         except Exception as exc:
             return self._lose("svg", "rankboard: bad SVG arguments: %r", exc)
         return self._send(frame)
@@ -529,7 +529,7 @@ class RankAgent:
         try:
             if summary is None:
                 summary = self._get_sampler().hardware_summary()
-            frame = Hardware(run=self.run, rank=self.rank, summary=_clamp(str(summary), _MAX_SUMMARY) or "")
+            frame = Hardware(run=self.run, rank=self.rank, summary=_clamp(str(summary), MAX_SUMMARY) or "")
         except Exception as exc:
             return self._lose("hardware", "rankboard: could not build the hardware summary: %r", exc)
         return self._send(frame)
@@ -586,10 +586,10 @@ class RankAgent:
         clamped to 128 characters, at most 256 entries. Raises for a bad value (the caller
         drops the frame)."""
         sc: Dict[str, Tuple[float, int]] = {}
-        capped = type(scalars) is not dict or len(scalars) > _MAX_SCALARS  # else it cannot bite
+        capped = type(scalars) is not dict or len(scalars) > MAX_SCALARS  # else it cannot bite
         for name, value in scalars.items():
-            if capped and len(sc) >= _MAX_SCALARS:
-                self._warn("scalars", "rankboard: more than %d scalars; the rest are not sent", _MAX_SCALARS)
+            if capped and len(sc) >= MAX_SCALARS:
+                self._warn("scalars", "rankboard: more than %d scalars; the rest are not sent", MAX_SCALARS)
                 break
             kind = type(value)
             if kind is float:
@@ -607,8 +607,8 @@ class RankAgent:
                 pair = (float(value), 1)
             if type(name) is not str:
                 name = str(name)
-            if len(name) > _MAX_SCALAR_NAME:
-                name = name[:_MAX_SCALAR_NAME]
+            if len(name) > MAX_SCALAR_NAME:
+                name = name[:MAX_SCALAR_NAME]
             sc[name] = pair
         return sc
 

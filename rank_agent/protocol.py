@@ -22,12 +22,21 @@ MAX_SVG_BYTES = 2 * 1024 * 1024
 #: Largest metadata ``json`` payload, in UTF-8 bytes.
 MAX_METADATA_BYTES = 1 * 1024 * 1024
 MAX_WORLD_SIZE = 65536
+#: Longest run id, in characters.
+MAX_RUN_ID = 128
+#: Longest host, label, hash and GPU name, in characters.
+MAX_SHORT = 256
+#: Longest hardware summary, in characters.
+MAX_SUMMARY = 4096
+#: Most scalars in one metrics frame, and the longest scalar name.
+MAX_SCALARS = 256
+MAX_SCALAR_NAME = 128
 
-RunId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9._:\-]{1,128}$")]
+RunId = Annotated[str, Meta(pattern=rf"^[A-Za-z0-9._:\-]{{1,{MAX_RUN_ID}}}$")]
 Rank = Annotated[int, Meta(ge=0, lt=MAX_WORLD_SIZE)]
 NonNegInt = Annotated[int, Meta(ge=0)]
-Short = Annotated[str, Meta(max_length=256)]
-ScalarName = Annotated[str, Meta(max_length=128)]
+Short = Annotated[str, Meta(max_length=MAX_SHORT)]
+ScalarName = Annotated[str, Meta(max_length=MAX_SCALAR_NAME)]
 ScalarValue = tuple[float, Annotated[int, Meta(ge=0)]]
 
 
@@ -35,7 +44,7 @@ class GpuSample(msgspec.Struct, omit_defaults=True):
     """One GPU as NVML sees it. ``device_index`` is the physical NVML index on the rank's host."""
 
     device_index: NonNegInt
-    name: Annotated[str, Meta(max_length=256)]
+    name: Short
     util_percent: Optional[float] = None
     vram_allocated_bytes: Optional[NonNegInt] = None
     vram_total_bytes: Optional[NonNegInt] = None
@@ -82,7 +91,7 @@ class Metadata(_Frame, tag="metadata"):
 
 
 class Hardware(_Frame, tag="hardware"):
-    summary: Annotated[str, Meta(max_length=4096)]
+    summary: Annotated[str, Meta(max_length=MAX_SUMMARY)]
 
 
 class Resources(_Frame, tag="resources"):
@@ -96,7 +105,7 @@ class Metrics(_Frame, tag="metrics"):
     samples: NonNegInt = 0
     epoch_ms: float = 0.0
     share_complete_ms: Optional[float] = None
-    scalars: Annotated[dict[ScalarName, ScalarValue], Meta(max_length=256)] = {}
+    scalars: Annotated[dict[ScalarName, ScalarValue], Meta(max_length=MAX_SCALARS)] = {}
     resources: Optional[ResourceSample] = None
 
 

@@ -34,13 +34,10 @@ from typing import Any, List, Union
 
 import psutil
 
-from .protocol import GpuSample, ResourceSample
+from .protocol import MAX_SHORT, MAX_SUMMARY, GpuSample, ResourceSample
 
 log = logging.getLogger(__name__)
 
-#: Longest GPU name / summary the wire accepts (PROTOCOL.md section 2).
-_MAX_NAME = 256
-_MAX_SUMMARY = 4096
 _GIB = 1024**3
 
 VisibleDevice = Union[int, str]
@@ -101,11 +98,11 @@ def cpu_model() -> str:
             for line in fh:
                 key, sep, value = line.partition(":")
                 if sep and key.strip() in ("model name", "Model", "cpu model") and value.strip():
-                    return _clean(value, _MAX_NAME)
+                    return _clean(value, MAX_SHORT)
     except OSError:
         pass
     name = platform.processor() or platform.machine()
-    return _clean(name, _MAX_NAME) if name else "unknown CPU"
+    return _clean(name, MAX_SHORT) if name else "unknown CPU"
 
 
 def _cpu_total_and_busy(times: Any) -> tuple[float, float]:
@@ -200,7 +197,7 @@ class Sampler:
                 name = nv.nvmlDeviceGetName(mem_handle)
                 if isinstance(name, bytes):
                     name = name.decode("utf-8", "replace")
-                name = _clean(str(name), _MAX_NAME) or f"GPU {index}"
+                name = _clean(str(name), MAX_SHORT) or f"GPU {index}"
             except Exception:
                 name = f"GPU {index}"
         except Exception as exc:  # ImportError, NVMLError (no driver), anything else
@@ -316,11 +313,11 @@ class Sampler:
         except Exception:
             gpu = None
         if gpu is None:
-            return cpu[:_MAX_SUMMARY]
+            return cpu[:MAX_SUMMARY]
         part = gpu.name
         if gpu.vram_total_bytes:
             part += f" ({round(gpu.vram_total_bytes / _GIB)} GB)"
-        return f"{cpu} | {part}"[:_MAX_SUMMARY]
+        return f"{cpu} | {part}"[:MAX_SUMMARY]
 
     def _shutdown_nvml(self) -> None:
         if self._nvml_inited:
