@@ -65,6 +65,7 @@ from .protocol import (
     ResourceSample,
     Svg,
     encoder,
+    utf8_over,
 )
 
 log = logging.getLogger(__name__)
@@ -492,7 +493,7 @@ class RankAgent:
             if isinstance(svg, (bytes, bytearray, memoryview)):
                 svg = bytes(svg).decode("utf-8", "replace")
             svg = str(svg)
-            if len(svg) * 4 > MAX_SVG_BYTES and len(svg.encode("utf-8", "surrogatepass")) > MAX_SVG_BYTES:
+            if utf8_over(svg, MAX_SVG_BYTES):
                 return self._lose("svg", "rankboard: SVG over 2 MiB; not sent")
             frame = Svg(run=self.run, rank=self.rank, svg=svg,
                         label=_clamp(label, MAX_SHORT), hash=_clamp(hash, MAX_SHORT))
@@ -519,7 +520,7 @@ class RankAgent:
                     text = json.dumps(_finite_or_none(obj_or_json_str), allow_nan=False)
         except Exception as exc:
             return self._lose("metadata", "rankboard: metadata is not JSON-serialisable; skipped: %r", exc)
-        if len(text) * 4 > MAX_METADATA_BYTES and len(text.encode("utf-8", "surrogatepass")) > MAX_METADATA_BYTES:
+        if utf8_over(text, MAX_METADATA_BYTES):
             return self._lose("metadata", "rankboard: metadata over 1 MiB; skipped")
         return self._send(Metadata(run=self.run, rank=self.rank, json=text))
 

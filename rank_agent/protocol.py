@@ -124,7 +124,7 @@ class LimitExceeded(ValueError):
     """A decoded frame is over one of the byte-size limits of PROTOCOL.md section 2."""
 
 
-def _utf8_over(text: str, limit: int) -> bool:
+def utf8_over(text: str, limit: int) -> bool:
     """True when ``text`` is more than ``limit`` UTF-8 bytes, encoding only when it must."""
     n = len(text)
     if n * 4 <= limit:  # every code point is at most 4 bytes
@@ -137,10 +137,10 @@ def _utf8_over(text: str, limit: int) -> bool:
 def check_limits(frame: Frame) -> None:
     """Raise :class:`LimitExceeded` for the limits msgspec constraints cannot express."""
     if isinstance(frame, Svg):
-        if _utf8_over(frame.svg, MAX_SVG_BYTES):
+        if utf8_over(frame.svg, MAX_SVG_BYTES):
             raise LimitExceeded("svg over 2 MiB")
     elif isinstance(frame, Metadata):
-        if _utf8_over(frame.json, MAX_METADATA_BYTES):
+        if utf8_over(frame.json, MAX_METADATA_BYTES):
             raise LimitExceeded("metadata json over 1 MiB")
 
 
