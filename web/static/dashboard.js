@@ -402,10 +402,7 @@ function sampleRank(r) {
   if (!res || !isNum(r.last_seen)) return;
   if (state.rankSeen.get(r.rank) === r.last_seen) return;
   state.rankSeen.set(r.rank, r.last_seen);
-  const own = (res.gpus || []).find((g) => g.device_index === r.rank) || (res.gpus || [])[0] || {};
-  const util = isNum(res.gpu_util_percent) ? res.gpu_util_percent : own.util_percent;
-  const vu = isNum(res.vram_allocated_bytes) ? res.vram_allocated_bytes : own.vram_allocated_bytes;
-  const vt = isNum(res.vram_total_bytes) ? res.vram_total_bytes : own.vram_total_bytes;
+  const { util, vu, vt } = rankGpu(r);
   if (!isNum(util) && !isNum(vu)) return;
   let series = state.rankSeries.get(r.rank);
   if (!series) state.rankSeries.set(r.rank, (series = []));
