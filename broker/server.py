@@ -144,8 +144,6 @@ class BrokerServer:
             raise ValueError("CURVE needs both a secret key file and an authorized-keys directory")
         if stale_after <= 0:
             raise ValueError("stale_after must be > 0")
-        if max_runs < 1:
-            raise ValueError("max_runs must be >= 1")
         self.ingest_endpoint = ingest
         self.publish_endpoint = publish
         self.snapshot_endpoint = snapshot
@@ -163,6 +161,7 @@ class BrokerServer:
         self.max_message_bytes = max_message_bytes
         #: Random per start: a new one tells the web the broker restarted.
         self.instance = uuid.uuid4().hex
+        # Runs checks max_runs (ValueError when < 1).
         self.runs = Runs(stale_after=stale_after, max_runs=max_runs, on_accept=self._on_accept)
         self.endpoints: dict[str, str] = {}
         self._context = context
