@@ -657,8 +657,10 @@ class Journal:
         if problem is not None:
             self._truncate(st)
         self._files[run] = st
-        self.note_seq(sink)  # notes any fresh ids above
+        # Reserve first: note_seq would otherwise reserve too (seq_hi is still 0), and the
+        # block would be written twice.
         self._reserve(st, sink.seq)
+        self._note_seq(st, sink)  # notes any fresh ids above
         return sink
 
     def _truncate(self, st: _RunFile) -> None:
