@@ -128,7 +128,10 @@ function invalidate(...parts) {
     const parts2 = new Set(dirty);
     dirty.clear();
     try {
-      if (parts2.has("header")) renderHeader();
+      if (parts2.has("header")) {
+        renderHeader();
+        updatePickerEntry();
+      }
       if (parts2.has("records")) renderRecords();
       if (parts2.has("records") || parts2.has("ranks") || parts2.has("header")) renderRanks();
       if (parts2.has("records") || parts2.has("ranks") || parts2.has("tab")) renderRankPanel();
@@ -311,7 +314,6 @@ function connect(gen) {
     if (state.header && d && typeof d.status === "string") {
       state.header.status = d.status;
       invalidate("header");
-      updatePickerEntry();
     }
   });
   es.addEventListener("error", () => {
@@ -346,7 +348,6 @@ function applyHeader(hd) {
   };
   for (const host of hd.hosts || []) for (const r of host.ranks || []) noteRank(r);
   invalidate("header", "ranks");
-  updatePickerEntry();
 }
 
 function updatePickerEntry() {
@@ -383,7 +384,6 @@ function addRecord(rec) {
   }
   if (state.header && state.header.status === "waiting") state.header.status = "training";
   invalidate("records", "header");
-  updatePickerEntry();
 }
 
 function applyRanks(ranks) {
@@ -454,7 +454,6 @@ function renderHeader() {
   hw.title = hwText;
   hw.hidden = !hwText;
 
-  renderAlerts();
   renderMetadata();
   renderGraph();
 }
