@@ -130,6 +130,15 @@ def _entry(body_head: bytes, payload: bytes = b"") -> bytes:
     return _ENTRY_HEAD.pack(len(body_head) + len(payload), crc) + body_head + payload
 
 
+def _append_frame(buf: bytearray, t: float, raw: bytes) -> None:
+    """Append a FRAME entry to ``buf`` (as :func:`_entry` would, without first copying the
+    frame's bytes into a temporary)."""
+    head = _FRAME_HEAD.pack(KIND_FRAME, t)
+    buf += _ENTRY_HEAD.pack(len(head) + len(raw), zlib.crc32(raw, zlib.crc32(head)))
+    buf += head
+    buf += raw
+
+
 def read_entries(data: bytes) -> tuple[list[tuple[int, memoryview]], int, str | None]:
     """Split a journal file's bytes (after the header) into ``(kind, payload)`` entries.
 
@@ -284,11 +293,7 @@ class Journal:
                 st.pending.pop(frame.rank, None)
             self._write_pending(st)
         st.started = True
-        head = _FRAME_HEAD.pack(KIND_FRAME, now)
-        buf = st.buf
-        buf += _ENTRY_HEAD.pack(len(head) + len(raw), zlib.crc32(raw, zlib.crc32(head)))
-        buf += head
-        buf += raw
+        _append_frame(st.buf, now, raw)
         self._dirty[st.run] = st
 
     def note_seq(self, sink: RunSink) -> None:
@@ -406,10 +411,7 @@ class Journal:
         held = list(pending.values()) if len(pending) == 1 else sorted(pending.values(), key=_time_of)
         pending.clear()
         for t, raw in held:
-            head = _FRAME_HEAD.pack(KIND_FRAME, t)
-            st.buf += _ENTRY_HEAD.pack(len(head) + len(raw), zlib.crc32(raw, zlib.crc32(head)))
-            st.buf += head
-            st.buf += raw
+            _append_frame(st.buf, t, raw)
         st.started = True
         self._dirty[st.run] = st
 
