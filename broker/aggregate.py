@@ -62,15 +62,7 @@ Placement = Tuple[str, int]
 
 def gpu_dict(gpu: GpuSample) -> Dict[str, Any]:
     """Every GpuSample field, absent ones as None (the Struct omits defaults on the wire)."""
-    return {
-        "device_index": gpu.device_index,
-        "name": gpu.name,
-        "util_percent": gpu.util_percent,
-        "vram_allocated_bytes": gpu.vram_allocated_bytes,
-        "vram_total_bytes": gpu.vram_total_bytes,
-        "temperature_c": gpu.temperature_c,
-        "power_w": gpu.power_w,
-    }
+    return _asdict(gpu)  # every field in schema order (GPU_KEYS), as rank_gpu copies it
 
 
 def sample_dict(sample: ResourceSample) -> Dict[str, Any]:
