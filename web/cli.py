@@ -234,7 +234,6 @@ class LazyBinder:
 
     def __init__(self, web: Web) -> None:
         self.web = web
-        self.failed: set[int] = set()
         self.ignored: set[int] = set()
         self._binding = False
 
@@ -269,7 +268,6 @@ class LazyBinder:
             log.info("run %s registered port %d: binding the web there", run, port)
             self.web.bind(port)
         except OSError as exc:
-            self.failed.add(port)
             log.warning("%s; waiting for the next registered port", exc.strerror or exc)
         finally:
             self._binding = False

@@ -223,7 +223,6 @@ class Hub:
         self.snapshot_listeners: list[Callable[[Hub], None]] = []
         # SSE bookkeeping for /metrics
         self.clients_dropped = 0
-        self.snapshots_received = 0
         self.gaps = 0
         # snapshot request state
         self._want_full = True
@@ -417,7 +416,6 @@ class Hub:
             self._finish_run(target, snap_runs.get(target))
 
     def _finish_full(self, snap_runs: dict[str, RunState], instance: str) -> None:
-        self.snapshots_received += 1
         for run in [r for r in self.runs if r not in snap_runs]:
             log.info("run %s is gone from the broker", run)
             for sub in list(self.runs[run].subscribers):
