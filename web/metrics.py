@@ -9,7 +9,7 @@ the hub.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -101,12 +101,14 @@ class HubCollector(Collector):
                 if not isinstance(entry, dict):
                     continue
                 labels = [state.run, str(entry.get("rank")), str(entry.get("host") or "")]
-                res: Any = entry.get("resources") or {}
+                res = entry.get("resources")
+                if not isinstance(res, dict):
+                    res = {}
                 values: dict[str, float | None] = {
-                    "cpu": finite(res.get("cpu_percent")) if isinstance(res, dict) else None,
-                    "gpu": finite(res.get("gpu_util_percent")) if isinstance(res, dict) else None,
-                    "vram": finite(res.get("vram_allocated_bytes")) if isinstance(res, dict) else None,
-                    "vram_total": finite(res.get("vram_total_bytes")) if isinstance(res, dict) else None,
+                    "cpu": finite(res.get("cpu_percent")),
+                    "gpu": finite(res.get("gpu_util_percent")),
+                    "vram": finite(res.get("vram_allocated_bytes")),
+                    "vram_total": finite(res.get("vram_total_bytes")),
                     "epoch": finite(entry.get("epoch")),
                     "loss": finite(entry.get("loss")),
                 }
