@@ -442,12 +442,8 @@ class BrokerServer:
                 self._journal.flush()
             except Exception:
                 self._rlog.error("journal", "journal write failed", exc_info=True)
-        pub = self._pub
-        assert pub is not None
-        for run, event in events:
-            msg = self._encode(run, event)
-            if msg is not None:
-                pub.send_multipart(msg)
+        encoded = (self._encode(run, event) for run, event in events)
+        self._send_all([msg for msg in encoded if msg is not None])
 
     def _encode(self, run: str, event: Event) -> list[bytes] | None:
         try:
