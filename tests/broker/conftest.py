@@ -16,6 +16,7 @@ from broker import feed
 from broker.server import BrokerServer
 from rank_agent import protocol
 from rank_agent.protocol import Finish, Metadata, Metrics, Register
+from tests import polling
 
 LOOPBACK_ANY = "tcp://127.0.0.1:*"
 
@@ -47,15 +48,8 @@ def bad_metadata(run: str = "r1", rank: int = 0) -> Metadata:
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns something truthy, or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.005)
+    """:func:`tests.polling.wait_for`, polling every 5 ms (socket round trips are fast)."""
+    return polling.wait_for(predicate, timeout, what, interval=0.005)
 
 
 class FeedClient:

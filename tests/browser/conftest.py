@@ -25,6 +25,7 @@ import pytest
 import zmq
 
 from rank_agent import protocol as wire
+from tests import polling
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
@@ -38,15 +39,8 @@ _INGEST = re.compile(r"broker ingest bound at (\S+)")
 
 
 def wait_until(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``pred`` until it returns something truthy; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
+    """:func:`tests.polling.wait_for` (the name the browser tests use)."""
+    return polling.wait_for(pred, timeout, what)
 
 
 class Stack:

@@ -25,28 +25,21 @@ import zmq
 
 from broker.server import BrokerServer
 from rank_agent import protocol
+from tests import polling
 
 REPO = Path(__file__).resolve().parents[2]
 EPHEMERAL = "tcp://127.0.0.1:*"
 T = TypeVar("T")
 
 
+#: What a poll over HTTP treats as "not yet" (the server not up, a half-written answer).
+HTTP_NOT_YET = (OSError, http.client.HTTPException, ValueError, KeyError)
+
+
 def wait_for(predicate: Callable[[], Optional[T]], timeout: float = 15.0, what: str = "condition",
              interval: float = 0.05) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last_exc: Optional[BaseException] = None
-    while True:
-        try:
-            value = predicate()
-        except (OSError, http.client.HTTPException, ValueError, KeyError) as exc:
-            value, last_exc = None, exc
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}" + (f" (last error: {last_exc!r})"
-                                                                     if last_exc else ""))
-        time.sleep(interval)
+    """:func:`tests.polling.wait_for` with HTTP errors counted as "not yet"."""
+    return polling.wait_for(predicate, timeout, what, interval=interval, retry_on=HTTP_NOT_YET)
 
 
 # ------------------------------------------------------------------------- broker
