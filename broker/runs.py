@@ -138,8 +138,8 @@ class Runs:
             return self._reject("decode", "%s", exc)
         except RecursionError:  # valid MessagePack nested too deep (in an ignored extra key)
             return self._reject("decode", "nested too deep to decode")
-        except protocol.LimitExceeded as exc:
-            return self._reject("limit", "%s", exc)
+        except protocol.LimitExceeded as exc:  # "limit", or "steps_shape" (BadSteps)
+            return self._reject(exc.reason, "%s", exc)
         return self.apply(frame, now, raw)
 
     def apply(self, frame: Frame, now: float, raw: bytes = b"") -> list[tuple[str, Event]]:

@@ -31,6 +31,11 @@ MAX_SUMMARY = 4096
 #: Most scalars in one metrics frame, and the longest scalar name.
 MAX_SCALARS = 256
 MAX_SCALAR_NAME = 128
+#: Most points (optimizer steps) in one ``steps`` frame, most metric names in one, and the
+#: longest metric name.
+MAX_STEP_POINTS = 1024
+MAX_STEP_METRICS = 64
+MAX_STEP_METRIC_NAME = 128
 
 RunId = Annotated[str, Meta(pattern=rf"^[A-Za-z0-9._:\-]{{1,{MAX_RUN_ID}}}$")]
 Rank = Annotated[int, Meta(ge=0, lt=MAX_WORLD_SIZE)]
@@ -113,7 +118,29 @@ class Finish(_Frame, tag="finish"):
     status: Literal["ok", "error"] = "ok"
 
 
-Frame = Union[Register, Svg, Metadata, Hardware, Resources, Metrics, Finish]
+StepList = Annotated[list[NonNegInt], Meta(min_length=1, max_length=MAX_STEP_POINTS)]
+StepMetricName = Annotated[str, Meta(max_length=MAX_STEP_METRIC_NAME)]
+OptFloats = Annotated[list[Optional[float]], Meta(max_length=MAX_STEP_POINTS)]
+Counts = Annotated[list[NonNegInt], Meta(max_length=MAX_STEP_POINTS)]
+
+
+class Steps(_Frame, tag="steps"):
+    """Columnar per-step points: entry ``i`` of every list describes ``steps[i]``.
+
+    Lists of equal length and strictly increasing steps are checked by
+    :func:`check_limits` (msgspec constraints cannot relate two fields). ``samples`` and
+    ``tokens`` may be ``[]`` (not sent); a metric's ``None`` means "not logged at that step".
+    """
+
+    steps: StepList
+    times: Annotated[list[float], Meta(max_length=MAX_STEP_POINTS)]
+    step_ms: OptFloats
+    samples: Counts = []
+    tokens: Counts = []
+    metrics: Annotated[dict[StepMetricName, OptFloats], Meta(max_length=MAX_STEP_METRICS)] = {}
+
+
+Frame = Union[Register, Svg, Metadata, Hardware, Resources, Metrics, Finish, Steps]
 
 #: Shared codecs. msgspec encoders/decoders are cheap to call and costly to build.
 encoder = msgspec.msgpack.Encoder()
@@ -122,6 +149,34 @@ decoder: msgspec.msgpack.Decoder[Frame] = msgspec.msgpack.Decoder(Frame)
 
 class LimitExceeded(ValueError):
     """A decoded frame is over one of the byte-size limits of PROTOCOL.md section 2."""
+
+    #: the broker's reject counter key
+    reason = "limit"
+
+
+class BadSteps(LimitExceeded):
+    """A ``steps`` frame whose lists disagree in length or whose steps do not increase."""
+
+    reason = "steps_shape"
+
+
+def check_steps(frame: Steps) -> None:
+    """Raise :class:`BadSteps` unless every list present has ``len(steps)`` entries and the
+    steps are strictly increasing."""
+    steps = frame.steps
+    n = len(steps)
+    if len(frame.times) != n or len(frame.step_ms) != n:
+        raise BadSteps("steps: times/step_ms length differs from steps")
+    if (frame.samples and len(frame.samples) != n) or (frame.tokens and len(frame.tokens) != n):
+        raise BadSteps("steps: samples/tokens length differs from steps")
+    for name, values in frame.metrics.items():
+        if len(values) != n:
+            raise BadSteps(f"steps: metric {name[:40]!r} length differs from steps")
+    prev = -1
+    for step in steps:
+        if step <= prev:
+            raise BadSteps("steps: not strictly increasing")
+        prev = step
 
 
 def utf8_over(text: str, limit: int) -> bool:
@@ -136,7 +191,9 @@ def utf8_over(text: str, limit: int) -> bool:
 
 def check_limits(frame: Frame) -> None:
     """Raise :class:`LimitExceeded` for the limits msgspec constraints cannot express."""
-    if isinstance(frame, Svg):
+    if type(frame) is Steps:
+        check_steps(frame)
+    elif isinstance(frame, Svg):
         if utf8_over(frame.svg, MAX_SVG_BYTES):
             raise LimitExceeded("svg over 2 MiB")
     elif isinstance(frame, Metadata):
