@@ -30,13 +30,13 @@ Event data shares structure with the sink's caches and earlier events: it is rea
 """
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 import math
 from typing import Any, Dict, List, NamedTuple, Tuple
 
 from broker import aggregate
+from broker.topology import HardwareString, Topology
 from rank_agent.protocol import (
     Finish,
     Frame,
@@ -55,7 +55,6 @@ log = logging.getLogger(__name__)
 PORT_WARN_INTERVAL = 60.0
 #: Header status values of a run that has ended.
 ENDED = ("complete", "failed")
-_NO_REPORT = object()  # sentinel for a cached hardware block of a host with no report
 
 
 class Event(NamedTuple):
@@ -76,98 +75,6 @@ class Rejected(Exception):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
-
-
-class Topology:
-    """Host and local rank per registered global rank, ordered as PROTOCOL 2.1 says.
-
-    Hosts are ordered by the lowest global rank registered on them; ranks within a host by
-    local rank (then global rank, so equal local ranks still order deterministically).
-    Everything derived is cached per host and rebuilt only for the host that changed; the
-    host order is re-sorted only when a host appears, disappears or changes its lowest
-    rank. So an epoch close costs no sort, and a register costs O(hosts), not O(ranks).
-    """
-
-    def __init__(self) -> None:
-        #: rank -> (host, local_rank), for every registered rank.
-        self.place: Dict[int, Tuple[str, int]] = {}
-        self._members: Dict[str, List[Tuple[int, int]]] = {}  # host -> sorted (lr, rank)
-        self._lowest: Dict[str, int] = {}  # host -> lowest global rank on it
-        self._order: List[str] | None = None  # hosts in topology order
-        self._entries: Dict[str, Dict[str, Any]] = {}  # host -> {"host", "ranks"} (cached)
-        self._ordered: List[Dict[str, Any]] | None = None
-
-    def set(self, rank: int, host: str, local_rank: int) -> List[str]:
-        """Place ``rank``; returns the hosts whose membership changed (empty: no change)."""
-        old = self.place.get(rank)
-        if old == (host, local_rank):
-            return []
-        touched = []
-        if old is not None:
-            self._drop(rank, old)
-            touched.append(old[0])
-        self.place[rank] = (host, local_rank)
-        bisect.insort(self._members.setdefault(host, []), (local_rank, rank))
-        low = self._lowest.get(host)
-        if low is None or rank < low:
-            self._lowest[host] = rank
-            self._order = None
-        if host not in touched:
-            touched.append(host)
-        self._changed(host)
-        return touched
-
-    def remove(self, rank: int) -> str | None:
-        """Forget ``rank``; returns its host (None if it was not placed)."""
-        old = self.place.pop(rank, None)
-        if old is None:
-            return None
-        self._drop(rank, old)
-        return old[0]
-
-    def _drop(self, rank: int, old: Tuple[str, int]) -> None:
-        host, local_rank = old
-        members = self._members[host]
-        del members[bisect.bisect_left(members, (local_rank, rank))]
-        if not members:
-            del self._members[host]
-            del self._lowest[host]
-            self._order = None
-        elif self._lowest[host] == rank:
-            self._lowest[host] = min(r for _, r in members)
-            self._order = None
-        self._changed(host)
-
-    def _changed(self, host: str) -> None:
-        self._entries.pop(host, None)
-        self._ordered = None
-
-    def hosts(self) -> List[str]:
-        """Host names in topology order. Cached; do not mutate."""
-        if self._order is None:
-            lowest = self._lowest
-            self._order = sorted(lowest, key=lowest.__getitem__)
-        return self._order
-
-    def ordered(self) -> List[Dict[str, Any]]:
-        """``[{"host", "ranks": [ranks in local-rank order]}]`` in host order: the header's
-        ``hosts``. Cached and shared between headers; do not mutate."""
-        if self._ordered is None:
-            entries = self._entries
-            out = []
-            for host in self.hosts():
-                entry = entries.get(host)
-                if entry is None:
-                    entry = entries[host] = {
-                        "host": host, "ranks": [r for _, r in self._members[host]],
-                    }
-                out.append(entry)
-            self._ordered = out
-        return self._ordered
-
-    def members(self, host: str) -> List[Tuple[int, int]]:
-        """The (local_rank, rank) pairs of ``host`` in order (empty for an unknown host)."""
-        return self._members.get(host, [])
 
 
 class _Rank:
@@ -240,9 +147,8 @@ class RunSink:
         self._durations: List[float] = []
         # Alerts keyed (kind, rank), in first-raised order.
         self._alerts: Dict[Tuple[str, int | None], Dict[str, Any]] = {}
-        # Hardware string: one cached block per host (invalidated per host) and the joined string.
-        self._hw_blocks: Dict[str, Any] = {}
-        self._hw_string: str | None = ""
+        # Hardware string of PROTOCOL 2.2, from each rank's last summary.
+        self._hw = HardwareString(self.topology, self._summary_of)
         self._ranks_dirty = False
         self._ranks_sent_at: float | None = None
         self._last_port_warn: float | None = None
@@ -373,7 +279,7 @@ class RunSink:
             "hash": self.hash,
             "port": self.port or None,
             "metadata": self.metadata,
-            "hardware": self._hardware(),
+            "hardware": self._hw.render(),
             "has_svg": self.svg is not None,
             "hosts": self.topology.ordered(),
             "alerts": [dict(a) for a in self._alerts.values()],
@@ -485,7 +391,7 @@ class RunSink:
         touched = self.topology.set(frame.rank, frame.host, frame.local_rank)
         if touched:
             self._header_pending = True
-            self._topology_changed(touched)
+            self._hw.hosts_changed(touched)
             self._gpus_dirty.add(frame.rank)  # its GPU name carries its host
             self._gpu_labels.pop(frame.rank, None)
         if frame.port:
@@ -565,15 +471,12 @@ class RunSink:
         if st.hardware == frame.summary:
             return
         st.hardware = frame.summary
-        place = self.topology.place.get(st.rank)
-        if place is not None:  # an unplaced rank is in no host block
-            # Only this host's block can change: compare it, not the whole string (O(hosts)).
-            host = place[0]
-            before = self._hw_blocks.get(host)
-            block = self._hw_blocks[host] = self._render_host(host)
-            if block != before:
-                self._hw_string = None
-                self._header_pending = True  # coalesced (see _header_pending)
+        if self._hw.report_changed(st.rank):
+            self._header_pending = True  # coalesced (see _header_pending)
+
+    def _summary_of(self, rank: int) -> str | None:
+        st = self._ranks.get(rank)
+        return st.hardware if st is not None else None
 
     def _on_svg(self, frame: Svg) -> None:
         if self.svg is None and frame.svg:
@@ -615,7 +518,7 @@ class RunSink:
             for key in [k for k in self._alerts if k[1] is not None and k[1] >= ws]:
                 del self._alerts[key]
         if touched:
-            self._topology_changed(touched)
+            self._hw.hosts_changed(touched)
 
     # ------------------------------------------------------------------ epochs
 
@@ -668,43 +571,6 @@ class RunSink:
         loss = record["metrics"]["loss"]
         if not math.isfinite(loss):
             self._raise("nonfinite_loss", None, f"epoch {epoch}: loss is {loss}", now)
-
-    # ------------------------------------------------------------------ header parts
-
-    def _topology_changed(self, hosts: List[str]) -> None:
-        """Membership of ``hosts`` changed: their hardware blocks and the string are stale
-        (re-rendered when a header is built; the caller already marked the header)."""
-        for host in hosts:
-            self._hw_blocks.pop(host, None)
-        self._hw_string = None
-
-    def _hardware(self) -> str:
-        """The hardware string of PROTOCOL 2.2."""
-        if self._hw_string is None:
-            blocks = []
-            for host in self.topology.hosts():
-                block = self._hw_blocks.get(host)
-                if block is None:
-                    block = self._hw_blocks[host] = self._render_host(host)
-                if block is not _NO_REPORT:
-                    blocks.append(block)
-            self._hw_string = " | ".join(blocks)
-        return self._hw_string
-
-    def _render_host(self, host: str) -> Any:
-        """``"<host>: <cpu>"`` plus one ``" | gr=G lr=L: <gpu>"`` per rank with a GPU part."""
-        parts: List[str] = []
-        for local_rank, rank in self.topology.members(host):
-            st = self._ranks.get(rank)
-            summary = st.hardware if st is not None else None
-            if summary is None:
-                continue
-            cpu, sep, gpu = summary.partition(" | ")
-            if not parts:
-                parts.append(f"{host}: {cpu}")
-            if sep and gpu:
-                parts.append(f"gr={rank} lr={local_rank}: {gpu}")
-        return " | ".join(parts) if parts else _NO_REPORT
 
     # ------------------------------------------------------------------ events
 
