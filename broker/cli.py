@@ -99,6 +99,9 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
                    help=f"where runs are journaled (default {default_data_dir()})")
     p.add_argument("--stale-after", type=_positive_float, default=30.0,
                    help="seconds of silence before a rank is stale (default 30)")
+    p.add_argument("--step-close-after", type=_positive_float, default=10.0,
+                   help="seconds after its first point a step closes even if ranks are "
+                        "missing (default 10)")
     p.add_argument("--max-runs", type=_int_range(1), default=1000,
                    help="runs held in memory; the oldest finished is evicted (default 1000)")
     p.add_argument("--retention-days", type=_positive_float, default=None,
@@ -182,6 +185,7 @@ def build_server(args: argparse.Namespace) -> Any:
     return BrokerServer(
         args.ingest, args.publish, args.snapshot,
         stale_after=args.stale_after,
+        step_close_after=args.step_close_after,
         data_dir=args.data_dir if args.data_dir is not None else default_data_dir(),
         curve_secret_key=args.curve_secret_key,
         curve_authorized=args.curve_authorized,

@@ -7,7 +7,8 @@ Messages are lists of ``bytes`` parts, ready for ``send_multipart``/``recv_multi
 PUB topics (first part):
 
 * ``b"r:" + run`` -> ``{"seq", "kind", "data"}``: one sink event;
-* ``b"!hb"`` -> ``{"instance", "time", "accepted", "rejected", "late_metrics", "runs"}``: every second;
+* ``b"!hb"`` -> ``{"instance", "time", "accepted", "rejected", "late_metrics", "runs",
+  "late_steps", "steps_closed"}``: every second;
 * ``b"!port"`` -> ``{"run", "rank", "port"}``: an accepted ``register`` naming a non-zero port
   (for ``rankboard up``'s lazy web bind).
 
@@ -81,6 +82,8 @@ class Heartbeat(NamedTuple):
     rejected: dict[str, int]
     late_metrics: int
     runs: int
+    late_steps: int = 0
+    steps_closed: int = 0
 
 
 class PortUpdate(NamedTuple):
@@ -119,6 +122,8 @@ def encode_heartbeat(
     rejected: dict[str, int],
     runs: int,
     late_metrics: int = 0,
+    late_steps: int = 0,
+    steps_closed: int = 0,
 ) -> list[bytes]:
     """PUB heartbeat message; ``rejected`` maps reason -> count."""
     body = {
@@ -127,6 +132,8 @@ def encode_heartbeat(
         "accepted": accepted,
         "rejected": dict(rejected),
         "late_metrics": late_metrics,
+        "late_steps": late_steps,
+        "steps_closed": steps_closed,
         "runs": runs,
     }
     return [TOPIC_HEARTBEAT, _pack(body)]
@@ -165,6 +172,8 @@ def decode_update(parts: list[bytes]) -> Update | None:
                 {str(k): int(v) for k, v in body["rejected"].items()},
                 int(body.get("late_metrics", 0)),
                 int(body["runs"]),
+                int(body.get("late_steps", 0)),
+                int(body.get("steps_closed", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise FeedError(f"malformed heartbeat: {exc!r}") from None

@@ -24,7 +24,16 @@ payload``; ``kind`` is one of:
  2    SEQ_HI           ``<u64 seq_hi>``: every id issued so far (and until the next one) <= it
  3    RECORD_SEQ       ``<u32 index><u64 seq>``: ``sink.record_seqs[index]``
  4    COMPLETE_SEQ     ``<u64 seq>``: seq of the run's ``complete`` event (0: reopened)
+ 5    STEPS            MessagePack of a :meth:`StepStore.to_wire` block: published closed steps
 ====  ===============  ====================================================================
+
+``steps`` frames are *not* journaled (a run whose first frame is one gets an empty
+``resources`` frame of that rank in its place, which carries the run's ``started_at``): the
+closed steps they produce are, in compact columnar blocks (kind 5)
+written when their ``steps`` event is, so a restart loads a million-step run with a few
+``np.frombuffer`` calls instead of replaying every rank's points. The price, documented in
+docs/DESIGN.md: points of steps that had not closed (or closed but not yet been published)
+at a SIGKILL are lost, as are the ranks' ``step``/``step_ms`` until they report again.
 
 A reader stops at the first entry that is short, over :data:`MAX_ENTRY`, or fails its CRC
 (a torn write at SIGKILL, or garbage), warns once for the file, and truncates the file there
@@ -54,9 +63,11 @@ import zlib
 from collections import OrderedDict
 from typing import Union
 
+import msgspec
+
 from broker.sink import Rejected, RunSink
 from rank_agent import protocol
-from rank_agent.protocol import Frame, Metrics, Resources
+from rank_agent.protocol import Frame, Metrics, Resources, ResourceSample, Steps
 
 __all__ = ["Journal", "JournalError", "FORMAT_VERSION", "HEADER", "read_entries"]
 
@@ -74,6 +85,12 @@ KIND_FRAME = 1
 KIND_SEQ_HI = 2
 KIND_RECORD_SEQ = 3
 KIND_COMPLETE_SEQ = 4
+KIND_STEPS = 5
+
+#: Bytes of step blocks per journal entry at most (an entry is at most MAX_ENTRY).
+_STEP_BLOCK_BYTES = 2 * 1024 * 1024
+_block_encoder = msgspec.msgpack.Encoder()
+_block_decoder = msgspec.msgpack.Decoder(dict)
 
 _ENTRY_HEAD = struct.Struct("<II")  # length of body, crc32 of body
 _FRAME_HEAD = struct.Struct("<Bd")  # kind, receive time
@@ -98,6 +115,7 @@ class _RunFile:
     __slots__ = (
         "run", "path", "fd", "buf", "size", "pending", "started", "seq_hi",
         "noted_records", "noted_complete", "noted_seq", "track_records", "write_failed",
+        "noted_steps",
     )
 
     def __init__(self, run: str, path: str) -> None:
@@ -119,6 +137,7 @@ class _RunFile:
         # over an existing file): its record indices would not match, so do not note them.
         self.track_records = True
         self.write_failed = False
+        self.noted_steps = 0  # rows of sink.steps already journaled
 
 
 def _time_of(item: tuple[float, bytes]) -> float:
@@ -211,7 +230,8 @@ class Journal:
 
     # -- start -------------------------------------------------------------------------
 
-    def load(self, *, stale_after: float = 30.0, now: float | None = None) -> dict[str, RunSink]:
+    def load(self, *, stale_after: float = 30.0, now: float | None = None,
+             step_close_after: float = 10.0) -> dict[str, RunSink]:
         """Rebuild every run from disk: ``{run: sink}`` with each sink's ``seq`` above any id
         issued before, and a fresh reservation already written.
 
@@ -239,20 +259,21 @@ class Journal:
             if not _RUN_ID.match(run):
                 log.warning("journal: ignoring %s (not a run id)", name)
                 continue
-            loaded = self._load_file(run, stale_after, horizon)
+            loaded = self._load_file(run, stale_after, horizon, step_close_after)
             if loaded is not None:
                 sinks[run] = loaded
         self.flush()
         log.info("journal: %d runs rebuilt from %s", len(sinks), self.runs_dir)
         return sinks
 
-    def load_run(self, run: str, *, stale_after: float = 30.0) -> RunSink | None:
+    def load_run(self, run: str, *, stale_after: float = 30.0,
+                 step_close_after: float = 10.0) -> RunSink | None:
         """Rebuild one run from its file (e.g. one evicted from memory that is active again);
         None when it has no readable journal. The same seq guarantees as :meth:`load`."""
         if not _RUN_ID.match(run):
             raise ValueError(f"not a run id: {run!r}")
         self.forget(run)
-        sink = self._load_file(run, stale_after, None)
+        sink = self._load_file(run, stale_after, None, step_close_after)
         if sink is not None:
             self.flush()  # the new reservation is on disk before any of its events go out
         return sink
@@ -273,8 +294,10 @@ class Journal:
         st = self._files.get(sink.run)
         if st is None:
             st = self._new_state(sink.run)
-        if raw and st.started and type(frame) is Resources:
-            st.pending[frame.rank] = (now, raw)
+        tp = type(frame)
+        if raw and st.started and (tp is Resources or tp is Steps):
+            if tp is Resources:
+                st.pending[frame.rank] = (now, raw)
         else:
             self._record(st, raw, frame, now)
         if sink.seq != st.noted_seq:
@@ -287,6 +310,13 @@ class Journal:
             if st.started:
                 st.pending[frame.rank] = (now, raw)
                 return
+        elif type(frame) is Steps:
+            if st.started:
+                return  # its closed steps are journaled instead (STEPS blocks)
+            # The run's first frame carries started_at; its points must not be replayed
+            # (they would close again next to the STEPS blocks): an empty sample stands in.
+            raw = protocol.encoder.encode(
+                Resources(run=frame.run, rank=frame.rank, sample=ResourceSample()))
         elif st.pending:
             if type(frame) is Metrics and frame.resources is not None:  # type: ignore[union-attr]
                 # The frame's own sample replaces the rank's held one as it is applied.
@@ -323,9 +353,22 @@ class Journal:
                 st.buf += _entry(_SEQ.pack(KIND_COMPLETE_SEQ, cseq))
                 st.noted_complete = cseq
                 self._dirty[st.run] = st
+            if sink.steps.rows > st.noted_steps:
+                self._note_steps(st, sink)
         if sink.seq > st.seq_hi - self.seq_block // 2:
             self._reserve(st, sink.seq)
         st.noted_seq = sink.seq
+
+    def _note_steps(self, st: _RunFile, sink: RunSink) -> None:
+        """Journal the published closed steps not yet written, in blocks of bounded size."""
+        store = sink.steps
+        per_row = 40 + 28 * (len(store.metrics) + 1)
+        chunk = max(1, _STEP_BLOCK_BYTES // per_row)
+        for start in range(st.noted_steps, store.rows, chunk):
+            payload = _block_encoder.encode(store.to_wire(start, start + chunk))
+            st.buf += _entry(bytes((KIND_STEPS,)), payload)
+        st.noted_steps = store.rows
+        self._dirty[st.run] = st
 
     def flush(self) -> None:
         """Write every buffered entry (one ``os.pwrite`` per dirty run); fsync at most once
@@ -552,8 +595,8 @@ class Journal:
         log.warning("journal: skipping %s (%s); moved to %s", path, why, dest)
         return True
 
-    def _load_file(self, run: str, stale_after: float,
-                   horizon: float | None) -> RunSink | None:
+    def _load_file(self, run: str, stale_after: float, horizon: float | None,
+                   step_close_after: float = 10.0) -> RunSink | None:
         path = self._path(run)
         try:
             with open(path, "rb") as f:
@@ -578,7 +621,8 @@ class Journal:
             log.warning("journal: %s: %s at byte %d; dropping the last %d bytes and keeping the "
                         "%d entries before", path, problem, len(HEADER) + good, dropped,
                         len(entries))
-        sink = RunSink(run, stale_after=stale_after)
+        sink = RunSink(run, stale_after=stale_after, step_close_after=step_close_after)
+        step_failures = 0
         seq_hi = 0
         record_seqs: dict[int, int] = {}
         complete_seq = 0
@@ -607,6 +651,14 @@ class Journal:
                 record_seqs[index] = seq
             elif kind == KIND_COMPLETE_SEQ:
                 complete_seq = struct.unpack_from("<Q", payload)[0]
+            elif kind == KIND_STEPS:
+                try:
+                    sink.restore_steps(_block_decoder.decode(payload))
+                except (ValueError, KeyError, TypeError, msgspec.DecodeError) as exc:
+                    if not step_failures:
+                        log.warning("journal: %s: a block of closed steps cannot be restored "
+                                    "(%s); skipping such blocks", path, exc)
+                    step_failures += 1
             # other kinds: written by a newer minor version; nothing to do with them
         if failures > 1:
             log.warning("journal: %s: %d frames could not be replayed", path, failures)
@@ -656,6 +708,7 @@ class Journal:
         st.started = frames > 0
         st.noted_records = known
         st.noted_complete = noted_complete
+        st.noted_steps = sink.steps.rows
         if problem is not None:
             self._truncate(st)
         self._files[run] = st

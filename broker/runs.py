@@ -58,6 +58,7 @@ class Runs:
         stale_after: float = 30.0,
         max_runs: int = 1000,
         ranks_interval: float = 1.0,
+        step_close_after: float = 10.0,
         sinks: dict[str, RunSink] | None = None,
         on_accept: OnAccept | None = None,
         recorder: Recorder | None = None,
@@ -70,6 +71,7 @@ class Runs:
         self.stale_after = stale_after
         self.max_runs = max_runs
         self.ranks_interval = ranks_interval
+        self.step_close_after = step_close_after
         self.on_accept = on_accept
         self.recorder = recorder
         self.loader = loader
@@ -82,6 +84,8 @@ class Runs:
         self._mru: str | None = None  # the run last moved to the end of ``_sinks``
         # late_metrics of runs no longer in memory, so the total never goes backwards.
         self._late_evicted = 0
+        self._late_steps_evicted = 0
+        self._steps_evicted = 0
         # run -> last seq issued before eviction: a run that comes back must keep its ids
         # increasing (the web drops anything at or below what it has seen).
         self._evicted: OrderedDict[str, int] = OrderedDict()
@@ -109,6 +113,16 @@ class Runs:
     def late_metrics(self) -> int:
         """Total metrics frames dropped as late, over every run ever held since start."""
         return self._late_evicted + sum(s.late_metrics for s in self._sinks.values())
+
+    @property
+    def late_steps(self) -> int:
+        """Total step points dropped as late, over every run ever held since start."""
+        return self._late_steps_evicted + sum(s.late_steps for s in self._sinks.values())
+
+    @property
+    def steps_closed(self) -> int:
+        """Closed steps published since this broker started, over every run."""
+        return self._steps_evicted + sum(s.steps_published for s in self._sinks.values())
 
     @property
     def rejected_total(self) -> int:
@@ -236,6 +250,8 @@ class Runs:
             "accepted": self.accepted,
             "rejected": dict(self.rejected),
             "late_metrics": self.late_metrics,
+            "late_steps": self.late_steps,
+            "steps_closed": self.steps_closed,
             "runs": len(self._sinks),
         }
 
@@ -252,7 +268,8 @@ class Runs:
             if loaded is not None:
                 log.info("run %r reloaded from the journal", run)
                 return loaded
-        sink = RunSink(run, stale_after=self.stale_after, ranks_interval=self.ranks_interval)
+        sink = RunSink(run, stale_after=self.stale_after, ranks_interval=self.ranks_interval,
+                       step_close_after=self.step_close_after)
         last = self._evicted.get(run)
         if last is not None:
             # Skip one id on purpose: the web sees a gap and re-snapshots the run, replacing
@@ -284,6 +301,8 @@ class Runs:
     def _evict(self, run: str) -> None:
         sink = self._sinks.pop(run)
         self._late_evicted += sink.late_metrics
+        self._late_steps_evicted += sink.late_steps
+        self._steps_evicted += sink.steps_published
         self._evicted[run] = sink.seq
         self._evicted.move_to_end(run)
         while len(self._evicted) > _EVICTED_MEMORY:

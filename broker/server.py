@@ -128,6 +128,7 @@ class BrokerServer:
         snapshot: str = DEFAULT_SNAPSHOT,
         *,
         stale_after: float = 30.0,
+        step_close_after: float = 10.0,
         data_dir: Union[str, Path, None] = None,
         curve_secret_key: Union[str, Path, None] = None,
         curve_authorized: Union[str, Path, None] = None,
@@ -148,6 +149,9 @@ class BrokerServer:
         self.publish_endpoint = publish
         self.snapshot_endpoint = snapshot
         self.stale_after = stale_after
+        if step_close_after <= 0:
+            raise ValueError("step_close_after must be > 0")
+        self.step_close_after = step_close_after
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.curve_secret_key = curve_secret_key
         self.curve_authorized = curve_authorized
@@ -162,7 +166,8 @@ class BrokerServer:
         #: Random per start: a new one tells the web the broker restarted.
         self.instance = uuid.uuid4().hex
         # Runs checks max_runs (ValueError when < 1).
-        self.runs = Runs(stale_after=stale_after, max_runs=max_runs, on_accept=self._on_accept)
+        self.runs = Runs(stale_after=stale_after, max_runs=max_runs, on_accept=self._on_accept,
+                         step_close_after=step_close_after)
         self.endpoints: dict[str, str] = {}
         self._context = context
         self._own_context = context is None
@@ -219,8 +224,6 @@ class BrokerServer:
         pull.linger = 0
         pull.rcvhwm = 100_000
         pull.maxmsgsize = self.max_message_bytes
-        if self.curve_secret_key is not None:
-            self._setup_curve(pull)
         pub = self._pub = ctx.socket(zmq.PUB)
         pub.linger = 0
         pub.sndhwm = 100_000  # a slow web loses events (gap -> re-snapshot) only under real overload
@@ -228,11 +231,20 @@ class BrokerServer:
         router.linger = 0
         router.sndhwm = 100_000
         router.router_mandatory = True  # a full or gone peer raises instead of silently dropping
+        if self.curve_secret_key is not None:
+            self._setup_curve(pull, pub, router)
         self.endpoints = {
             "ingest": self._bind_one(pull, self.ingest_endpoint),
             "publish": self._bind_one(pub, self.publish_endpoint),
             "snapshot": self._bind_one(router, self.snapshot_endpoint),
         }
+        if self._auth is None:
+            for name in ("publish", "snapshot"):
+                if not is_loopback_endpoint(self.endpoints[name]):
+                    log.warning(
+                        "%s %s is reachable from other hosts without CURVE: anyone who can "
+                        "reach it reads every run (see `rankboard keys`)", name,
+                        self.endpoints[name])
 
     @staticmethod
     def _bind_one(sock: zmq.Socket, endpoint: str) -> str:
@@ -246,8 +258,14 @@ class BrokerServer:
         last = sock.last_endpoint
         return last.decode() if isinstance(last, bytes) else str(last)
 
-    def _setup_curve(self, pull: zmq.Socket) -> None:
-        """CURVE server on the ingest socket; clients must hold an authorized public key."""
+    def _setup_curve(self, *socks: zmq.Socket) -> None:
+        """CURVE server on ingest, publish and snapshot alike, with one ZAP handler.
+
+        Why all three: the feed carries every run's data (metadata included) and the snapshot
+        hands out all of it on request, so a web on another host must prove who it is exactly
+        as a rank does. One key pair and one authorized-keys directory serve both kinds of
+        client: ranks and webs are told apart by the files they are given, not by the broker.
+        """
         import zmq.auth
         from zmq.auth.thread import ThreadAuthenticator
 
@@ -264,10 +282,12 @@ class BrokerServer:
         self._auth = ThreadAuthenticator(self._ctx)
         self._auth.start()
         self._auth.configure_curve(domain="*", location=str(authorized))
-        pull.curve_publickey = public
-        pull.curve_secretkey = secret
-        pull.curve_server = True
-        log.info("ingest requires CURVE; authorized client keys from %s", authorized)
+        for sock in socks:
+            sock.curve_publickey = public
+            sock.curve_secretkey = secret
+            sock.curve_server = True
+        log.info("ingest, publish and snapshot require CURVE; authorized client keys from %s",
+                 authorized)
 
     def _open_journal(self) -> None:
         from broker.journal import Journal, JournalError
@@ -275,7 +295,8 @@ class BrokerServer:
         assert self.data_dir is not None
         journal = self._journal = Journal(self.data_dir, retention_days=self.retention_days)
         try:
-            sinks: dict[str, RunSink] = journal.load(stale_after=self.stale_after)
+            sinks: dict[str, RunSink] = journal.load(stale_after=self.stale_after,
+                                                     step_close_after=self.step_close_after)
         except (OSError, JournalError) as exc:
             self._journal = None
             journal.close()
@@ -289,7 +310,8 @@ class BrokerServer:
         # record + note_seq per frame, not per batch: the journal reserves ids in blocks and
         # a batch may issue more events for one run than half a block.
         self.runs.recorder = journal.accept
-        self.runs.loader = lambda run: journal.load_run(run, stale_after=self.stale_after)
+        self.runs.loader = lambda run: journal.load_run(
+            run, stale_after=self.stale_after, step_close_after=self.step_close_after)
         self.runs.on_evict = journal.forget
         log.info("journal %s: %d runs restored", self.data_dir, len(sinks))
 
@@ -462,7 +484,8 @@ class BrokerServer:
         assert pub is not None
         c = self.runs.counters()
         pub.send_multipart(feed.encode_heartbeat(
-            self.instance, self.clock(), c["accepted"], c["rejected"], c["runs"], c["late_metrics"]
+            self.instance, self.clock(), c["accepted"], c["rejected"], c["runs"], c["late_metrics"],
+            c["late_steps"], c["steps_closed"],
         ))
 
     def _encode_snapshot(self, snap: dict[str, Any]) -> list[bytes] | None:

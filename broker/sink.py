@@ -36,6 +36,8 @@ import math
 from typing import Any, Dict, List, NamedTuple, Tuple
 
 from broker import aggregate
+from broker.steps import StepCloser
+from broker.stepstore import StepStore
 from broker.topology import HardwareString, Topology
 from rank_agent.protocol import (
     Finish,
@@ -46,6 +48,7 @@ from rank_agent.protocol import (
     Register,
     Resources,
     ResourceSample,
+    Steps,
     Svg,
 )
 
@@ -55,6 +58,8 @@ log = logging.getLogger(__name__)
 PORT_WARN_INTERVAL = 60.0
 #: Header status values of a run that has ended.
 ENDED = ("complete", "failed")
+#: Seconds between two ``steps`` events of a run (PROTOCOL 4: at most 4 a second).
+STEPS_INTERVAL = 0.25
 
 
 class Event(NamedTuple):
@@ -99,7 +104,8 @@ class _Rank:
 class RunSink:
     """The broker's state of one run; see the module docstring for the rules."""
 
-    def __init__(self, run: str, *, stale_after: float = 30.0, ranks_interval: float = 1.0) -> None:
+    def __init__(self, run: str, *, stale_after: float = 30.0, ranks_interval: float = 1.0,
+                 step_close_after: float = 10.0) -> None:
         self.run = run
         self.stale_after = stale_after
         self.ranks_interval = ranks_interval
@@ -112,6 +118,13 @@ class RunSink:
         self.complete: Tuple[int, str] | None = None
         #: Metrics frames dropped because their epoch had already closed.
         self.late_metrics = 0
+        #: Closed steps that went out in ``steps`` events (PROTOCOL 2.4), columnar.
+        self.steps = StepStore()
+        self._closer = StepCloser(close_after=step_close_after)
+        self._steps_out: List[Dict[str, Any]] = []  # closed, not yet in a steps event
+        self._steps_sent_at: float | None = None
+        #: steps published by this sink (not restored ones): the closed-step counter
+        self.steps_published = 0
         #: Registers that named a port other than the latched one (warned, ignored).
         self.port_conflicts = 0
 
@@ -183,7 +196,7 @@ class RunSink:
         """
         tp = type(frame)
         rank = frame.rank
-        if tp is Resources or tp is Metrics:
+        if tp is Resources or tp is Metrics or tp is Steps:
             ws = self.world_size
             if ws is not None and rank >= ws:
                 raise Rejected("rank_out_of_range", f"rank {rank} >= world_size {ws}")
@@ -202,6 +215,7 @@ class RunSink:
             st.last_seen = now
             if st.status == "stale":
                 st.status = "ok"
+                self._closer.set_active(rank, True)
         self._ranks_dirty = True
         if tp is Resources:
             self._samples[rank] = frame.sample  # type: ignore[union-attr]
@@ -210,7 +224,9 @@ class RunSink:
             # A sample changes nothing in the header and cannot complete the run.
             return self._take_events() if self._header_changed else []
         try:
-            if tp is Metrics:
+            if tp is Steps:
+                self._on_steps(frame, st, now)  # type: ignore[arg-type]
+            elif tp is Metrics:
                 self._on_metrics(frame, st)  # type: ignore[arg-type]
             elif tp is Register:
                 self._on_register(frame, st, now)  # type: ignore[arg-type]
@@ -248,8 +264,13 @@ class RunSink:
         for st in self._ranks.values():
             if st.status == "ok" and st.last_seen <= limit:
                 st.status = "stale"
+                self._closer.set_active(st.rank, False)
                 self._ranks_dirty = True
                 self._raise("stale", st.rank, f"rank {st.rank} silent for {self.stale_after:g}s", now)
+        self._close_steps(now)
+        if self._steps_out and (self._steps_sent_at is None
+                                or now - self._steps_sent_at >= STEPS_INTERVAL):
+            self._publish_steps(now)
         if self._header_changed or (self._header_pending and (
             self._header_sent_at is None or now - self._header_sent_at >= self.ranks_interval
         )):
@@ -285,15 +306,20 @@ class RunSink:
             "alerts": [dict(a) for a in self._alerts.values()],
             "started_at": self.started_at,
             "updated_at": self.updated_at,
+            "steps_done": self.steps.last_step,
+            "step_metrics": self.steps.metric_names(),
         }
 
     def ranks(self) -> List[Dict[str, Any]]:
         """The ``ranks`` array of PROTOCOL 4 (rank order), each entry plus its last ``loss``."""
         place = self.topology.place
+        closer = self._closer
+        step_ranks = closer.ranks
         out = []
         for rank in sorted(self._ranks):
             st = self._ranks[rank]
             p = place.get(rank)
+            rs = step_ranks.get(rank)
             out.append(
                 {
                     "rank": rank,
@@ -304,6 +330,9 @@ class RunSink:
                     "epoch": st.epoch,
                     "hardware": st.hardware,
                     "resources": self._sample_json(st),
+                    "step": rs.highest if rs is not None else None,
+                    "step_ms": rs.mean_ms() if rs is not None else None,
+                    "slowest_share": closer.share(rank),
                     "loss": st.loss,
                 }
             )
@@ -319,7 +348,32 @@ class RunSink:
             "records": [[s, r] for s, r in zip(self.record_seqs, self.records)],
             "complete": list(self.complete) if self.complete is not None else None,
             "svg": self.svg,
+            "steps": self.steps.to_wire(),
         }
+
+    @property
+    def late_steps(self) -> int:
+        """Step points dropped because their step had already closed."""
+        return self._closer.late
+
+    def restore_steps(self, block: Dict[str, Any]) -> None:
+        """Journal replay: closed steps as :meth:`StepStore.to_wire` wrote them. They were
+        published before the restart, so no event; what they change in the run is restored
+        (its status, the closing position, the straggler window, a non-finite loss alert).
+        Raises ``ValueError`` for a block that does not follow the stored ones."""
+        store = self.steps
+        before = store.rows
+        store.extend_wire(block)
+        if store.rows == before:
+            return
+        self._closer.forget_through(store.last_step)  # type: ignore[arg-type]
+        self._closer.restore_slowest(store.slowest_ranks(since=before))
+        if self.status == "waiting":
+            self.status = "training"
+        bad = store.last_nonfinite("loss", since=before)
+        if bad is not None:
+            step, value, at = bad
+            self._raise("nonfinite_loss", None, f"step {step}: loss is {value}", at)
 
     # ------------------------------------------------------------------ validation
 
@@ -420,6 +474,7 @@ class RunSink:
         self._n_finished -= 1
         st.status = "ok"
         rank = st.rank
+        self._closer.set_active(rank, True)
         for epoch, reports in self._pending.items():
             if rank in reports.frames:
                 self._pending_active[epoch] += 1
@@ -441,7 +496,41 @@ class RunSink:
         if error:
             self._n_error += 1
             self._raise("rank_error", rank, f"rank {rank} finished with error", now)
+        self._closer.set_active(rank, False)
         self._close_ready()
+        self._close_steps(now)
+
+    def _on_steps(self, frame: Steps, st: _Rank, now: float) -> None:
+        self._closer.add(frame, now, not st.finished)
+        self._close_steps(now)
+        if self._steps_out and (self._steps_sent_at is None
+                                or now - self._steps_sent_at >= STEPS_INTERVAL):
+            self._publish_steps(now)
+
+    def _close_steps(self, now: float) -> None:
+        """Take what the closer lets close now (watermark, grace, force close)."""
+        closed = self._closer.ready(now, self.world_size)
+        if closed:
+            self._steps_out.extend(closed)
+
+    def _publish_steps(self, now: float) -> None:
+        """One ``steps`` event with every step closed since the last one (at most one per
+        STEPS_INTERVAL, or at once when the run ends). Only published steps enter
+        :attr:`steps`, so a snapshot never holds a step an event will bring again."""
+        out, self._steps_out = self._steps_out, []
+        self.steps.append(out)
+        self.steps_published += len(out)
+        self._steps_sent_at = now
+        self._emit("steps", {"steps": out})
+        if self.status == "waiting":
+            self.status = "training"
+            self._header_changed = True
+        for record in reversed(out):
+            loss = record["metrics"].get("loss")
+            if loss is not None and not math.isfinite(loss[0]):
+                self._raise("nonfinite_loss", None, f"step {record['step']}: loss is {loss[0]}",
+                            now)
+                break
 
     def _on_metrics(self, frame: Metrics, st: _Rank) -> None:
         rank = st.rank
@@ -500,6 +589,7 @@ class RunSink:
                 if st.status == "error":
                     self._n_error -= 1
             self._samples.pop(rank, None)
+            self._closer.discard(rank)
             self._gpus.pop(rank, None)
             self._gpus_dirty.discard(rank)
             self._gpu_labels.pop(rank, None)
@@ -592,6 +682,10 @@ class RunSink:
     def _complete(self) -> None:
         """Every rank finished: the run ends; the header (with its status), then completion."""
         completed = "failed" if self._n_error else "complete"
+        self._steps_out.extend(self._closer.close_all())
+        if self._steps_out:
+            assert self.updated_at is not None
+            self._publish_steps(self.updated_at)
         self.status = completed
         self._emit_header()
         self.complete = (self._emit("complete", {"status": completed}), completed)

@@ -36,6 +36,10 @@ MAX_SCALAR_NAME = 128
 MAX_STEP_POINTS = 1024
 MAX_STEP_METRICS = 64
 MAX_STEP_METRIC_NAME = 128
+#: Largest step number (steps are stored as signed 64-bit integers) and largest per-point
+#: ``samples``/``tokens`` (so a sum over 65,536 ranks still fits in 64 bits).
+MAX_STEP = 2**63 - 1
+MAX_STEP_COUNT = 2**40
 
 RunId = Annotated[str, Meta(pattern=rf"^[A-Za-z0-9._:\-]{{1,{MAX_RUN_ID}}}$")]
 Rank = Annotated[int, Meta(ge=0, lt=MAX_WORLD_SIZE)]
@@ -118,10 +122,12 @@ class Finish(_Frame, tag="finish"):
     status: Literal["ok", "error"] = "ok"
 
 
-StepList = Annotated[list[NonNegInt], Meta(min_length=1, max_length=MAX_STEP_POINTS)]
+StepNumber = Annotated[int, Meta(ge=0, le=MAX_STEP)]
+StepList = Annotated[list[StepNumber], Meta(min_length=1, max_length=MAX_STEP_POINTS)]
 StepMetricName = Annotated[str, Meta(max_length=MAX_STEP_METRIC_NAME)]
 OptFloats = Annotated[list[Optional[float]], Meta(max_length=MAX_STEP_POINTS)]
-Counts = Annotated[list[NonNegInt], Meta(max_length=MAX_STEP_POINTS)]
+Counts = Annotated[list[Annotated[int, Meta(ge=0, le=MAX_STEP_COUNT)]],
+                   Meta(max_length=MAX_STEP_POINTS)]
 
 
 class Steps(_Frame, tag="steps"):

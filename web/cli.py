@@ -323,7 +323,8 @@ class BrokerChild:
                  data_dir: Path) -> None:
         cmd = [sys.executable, "-m", "broker.cli", "broker",
                "--ingest", ingest, "--publish", publish, "--snapshot", snapshot,
-               "--data-dir", str(data_dir), "--stale-after", repr(float(args.stale_after))]
+               "--data-dir", str(data_dir), "--stale-after", repr(float(args.stale_after)),
+               "--step-close-after", repr(float(args.step_close_after))]
         if getattr(args, "max_runs", None) is not None:
             cmd += ["--max-runs", str(args.max_runs)]
         if getattr(args, "retention_days", None) is not None:

@@ -28,7 +28,8 @@ from rank_agent.protocol import (
 RUN = "run-1"
 HEADER_KEYS = [
     "run", "status", "world_size", "total_epochs", "label", "hash", "port", "metadata",
-    "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
+    "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at", "steps_done",
+    "step_metrics",
 ]
 
 
@@ -111,6 +112,7 @@ def test_header_defaults() -> None:
         "run": RUN, "status": "waiting", "world_size": None, "total_epochs": None,
         "label": None, "hash": None, "port": None, "metadata": None, "hardware": "",
         "has_svg": False, "hosts": [], "alerts": [], "started_at": 1.0, "updated_at": 1.0,
+        "steps_done": None, "step_metrics": [],
     }
 
 
@@ -812,6 +814,7 @@ def test_rank_entries() -> None:
         "resources": {"cpu_percent": 3.0, "ram_used_bytes": None, "ram_total_bytes": None,
                       "gpu_util_percent": None, "vram_allocated_bytes": None, "vram_total_bytes": None,
                       "gpus": []},
+        "step": None, "step_ms": None, "slowest_share": 0.0,
         "loss": None,
     }
     assert (r1["host"], r1["local_rank"], r1["epoch"], r1["loss"], r1["last_seen"]) == (None, None, 4, 0.5, 1.0)
@@ -822,7 +825,8 @@ def test_snapshot_shape() -> None:
     sink.apply(svg(0, "<svg/>"), 1.0)
     sink.apply(met(0, 0), 2.0)
     snap = sink.snapshot()
-    assert list(snap) == ["run", "seq", "header", "ranks", "records", "complete", "svg"]
+    assert list(snap) == ["run", "seq", "header", "ranks", "records", "complete", "svg",
+                          "steps"]
     assert snap["seq"] == sink.seq and snap["complete"] is None and snap["svg"] == "<svg/>"
     assert snap["records"] == [[sink.record_seqs[0], sink.records[0]]]
     msgspec.msgpack.encode(snap)  # plain values only

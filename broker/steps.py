@@ -1,0 +1,334 @@
+"""Closing optimizer steps and aggregating them across ranks (PROTOCOL.md 2.4), pure.
+
+A :class:`StepCloser` belongs to one run's sink. It is fed ``steps`` frames with their
+receive time and told which ranks are active (neither finished nor stale); it answers with
+closed step records, ascending, each exactly once. It reads no clock and does no I/O, so
+every rule is a unit test with a fake ``now``:
+
+* **watermark**: step S closes once every active *step rank* (a rank that has sent at least
+  one ``steps`` frame) has reported a step >= S;
+* **start-up grace**: during the first ``grace`` seconds after the run's first ``steps``
+  frame the watermark closes nothing, unless ``world_size`` is known and that many ranks are
+  already step ranks (otherwise the first rank to flush would close the first steps alone);
+* **force close**: ``close_after`` seconds after the broker first received a point for S,
+  S (and every pending step below it) closes whoever is missing;
+* **run end**: :meth:`StepCloser.close_all`;
+* **late points**: a point for a step at or below the last closed one is dropped and counted
+  (:attr:`StepCloser.late`); the rest of its frame still applies.
+
+Cost per point is a dict store (the point is kept as ``(frame, index)``, not copied); the
+watermark is a lazily cleaned min-heap over the active ranks' highest steps, so a frame is
+O(points + log ranks) and a close is O(reporting ranks x metrics).
+
+The per-rank straggler figures (``step``, ``step_ms``, ``slowest_share``) live here too:
+they are what the closing sees.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter, deque
+from typing import Any, Deque, Dict, Iterable, List, Optional, Tuple
+
+from rank_agent.protocol import Steps
+
+__all__ = ["StepCloser", "step_record", "RankSteps", "STEP_MS_WINDOW", "SHARE_WINDOW"]
+
+#: ``step_ms`` of a rank is the mean of its last this many non-null values.
+STEP_MS_WINDOW = 100
+#: ``slowest_share`` counts over the last this many closed steps that have a slowest rank.
+SHARE_WINDOW = 1000
+
+#: One rank's report of one step: the frame and the index of the step in its lists.
+Point = Tuple[Steps, int]
+_isfinite = math.isfinite
+_fsum = math.fsum
+
+
+def _triple(values: List[float]) -> List[Optional[float]]:
+    """``[mean, min, max]`` of PROTOCOL 2.4: the arithmetic mean (non-finite if any value is;
+    exactly rounded, so it does not depend on the order ranks reported in) and min/max over
+    the finite values (None when there are none)."""
+    n = len(values)
+    try:
+        total = _fsum(values)
+    except (OverflowError, ValueError):  # finite values overflowing, or +inf and -inf
+        total = math.nan
+    if _isfinite(total):  # then every value is finite
+        return [total / n, min(values), max(values)]
+    finite = [v for v in values if _isfinite(v)]
+    if len(finite) == n:  # an intermediate overflow of finite values: scale first
+        mean: float = _fsum(v / n for v in values)
+    elif any(v != v for v in values) or (math.inf in values and -math.inf in values):
+        mean = math.nan
+    else:
+        mean = math.inf if math.inf in values else -math.inf
+    if finite:
+        return [mean, min(finite), max(finite)]
+    return [mean, None, None]
+
+
+def step_record(step: int, reports: Dict[int, Point]) -> Dict[str, Any]:
+    """The closed step record of PROTOCOL 2.4 from the ranks' reports (rank -> point)."""
+    time = -math.inf
+    per_metric: Dict[str, List[float]] = {}
+    ms_values: List[float] = []
+    slowest: Optional[int] = None
+    slowest_ms = -math.inf
+    samples = tokens = 0
+    for rank in sorted(reports):  # rank order: the lowest rank wins ties for slowest
+        frame, i = reports[rank]
+        t = frame.times[i]
+        if t > time:
+            time = t
+        ms = frame.step_ms[i]
+        if ms is not None:
+            ms_values.append(ms)
+            if _isfinite(ms) and ms > slowest_ms:
+                slowest_ms = ms
+                slowest = rank
+        if frame.samples:
+            samples += frame.samples[i]
+        if frame.tokens:
+            tokens += frame.tokens[i]
+        for name, column in frame.metrics.items():
+            v = column[i]
+            if v is not None:
+                bucket = per_metric.get(name)
+                if bucket is None:
+                    per_metric[name] = [v]
+                else:
+                    bucket.append(v)
+    step_ms = _triple(ms_values) if ms_values else None
+    top = step_ms[2] if step_ms is not None else None
+    seconds = top / 1000.0 if top else None  # None when null or 0
+    return {
+        "step": step,
+        "time": time if time != -math.inf else None,
+        "n": len(reports),
+        "metrics": {name: _triple(per_metric[name]) for name in sorted(per_metric)},
+        "step_ms": step_ms,
+        "slowest_rank": slowest,
+        "samples": samples,
+        "tokens": tokens,
+        "samples_per_s": samples / seconds if seconds and samples else None,
+        "tokens_per_s": tokens / seconds if seconds and tokens else None,
+    }
+
+
+class RankSteps:
+    """One step rank: its highest reported step, its recent step times, whether it counts
+    for the watermark."""
+
+    __slots__ = ("highest", "ms", "active")
+
+    def __init__(self) -> None:
+        self.highest = -1
+        self.ms: Deque[float] = deque(maxlen=STEP_MS_WINDOW)
+        self.active = True
+
+    def mean_ms(self) -> Optional[float]:
+        ms = self.ms
+        return sum(ms) / len(ms) if ms else None
+
+
+class StepCloser:
+    """One run's pending steps and the rules that close them; see the module docstring."""
+
+    def __init__(self, *, close_after: float = 10.0, grace: float = 1.0) -> None:
+        if close_after <= 0:
+            raise ValueError("step close_after must be > 0")
+        self.close_after = close_after
+        self.grace = grace
+        #: the last closed step (-1: none)
+        self.last_closed = -1
+        #: points dropped because their step had closed
+        self.late = 0
+        #: receive time of the run's first ``steps`` frame
+        self.started: Optional[float] = None
+        self.ranks: Dict[int, RankSteps] = {}
+        self._pending: Dict[int, Dict[int, Point]] = {}  # step -> rank -> point
+        self._heap: List[int] = []  # pending steps
+        self._first_seen: Dict[int, float] = {}  # step -> first receive time (arrival order)
+        # Watermark: how many active ranks have each highest step, and a lazy min-heap of them.
+        self._wm_count: Counter[int] = Counter()
+        self._wm_heap: List[int] = []
+        self._in_grace = True
+        # slowest_share: the slowest rank of the last SHARE_WINDOW steps that had one.
+        self._slowest: Deque[int] = deque()
+        self._slowest_count: Counter[int] = Counter()
+
+    # ----------------------------------------------------------------- input
+
+    def add(self, frame: Steps, now: float, active: bool) -> None:
+        """Take one accepted frame's points (``active``: the rank is neither finished nor
+        stale). Late points are counted and dropped; the rank's figures update regardless."""
+        rank = frame.rank
+        if self.started is None:
+            self.started = now
+        rs = self.ranks.get(rank)
+        if rs is None:
+            rs = self.ranks[rank] = RankSteps()
+            rs.active = active
+            if active:
+                self._wm_add(-1)
+        last_closed = self.last_closed
+        pending = self._pending
+        steps = frame.steps
+        for i, step in enumerate(steps):
+            if step <= last_closed:
+                self.late += 1
+                continue
+            reports = pending.get(step)
+            if reports is None:
+                pending[step] = {rank: (frame, i)}
+                heapq.heappush(self._heap, step)
+                self._first_seen[step] = now
+            else:
+                reports[rank] = (frame, i)
+        append = rs.ms.append
+        for ms in frame.step_ms:
+            if ms is not None:
+                append(ms)
+        top = steps[-1]
+        if top > rs.highest:
+            if rs.active:
+                self._wm_remove(rs.highest)
+                self._wm_add(top)
+            rs.highest = top
+
+    def set_active(self, rank: int, active: bool) -> None:
+        """The rank turned stale or finished (False), or back to ok (True)."""
+        rs = self.ranks.get(rank)
+        if rs is None or rs.active == active:
+            return
+        rs.active = active
+        if active:
+            self._wm_add(rs.highest)
+        else:
+            self._wm_remove(rs.highest)
+
+    def discard(self, rank: int) -> None:
+        """Forget a rank entirely (it turned out to be >= the run's world size)."""
+        rs = self.ranks.pop(rank, None)
+        if rs is None:
+            return
+        if rs.active:
+            self._wm_remove(rs.highest)
+        for reports in self._pending.values():
+            reports.pop(rank, None)
+        self._slowest_count.pop(rank, None)
+
+    # ----------------------------------------------------------------- closing
+
+    def ready(self, now: float, world_size: Optional[int]) -> List[Dict[str, Any]]:
+        """Close what the watermark or the force-close timer allows at ``now``."""
+        if not self._heap:
+            return []
+        target = self.last_closed
+        if self._in_grace and self.started is not None:
+            if now - self.started >= self.grace or (
+                    world_size is not None and len(self.ranks) >= world_size):
+                self._in_grace = False
+        if not self._in_grace:
+            wm = self._watermark()
+            if wm is None:  # no active step rank: nobody to wait for
+                target = self._max_pending()
+            elif wm > target:
+                target = wm
+        limit = now - self.close_after
+        for step, seen in self._first_seen.items():  # arrival order
+            if seen > limit:
+                break
+            if step > target:
+                target = step
+        if target <= self.last_closed or self._heap[0] > target:
+            return []
+        return self._close_through(target)
+
+    def close_all(self) -> List[Dict[str, Any]]:
+        """The run ended: close every pending step."""
+        if not self._heap:
+            return []
+        return self._close_through(self._max_pending())
+
+    def _max_pending(self) -> int:
+        return max(self._pending)
+
+    def _close_through(self, target: int) -> List[Dict[str, Any]]:
+        out = []
+        heap, pending, first_seen = self._heap, self._pending, self._first_seen
+        while heap and heap[0] <= target:
+            step = heapq.heappop(heap)
+            reports = pending.pop(step)
+            del first_seen[step]
+            if not reports:  # every reporter was discarded (out of range)
+                continue
+            record = step_record(step, reports)
+            slowest = record["slowest_rank"]
+            if slowest is not None:
+                self._note_slowest(slowest)
+            out.append(record)
+        self.last_closed = max(self.last_closed, target)
+        return out
+
+    def forget_through(self, step: int) -> None:
+        """After a restart: every step <= ``step`` closed before it; pending points for them
+        (replayed from the run's first frame) are dropped, not closed twice."""
+        if step <= self.last_closed:
+            return
+        self.last_closed = step
+        heap, pending, first_seen = self._heap, self._pending, self._first_seen
+        while heap and heap[0] <= step:
+            s = heapq.heappop(heap)
+            del pending[s]
+            del first_seen[s]
+
+    # ----------------------------------------------------------------- figures
+
+    def share(self, rank: int) -> float:
+        """``slowest_share`` of PROTOCOL 2.4."""
+        n = len(self._slowest)
+        return self._slowest_count.get(rank, 0) / n if n else 0.0
+
+    def restore_slowest(self, ranks: Iterable[int]) -> None:
+        """After a restart: the slowest ranks of the closed steps, oldest first."""
+        for rank in ranks:
+            self._note_slowest(rank)
+
+    def _note_slowest(self, rank: int) -> None:
+        window = self._slowest
+        if len(window) == SHARE_WINDOW:
+            old = window.popleft()
+            c = self._slowest_count[old] - 1
+            if c:
+                self._slowest_count[old] = c
+            else:
+                del self._slowest_count[old]
+        window.append(rank)
+        self._slowest_count[rank] += 1
+
+    # ----------------------------------------------------------------- watermark
+
+    def _wm_add(self, highest: int) -> None:
+        self._wm_count[highest] += 1
+        heapq.heappush(self._wm_heap, highest)
+
+    def _wm_remove(self, highest: int) -> None:
+        c = self._wm_count[highest] - 1
+        if c > 0:
+            self._wm_count[highest] = c
+        else:
+            del self._wm_count[highest]
+
+    def _watermark(self) -> Optional[int]:
+        """The lowest highest-step over active step ranks (None: no active step rank)."""
+        heap, count = self._wm_heap, self._wm_count
+        while heap and heap[0] not in count:
+            heapq.heappop(heap)
+        if not heap:
+            return None
+        if len(heap) > 4 * len(count) + 64:  # duplicates piled up: rebuild
+            self._wm_heap = heap = list(count)
+            heapq.heapify(heap)
+        return heap[0]

@@ -1,0 +1,398 @@
+"""Closed steps, columnar: millions of them in a few bytes each, queried at any zoom.
+
+Both processes that hold closed steps use this (the broker for snapshots and its journal,
+the web for ``/steps`` and ``/steps.csv``), so it imports only numpy and the standard
+library. A closed step is a row: ``step``, ``time``, ``n``, ``slowest_rank`` (-1: none),
+``samples``, ``tokens``. Each metric, and the step time, is a *series*: the rows where it
+has a value, as ``(row index, mean, min, max)`` arrays (28 bytes a point; min/max are NaN
+where no rank gave a finite value). Arrays grow geometrically by 1/8, so the slack stays
+small; :meth:`StepStore.nbytes` counts what is allocated.
+
+:meth:`StepStore.series` answers PROTOCOL 4's "Step series": at most N buckets of equal
+point count, each with the mean of its per-step means and the *exact* smallest and largest
+finite per-step mean (``np.fmin.reduceat``: one pass over the range, no sampling), so a
+one-step spike in a million steps is in every answer. A series remembers how many of its
+means are non-finite; when none are (the usual case) no masking pass is needed.
+
+Wire form (journal blocks and snapshots): :meth:`StepStore.to_wire` gives a dict of raw
+little-endian array bytes for a row range; :meth:`StepStore.extend_wire` appends one. A
+million-step run travels as ~40 MB of arrays and loads with ``np.frombuffer``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["StepStore", "Series", "STEP_MS", "SAMPLES_PER_S", "TOKENS_PER_S", "csv_header"]
+
+#: ``/steps`` names of the series that are not user metrics (they shadow a metric of the
+#: same name there; ``/steps.csv`` has every metric under its own name).
+STEP_MS = "step_ms"
+SAMPLES_PER_S = "samples_per_s"
+TOKENS_PER_S = "tokens_per_s"
+
+_ROW_FIELDS = (("step", np.int64), ("time", np.float64), ("n", np.int32),
+               ("slowest", np.int32), ("samples", np.int64), ("tokens", np.int64))
+_MIN_CAPACITY = 1024
+_NAN = math.nan
+
+
+def _grow(arr: np.ndarray, need: int) -> np.ndarray:
+    """``arr`` with room for ``need`` items (1/8 geometric growth keeps slack small)."""
+    if need <= len(arr):
+        return arr
+    new = np.empty(max(need, len(arr) + len(arr) // 8, _MIN_CAPACITY), dtype=arr.dtype)
+    new[:len(arr)] = arr
+    return new
+
+
+def _f(x: Optional[float]) -> float:
+    return _NAN if x is None else x
+
+
+class Series:
+    """The rows where one metric (or the step time) has a value."""
+
+    __slots__ = ("n", "row", "mean", "lo", "hi", "nonfinite")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.row = np.empty(0, np.uint32)
+        self.mean = np.empty(0, np.float64)
+        self.lo = np.empty(0, np.float64)  # per-step min over ranks (NaN: none finite)
+        self.hi = np.empty(0, np.float64)  # per-step max over ranks
+        #: how many per-step means are not finite (0: no masking needed)
+        self.nonfinite = 0
+
+    def extend(self, rows: Sequence[int] | np.ndarray, mean: Sequence[float] | np.ndarray,
+               lo: Sequence[float] | np.ndarray, hi: Sequence[float] | np.ndarray) -> None:
+        k = len(rows)
+        if not k:
+            return
+        n = self.n
+        need = n + k
+        self.row = _grow(self.row, need)
+        self.mean = _grow(self.mean, need)
+        self.lo = _grow(self.lo, need)
+        self.hi = _grow(self.hi, need)
+        self.row[n:need] = rows
+        self.mean[n:need] = mean
+        self.lo[n:need] = lo
+        self.hi[n:need] = hi
+        self.nonfinite += int(k - np.count_nonzero(np.isfinite(self.mean[n:need])))
+        self.n = need
+
+    def nbytes(self) -> int:
+        return self.row.nbytes + self.mean.nbytes + self.lo.nbytes + self.hi.nbytes
+
+
+class StepStore:
+    """Every closed step of one run, columnar; append-only, ascending steps."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self._cols: Dict[str, np.ndarray] = {name: np.empty(0, dt) for name, dt in _ROW_FIELDS}
+        self.step_ms = Series()
+        self.metrics: Dict[str, Series] = {}
+        self._names: List[str] | None = []
+
+    # ----------------------------------------------------------------- facts
+
+    def __len__(self) -> int:
+        return self.rows
+
+    @property
+    def last_step(self) -> Optional[int]:
+        """The last closed step (None: none)."""
+        return int(self._cols["step"][self.rows - 1]) if self.rows else None
+
+    def metric_names(self) -> List[str]:
+        """Sorted names of every metric seen in a closed step (shared; do not mutate)."""
+        if self._names is None:
+            self._names = sorted(self.metrics)
+        return self._names
+
+    def column(self, name: str) -> np.ndarray:
+        """A row column (``step``, ``time``, ``n``, ``slowest``, ``samples``, ``tokens``)."""
+        return self._cols[name][: self.rows]
+
+    def nbytes(self) -> int:
+        """Bytes allocated for the closed steps (arrays, capacity included)."""
+        return (sum(c.nbytes for c in self._cols.values()) + self.step_ms.nbytes()
+                + sum(s.nbytes() for s in self.metrics.values()))
+
+    def slowest_ranks(self, since: int = 0) -> List[int]:
+        """The slowest ranks of the rows from ``since`` on that have one, oldest first."""
+        col = self._cols["slowest"][since: self.rows]
+        return col[col >= 0].tolist()
+
+    def last_nonfinite(self, metric: str, since: int = 0) -> Optional[tuple[int, float, float]]:
+        """``(step, mean, time)`` of the last row from ``since`` on where ``metric``'s mean
+        is not finite; None when there is none."""
+        s = self.metrics.get(metric)
+        if s is None or not s.nonfinite:
+            return None
+        p0 = int(np.searchsorted(s.row[: s.n], since, "left"))
+        mean = s.mean[p0: s.n]
+        bad = np.flatnonzero(~np.isfinite(mean))
+        if not len(bad):
+            return None
+        i = int(bad[-1])
+        row = int(s.row[p0 + i])
+        return (int(self._cols["step"][row]), float(mean[i]), float(self._cols["time"][row]))
+
+    # ----------------------------------------------------------------- appending
+
+    def _reserve(self, k: int) -> int:
+        start = self.rows
+        for name in self._cols:
+            self._cols[name] = _grow(self._cols[name], start + k)
+        return start
+
+    def append(self, records: Sequence[Dict[str, Any]]) -> None:
+        """Append closed step records (PROTOCOL 2.4 dicts), ascending and above the last."""
+        k = len(records)
+        if not k:
+            return
+        base = self._reserve(k)
+        cols = self._cols
+        end = base + k
+        cols["step"][base:end] = [r["step"] for r in records]
+        cols["time"][base:end] = [_f(r["time"]) for r in records]
+        cols["n"][base:end] = [r["n"] for r in records]
+        cols["slowest"][base:end] = [-1 if r["slowest_rank"] is None else r["slowest_rank"]
+                                     for r in records]
+        cols["samples"][base:end] = [r["samples"] for r in records]
+        cols["tokens"][base:end] = [r["tokens"] for r in records]
+        ms_rows: List[int] = []
+        ms_vals: List[List[Optional[float]]] = []
+        per_metric: Dict[str, tuple[List[int], List[List[Optional[float]]]]] = {}
+        for row, r in enumerate(records, base):
+            ms = r["step_ms"]
+            if ms is not None:
+                ms_rows.append(row)
+                ms_vals.append(ms)
+            for name, triple in r["metrics"].items():
+                got = per_metric.get(name)
+                if got is None:
+                    got = per_metric[name] = ([], [])
+                got[0].append(row)
+                got[1].append(triple)
+        if ms_rows:
+            _extend(self.step_ms, ms_rows, ms_vals)
+        for name, (rows, vals) in per_metric.items():
+            series = self.metrics.get(name)
+            if series is None:
+                series = self.metrics[name] = Series()
+                self._names = None
+            _extend(series, rows, vals)
+        self.rows = end
+
+    # ----------------------------------------------------------------- wire form
+
+    def to_wire(self, start: int = 0, end: Optional[int] = None) -> Dict[str, Any]:
+        """Rows ``start:end`` as ``{"base", "rows", <column>: bytes, "step_ms": [4 x bytes],
+        "metrics": {name: [4 x bytes]}}``; row indices stay absolute."""
+        end = self.rows if end is None else min(end, self.rows)
+        out: Dict[str, Any] = {"base": start, "rows": end - start}
+        for name, _ in _ROW_FIELDS:
+            out[name] = self._cols[name][start:end].tobytes()
+        out["step_ms"] = _series_wire(self.step_ms, start, end)
+        out["metrics"] = {name: _series_wire(s, start, end) for name, s in self.metrics.items()
+                          if s.n and s.row[s.n - 1] >= start}
+        return out
+
+    def extend_wire(self, block: Dict[str, Any]) -> None:
+        """Append a :meth:`to_wire` block whose ``base`` is this store's row count. Raises
+        ``ValueError`` (nothing changed) for a block that does not fit."""
+        base, k = int(block["base"]), int(block["rows"])
+        if base != self.rows or k < 0:
+            raise ValueError(f"step block at row {base} does not follow row {self.rows}")
+        cols = {name: np.frombuffer(block[name], dtype=dt) for name, dt in _ROW_FIELDS}
+        series = [(None, _series_arrays(block["step_ms"]))]
+        series += [(str(name), _series_arrays(v)) for name, v in block["metrics"].items()]
+        for name, arrays in [(n, c) for n, c in cols.items()]:
+            if len(arrays) != k:
+                raise ValueError(f"step block column {name} has {len(arrays)} rows, not {k}")
+        for _, (rows, mean, lo, hi) in series:
+            if not (len(rows) == len(mean) == len(lo) == len(hi)):
+                raise ValueError("step block series of unequal lengths")
+            if len(rows) and (rows[0] < base or rows[-1] >= base + k):
+                raise ValueError("step block series row outside the block")
+        if k and self.rows and cols["step"][0] <= self._cols["step"][self.rows - 1]:
+            raise ValueError("step block does not ascend from the last step")
+        start = self._reserve(k)
+        for name, arr in cols.items():
+            self._cols[name][start:start + k] = arr
+        for name, (rows, mean, lo, hi) in series:
+            if name is None:
+                target = self.step_ms
+            else:
+                target = self.metrics.get(name)  # type: ignore[assignment]
+                if target is None:
+                    target = self.metrics[name] = Series()
+                    self._names = None
+            target.extend(rows, mean, lo, hi)
+        self.rows += k
+
+    # ----------------------------------------------------------------- queries
+
+    def row_range(self, start: Optional[int], end: Optional[int]) -> tuple[int, int]:
+        """Rows ``[r0, r1)`` whose step is within ``start..end`` (inclusive, None: open)."""
+        steps = self._cols["step"][: self.rows]
+        r0 = 0 if start is None else int(np.searchsorted(steps, start, "left"))
+        r1 = self.rows if end is None else int(np.searchsorted(steps, end, "right"))
+        return r0, max(r0, r1)
+
+    def series(self, metric: str, start: Optional[int], end: Optional[int],
+               points: int) -> List[List[Any]]:
+        """PROTOCOL 4's buckets ``[first_step, last_step, mean, lo, hi, rank_min, rank_max,
+        count]`` over the closed steps in ``start..end`` where ``metric`` has a mean; NaN
+        and infinities come back as NaN/inf (the JSON encoder writes them as null)."""
+        r0, r1 = self.row_range(start, end)
+        if r1 <= r0:
+            return []
+        steps = self._cols["step"]
+        if metric == SAMPLES_PER_S or metric == TOKENS_PER_S:
+            rows, mean = self._rates(metric, r0, r1)
+            return _buckets(steps[rows], mean, mean, mean, None, points)
+        series = self.step_ms if metric == STEP_MS else self.metrics.get(metric)
+        if series is None or not series.n:
+            return []
+        srow = series.row[: series.n]
+        p0 = int(np.searchsorted(srow, r0, "left"))
+        p1 = int(np.searchsorted(srow, r1, "left"))
+        if p1 <= p0:
+            return []
+        mean = series.mean[p0:p1]
+        return _buckets(steps[srow[p0:p1]], mean, series.lo[p0:p1], series.hi[p0:p1],
+                        series.nonfinite, points)
+
+    def _rates(self, metric: str, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows in ``[r0, r1)`` with a ``samples_per_s``/``tokens_per_s`` and the rates."""
+        count = self._cols["samples" if metric == SAMPLES_PER_S else "tokens"][r0:r1]
+        top = self._dense_ms_max(r0, r1)
+        ok = (count > 0) & np.isfinite(top) & (top != 0)
+        idx = np.flatnonzero(ok)
+        rates = count[idx] / (top[idx] / 1000.0)
+        return idx + r0, rates
+
+    def _dense_ms_max(self, r0: int, r1: int) -> np.ndarray:
+        """Max step_ms per row of ``[r0, r1)`` (NaN where none)."""
+        top = np.full(r1 - r0, _NAN)
+        s = self.step_ms
+        srow = s.row[: s.n]
+        p0 = int(np.searchsorted(srow, r0, "left"))
+        p1 = int(np.searchsorted(srow, r1, "left"))
+        top[srow[p0:p1] - r0] = s.hi[p0:p1]
+        return top
+
+    def csv_rows(self, chunk: int = 4096) -> Iterator[str]:
+        """``/steps.csv`` body lines after the header, ``chunk`` rows per string (CRLF)."""
+        names = list(self.metric_names())
+        for r0 in range(0, self.rows, chunk):
+            r1 = min(self.rows, r0 + chunk)
+            columns: List[List[str]] = [
+                _ints(self._cols["step"][r0:r1]), _floats(self._cols["time"][r0:r1]),
+                _ints(self._cols["n"][r0:r1]),
+            ]
+            for name in names:
+                columns.extend(self._dense_cells(self.metrics[name], r0, r1))
+            columns.extend(self._dense_cells(self.step_ms, r0, r1))
+            slowest = self._cols["slowest"][r0:r1]
+            columns.append(["" if v < 0 else str(v) for v in slowest.tolist()])
+            columns.append(_ints(self._cols["samples"][r0:r1]))
+            columns.append(_ints(self._cols["tokens"][r0:r1]))
+            for metric in (SAMPLES_PER_S, TOKENS_PER_S):
+                rows, rates = self._rates(metric, r0, r1)
+                dense = np.full(r1 - r0, _NAN)
+                dense[rows - r0] = rates
+                columns.append(_floats(dense))
+            yield "".join(",".join(cells) + "\r\n" for cells in zip(*columns))
+
+    def _dense_cells(self, s: Series, r0: int, r1: int) -> List[List[str]]:
+        srow = s.row[: s.n]
+        p0 = int(np.searchsorted(srow, r0, "left"))
+        p1 = int(np.searchsorted(srow, r1, "left"))
+        out = []
+        for arr in (s.mean, s.lo, s.hi):
+            dense = np.full(r1 - r0, _NAN)
+            dense[srow[p0:p1] - r0] = arr[p0:p1]
+            out.append(_floats(dense))
+        return out
+
+
+def csv_header(metric_names: Sequence[str]) -> str:
+    """The ``/steps.csv`` header line of PROTOCOL 4 (CRLF)."""
+    cols = ["step", "time", "n"]
+    for name in metric_names:
+        cols += [f"{name}_mean", f"{name}_min", f"{name}_max"]
+    cols += ["step_ms_mean", "step_ms_min", "step_ms_max", "slowest_rank", "samples", "tokens",
+             "samples_per_s", "tokens_per_s"]
+    return ",".join(_csv_quote(c) for c in cols) + "\r\n"
+
+
+def _csv_quote(cell: str) -> str:
+    if any(c in cell for c in ',"\r\n'):
+        return '"' + cell.replace('"', '""') + '"'
+    return cell
+
+
+def _ints(arr: np.ndarray) -> List[str]:
+    return [str(v) for v in arr.tolist()]
+
+
+def _floats(arr: np.ndarray) -> List[str]:
+    """CSV cells: ``repr`` of finite values, empty for NaN and infinities."""
+    isfinite = math.isfinite
+    return [repr(v) if isfinite(v) else "" for v in arr.tolist()]
+
+
+def _extend(series: Series, rows: List[int], triples: List[List[Optional[float]]]) -> None:
+    series.extend(rows, [_f(t[0]) for t in triples], [_f(t[1]) for t in triples],
+                  [_f(t[2]) for t in triples])
+
+
+def _series_wire(s: Series, start: int, end: int) -> List[bytes]:
+    srow = s.row[: s.n]
+    p0 = int(np.searchsorted(srow, start, "left"))
+    p1 = int(np.searchsorted(srow, end, "left"))
+    return [s.row[p0:p1].tobytes(), s.mean[p0:p1].tobytes(), s.lo[p0:p1].tobytes(),
+            s.hi[p0:p1].tobytes()]
+
+
+def _series_arrays(parts: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    rows, mean, lo, hi = parts
+    return (np.frombuffer(rows, np.uint32), np.frombuffer(mean, np.float64),
+            np.frombuffer(lo, np.float64), np.frombuffer(hi, np.float64))
+
+
+def _buckets(steps: np.ndarray, mean: np.ndarray, lo_src: np.ndarray, hi_src: np.ndarray,
+             nonfinite: Optional[int], points: int) -> List[List[Any]]:
+    """Buckets of equal point count over aligned arrays (``nonfinite``: how many means are
+    non-finite, 0 to skip masking; None: unknown, check)."""
+    m = len(steps)
+    if m == 0:
+        return []
+    if nonfinite is None:
+        nonfinite = int(m - np.count_nonzero(np.isfinite(mean)))
+    finite_mean = mean if not nonfinite else np.where(np.isfinite(mean), mean, _NAN)
+    if m <= points:
+        s = steps.tolist()
+        fm = finite_mean.tolist()
+        return [list(t) for t in zip(s, s, mean.tolist(), fm, fm, lo_src.tolist(),
+                                      hi_src.tolist(), [1] * m)]
+    edges = (np.arange(points, dtype=np.int64) * m) // points
+    counts = np.diff(np.append(edges, m))
+    last = np.append(edges[1:], m) - 1
+    with np.errstate(invalid="ignore", over="ignore"):
+        means = np.add.reduceat(mean, edges) / counts
+    lo = np.fmin.reduceat(finite_mean, edges)
+    hi = np.fmax.reduceat(finite_mean, edges)
+    rmin = np.fmin.reduceat(lo_src, edges)
+    rmax = np.fmax.reduceat(hi_src, edges)
+    return [list(t) for t in zip(steps[edges].tolist(), steps[last].tolist(), means.tolist(),
+                                  lo.tolist(), hi.tolist(), rmin.tolist(), rmax.tolist(),
+                                  counts.tolist())]
