@@ -144,7 +144,8 @@ def test_late_metrics_total() -> None:
     runs.ingest(enc(metrics(epoch=0)), T0)
     runs.ingest(enc(metrics(epoch=0, avg_loss=2.0)), T0 + 1)  # epoch 0 already closed
     assert runs.late_metrics == 1
-    assert runs.counters() == {"accepted": 3, "rejected": {}, "late_metrics": 1, "runs": 1}
+    assert runs.counters() == {"accepted": 3, "rejected": {}, "late_metrics": 1, "runs": 1,
+                                "late_steps": 0, "steps_closed": 0}
 
 
 def test_tick_returns_run_tagged_events() -> None:
