@@ -6,14 +6,20 @@ Layout written under ``DIR`` (ZeroMQ certificate files, ``zmq.auth.create_certif
     DIR/server.key_secret           the broker's key pair     -> broker --curve-secret-key (0600)
     DIR/clients/client-N.key_secret a rank's key pair         -> RANKBOARD_CURVE_CLIENT_KEY (0600)
     DIR/clients/client-N.key        its public half
+    DIR/webs/web-N.key_secret       a web's key pair  -> rankboard web --curve-client-key (0600)
+    DIR/webs/web-N.key              its public half
     DIR/authorized/client-N.key     the public keys the broker accepts -> --curve-authorized
+    DIR/authorized/web-N.key        (ranks and webs alike: one directory, one ZAP policy)
 
 Why this shape: the secret files are the only things that must stay private, so they are
 created with mode 0600 (under a 0077 umask, so they are never readable by others, not even
 for an instant) and ``DIR`` itself is 0700 when we create it. ``authorized/`` holds only
-public keys, so it can be copied anywhere; revoking a rank is deleting its file there and
-restarting the broker. Existing files are never overwritten: running the command again with
-a larger ``--clients`` adds the missing clients and keeps every key already handed out.
+public keys, so it can be copied anywhere; revoking a rank (or a web) is deleting its file
+there and restarting the broker. Existing files are never overwritten: running the command
+again with a larger ``--clients`` or ``--webs`` adds the missing ones and keeps every key
+already handed out. Web keys live apart from rank keys (``webs/``) because they go to other
+machines (the web hosts, not the training nodes); the broker treats both the same, since
+its publish and snapshot sockets demand CURVE with the same authorized directory as ingest.
 """
 from __future__ import annotations
 
@@ -24,12 +30,14 @@ import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["keys_main", "create_keys", "SERVER", "CLIENTS_DIR", "AUTHORIZED_DIR"]
+__all__ = ["keys_main", "create_keys", "client_options", "SERVER", "CLIENTS_DIR", "WEBS_DIR",
+           "AUTHORIZED_DIR"]
 
 log = logging.getLogger(__name__)
 
 SERVER = "server"
 CLIENTS_DIR = "clients"
+WEBS_DIR = "webs"
 AUTHORIZED_DIR = "authorized"
 
 
@@ -50,7 +58,7 @@ def _pair(folder: Path, name: str) -> tuple[Path, Path, bool]:
     return Path(pub), Path(sec), True
 
 
-def create_keys(directory: Path, clients: int = 1) -> list[Path]:
+def create_keys(directory: Path, clients: int = 1, webs: int = 1) -> list[Path]:
     """Create (or complete) the layout in ``directory``; returns the files written.
 
     Raises ``OSError`` (no permission, not a directory) and ``RuntimeError`` when this
@@ -70,12 +78,14 @@ def create_keys(directory: Path, clients: int = 1) -> list[Path]:
     if created:
         written += [directory / f"{SERVER}.key", server_secret]
     clients_dir = directory / CLIENTS_DIR
+    webs_dir = directory / WEBS_DIR
     authorized = directory / AUTHORIZED_DIR
-    for folder in (clients_dir, authorized):
-        folder.mkdir(mode=0o700 if folder is clients_dir else 0o755, exist_ok=True)
-    for n in range(1, clients + 1):
-        name = f"client-{n}"
-        public, secret, created = _pair(clients_dir, name)
+    for folder in (clients_dir, webs_dir, authorized):
+        folder.mkdir(mode=0o755 if folder is authorized else 0o700, exist_ok=True)
+    pairs = [(clients_dir, f"client-{n}") for n in range(1, clients + 1)]
+    pairs += [(webs_dir, f"web-{n}") for n in range(1, webs + 1)]
+    for folder, name in pairs:
+        public, secret, created = _pair(folder, name)
         if created:
             written += [public, secret]
         target = authorized / public.name
@@ -86,12 +96,50 @@ def create_keys(directory: Path, clients: int = 1) -> list[Path]:
     return written
 
 
+def _load_key(path: Path, flag: str, *, secret: bool) -> tuple[bytes, bytes | None]:
+    import zmq.auth
+
+    try:
+        public, secret_key = zmq.auth.load_certificate(str(path))
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise ValueError(f"{flag} {path}: cannot read a CURVE key file: {reason}") from None
+    if not public or len(public) != 40:
+        raise ValueError(f"{flag} {path}: no CURVE public key in the file")
+    if secret and (not secret_key or len(secret_key) != 40):
+        raise ValueError(f"{flag} {path}: no CURVE secret key in the file "
+                         "(use a .key_secret file, e.g. webs/web-1.key_secret)")
+    return public, secret_key
+
+
+def client_options(server_key: Path, client_key: Path, *,
+                   server_flag: str = "--curve-server-key",
+                   client_flag: str = "--curve-client-key") -> dict[int, bytes]:
+    """The ZeroMQ options that make a socket a CURVE client of the broker: the broker's
+    public key from ``server_key`` (``server.key``, or the broker's own ``.key_secret``,
+    which holds the public half too) and this client's pair from ``client_key``.
+
+    Raises ``ValueError`` with a one-line reason naming the flag and the file. Read once at
+    start, so a bad file stops the command instead of a web that silently never connects.
+    """
+    import zmq
+
+    if not zmq.has("curve"):
+        raise ValueError("this libzmq was built without CURVE support")
+    server_public, _ = _load_key(Path(server_key), server_flag, secret=False)
+    public, secret = _load_key(Path(client_key), client_flag, secret=True)
+    assert secret is not None
+    return {zmq.CURVE_SERVERKEY: server_public, zmq.CURVE_PUBLICKEY: public,
+            zmq.CURVE_SECRETKEY: secret}
+
+
 def keys_main(args: argparse.Namespace) -> int:
     """``rankboard keys DIR [--clients N]``: prints what it wrote and how to use it."""
     directory = Path(args.dir)
     clients = int(getattr(args, "clients", 1) or 1)
+    webs = int(getattr(args, "webs", 1))
     try:
-        written = create_keys(directory, clients)
+        written = create_keys(directory, clients, webs)
     except RuntimeError as exc:
         print(f"rankboard keys: {exc}", file=sys.stderr)
         return 1
@@ -109,6 +157,9 @@ def keys_main(args: argparse.Namespace) -> int:
           f" --curve-authorized {d / AUTHORIZED_DIR}")
     print(f"ranks:  RANKBOARD_CURVE_SERVER_KEY={d / 'server.key'} "
           f"RANKBOARD_CURVE_CLIENT_KEY={d / CLIENTS_DIR / 'client-1.key_secret'}")
-    print("keep *.key_secret private; revoke a rank by deleting its file in "
+    if webs:
+        print(f"web:    rankboard web --curve-server-key {d / 'server.key'} "
+              f"--curve-client-key {d / WEBS_DIR / 'web-1.key_secret'}")
+    print("keep *.key_secret private; revoke a rank or a web by deleting its file in "
           f"{d / AUTHORIZED_DIR} and restarting the broker")
     return 0

@@ -572,7 +572,11 @@ class FeedPump:
     freeze every greenlet, pyzmq#809).
     """
 
-    def __init__(self, hub: Hub, publish: str, snapshot: str, *, poll_ms: int = 250) -> None:
+    #: seconds between two log lines about refused handshakes
+    REFUSAL_LOG_INTERVAL = 60.0
+
+    def __init__(self, hub: Hub, publish: str, snapshot: str, *, poll_ms: int = 250,
+                 curve: dict[int, bytes] | None = None) -> None:
         self.hub = hub
         self.publish = publish
         self.snapshot = snapshot
@@ -594,15 +598,21 @@ class FeedPump:
         import zmq.green as zmq
 
         ctx = zmq.Context()
-        sub = ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
+
+        def client(kind: int) -> Any:
+            sock = ctx.socket(kind)
+            sock.setsockopt(zmq.LINGER, 0)
+            for option, value in (self.curve or {}).items():  # before connect, or it is plain
+                sock.setsockopt(option, value)
+            return sock
+
+        sub = client(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, 100_000)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(self.publish)
 
         def new_dealer() -> Any:
-            dealer = ctx.socket(zmq.DEALER)
-            dealer.setsockopt(zmq.LINGER, 0)
+            dealer = client(zmq.DEALER)
             dealer.connect(self.snapshot)
             return dealer
 
@@ -610,13 +620,22 @@ class FeedPump:
         poller = zmq.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(dealer, zmq.POLLIN)
-        log.info("web feed: SUB %s, snapshot %s", self.publish, self.snapshot)
+        poller.register(monitor, zmq.POLLIN)
+        log.info("web feed: SUB %s, snapshot %s%s", self.publish, self.snapshot,
+                 " (CURVE)" if self.curve else "")
         try:
             while not self._stopping:
                 if self.hub.take_socket_reset():
                     poller.unregister(dealer)
                     dealer.close(linger=0)
                     dealer = new_dealer()
+
+    ``curve``: ZeroMQ options that make both sockets CURVE clients
+    (:func:`broker.keys.client_options`), for a broker started with ``--curve-secret-key``.
+    A broker that refuses the handshake (a key it does not authorize, or CURVE on one side
+    only) lets nothing through, so the hub never connects and ``/healthz`` stays 503; a
+    monitor on the SUB turns refusals into a log line (the first at once, then at most one
+    per ``REFUSAL_LOG_INTERVAL``), since otherwise nothing would say why.
                     poller.register(dealer, zmq.POLLIN)
                 request = self.hub.next_request()
                 if request is not None:
@@ -624,11 +643,18 @@ class FeedPump:
                 ready = dict(poller.poll(self.poll_ms))
                 if sub in ready:
                     self._drain(sub, self.hub.handle_pub, zmq)
+        self.curve = dict(curve) if curve else None
+        #: handshakes the broker refused (or that failed) on the SUB since start
+        self.handshake_failures = 0
+        self._unlogged_failures = 0
+        self._failure_logged_at: float | None = None
                 if dealer in ready:
                     self._drain(dealer, self.hub.handle_snapshot, zmq)
         finally:
-            poller.unregister(sub)
-            poller.unregister(dealer)
+            for sock in (sub, dealer, monitor):
+                poller.unregister(sock)
+            sub.disable_monitor()
+            monitor.close(linger=0)
             sub.close(linger=0)
             dealer.close(linger=0)
             ctx.term()
@@ -645,5 +671,47 @@ class FeedPump:
                 handler(parts)
             except Exception:  # one bad message never kills the pump
                 log.exception("feed message handling failed")
+        monitor = sub.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
             if n % 100 == 0:
                 gevent.sleep(0)
+                if monitor in ready:
+                    self._drain(monitor, self._on_monitor_event, zmq)
+    def _on_monitor_event(self, parts: list[bytes]) -> None:
+        """Log handshake refusals: the first at once, then at most one per interval."""
+        import zmq
+        from zmq.utils.monitor import parse_monitor_message
+
+        event = parse_monitor_message(parts)
+        kind = event["event"]
+        value = int(event["value"])  # pyzmq hands it over as an Event flag; it is a number
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if self.handshake_failures:
+                log.info("web feed: handshake with the broker at %s succeeded", self.publish)
+                self.handshake_failures = self._unlogged_failures = 0
+                self._failure_logged_at = None
+            return
+        self.handshake_failures += 1
+        now = time.monotonic()
+        if (self._failure_logged_at is not None
+                and now - self._failure_logged_at < self.REFUSAL_LOG_INTERVAL):
+            self._unlogged_failures += 1
+            return
+        self._failure_logged_at = now
+        more = (f" ({self._unlogged_failures} more since the last report)"
+                if self._unlogged_failures else "")
+        self._unlogged_failures = 0
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            log.error("the broker at %s refused this web's CURVE key (ZAP status %s): is its "
+                      "public key in the broker's --curve-authorized directory?%s",
+                      self.publish, value, more)
+        elif self.curve:
+            log.error("CURVE handshake with the broker at %s failed (error %#x): is the "
+                      "broker started with --curve-secret-key, and is --curve-server-key "
+                      "its public key?%s", self.publish, value, more)
+        else:
+            log.error("handshake with the broker at %s failed (error %#x): a broker started "
+                      "with --curve-secret-key needs --curve-server-key and "
+                      "--curve-client-key%s", self.publish, value, more)
+

@@ -1,6 +1,7 @@
 """Nobody let in: ``rankboard keys``, a CURVE broker that accepts only authorized client keys
 (real ``rankboard broker`` process, ZAP through pyzmq's ThreadAuthenticator), the agent's
-CURVE configuration from the environment, and the warning for an open plain ingest."""
+CURVE configuration from the environment, and the warning for an open plain ingest.
+(The feed side, webs with and without keys, is tests/scaleout/test_feed_curve.py.)"""
 from __future__ import annotations
 
 import logging
@@ -17,6 +18,7 @@ import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
 from broker import feed
+from broker.keys import client_options
 from rank_agent import RankAgent, curve
 from rank_agent.protocol import Register, encoder
 from tests.broker.conftest import FeedClient
@@ -34,6 +36,23 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+class CurveFeedClient(FeedClient):
+    """The tests' FeedClient as a CURVE client: a CURVE broker's feed demands it too."""
+
+    def __init__(self, ctx: zmq.Context, publish: str, snapshot: str,
+                 options: dict[int, bytes]) -> None:
+        self.sub = ctx.socket(zmq.SUB)
+        self.dealer = ctx.socket(zmq.DEALER)
+        for sock in (self.sub, self.dealer):
+            sock.linger = 0
+            for option, value in options.items():
+                sock.setsockopt(option, value)
+        self.sub.rcvhwm = 0
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(publish)
+        self.dealer.connect(snapshot)
+
+
 @pytest.fixture
 def keydir(tmp_path: Path) -> Path:
     d = tmp_path / "keys"
@@ -46,10 +65,12 @@ def test_keys_command_writes_private_secrets_and_an_authorized_dir(keydir: Path)
     assert mode(keydir) == 0o700
     assert mode(keydir / "server.key_secret") == 0o600
     assert mode(keydir / "clients") == 0o700
+    assert mode(keydir / "webs") == 0o700
     for n in (1, 2):
         assert mode(keydir / "clients" / f"client-{n}.key_secret") == 0o600
+    assert mode(keydir / "webs" / "web-1.key_secret") == 0o600
     authorized = sorted(p.name for p in (keydir / "authorized").iterdir())
-    assert authorized == ["client-1.key", "client-2.key"]  # public keys only
+    assert authorized == ["client-1.key", "client-2.key", "web-1.key"]  # public keys only
     for path in (keydir / "authorized").iterdir():
         assert "secret-key" not in path.read_text()
     pub, sec = zmq.auth.load_certificate(str(keydir / "server.key_secret"))
@@ -105,7 +126,8 @@ def test_curve_broker_accepts_known_client_keys_only(
     assert "without CURVE" not in broker.output()
     server_public = zmq.auth.load_certificate(str(keydir / "server.key"))[0]
     ctx = zmq.Context()
-    client = FeedClient(ctx, eps.publish, eps.snapshot)
+    client = CurveFeedClient(ctx, eps.publish, eps.snapshot, client_options(
+        keydir / "server.key", keydir / "webs" / "web-1.key_secret"))
     try:
         # a plain client: mechanism mismatch; an unknown key: ZAP says no
         _handshake_fails(ctx, eps.ingest, {}, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
