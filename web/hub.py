@@ -570,6 +570,13 @@ class FeedPump:
     Constructing it does no I/O; :meth:`start` spawns the greenlet, :meth:`stop` ends it and
     closes the sockets with ``linger=0`` (a green context with pending messages can otherwise
     freeze every greenlet, pyzmq#809).
+
+    ``curve``: ZeroMQ options that make both sockets CURVE clients
+    (:func:`broker.keys.client_options`), for a broker started with ``--curve-secret-key``.
+    A broker that refuses the handshake (a key it does not authorize, or CURVE on one side
+    only) lets nothing through, so the hub never connects and ``/healthz`` stays 503; a
+    monitor on the SUB turns refusals into a log line (the first at once, then at most one
+    per ``REFUSAL_LOG_INTERVAL``), since otherwise nothing would say why.
     """
 
     #: seconds between two log lines about refused handshakes
@@ -581,6 +588,11 @@ class FeedPump:
         self.publish = publish
         self.snapshot = snapshot
         self.poll_ms = poll_ms
+        self.curve = dict(curve) if curve else None
+        #: handshakes the broker refused (or that failed) on the SUB since start
+        self.handshake_failures = 0
+        self._unlogged_failures = 0
+        self._failure_logged_at: float | None = None
         self._greenlet: gevent.Greenlet | None = None
         self._stopping = False
 
@@ -609,6 +621,9 @@ class FeedPump:
         sub = client(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, 100_000)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        monitor = sub.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
         sub.connect(self.publish)
 
         def new_dealer() -> Any:
@@ -629,13 +644,6 @@ class FeedPump:
                     poller.unregister(dealer)
                     dealer.close(linger=0)
                     dealer = new_dealer()
-
-    ``curve``: ZeroMQ options that make both sockets CURVE clients
-    (:func:`broker.keys.client_options`), for a broker started with ``--curve-secret-key``.
-    A broker that refuses the handshake (a key it does not authorize, or CURVE on one side
-    only) lets nothing through, so the hub never connects and ``/healthz`` stays 503; a
-    monitor on the SUB turns refusals into a log line (the first at once, then at most one
-    per ``REFUSAL_LOG_INTERVAL``), since otherwise nothing would say why.
                     poller.register(dealer, zmq.POLLIN)
                 request = self.hub.next_request()
                 if request is not None:
@@ -643,13 +651,10 @@ class FeedPump:
                 ready = dict(poller.poll(self.poll_ms))
                 if sub in ready:
                     self._drain(sub, self.hub.handle_pub, zmq)
-        self.curve = dict(curve) if curve else None
-        #: handshakes the broker refused (or that failed) on the SUB since start
-        self.handshake_failures = 0
-        self._unlogged_failures = 0
-        self._failure_logged_at: float | None = None
                 if dealer in ready:
                     self._drain(dealer, self.hub.handle_snapshot, zmq)
+                if monitor in ready:
+                    self._drain(monitor, self._on_monitor_event, zmq)
         finally:
             for sock in (sub, dealer, monitor):
                 poller.unregister(sock)
@@ -659,25 +664,6 @@ class FeedPump:
             dealer.close(linger=0)
             ctx.term()
 
-    @staticmethod
-    def _drain(sock: Any, handler: Callable[[list[bytes]], None], zmq: Any) -> None:
-        """Handle what is queued on ``sock`` now, yielding to other greenlets now and then."""
-        for n in range(1, 100_000):
-            try:
-                parts = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                handler(parts)
-            except Exception:  # one bad message never kills the pump
-                log.exception("feed message handling failed")
-        monitor = sub.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-            if n % 100 == 0:
-                gevent.sleep(0)
-                if monitor in ready:
-                    self._drain(monitor, self._on_monitor_event, zmq)
     def _on_monitor_event(self, parts: list[bytes]) -> None:
         """Log handshake refusals: the first at once, then at most one per interval."""
         import zmq
@@ -715,3 +701,17 @@ class FeedPump:
                       "with --curve-secret-key needs --curve-server-key and "
                       "--curve-client-key%s", self.publish, value, more)
 
+    @staticmethod
+    def _drain(sock: Any, handler: Callable[[list[bytes]], None], zmq: Any) -> None:
+        """Handle what is queued on ``sock`` now, yielding to other greenlets now and then."""
+        for n in range(1, 100_000):
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                handler(parts)
+            except Exception:  # one bad message never kills the pump
+                log.exception("feed message handling failed")
+            if n % 100 == 0:
+                gevent.sleep(0)
