@@ -289,6 +289,51 @@ class StepStore:
         top[srow[p0:p1] - r0] = s.hi[p0:p1]
         return top
 
+    def records(self, r0: int, r1: Optional[int] = None) -> List[Dict[str, Any]]:
+        """Rows ``[r0, r1)`` as closed step records (PROTOCOL 2.4 dicts; NaN for the
+        non-finite values the record had, None for what it did not have)."""
+        r1 = self.rows if r1 is None else min(r1, self.rows)
+        if r1 <= r0:
+            return []
+        cols = self._cols
+        out: List[Dict[str, Any]] = []
+        ms = self._triples(self.step_ms, r0, r1)
+        per_metric = {name: self._triples(s, r0, r1) for name, s in
+                      sorted(self.metrics.items())}
+        rates = {}
+        for metric in (SAMPLES_PER_S, TOKENS_PER_S):
+            rows, vals = self._rates(metric, r0, r1)
+            rates[metric] = dict(zip((rows - r0).tolist(), vals.tolist()))
+        steps = cols["step"][r0:r1].tolist()
+        times = cols["time"][r0:r1].tolist()
+        ns = cols["n"][r0:r1].tolist()
+        slowest = cols["slowest"][r0:r1].tolist()
+        samples = cols["samples"][r0:r1].tolist()
+        tokens = cols["tokens"][r0:r1].tolist()
+        for i in range(r1 - r0):
+            out.append({
+                "step": steps[i], "time": None if times[i] != times[i] else times[i],
+                "n": ns[i],
+                "metrics": {name: t[i] for name, t in per_metric.items() if i in t},
+                "step_ms": ms.get(i), "slowest_rank": None if slowest[i] < 0 else slowest[i],
+                "samples": samples[i], "tokens": tokens[i],
+                "samples_per_s": rates[SAMPLES_PER_S].get(i),
+                "tokens_per_s": rates[TOKENS_PER_S].get(i),
+            })
+        return out
+
+    @staticmethod
+    def _triples(s: Series, r0: int, r1: int) -> Dict[int, List[Optional[float]]]:
+        """Offset from ``r0`` -> ``[mean, min, max]`` (None for NaN min/max) of a series."""
+        srow = s.row[: s.n]
+        p0 = int(np.searchsorted(srow, r0, "left"))
+        p1 = int(np.searchsorted(srow, r1, "left"))
+        out: Dict[int, List[Optional[float]]] = {}
+        for row, mean, lo, hi in zip(srow[p0:p1].tolist(), s.mean[p0:p1].tolist(),
+                                     s.lo[p0:p1].tolist(), s.hi[p0:p1].tolist()):
+            out[row - r0] = [mean, None if lo != lo else lo, None if hi != hi else hi]
+        return out
+
     def csv_rows(self, chunk: int = 4096) -> Iterator[str]:
         """``/steps.csv`` body lines after the header, ``chunk`` rows per string (CRLF)."""
         names = list(self.metric_names())

@@ -28,6 +28,7 @@ from flask import Flask, Response, g, render_template, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
+from broker.stepstore import csv_header
 from web import sse
 from web.hub import Hub, RunState, Subscriber, parse_position
 from web.metrics import make_registry
@@ -52,6 +53,46 @@ RESOURCE_COLUMNS = ("cpu_percent", "ram_used_bytes", "ram_total_bytes", "gpu_uti
                     "vram_allocated_bytes", "vram_total_bytes")
 
 _json = msgspec.json.Encoder()
+#: ``/steps``: the most buckets one answer may hold, and the default.
+MAX_POINTS = 10_000
+DEFAULT_POINTS = 1000
+_INT = re.compile(r"^[0-9]{1,19}$")
+
+
+class BadQuery(ValueError):
+    """A ``/steps`` query parameter that PROTOCOL 4 answers with 400; str() is the reason."""
+
+
+def _int_arg(args: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = args.get(name)
+    if raw is None or raw == "":
+        return default
+    text = raw.strip()
+    if text.startswith("-") and _INT.match(text[1:]):
+        raise BadQuery(f"{name} must not be negative")
+    if not _INT.match(text):
+        raise BadQuery(f"{name} must be a non-negative integer")
+    return int(text)
+
+
+def steps_query(args: Mapping[str, str]) -> tuple[str, int | None, int | None, int]:
+    """``(metric, start, end, points)`` of a ``/steps`` query; :class:`BadQuery` otherwise."""
+    metric = args.get("metric")
+    if not metric:
+        raise BadQuery("metric is required (a step metric, step_ms, samples_per_s or "
+                       "tokens_per_s)")
+    raw_points = args.get("points")
+    if raw_points is not None and raw_points != "" and not _INT.match(raw_points.strip()):
+        raise BadQuery(f"points must be an integer from 1 to {MAX_POINTS}")
+    points = _int_arg(args, "points", DEFAULT_POINTS)
+    assert points is not None
+    if not 1 <= points <= MAX_POINTS:
+        raise BadQuery(f"points must be an integer from 1 to {MAX_POINTS}")
+    start = _int_arg(args, "start", None)
+    end = _int_arg(args, "end", None)
+    if start is not None and end is not None and start > end:
+        raise BadQuery("start must not be greater than end")
+    return metric, start, end, points
 
 
 def json_response(payload: Any, status: int = 200) -> Response:
@@ -217,6 +258,38 @@ def create_app(hub: Hub, config: Mapping[str, Any] | None = None) -> Flask:
         body = history_csv([record for _, record in state.records])
         response = Response(body, mimetype="text/csv")
         response.headers["Content-Disposition"] = f'attachment; filename="{run}-history.csv"'
+        return response
+
+    @app.get("/api/runs/<run>/steps")
+    def steps(run: str) -> Response:
+        state = run_state(run)
+        if state is None:
+            return unknown_run(run)
+        try:
+            metric, start, end, points = steps_query(request.args)
+        except BadQuery as exc:
+            return error(400, str(exc))
+        buckets = state.steps.series(metric, start, end, points)
+        return json_response({"metric": metric, "start": start, "end": end,
+                              "buckets": buckets})
+
+    @app.get("/api/runs/<run>/steps.csv")
+    def steps_export(run: str) -> Response:
+        state = run_state(run)
+        if state is None:
+            return unknown_run(run)
+        store = state.steps
+
+        def body() -> Iterator[str]:
+            # Streamed a few thousand rows at a time: a million-row export is never built
+            # in memory, and the server's other greenlets run between chunks.
+            yield csv_header(store.metric_names())
+            for chunk in store.csv_rows():
+                yield chunk
+                gevent.sleep(0)
+
+        response = Response(body(), mimetype="text/csv")
+        response.headers["Content-Disposition"] = f'attachment; filename="{run}-steps.csv"'
         return response
 
     @app.get("/api/runs/<run>/graph.svg")

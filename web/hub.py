@@ -33,6 +33,7 @@ import gevent
 import gevent.queue
 
 from broker import feed
+from broker.stepstore import StepStore
 from web import sse
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class RunState:
     """What the web knows of one run, with the sequence number of each piece."""
 
     __slots__ = ("run", "seq", "header", "ranks", "ranks_full", "records", "complete", "svg",
-                 "subscribers", "_record_bytes", "_header_event")
+                 "steps", "subscribers", "_record_bytes", "_header_event")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -117,22 +118,29 @@ class RunState:
         self.complete: tuple[int, str] | None = None
         #: the model graph (only run snapshots carry it; a live header only says has_svg)
         self.svg: str | None = None
+        #: closed steps, as published (``steps`` events; snapshots carry them columnar)
+        self.steps = StepStore()
         self.subscribers: set[Subscriber] = set()
         #: seq -> the record's "epoch" event bytes, encoded once (replays reuse them)
         self._record_bytes: dict[int, bytes] = {}
-        #: (id, bytes) of the last replayed ``run`` header event: a burst of connecting
-        #: clients (all at the same position) shares one encoding; reset with the header
-        self._header_event: tuple[int, bytes] | None = None
+        #: (id, closed steps, bytes) of the last replayed ``run`` header event: a burst of
+        #: connecting clients (all at the same position) shares one encoding; reset with the
+        #: header
+        self._header_event: tuple[int, int, bytes] | None = None
 
     def public_header(self) -> dict[str, Any]:
         """The run header of PROTOCOL 4 with every key present, even before the broker's
-        first ``run`` event (absent = null)."""
+        first ``run`` event (absent = null). ``steps_done``/``step_metrics`` are this web's
+        own closed steps (the broker's header is only as fresh as its last ``run`` event):
+        the no-gap, no-overlap rule of ``steps`` events is kept against them."""
         header: dict[str, Any] = {
             "run": self.run, "status": "waiting", "world_size": None, "total_epochs": None,
             "label": None, "hash": None, "port": None, "metadata": None, "hardware": "",
             "has_svg": False, "hosts": [], "alerts": [], "started_at": None, "updated_at": None,
         }
         header.update(self.header)
+        header["steps_done"] = self.steps.last_step
+        header["step_metrics"] = self.steps.metric_names()
         return header
 
     def record_event(self, seq: int, record: dict[str, Any]) -> bytes:
@@ -145,10 +153,11 @@ class RunState:
         """The replay's ``run`` event (the public header with id ``position``), encoded once
         per header and position however many clients subscribe."""
         cached = self._header_event
-        if cached is None or cached[0] != position:
-            cached = self._header_event = (position, sse.json_event("run", position,
-                                                                    self.public_header()))
-        return cached[1]
+        rows = self.steps.rows
+        if cached is None or cached[0] != position or cached[1] != rows:
+            cached = self._header_event = (position, rows, sse.json_event(
+                "run", position, self.public_header()))
+        return cached[2]
 
     def set_header(self, header: Any) -> None:
         self._header_event = None
@@ -175,6 +184,9 @@ class RunState:
         state.records = [(int(seq), rec) for seq, rec in snap.get("records") or []]
         complete = snap.get("complete")
         state.complete = (int(complete[0]), str(complete[1])) if complete else None
+        steps = snap.get("steps")
+        if steps:
+            state.steps.extend_wire(steps)
         return state
 
 
@@ -367,7 +379,7 @@ class Hub:
                 state.complete = None
             if state.header.get("has_svg") and state.svg is None:
                 self._resnapshot(state.run)  # the SVG itself travels only in run snapshots
-            payload: Any = state.header
+            payload: Any = state.public_header()
         elif update.kind == "ranks":
             state.set_ranks(data)
             payload = state.ranks
@@ -375,10 +387,34 @@ class Hub:
             status = data.get("status") if isinstance(data, dict) else None
             state.complete = (update.seq, str(status))
             payload = data
+        elif update.kind == "steps":
+            if not self._append_steps(state, data):
+                return
+            payload = data
         else:
             log.debug("unknown event kind %r in run %s ignored", update.kind, update.run)
             return
         self._broadcast(state, update.seq, sse.json_event(update.kind, update.seq, payload))
+
+    @staticmethod
+    def _append_steps(state: RunState, data: Any) -> bool:
+        """Add a ``steps`` event's records to the run's store; False (logged) when they do
+        not follow it (then nothing is added and nothing is broadcast)."""
+        records = data.get("steps") if isinstance(data, dict) else None
+        if not isinstance(records, list) or not records:
+            log.warning("malformed steps event of run %s skipped", state.run)
+            return False
+        last = state.steps.last_step
+        try:
+            steps = [r["step"] for r in records]
+            if any(b <= a for a, b in zip(steps, steps[1:])) or (
+                    last is not None and steps[0] <= last):
+                raise ValueError("steps do not ascend past the last closed one")
+            state.steps.append(records)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            log.warning("steps event of run %s skipped: %r", state.run, exc)
+            return False
+        return True
 
     def _resnapshot(self, run: str) -> None:
         """Buffer the run's updates from now on and ask for its snapshot."""
@@ -475,8 +511,19 @@ class Hub:
             self._broadcast(new, new.complete[0],
                             sse.json_event("complete", new.complete[0], {"status": new.complete[1]}))
             last = new.complete[0]
+        # Steps closed while this web missed them go out as one catch-up ``steps`` event
+        # (steps events are live-only: the clients' /steps fetches stopped at the old
+        # steps_done); it shares the snapshot's id with a changed header, so both travel as
+        # one queue item (a reader skips a second item with the same id).
+        chunk = b""
+        old_last = old.steps.last_step
+        r0 = 0 if old_last is None else new.steps.row_range(old_last + 1, None)[0]
+        if r0 < new.steps.rows and new.seq > last:
+            chunk = sse.json_event("steps", new.seq, {"steps": new.steps.records(r0)})
         if new.seq > last and new.header != old.header:
-            self._broadcast(new, new.seq, sse.json_event("run", new.seq, new.header))
+            chunk += sse.json_event("run", new.seq, new.public_header())
+        if chunk:
+            self._broadcast(new, new.seq, chunk)
 
     # ------------------------------------------------------------ subscribers
     def _broadcast(self, state: RunState, seq: int, data: bytes) -> None:

@@ -37,14 +37,35 @@ class HubCollector(Collector):
             labels=["reason"])
         late = CounterMetricFamily(
             "rankboard_late_metrics", "Accepted metrics frames dropped because their epoch had closed.")
+        late_steps = CounterMetricFamily(
+            "rankboard_late_steps", "Step points dropped because their step had closed.")
+        closed = CounterMetricFamily(
+            "rankboard_steps_closed", "Steps the broker closed and published (since its start).")
         if hb is not None:
             accepted.add_metric([], hb.accepted)
             for reason, count in sorted(hb.rejected.items()):
                 rejected.add_metric([reason], count)
             late.add_metric([], hb.late_metrics)
+            late_steps.add_metric([], hb.late_steps)
+            closed.add_metric([], hb.steps_closed)
         yield accepted
         yield rejected
         yield late
+        yield late_steps
+        yield closed
+
+        steps_done = GaugeMetricFamily(
+            "rankboard_run_steps_done", "The last closed step of each run that has one.",
+            labels=["run"])
+        step_rows = GaugeMetricFamily(
+            "rankboard_run_steps_closed", "Closed steps each run holds.", labels=["run"])
+        for state in hub.runs.values():
+            last = state.steps.last_step
+            if last is not None:
+                steps_done.add_metric([state.run], float(last))
+                step_rows.add_metric([state.run], float(state.steps.rows))
+        yield steps_done
+        yield step_rows
 
         connected = GaugeMetricFamily(
             "rankboard_web_connected", "1 while the web has a current snapshot and fresh heartbeats.")
@@ -95,6 +116,15 @@ class HubCollector(Collector):
             "stale": GaugeMetricFamily("rankboard_rank_stale",
                                        "1 while the rank is stale (silent for --stale-after "
                                        "seconds, e.g. hung), else 0.", labels=RANK_LABELS),
+            "step": GaugeMetricFamily("rankboard_rank_step",
+                                      "The highest step the rank reported.", labels=RANK_LABELS),
+            "step_ms": GaugeMetricFamily("rankboard_rank_step_ms",
+                                         "Mean of the rank's last 100 step times (ms).",
+                                         labels=RANK_LABELS),
+            "share": GaugeMetricFamily("rankboard_rank_slowest_share",
+                                       "Fraction of the last 1000 closed steps in which the rank "
+                                       "was the slowest (the straggler board).",
+                                       labels=RANK_LABELS),
         }
         for state in self.hub.runs.values():
             for entry in state.ranks_full:
@@ -111,6 +141,9 @@ class HubCollector(Collector):
                     "vram_total": finite(res.get("vram_total_bytes")),
                     "epoch": finite(entry.get("epoch")),
                     "loss": finite(entry.get("loss")),
+                    "step": finite(entry.get("step")),
+                    "step_ms": finite(entry.get("step_ms")),
+                    "share": finite(entry.get("slowest_share")),
                 }
                 values["stale"] = 1.0 if entry.get("status") == "stale" else 0.0
                 seen = finite(entry.get("last_seen"))

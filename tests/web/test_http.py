@@ -11,8 +11,10 @@ from rank_agent import protocol
 from .conftest import Pusher, fetch, get_json, wait_for
 
 HEADER_KEYS = {"run", "status", "world_size", "total_epochs", "label", "hash", "port", "metadata",
-               "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at"}
-RANK_KEYS = {"rank", "host", "local_rank", "status", "last_seen", "epoch", "hardware", "resources"}
+               "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
+               "steps_done", "step_metrics"}
+RANK_KEYS = {"rank", "host", "local_rank", "status", "last_seen", "epoch", "hardware", "resources",
+             "step", "step_ms", "slowest_share"}
 RECORD_KEYS = {"epoch", "total_epochs", "duration_secs", "elapsed_secs", "eta_secs", "metrics",
                "resources", "gpu_metrics", "missing_ranks"}
 LIST_KEYS = {"run", "status", "world_size", "total_epochs", "epochs_done", "label", "started_at",
