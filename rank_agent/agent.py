@@ -26,6 +26,10 @@ It is a guest in someone else's training loop, and every design choice follows f
   frames (``finish``) still go out.
 * **Thread safety.** The training thread and the sampler thread both send; a lock guards the
   socket (held only for a non-blocking send, a microsecond or so).
+* **Per-step points are buffered, not sent.** :meth:`RankAgent.log_step` runs once per
+  optimizer step, so it only appends a tuple to a deque (lock-free: ``append``/``popleft``
+  are atomic) and a daemon thread, started on the first call, turns the buffer into
+  ``steps`` frames every ``step_flush`` seconds (details in :meth:`RankAgent.log_step`).
 """
 from __future__ import annotations
 
@@ -41,7 +45,8 @@ import socket as _socket
 import threading
 import time
 import weakref
-from typing import Any, Dict, List, Mapping, Tuple, Union
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple, Union
 
 import zmq
 
@@ -53,6 +58,9 @@ from .protocol import (
     MAX_SCALAR_NAME,
     MAX_SCALARS,
     MAX_SHORT,
+    MAX_STEP_METRIC_NAME,
+    MAX_STEP_METRICS,
+    MAX_STEP_POINTS,
     MAX_SUMMARY,
     MAX_SVG_BYTES,
     MAX_WORLD_SIZE,
@@ -63,6 +71,7 @@ from .protocol import (
     Register,
     Resources,
     ResourceSample,
+    Steps,
     Svg,
     encoder,
     utf8_over,
@@ -74,6 +83,14 @@ DEFAULT_BROKER = "tcp://127.0.0.1:5585"
 _RUN_BAD = re.compile(r"[^A-Za-z0-9._:\-]+")
 
 ScalarArg = Union[float, Tuple[float, int]]
+
+#: Most step points waiting in one agent's buffer (PROTOCOL.md section 5); beyond it the
+#: oldest are dropped and counted in ``RankAgent.dropped``.
+MAX_PENDING_STEPS = 8192
+
+#: One ``log_step`` call as buffered: (step, time.time(), step_ms, metrics or None, samples,
+#: tokens). A tuple, because building it is the cheapest thing the hot path can do.
+StepPoint = Tuple[int, float, Optional[float], Optional[Dict[Any, Any]], int, int]
 
 # hot-path bindings (log_epoch runs once per epoch in the training thread): one global
 # lookup each instead of an attribute chain
@@ -166,6 +183,14 @@ def _clamp(text: str | None, limit: int) -> str | None:
     return text if len(text) <= limit else text[:limit]
 
 
+def _int_arg(value: Any, what: str) -> int:
+    """An ``int`` subclass as ``int``; refuse ``bool`` and every other type (no conversion:
+    ``int()`` of a GPU tensor would synchronise the device)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
+    raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+
+
 def _finite_or_none(obj: Any) -> Any:
     """A copy of JSON-like ``obj`` with NaN/Infinity replaced by ``None`` (strict JSON has neither)."""
     if isinstance(obj, float):
@@ -175,6 +200,110 @@ def _finite_or_none(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_finite_or_none(v) for v in obj]
     return obj
+
+
+def _step_metrics(raw: Mapping[Any, Any], warn: Callable[..., None]) -> Dict[str, float]:
+    """A buffered point's metrics as the wire wants them: ``str`` names clamped to 128
+    characters, ``float`` values, at most 64 names (the first ones). ``log_step`` already
+    kept only ``int``/``float`` values; an ``int`` too large for a float is skipped here."""
+    out: Dict[str, float] = {}
+    for name, value in raw.items():
+        if type(name) is not str:
+            name = str(name)
+        if len(name) > MAX_STEP_METRIC_NAME:
+            name = name[:MAX_STEP_METRIC_NAME]
+        if type(value) is not float:
+            try:
+                value = float(value)
+            except OverflowError:
+                warn("step_value", "rankboard: step metric %r does not fit a float; skipped", name)
+                continue
+        if len(out) >= MAX_STEP_METRICS and name not in out:
+            warn("step_names", "rankboard: more than %d step metrics in one point; the rest "
+                 "are not sent", MAX_STEP_METRICS)
+            continue
+        out[name] = value
+    return out
+
+
+def step_frames(run: str, rank: int, points: List[StepPoint], last: StepPoint | None = None,
+                warn: Callable[..., None] | None = None) -> Tuple[List[Steps], StepPoint | None]:
+    """Turn buffered ``log_step`` points (in call order) into ``steps`` frames the broker
+    accepts: pure, so that every rule below is a unit test.
+
+    * **Repeated step** (consecutive calls with the same step, e.g. one call at the step's
+      end and one from a logging hook, or one per gradient-accumulation micro-batch): merged
+      into one point. Metrics are united (a later value of a name wins), ``samples`` and
+      ``tokens`` add up, ``time`` and ``step_ms`` are the first call's (a repeat has no
+      ``step_ms`` of its own). ``last`` is the last point of the previous flush: when a
+      flush starts with its step, the merged point is sent again, and the broker's
+      per-(rank, step) last write then holds the merged view rather than only the repeat.
+    * **Step going back** (a restart of counting): a new frame starts there, since steps
+      are strictly increasing within a frame; the broker drops what is already closed.
+    * A frame holds at most 1024 points and at most 64 metric names (the union over its
+      points); a frame that would exceed either ends before that point.
+    * ``samples``/``tokens`` are ``[]`` (not sent) in a frame where all of them are 0;
+      a metric's entry is ``None`` at the points that did not log it.
+
+    Returns ``(frames, new_last)``.
+    """
+    say: Callable[..., None] = warn if warn is not None else (lambda *a, **k: None)
+    merged: List[List[Any]] = []
+    for step, t, ms, raw, samples, tokens in points:
+        metrics = _step_metrics(raw, say) if raw else {}
+        if not merged and last is not None and last[0] == step:
+            merged.append([last[0], last[1], last[2], dict(last[3] or {}), last[4], last[5]])
+        if merged and merged[-1][0] == step:
+            cur = merged[-1]
+            if cur[2] is None:
+                cur[2] = ms
+            have = cur[3]
+            for name, value in metrics.items():
+                if name in have or len(have) < MAX_STEP_METRICS:
+                    have[name] = value
+                else:
+                    say("step_names", "rankboard: more than %d step metrics in one point; the "
+                        "rest are not sent", MAX_STEP_METRICS)
+            cur[4] += samples
+            cur[5] += tokens
+        else:
+            merged.append([step, t, ms, metrics, samples, tokens])
+    if not merged:
+        return [], last
+
+    frames: List[Steps] = []
+    n = len(merged)
+    i = 0
+    while i < n:
+        names: Dict[str, None] = {}  # insertion-ordered set
+        prev = -1
+        j = i
+        while j < n and j - i < MAX_STEP_POINTS:
+            step, metrics = merged[j][0], merged[j][3]
+            if step <= prev:
+                break
+            new = [name for name in metrics if name not in names]
+            if new and len(names) + len(new) > MAX_STEP_METRICS and j > i:
+                break
+            for name in new:
+                names[name] = None
+            prev = step
+            j += 1
+        chunk = merged[i:j]
+        i = j
+        samples_col = [p[4] for p in chunk]
+        tokens_col = [p[5] for p in chunk]
+        frames.append(Steps(
+            run=run, rank=rank,
+            steps=[p[0] for p in chunk],
+            times=[p[1] for p in chunk],
+            step_ms=[p[2] for p in chunk],
+            samples=samples_col if any(samples_col) else [],
+            tokens=tokens_col if any(tokens_col) else [],
+            metrics={name: [p[3].get(name) for p in chunk] for name in names},
+        ))
+    end = merged[-1]
+    return frames, (end[0], end[1], end[2], end[3], end[4], end[5])
 
 
 class RankAgent:
@@ -189,7 +318,8 @@ class RankAgent:
 
     Keyword-only tuning: ``sndhwm`` (frames queued while the broker is slow or gone before
     new ones are dropped), ``linger_ms`` (how long ``close()`` may wait to deliver what is
-    queued).
+    queued), ``step_flush`` (seconds between two sends of the :meth:`log_step` buffer; a
+    point leaves the process within about that long, and at most 2 x ``step_flush``).
 
     Every sending method returns ``True`` when the frame was queued and ``False`` when it was
     dropped; none of them blocks or raises.
@@ -206,8 +336,12 @@ class RankAgent:
         *,
         sndhwm: int = 1000,
         linger_ms: int = 500,
+        step_flush: float = 0.25,
     ) -> None:
         rank, world_size, local_rank = int(rank), int(world_size), int(local_rank)
+        step_flush = float(step_flush)
+        if not (math.isfinite(step_flush) and step_flush > 0):
+            raise ValueError(f"step_flush must be a positive number of seconds, got {step_flush}")
         if not 1 <= world_size <= MAX_WORLD_SIZE:
             raise ValueError(f"world_size must be 1..{MAX_WORLD_SIZE}, got {world_size}")
         if not 0 <= rank < world_size:
@@ -224,6 +358,8 @@ class RankAgent:
         self.host = _clamp(host if host is not None else _socket.gethostname(), MAX_SHORT) or "unknown"
         self.sndhwm = max(1, int(sndhwm))
         self.linger_ms = max(0, int(linger_ms))
+        #: seconds between two flushes of the step buffer (read by the flusher on each wait)
+        self.step_flush = step_flush
 
         self._lock = threading.Lock()
         self._ctx: zmq.Context | None = None
@@ -244,7 +380,26 @@ class RankAgent:
         self._sampler_thread: threading.Thread | None = None
         self._sampler_stop = threading.Event()
         self._latest: ResourceSample | None = None
+
+        # log_step: the buffer (appended by the training thread, drained by the flusher
+        # thread), the previous step and its time (for step_ms), points dropped from the
+        # buffer (only the appending thread writes it: no lock on the hot path)
+        self._steps_dropped = 0
+        self._steps_retry_at = 0.0  # monotonic time before which a dead flusher is not restarted
+        self._init_steps()
         _AGENTS.add(self)
+
+    def _init_steps(self) -> None:
+        """Fresh step-buffer state: at construction, and in a forked child (whose copy of
+        the parent's buffer belongs to the parent, whose flusher thread did not survive, and
+        whose locks may have been held at the fork)."""
+        self._steps_buf: Deque[StepPoint] = deque()
+        self._steps_prev: int | None = None
+        self._steps_t = 0.0
+        self._steps_last: StepPoint | None = None  # last point of the last flush (merging)
+        self._steps_thread: threading.Thread | None = None
+        self._steps_stop = threading.Event()
+        self._steps_flush_lock = threading.Lock()
 
     # -- construction from the launcher's environment ----------------------------------------
 
@@ -265,8 +420,8 @@ class RankAgent:
           generated ``run-<YYYYmmdd-HHMMSS>-<6 hex>``, which is fine for a single process.
         * host: ``RANKBOARD_HOST``, else the hostname.
 
-        ``env`` defaults to ``os.environ``; ``kwargs`` (``sndhwm``, ``linger_ms``, or any
-        constructor argument) override what the environment says. Unparseable integers and an
+        ``env`` defaults to ``os.environ``; ``kwargs`` (``sndhwm``, ``linger_ms``,
+        ``step_flush``, or any constructor argument) override what the environment says. Unparseable integers and an
         inconsistent rank/world size raise ``ValueError`` naming the variable.
         """
         env = os.environ if env is None else env
@@ -330,9 +485,11 @@ class RankAgent:
 
     @property
     def dropped(self) -> int:
-        """Frames lost for any reason: queue full (broker slow or gone), after ``close()``, or
-        an error (also counted in :attr:`errors`). ``sent + dropped`` is every frame tried."""
-        return self._dropped
+        """Frames lost for any reason (queue full because the broker is slow or gone, after
+        ``close()``, or an error, also counted in :attr:`errors`) plus step points lost: pushed
+        out of the full :meth:`log_step` buffer, logged after ``close()``, or a bad call.
+        A ``steps`` frame lost in the queue counts once, as a frame."""
+        return self._dropped + self._steps_dropped
 
     @property
     def errors(self) -> int:
@@ -357,6 +514,7 @@ class RankAgent:
         self._sampler_thread = None  # threads do not survive fork
         self._sampler_stop = threading.Event()
         self._sampler = None  # its NVML handles belong to the parent
+        self._init_steps()  # the parent sends its own pending points; the flusher comes back lazily
 
     def _socket(self) -> zmq.Socket:
         """The PUSH socket of this process, created on first use. Call with the lock held.
@@ -613,10 +771,207 @@ class RankAgent:
             sc[name] = pair
         return sc
 
+    # -- per-step points ---------------------------------------------------------------------
+
+    def log_step(self, step: int, metrics: Mapping[str, Any] | None = None,
+                 samples: int = 0, tokens: int = 0) -> bool:
+        """Record one optimizer step (the per-step hot path: about a microsecond).
+
+        The call records ``time.time()``, derives ``step_ms`` = (t - t_prev) / (step -
+        step_prev) x 1000 and appends one point to a buffer; a daemon thread (started by the
+        first call, and again in a forked child) sends the buffer as ``steps`` frames every
+        ``step_flush`` seconds, and :meth:`finish`/:meth:`close` send what is pending first.
+        Returns ``True`` when the point was buffered, ``False`` when it was not (a bad
+        ``step``, or the agent is closed: counted in :attr:`dropped`, logged rate-limited).
+        It never raises and never touches the socket. Call it from one thread (the
+        training loop): ``step_ms`` compares with that thread's previous call.
+
+        * ``step``: an ``int`` >= 0 (``bool`` and non-``int`` types, e.g. numpy integers,
+          are refused, not converted: pass ``int(step)``).
+        * ``step_ms`` is ``None`` on the first call and whenever the step did not grow. The
+          anchor (t_prev, step_prev) is the first call of a step: a repeated step (see
+          below) does not move it, so the next step's ``step_ms`` still spans the whole step;
+          a step below the previous one (counting restarted) becomes the new anchor.
+        * ``metrics``: name -> value. Values whose type is not ``int`` or ``float`` are
+          skipped, ``bool`` included: a tensor is never converted, because ``.item()`` on a
+          GPU tensor synchronises the device. Subclasses of ``float``/``int`` (numpy's
+          ``float64``; ``IntEnum``) are ``float``/``int`` and are kept; numpy's ``float32``
+          and integer scalars are not, and are skipped. Names are clamped to 128 characters
+          and at most 64 are sent per point. The dict is copied: reusing it is fine.
+        * ``samples``, ``tokens``: ``int`` >= 0 processed at this step (anything else
+          counts as 0, logged).
+        * Repeated step: consecutive calls with the same step make one point (metrics
+          united, later value wins; samples and tokens summed), so a step-end call plus a
+          logging hook's call, or one call per gradient-accumulation micro-batch, works.
+        * At most 8192 points wait (:data:`MAX_PENDING_STEPS`); beyond that the oldest are
+          dropped and counted in :attr:`dropped`.
+        """
+        t = time.time()  # through the module, so a test may patch time.time
+        try:
+            if type(step) is not int:
+                step = _int_arg(step, "step")
+            if step < 0:
+                raise ValueError(f"step must be >= 0, got {step}")
+            if type(samples) is not int or samples < 0:
+                samples = self._count_arg(samples, "samples")
+            if type(tokens) is not int or tokens < 0:
+                tokens = self._count_arg(tokens, "tokens")
+            m: Dict[Any, Any] | None = None
+            if metrics:
+                if type(metrics) is dict and len(metrics) <= MAX_STEP_METRICS:
+                    m = {}
+                    for name, value in metrics.items():
+                        kind = type(value)
+                        if kind is float or kind is int:
+                            m[name] = value
+                        else:
+                            self._odd_metric(m, name, value)
+                else:
+                    m = self._metrics_slow(metrics)
+                if not m:
+                    m = None
+        except Exception as exc:
+            return self._lose("step", "rankboard: bad log_step call; point not recorded: %r", exc)
+        if self._closed:
+            self._steps_dropped += 1
+            return False
+        prev = self._steps_prev
+        if prev is None or step < prev:
+            step_ms = None
+            self._steps_prev, self._steps_t = step, t
+        elif step > prev:
+            step_ms = (t - self._steps_t) / (step - prev) * 1000.0
+            self._steps_prev, self._steps_t = step, t
+        else:
+            step_ms = None
+        buf = self._steps_buf
+        if len(buf) >= MAX_PENDING_STEPS:
+            self._steps_full(buf)
+            buf = self._steps_buf  # a fork the hook missed replaces it
+        buf.append((step, t, step_ms, m, samples, tokens))
+        if self._steps_thread is None:
+            self._start_steps_thread()
+        return True
+
+    def _count_arg(self, value: Any, what: str) -> int:
+        """``samples``/``tokens`` that are not a plain non-negative ``int``: an ``int``
+        subclass is converted, anything else (a tensor, a negative count) counts as 0."""
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return int(value)
+        self._warn("step_" + what, "rankboard: log_step %s=%r is not an int >= 0; sent as 0",
+                   what, type(value).__name__ if not isinstance(value, int) else value)
+        return 0
+
+    def _odd_metric(self, m: Dict[Any, Any], name: Any, value: Any) -> None:
+        """A metric value that is not exactly ``int``/``float``: keep a subclass (as the base
+        type msgspec encodes), skip everything else without ever calling into it."""
+        if isinstance(value, float):
+            m[name] = float(value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            m[name] = int(value)
+        else:
+            self._warn("step_metric", "rankboard: log_step metric %r is a %s, not an int or "
+                       "float; skipped (it is never converted: .item() on a GPU tensor "
+                       "synchronises the device)", name, type(value).__name__)
+
+    def _metrics_slow(self, metrics: Mapping[Any, Any]) -> Dict[Any, Any]:
+        """``log_step`` metrics that are not a small ``dict``: any mapping, at most 64 kept
+        (the wire limit per point), so a huge dict cannot fill memory 8192 times over."""
+        m: Dict[Any, Any] = {}
+        for name, value in metrics.items():
+            if len(m) >= MAX_STEP_METRICS:
+                self._warn("step_names", "rankboard: more than %d step metrics in one point; "
+                           "the rest are not sent", MAX_STEP_METRICS)
+                break
+            kind = type(value)
+            if kind is float or kind is int:
+                m[name] = value
+            else:
+                self._odd_metric(m, name, value)
+        return m
+
+    def _steps_full(self, buf: Deque[StepPoint]) -> None:
+        """The buffer holds 8192 points: drop the oldest (counted), and make sure a flusher
+        exists, since a full buffer means nothing drains it (a dead thread, or a fork that
+        the at-fork hook did not see) or the loop outruns ``step_flush``."""
+        try:
+            buf.popleft()
+            self._steps_dropped += 1
+        except IndexError:  # the flusher emptied it meanwhile
+            pass
+        thread = self._steps_thread
+        if thread is None or thread.is_alive() and self._pid == _getpid():
+            return
+        now = time.monotonic()
+        if now < self._steps_retry_at:
+            return
+        self._steps_retry_at = now + 1.0
+        with self._lock:
+            if self._pid != _getpid():
+                self._reset_after_fork()
+            else:
+                self._steps_thread = None
+        self._start_steps_thread()
+
+    def _start_steps_thread(self) -> None:
+        """Start the flusher (a daemon thread), once per process; a failure is logged and
+        leaves points waiting for finish()/close() (or a retry when the buffer fills)."""
+        with self._lock:
+            if self._steps_thread is not None or self._closed:
+                return
+            stop = self._steps_stop
+            thread = threading.Thread(target=self._steps_loop, args=(stop,),
+                                      name=f"rankboard-steps-{self.rank}", daemon=True)
+            self._steps_thread = thread
+        try:
+            thread.start()
+        except Exception as exc:
+            self._warn("steps_thread", "rankboard: could not start the step flusher: %r", exc)
+
+    def _steps_loop(self, stop: threading.Event) -> None:
+        """The flusher: every ``step_flush`` seconds, send the buffer; never dies on an error."""
+        while not stop.wait(self.step_flush):
+            try:
+                self._flush_steps()
+            except Exception as exc:  # pragma: no cover - _send already swallows send trouble
+                self._warn("steps_flush", "rankboard: step flush failed: %r", exc)
+
+    def _flush_steps(self) -> None:
+        """Send the points buffered now as ``steps`` frames (see :func:`step_frames`).
+
+        Serialised by a lock of its own (never the socket lock, never taken by log_step), so
+        frames leave in call order and a finish() cannot overtake points that the flusher
+        thread has taken but not yet sent."""
+        with self._steps_flush_lock:
+            buf = self._steps_buf
+            n = len(buf)
+            if not n:
+                return
+            pop = buf.popleft
+            points: List[StepPoint] = []
+            for _ in range(n):  # only what is there now: a fast loop cannot keep us here
+                try:
+                    points.append(pop())
+                except IndexError:  # log_step's overflow dropped one meanwhile
+                    break
+            frames, self._steps_last = step_frames(self.run, self.rank, points, self._steps_last, self._warn)
+            for frame in frames:
+                self._send(frame)
+
+    @property
+    def pending_steps(self) -> int:
+        """Step points buffered and not yet handed to a ``steps`` frame."""
+        return len(self._steps_buf)
+
     def finish(self, status: str = "ok") -> bool:
         """Tell the broker this rank is done: ``"ok"`` or ``"error"`` (anything else is sent
-        as ``"error"``). May be sent again (the broker's completion is idempotent)."""
+        as ``"error"``), after sending the pending :meth:`log_step` points. May be sent again
+        (the broker's completion is idempotent)."""
         self._finished = True
+        try:
+            self._flush_steps()
+        except Exception as exc:  # pragma: no cover - _send already swallows send trouble
+            self._warn("steps_flush", "rankboard: step flush failed: %r", exc)
         return self._send(Finish(run=self.run, rank=self.rank, status="ok" if status == "ok" else "error"))
 
     # -- resource sampling -------------------------------------------------------------------
@@ -669,23 +1024,41 @@ class RankAgent:
     # -- shutdown ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop sampling, give queued frames up to ``linger_ms`` to go out, release ZeroMQ.
+        """Stop sampling and the step flusher, send the pending :meth:`log_step` points, give
+        queued frames up to ``linger_ms`` to go out, release ZeroMQ.
 
         Returns within about ``linger_ms`` (+ the sampler's current sample) even with no
         broker. Idempotent. In a forked child it only closes what the child itself created."""
         if self._closed:
             return
+        current = threading.current_thread()
         thread = self._sampler_thread
         self._sampler_stop.set()
-        if thread is not None and thread is not threading.current_thread():
+        if thread is not None and thread is not current:
             thread.join(timeout=2.0)
         self._sampler_thread = None
+        if self._pid != _getpid():
+            with self._lock:
+                self._reset_after_fork()
+        steps_thread = self._steps_thread
+        self._steps_stop.set()
+        if steps_thread is not None and steps_thread is not current and steps_thread.ident is not None:
+            steps_thread.join(timeout=2.0)  # a flush is non-blocking sends: bounded
+        try:
+            self._flush_steps()
+        except Exception as exc:  # pragma: no cover - _send already swallows send trouble
+            self._warn("steps_flush", "rankboard: step flush failed: %r", exc)
         with self._lock:
             self._closed = True
             if self._pid != os.getpid():
                 self._reset_after_fork()
             sock, ctx = self._sock, self._ctx
             self._sock = self._ctx = self._push = None
+        # points a concurrent log_step added after the flush, before _closed: lost, counted
+        left = len(self._steps_buf)
+        if left:
+            self._steps_buf.clear()
+            self._steps_dropped += left
         # outside the lock: a thread still calling log_epoch gets an immediate drop, not a
         # wait of up to linger_ms
         try:
