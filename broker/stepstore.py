@@ -211,11 +211,12 @@ class StepStore:
         if base != self.rows or k < 0:
             raise ValueError(f"step block at row {base} does not follow row {self.rows}")
         cols = {name: np.frombuffer(block[name], dtype=dt) for name, dt in _ROW_FIELDS}
-        series = [(None, _series_arrays(block["step_ms"]))]
+        series: List[tuple[Optional[str], tuple[np.ndarray, ...]]] = [
+            (None, _series_arrays(block["step_ms"]))]
         series += [(str(name), _series_arrays(v)) for name, v in block["metrics"].items()]
-        for name, arrays in [(n, c) for n, c in cols.items()]:
-            if len(arrays) != k:
-                raise ValueError(f"step block column {name} has {len(arrays)} rows, not {k}")
+        for name, arr in cols.items():
+            if len(arr) != k:
+                raise ValueError(f"step block column {name} has {len(arr)} rows, not {k}")
         for _, (rows, mean, lo, hi) in series:
             if not (len(rows) == len(mean) == len(lo) == len(hi)):
                 raise ValueError("step block series of unequal lengths")
@@ -224,16 +225,14 @@ class StepStore:
         if k and self.rows and cols["step"][0] <= self._cols["step"][self.rows - 1]:
             raise ValueError("step block does not ascend from the last step")
         start = self._reserve(k)
-        for name, arr in cols.items():
-            self._cols[name][start:start + k] = arr
-        for name, (rows, mean, lo, hi) in series:
-            if name is None:
-                target = self.step_ms
-            else:
-                target = self.metrics.get(name)  # type: ignore[assignment]
-                if target is None:
-                    target = self.metrics[name] = Series()
-                    self._names = None
+        for col, arr in cols.items():
+            self._cols[col][start:start + k] = arr
+        for key, (rows, mean, lo, hi) in series:
+            target = self.step_ms if key is None else self.metrics.get(key)
+            if target is None:
+                assert key is not None
+                target = self.metrics[key] = Series()
+                self._names = None
             target.extend(rows, mean, lo, hi)
         self.rows += k
 

@@ -116,7 +116,7 @@ class HardwareString:
     string is rebuilt from cached per-host blocks only when something changed.
     """
 
-    def __init__(self, topology: Topology, summary_of: Callable[[int], "str | None"]) -> None:
+    def __init__(self, topology: Topology, summary_of: Callable[[int], str | None]) -> None:
         self.topology = topology
         self.summary_of = summary_of
         self._blocks: Dict[str, Any] = {}
