@@ -124,6 +124,28 @@ def _web_flags(p: argparse.ArgumentParser, *, port_default: int | None) -> None:
                    help="bearer token required by the web (default $RANKBOARD_TOKEN)")
     p.add_argument("--insecure-no-auth", action="store_true",
                    help="allow a non-loopback --host without a token")
+    p.add_argument("--curve-server-key", type=Path, default=None, metavar="FILE",
+                   help="the broker's public key file (server.key from `rankboard keys`): "
+                        "connect to its publish and snapshot sockets with CURVE; needs "
+                        "--curve-client-key (up/demo: defaults to --curve-secret-key's)")
+    p.add_argument("--curve-client-key", type=Path, default=None, metavar="FILE",
+                   help="this web's key pair (webs/web-N.key_secret from `rankboard keys`), "
+                        "whose public key the broker's --curve-authorized directory holds")
+
+
+def _scale_flags(p: argparse.ArgumentParser, *, worker_id: bool) -> None:
+    p.add_argument("--workers", type=_int_range(1, 256), default=1, metavar="N",
+                   help="web processes sharing the port (SO_REUSEPORT, Linux), each with its "
+                        "own feed subscription; a worker that dies is restarted (default 1)")
+    p.add_argument("--metrics-port", type=_int_range(0, 65535), default=None, metavar="PORT",
+                   help="also serve /metrics and /healthz of worker K alone on port "
+                        "PORT+K-1, so Prometheus scrapes each worker (0: ephemeral ports, "
+                        "logged; default: off)")
+    p.add_argument("--metrics-host", default=None, metavar="HOST",
+                   help="address of the --metrics-port listeners (default: --host)")
+    if worker_id:  # set by the supervisor of --workers N on the processes it starts
+        p.add_argument("--worker-id", type=_int_range(1, 256), default=None,
+                       help=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,12 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("web", help="run the web dashboard against a broker")
     _feed_flags(p)
     _web_flags(p, port_default=DEFAULT_WEB_PORT)
+    _scale_flags(p, worker_id=True)
     _common(p)
 
     p = sub.add_parser("up", help="broker and web in one command")
     _broker_flags(p)
     _feed_flags(p)
     _web_flags(p, port_default=None)
+    _scale_flags(p, worker_id=False)
     _common(p)
 
     p = sub.add_parser("demo", help="everything plus a simulated cluster of real agents")
@@ -166,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clients", type=_int_range(1, 10_000), default=1,
                    help="client key pairs to have (client-1 .. client-N; existing ones are "
                         "kept, default 1)")
+    p.add_argument("--webs", type=_int_range(0, 10_000), default=1,
+                   help="web key pairs to have (webs/web-1 .. web-N), for webs that read the "
+                        "broker's CURVE-protected feed (default 1)")
     _common(p)
     return parser
 
@@ -252,6 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         print(f"{prog}: --curve-secret-key and --curve-authorized go together", file=sys.stderr)
         return 2
+    problem = _curve_client_problem(args)
+    if problem:
+        print(f"{prog}: {problem}", file=sys.stderr)
+        return 2
     _configure_logging(args)
     try:
         return _COMMANDS[args.command](args)
@@ -263,6 +294,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # BindError, data dir problems, ...
         print(f"{prog}: {_one_line(exc)}", file=sys.stderr)
         return 1
+
+
+def _curve_client_problem(args: argparse.Namespace) -> str | None:
+    """Why the web's CURVE flags cannot work together, or None.
+
+    ``web``: both key files or neither. ``up``/``demo``: their broker demands CURVE on the
+    feed as soon as it has a secret key, so their web needs a key pair the broker
+    authorizes; and a web key without a CURVE broker could never connect.
+    """
+    if not hasattr(args, "curve_client_key"):
+        return None
+    client, server = args.curve_client_key, args.curve_server_key
+    if not hasattr(args, "curve_secret_key"):  # web
+        if (client is None) != (server is None):
+            return "--curve-server-key and --curve-client-key go together"
+        return None
+    if args.curve_secret_key is not None and client is None:
+        return ("with --curve-secret-key the broker's feed demands CURVE: pass "
+                "--curve-client-key (a web key pair in --curve-authorized, e.g. "
+                "webs/web-1.key_secret from `rankboard keys`)")
+    if args.curve_secret_key is None and (client is not None or server is not None):
+        return "--curve-client-key/--curve-server-key need --curve-secret-key (a CURVE broker)"
+    return None
 
 
 def _one_line(exc: OSError) -> str:

@@ -10,6 +10,17 @@ command, never at import: ``broker.cli`` imports it lazily, and tests may import
 * ``demo``: ``up`` with a private broker on ephemeral loopback ports and a temporary data
   dir, plus a simulated cluster of real agent processes (web/demo.py), run after run until
   Ctrl-C.
+* ``--workers N`` (``web``, ``up``): this process becomes a supervisor (:class:`WorkerPool`)
+  of N ``rankboard web --worker-id K`` children, each a complete web (its own feed
+  subscription, snapshot and hub) listening on the same port with ``SO_REUSEPORT``, so the
+  kernel spreads connections over them. Separate processes because one gevent hub is one
+  core; children started with ``python -m`` because monkey-patching must happen before
+  anything else in a process, which a fork of an already patched (or not yet patched)
+  process cannot promise. The supervisor holds the port (bound, not listening: it never
+  gets a connection) so that a restarted worker finds it free, restarts a worker that dies
+  and stops them all on SIGINT/SIGTERM. ``--metrics-port P`` gives worker K a listener of
+  its own on P+K-1 serving only ``/metrics`` and ``/healthz``: through the shared port a
+  scrape lands on whichever worker the kernel picks.
 
 Tuning knobs for tests and operators (environment, not flags): ``RANKBOARD_SSE_QUEUE``
 (events a client may fall behind before it is dropped, default 256) and
@@ -18,6 +29,7 @@ Tuning knobs for tests and operators (environment, not flags): ``RANKBOARD_SSE_Q
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import logging
 import os
@@ -37,6 +49,13 @@ _BOUND = re.compile(r"broker (ingest|publish|snapshot) bound at (\S+)")
 _CHILD_FAILURE = re.compile(r"^rankboard broker: (.*)$")
 EPHEMERAL = "tcp://127.0.0.1:*"
 BROKER_START_TIMEOUT = 20.0
+#: listen backlog of a worker's SO_REUSEPORT socket (a page load opens several connections,
+#: and a dashboard wall reconnecting after a restart opens thousands at once)
+LISTEN_BACKLOG = 1024
+#: the response header naming the worker that served a request (``--workers`` > 1 only)
+WORKER_HEADER = "X-Rankboard-Worker"
+#: what a ``--metrics-port`` listener serves; everything else there is 404
+METRICS_PATHS = frozenset({"/metrics", "/healthz"})
 
 
 def _patch() -> None:
@@ -95,6 +114,107 @@ def _env_number(name: str, default: float, kind: Callable[[str], Any]) -> Any:
         log.warning("ignoring %s=%r: not a number", name, text)
         return default
     return value if value > 0 else default
+
+
+def feed_curve(args: argparse.Namespace) -> dict[int, bytes] | None:
+    """The web's CURVE client options from its flags, or None for a plain feed.
+
+    ``up``/``demo`` start the broker themselves: their web's server key defaults to the
+    public half of ``--curve-secret-key``. Raises ``ValueError`` (one line) for a bad file.
+    """
+    client = getattr(args, "curve_client_key", None)
+    if client is None:
+        return None
+    server = getattr(args, "curve_server_key", None) or getattr(args, "curve_secret_key", None)
+    if server is None:
+        raise ValueError("--curve-client-key needs --curve-server-key (the broker's public key)")
+    from broker.keys import client_options
+
+    flag = "--curve-server-key" if getattr(args, "curve_server_key", None) else "--curve-secret-key"
+    return client_options(Path(server), Path(client), server_flag=flag)
+
+
+def reuseport_socket(host: str, port: int, *, listen: bool) -> socket.socket:
+    """A TCP socket bound to ``host:port`` with ``SO_REUSEPORT`` (and listening if asked).
+
+    Every worker of a pool binds its own such socket and the kernel spreads incoming
+    connections over the listening ones; the supervisor's copy is bound but never listens,
+    so it holds the port without taking connections. Raises ``OSError`` whose ``strerror``
+    is the one-line reason the CLI prints (it names the address, as :meth:`Web.bind` does).
+    """
+    where = f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(errno.EINVAL, f"cannot bind the web to {where}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        if listen:
+            sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        reason = "Address already in use" if exc.errno == errno.EADDRINUSE else (
+            exc.strerror or str(exc))
+        raise OSError(exc.errno, f"cannot bind the web to {where}: {reason}") from None
+    return sock
+
+
+def pool_guard(host: str, port: int) -> socket.socket:
+    """An abstract UNIX socket named after ``port``, held by one pool supervisor at a time.
+
+    ``SO_REUSEPORT`` lets any process of the same user join a port, so without this a second
+    ``rankboard web --workers N`` on the port of a running one would start fine and silently
+    take half its connections. The name lives as long as the socket: a killed supervisor
+    frees it at once, no stale lock file to clean up.
+    """
+    guard = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        guard.bind(f"\0rankboard-web-port-{port}")
+    except OSError as exc:
+        guard.close()
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise OSError(errno.EADDRINUSE, f"cannot bind the web to {host}:{port}: Address already "
+                      "in use (another rankboard web --workers serves that port)") from None
+    return guard
+
+
+def worker_header(app: Callable[..., Any], worker_id: int) -> Callable[..., Any]:
+    """WSGI middleware adding ``X-Rankboard-Worker: <K>`` to every response.
+
+    With several workers behind one port this is how an operator (or a test) tells which
+    process answered; it names a slot (1..N), not a pid, so it reveals nothing about the
+    host."""
+    value = str(worker_id)
+
+    def app_with_header(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            headers.append((WORKER_HEADER, value))
+            return start_response(status, headers, exc_info)
+
+        return app(environ, start)
+
+    return app_with_header
+
+
+def only_paths(app: Callable[..., Any], paths: frozenset[str]) -> Callable[..., Any]:
+    """WSGI middleware serving ``paths`` through ``app`` (with its auth) and 404 otherwise:
+    a per-worker metrics listener is for scrapers and health checks, not a second dashboard."""
+    body = b'{"error": "not found"}'
+
+    def filtered(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ.get("PATH_INFO") in paths:
+            return app(environ, start_response)
+        start_response("404 NOT FOUND", [("Content-Type", "application/json"),
+                                         ("Content-Length", str(len(body)))])
+        return [body]
+
+    return filtered
 
 
 # --------------------------------------------------------------------------- the web
@@ -179,32 +299,48 @@ def nodelay_handler_class() -> Any:
 class Web:
     """The hub, its feed pump, the app and (once bound) the gevent WSGI server."""
 
-    def __init__(self, args: argparse.Namespace, publish: str, snapshot: str) -> None:
+    def __init__(self, args: argparse.Namespace, publish: str, snapshot: str, *,
+                 curve: dict[int, bytes] | None = None) -> None:
         from web.app import create_app
         from web.hub import DEFAULT_QUEUE_SIZE, FeedPump, Hub
 
         self.host: str = args.host
+        #: this process's slot in a ``--workers`` pool (None: a web on its own)
+        self.worker_id: int | None = getattr(args, "worker_id", None)
         self.hub = Hub(queue_size=_env_number("RANKBOARD_SSE_QUEUE", DEFAULT_QUEUE_SIZE, int))
-        self.pump = FeedPump(self.hub, publish, snapshot)
+        self.pump = FeedPump(self.hub, publish, snapshot, curve=curve)
         self.app = create_app(self.hub, {
             "token": args.token,
             "ping_interval": _env_number("RANKBOARD_SSE_PING", 15.0, float),
         })
+        if self.worker_id is not None:
+            self.app.wsgi_app = worker_header(self.app.wsgi_app, self.worker_id)  # type: ignore[method-assign]
         self.server: Any = None
+        self.metrics_server: Any = None
         self.port: int | None = None
 
     def start_feed(self) -> None:
         self.pump.start()
 
-    def bind(self, port: int) -> None:
-        """Bind and start serving; raises OSError (e.g. the address in use)."""
+    def _server(self, listener: Any, app: Any) -> Any:
         from gevent.pywsgi import LoggingLogAdapter, WSGIServer
 
-        server = WSGIServer(
-            (self.host, port), self.app, handler_class=nodelay_handler_class(),
+        return WSGIServer(
+            listener, app, handler_class=nodelay_handler_class(),
             log=LoggingLogAdapter(logging.getLogger("web.access"), logging.DEBUG),
             error_log=LoggingLogAdapter(logging.getLogger("web.server"), logging.ERROR),
         )
+
+    def bind(self, port: int, *, reuse_port: bool = False, announce: bool = True) -> None:
+        """Bind and start serving; raises OSError (e.g. the address in use).
+
+        ``reuse_port``: listen on a ``SO_REUSEPORT`` socket, as a pool's worker does.
+        ``announce``: print the ``dashboard:`` lines (a worker leaves that to its supervisor).
+        """
+        listener: Any = (self.host, port)
+        if reuse_port:
+            listener = reuseport_socket(self.host, port, listen=True)
+        server = self._server(listener, self.app)
         try:
             server.start()
         except OSError as exc:
@@ -214,14 +350,29 @@ class Web:
         self.server = server
         self.port = server.server_port
         log.info("web listening on http://%s:%d", self.host, self.port)
-        for line in dashboard_lines(self.host, self.port):
-            _say(line)
+        if announce:
+            for line in dashboard_lines(self.host, self.port):
+                _say(line)
+
+    def bind_metrics(self, host: str, port: int) -> None:
+        """Serve ``/metrics`` and ``/healthz`` alone on ``host:port`` (``--metrics-port``)."""
+        server = self._server((host, port), only_paths(self.app, METRICS_PATHS))
+        try:
+            server.start()
+        except OSError as exc:
+            server.close()
+            reason = exc.strerror or str(exc)
+            raise OSError(exc.errno, f"cannot bind the metrics listener to {host}:{port}: "
+                          f"{reason}") from None
+        self.metrics_server = server
+        log.info("web metrics on http://%s:%d/metrics", host, server.server_port)
 
     def close(self) -> None:
         self.hub.close_all()
-        if self.server is not None:
-            self.server.stop(timeout=1.0)
-            self.server = None
+        for server in (self.server, self.metrics_server):
+            if server is not None:
+                server.stop(timeout=1.0)
+        self.server = self.metrics_server = None
         self.pump.stop()
 
 
@@ -232,7 +383,9 @@ class LazyBinder:
     failed bind the next registration naming a port (any) is tried.
     """
 
-    def __init__(self, web: Web) -> None:
+    def __init__(self, web: Web | WorkerPool) -> None:
+        #: what binds: a web, or a pool that starts its workers there (``up --workers N``);
+        #: either has ``port`` (None until bound) and ``bind(port)`` raising OSError
         self.web = web
         self.ignored: set[int] = set()
         self._binding = False
@@ -413,28 +566,336 @@ class BrokerChild:
                 self.proc.stderr.close()
 
 
+# ------------------------------------------------------------------- worker pool
+_WORKER_FAILURE = re.compile(r"^rankboard web: (.*)$")
+
+
+def describe_exit(code: int | None) -> str:
+    """``exited with status 1`` / ``was killed by SIGKILL``, for the supervisor's log."""
+    if code is None:
+        return "is running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with status {code}"
+
+
+class Worker:
+    """One ``rankboard web --worker-id K`` child and what the supervisor knows of it."""
+
+    def __init__(self, slot: int) -> None:
+        import gevent.event
+
+        self.slot = slot
+        self.proc: Any = None
+        self.ready = gevent.event.Event()
+        #: its own one-line reason for exiting ("rankboard web: <reason>" on its stderr)
+        self.reason: str | None = None
+        self.started_at = 0.0
+        #: exits in a row that came soon after a start (backs restarts off)
+        self.quick_exits = 0
+        self.restarting = False
+
+
+class WorkerPool:
+    """``--workers N``: N web processes on one port, supervised (see the module docstring).
+
+    Looks like a :class:`Web` to :class:`LazyBinder` (``port``, ``bind(port)``), so ``up``
+    without ``--port`` starts the pool where the first rank's port says. ``failure`` is set
+    when the pool cannot serve at all (a worker that fails on its first start); the command
+    then exits with it. Later deaths are restarted at once; a worker that dies again soon
+    after its restart waits 0.5, 1, 2 ... 30 s before the next, so a crash loop does not spin.
+    """
+
+    READY_TIMEOUT = 30.0
+    #: a worker that dies sooner than this after starting counts as a quick exit
+    QUICK_EXIT = 10.0
+    MAX_BACKOFF = 30.0
+
+    def __init__(self, args: argparse.Namespace, publish: str, snapshot: str, size: int) -> None:
+        self.args = args
+        self.publish = publish
+        self.snapshot = snapshot
+        self.host: str = args.host
+        self.workers = [Worker(k) for k in range(1, size + 1)]
+        self.port: int | None = None
+        self.failure: str | None = None
+        self._reservation: socket.socket | None = None
+        self._guard: socket.socket | None = None
+        self._stopping = False
+
+    # -- the port -------------------------------------------------------------------
+    def bind(self, port: int) -> None:
+        """Hold ``port`` (OSError if taken), start every worker on it, announce it.
+
+        A worker failing to start sets :attr:`failure` instead of raising: that is not
+        about the port, so trying the next registered one would not help."""
+        reservation = reuseport_socket(self.host, port, listen=False)
+        port = reservation.getsockname()[1]
+        try:
+            guard = pool_guard(self.host, port)
+        except OSError:
+            reservation.close()
+            raise
+        self._reservation, self._guard, self.port = reservation, guard, port
+        problem = self.start()
+        if problem:
+            self.failure = problem
+            return
+        log.info("web listening on http://%s:%d (%d workers)", self.host, port,
+                 len(self.workers))
+        for line in dashboard_lines(self.host, port):
+            _say(line)
+
+    # -- children -------------------------------------------------------------------
+    def command(self, worker: Worker) -> tuple[list[str], dict[str, str]]:
+        """The worker's command line and environment. The token travels in the
+        environment (``RANKBOARD_TOKEN``), never on a command line anyone can read in ps."""
+        args = self.args
+        assert self.port is not None
+        cmd = [sys.executable, "-m", "broker.cli", "web", "--publish", self.publish,
+               "--snapshot", self.snapshot, "--host", self.host, "--port", str(self.port),
+               "--worker-id", str(worker.slot)]
+        if args.insecure_no_auth:
+            cmd.append("--insecure-no-auth")
+        client = getattr(args, "curve_client_key", None)
+        if client is not None:
+            server = getattr(args, "curve_server_key", None) or args.curve_secret_key
+            cmd += ["--curve-server-key", str(server), "--curve-client-key", str(client)]
+        if getattr(args, "metrics_port", None) is not None:  # 0: each its own ephemeral port
+            port = args.metrics_port + worker.slot - 1 if args.metrics_port else 0
+            cmd += ["--metrics-port", str(port), "--metrics-host", args.metrics_host or self.host]
+        level = getattr(args, "log_level", None) or (
+            "DEBUG" if getattr(args, "verbose", 0) else "INFO")
+        cmd += ["--log-level", level]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("RANKBOARD_TOKEN", None)
+        if args.token:
+            env["RANKBOARD_TOKEN"] = args.token
+        return cmd, env
+
+    def spawn(self, worker: Worker) -> None:
+        """Start ``worker``'s process; greenlets read its stdout (``ready``) and relay its
+        stderr (its log) to ours.
+
+        Its own session: a Ctrl-C in the terminal reaches the supervisor alone, which then
+        stops every worker, instead of racing the workers' own exits against a restart."""
+        import gevent
+        from gevent import subprocess
+
+        cmd, env = self.command(worker)
+        worker.ready.clear()
+        worker.reason = None
+        worker.started_at = time.monotonic()
+        proc = worker.proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env, start_new_session=True)
+
+        def read_stdout() -> None:
+            for raw in proc.stdout:
+                if raw.strip() == b"ready":
+                    worker.ready.set()
+
+        def relay_stderr() -> None:
+            for raw in proc.stderr:
+                line = raw.decode("utf-8", "replace")
+                failure = _WORKER_FAILURE.match(line)
+                if failure:
+                    worker.reason = failure.group(1).strip()
+                    continue
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+        gevent.spawn(read_stdout)
+        gevent.spawn(relay_stderr)
+
+    def _wait_ready(self, worker: Worker, deadline: float) -> str | None:
+        """None once ``worker`` says ready, else why it never will."""
+        while not worker.ready.wait(0.1):
+            if self._stopping:
+                return None
+            if worker.proc.poll() is not None:
+                worker.proc.wait()
+                why = worker.reason or f"it {describe_exit(worker.proc.returncode)}"
+                return f"web worker {worker.slot} failed to start: {why}"
+            if time.monotonic() > deadline:
+                return (f"web worker {worker.slot} did not start within "
+                        f"{self.READY_TIMEOUT:.0f} s")
+        return None
+
+    def start(self) -> str | None:
+        """Start every worker and wait until all serve; a one-line reason if one cannot."""
+        for worker in self.workers:
+            self.spawn(worker)
+        deadline = time.monotonic() + self.READY_TIMEOUT
+        for worker in self.workers:
+            problem = self._wait_ready(worker, deadline)
+            if problem:
+                return problem
+        return None
+
+    def check(self, stopper: Stopper) -> None:
+        """Restart every worker that has died (called from the supervisor's loop)."""
+        import gevent
+
+        for worker in self.workers:
+            if (self._stopping or worker.restarting or worker.proc is None
+                    or worker.proc.poll() is None):
+                continue
+            worker.restarting = True
+            gevent.spawn(self._restart, worker, stopper)
+
+    def _restart(self, worker: Worker, stopper: Stopper) -> None:
+        try:
+            pid, code = worker.proc.pid, worker.proc.wait()
+            lived = time.monotonic() - worker.started_at
+            worker.quick_exits = worker.quick_exits + 1 if lived < self.QUICK_EXIT else 0
+            delay = (min(self.MAX_BACKOFF, 0.5 * 2 ** (worker.quick_exits - 2))
+                     if worker.quick_exits > 1 else 0.0)
+            # a short grace even so: under systemd or a terminal the signal that stops us
+            # all may reach a worker first, and a stop must not look like a crash
+            if stopper.wait(max(delay, 0.2)) or self._stopping:
+                return
+            reason = f" ({worker.reason})" if worker.reason else ""
+            log.warning("web worker %d (pid %d) %s%s; restarting it%s", worker.slot, pid,
+                        describe_exit(code), reason,
+                        f" after {delay:g} s ({worker.quick_exits} exits in a row, each soon "
+                        "after a start)" if delay else "")
+            self.spawn(worker)
+            problem = self._wait_ready(worker, time.monotonic() + self.READY_TIMEOUT)
+            if problem:
+                log.error("%s; trying again", problem)
+            elif not self._stopping:
+                log.info("web worker %d restarted (pid %d)", worker.slot, worker.proc.pid)
+        finally:
+            worker.restarting = False
+
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self.workers if w.proc is not None]
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM every worker at once, SIGKILL what is left after ``timeout``; release
+        the port."""
+        self._stopping = True
+        procs = [w.proc for w in self.workers if w.proc is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    proc.terminate()
+                except OSError:
+                    pass
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except Exception:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        for sock in (self._reservation, self._guard):
+            if sock is not None:
+                sock.close()
+        self._reservation = self._guard = None
+
+
+def _watch_parent(parent: int, stopper: Stopper) -> None:
+    """A worker stops when its supervisor is gone (SIGKILLed, say): an orphan would keep
+    serving from a stale process and keep the port's share the next supervisor expects."""
+    while not stopper.wait(1.0):
+        if os.getppid() != parent:
+            log.warning("the supervisor (pid %d) is gone: stopping", parent)
+            stopper.event.set()
+            return
+
+
+def _worker_logging(slot: int) -> None:
+    """Tag a worker's log lines ``web[K]``: the supervisor relays N workers' logs as one."""
+    fmt = logging.Formatter(f"%(asctime)s %(levelname)s web[{slot}] %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(fmt)
+
+
+def _pool_refusal(args: argparse.Namespace) -> str | None:
+    workers = getattr(args, "workers", 1)
+    if workers > 1 and not sys.platform.startswith("linux"):
+        return ("--workers needs Linux: it relies on SO_REUSEPORT spreading connections "
+                "over the workers")
+    if getattr(args, "metrics_port", None) is not None and (
+            args.metrics_port + workers - 1 > 65535):
+        return f"--metrics-port {args.metrics_port} + {workers} workers is past port 65535"
+    host = getattr(args, "metrics_host", None)
+    if host is not None:
+        return bind_refusal(host, args.token, args.insecure_no_auth)
+    return None
+
+
 # ------------------------------------------------------------------------ commands
 def web_main(args: argparse.Namespace) -> int:
-    """``rankboard web``: serve the dashboard of the broker at --publish/--snapshot."""
+    """``rankboard web``: serve the dashboard of the broker at --publish/--snapshot.
+
+    With ``--workers N`` (N > 1) this process supervises N workers instead
+    (:class:`WorkerPool`); a worker (``--worker-id``) is this same command, told by its
+    supervisor to share the port and to report ``ready`` on stdout rather than print the
+    dashboard lines."""
     _patch()
     prog = "rankboard web"
-    refusal = bind_refusal(args.host, args.token, args.insecure_no_auth)
+    refusal = bind_refusal(args.host, args.token, args.insecure_no_auth) or _pool_refusal(args)
     if refusal:
         return _fail(prog, refusal, 2)
+    try:
+        curve = feed_curve(args)
+    except ValueError as exc:
+        return _fail(prog, str(exc), 2)
+    worker_id = getattr(args, "worker_id", None)
+    if worker_id is None and getattr(args, "workers", 1) > 1:
+        return _serve_pool(args, prog)
+    if worker_id is not None:
+        _worker_logging(worker_id)
     stopper = Stopper()
-    web = Web(args, args.publish, args.snapshot)
+    web = Web(args, args.publish, args.snapshot, curve=curve)
     try:
         try:
-            web.bind(args.port)
+            web.bind(args.port, reuse_port=worker_id is not None, announce=worker_id is None)
+            if getattr(args, "metrics_port", None) is not None:
+                web.bind_metrics(getattr(args, "metrics_host", None) or args.host,
+                                 args.metrics_port)
         except OSError as exc:
             return _fail(prog, str(exc.strerror or exc))
         web.start_feed()
+        if worker_id is not None:
+            import gevent
+
+            gevent.spawn(_watch_parent, os.getppid(), stopper)
+            _say("ready")
         stopper.wait()
     finally:
         web.close()
         stopper.close()
     log.info("web stopped")
     return 0
+
+
+def _serve_pool(args: argparse.Namespace, prog: str) -> int:
+    """``rankboard web --workers N``: hold the port, run the workers until stopped."""
+    stopper = Stopper()
+    pool = WorkerPool(args, args.publish, args.snapshot, args.workers)
+    try:
+        try:
+            pool.bind(args.port)
+        except OSError as exc:
+            return _fail(prog, str(exc.strerror or exc))
+        if pool.failure:
+            return _fail(prog, pool.failure)
+        while not stopper.wait(0.5):
+            pool.check(stopper)
+        return 0
+    finally:
+        pool.stop()
+        stopper.close()
+        log.info("web stopped (%d workers)", len(pool.workers))
 
 
 def up_main(args: argparse.Namespace) -> int:
@@ -451,9 +912,13 @@ def _up(args: argparse.Namespace, prog: str, *, demo: bool) -> int:
     _patch()
     from broker import cli as broker_cli
 
-    refusal = bind_refusal(args.host, args.token, args.insecure_no_auth)
+    refusal = bind_refusal(args.host, args.token, args.insecure_no_auth) or _pool_refusal(args)
     if refusal:
         return _fail(prog, refusal, 2)
+    try:
+        curve = feed_curve(args)
+    except ValueError as exc:
+        return _fail(prog, str(exc), 2)
     endpoints = {"ingest": args.ingest, "publish": args.publish, "snapshot": args.snapshot}
     if demo:  # a private broker: never clash with one already running on the defaults
         defaults = {"ingest": broker_cli.DEFAULT_INGEST, "publish": broker_cli.DEFAULT_PUBLISH,
@@ -471,6 +936,7 @@ def _up(args: argparse.Namespace, prog: str, *, demo: bool) -> int:
     stopper = Stopper()
     broker = BrokerChild(args, data_dir=data_dir, **endpoints)
     web: Web | None = None
+    pool: WorkerPool | None = None
     cluster: Any = None
     try:
         problem = broker.start(stopper)
@@ -478,7 +944,9 @@ def _up(args: argparse.Namespace, prog: str, *, demo: bool) -> int:
             return _fail(prog, problem)
         if stopper.stopping:
             return 0
-        web = Web(args, broker.endpoints["publish"], broker.endpoints["snapshot"])
+        if getattr(args, "workers", 1) > 1:
+            return _up_pool(args, prog, broker, stopper, curve)
+        web = Web(args, broker.endpoints["publish"], broker.endpoints["snapshot"], curve=curve)
         if args.port is None:
             binder = LazyBinder(web)
             web.hub.port_listeners.append(binder.on_port)
@@ -487,6 +955,11 @@ def _up(args: argparse.Namespace, prog: str, *, demo: bool) -> int:
         else:
             try:
                 web.bind(args.port)
+            except OSError as exc:
+                return _fail(prog, str(exc.strerror or exc))
+        if getattr(args, "metrics_port", None) is not None:
+            try:
+                web.bind_metrics(args.metrics_host or args.host, args.metrics_port)
             except OSError as exc:
                 return _fail(prog, str(exc.strerror or exc))
         web.start_feed()
@@ -512,8 +985,55 @@ def _up(args: argparse.Namespace, prog: str, *, demo: bool) -> int:
             cluster.stop()
         if web is not None:
             web.close()
+        if pool is not None:
+            pool.stop()
         broker.stop()
         stopper.close()
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
         log.info("%s stopped", prog)
+
+
+def _up_pool(args: argparse.Namespace, prog: str, broker: BrokerChild, stopper: Stopper,
+             curve: dict[int, bytes] | None) -> int:
+    """``up --workers N``: the pool instead of the in-process web, beside the broker child.
+
+    Without ``--port`` the supervisor decides the port exactly as a single web would: a
+    hub and feed pump of its own feed :class:`LazyBinder`, which starts the pool on the
+    first registered port (and keeps warning about later, different ones). Deciding once,
+    here, keeps N workers from ever picking N different ports. (That hub holds a copy of
+    the runs, as a worker does: the price of reusing the one implementation of the rule.)
+    """
+    from web.hub import FeedPump, Hub
+
+    pool = WorkerPool(args, broker.endpoints["publish"], broker.endpoints["snapshot"],
+                      args.workers)
+    pump: FeedPump | None = None
+    try:
+        if args.port is None:
+            hub = Hub()
+            pump = FeedPump(hub, broker.endpoints["publish"], broker.endpoints["snapshot"],
+                            curve=curve)
+            binder = LazyBinder(pool)
+            hub.port_listeners.append(binder.on_port)
+            hub.snapshot_listeners.append(binder.on_snapshot)
+            pump.start()
+            log.info("the web binds on the first port a rank registers (or pass --port)")
+        else:
+            try:
+                pool.bind(args.port)
+            except OSError as exc:
+                return _fail(prog, str(exc.strerror or exc))
+        while not stopper.wait(0.5):
+            if pool.failure:
+                return _fail(prog, pool.failure)
+            if broker.exited() is not None:
+                if stopper.wait(0.5):  # Ctrl-C reached the broker first
+                    return 0
+                return _fail(prog, broker.failure())
+            pool.check(stopper)
+        return 0
+    finally:
+        if pump is not None:
+            pump.stop()
+        pool.stop()
