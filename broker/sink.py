@@ -479,7 +479,7 @@ class RunSink:
             if rank in reports.frames:
                 self._pending_active[epoch] += 1
         if self.finished:
-            self.status = "training" if self.records else "waiting"
+            self.status = "training" if self.records or self.steps.rows else "waiting"
             self.complete = None
             self._header_changed = True
 
