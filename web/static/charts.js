@@ -54,7 +54,7 @@ export function niceTicks(lo, hi, count, integer = false) {
 }
 
 /** Ticks for a log10 axis over [lo, hi] (both > 0). */
-function logTicks(lo, hi) {
+export function logTicks(lo, hi) {
   const a = Math.floor(Math.log10(lo));
   const b = Math.ceil(Math.log10(hi));
   const ticks = [];
@@ -72,7 +72,7 @@ const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 720
   10800, 21600, 43200, 86400];
 
 /** Ticks for a unix-seconds axis: steps of whole seconds, minutes, hours. */
-function timeTicks(lo, hi, count) {
+export function timeTicks(lo, hi, count) {
   const want = (hi - lo) / Math.max(1, count);
   let step = TIME_STEPS.find((s) => s >= want) || Math.ceil(want / 86400) * 86400;
   const tz = new Date(lo * 1000).getTimezoneOffset() * 60;
@@ -127,7 +127,7 @@ export function ema(values, weight) {
   return out;
 }
 
-function el(tag, cls, text) {
+export function el(tag, cls, text) {
   const e = document.createElement(tag);
   if (cls) e.className = cls;
   if (text !== undefined) e.textContent = text;
@@ -135,7 +135,7 @@ function el(tag, cls, text) {
 }
 
 /** Read a CSS custom property of `node`, with a fallback. */
-function cssVar(node, name, fallback) {
+export function cssVar(node, name, fallback) {
   const v = getComputedStyle(node).getPropertyValue(name).trim();
   return v || fallback;
 }

@@ -1,101 +1,28 @@
-// rankboard dashboard page: one run at a time, fed by the JSON API and one EventSource.
+// rankboard dashboard page: one run at a time (or a comparison of several), fed by the
+// JSON API and one EventSource.
 //
 // Data flow: GET /api/runs (picker) -> GET /api/runs/<run> (header, ranks, records) and
-// EventSource /api/runs/<run>/events (run / epoch / ranks / complete). Records are kept in
-// a map keyed by epoch, so the replay after a reconnect (or the overlap between the JSON
-// snapshot and the stream) never duplicates a point. All text from a training job goes into
-// the DOM through textContent; the model graph is only ever an <img>.
+// EventSource /api/runs/<run>/events (run / epoch / ranks / steps / complete). Records are
+// kept in a map keyed by epoch, so the replay after a reconnect (or the overlap between the
+// JSON snapshot and the stream) never duplicates a point. Step series come from /steps up
+// to the `steps_done` of each connection's first `run` event, then from live `steps`
+// events (steps.js). Everything is rendered at most once per animation frame. All text
+// from a training job goes into the DOM through textContent; the model graph is only ever
+// an <img>.
+//
+// Scale: a run with more than BIG ranks gets a rank picker instead of tabs, a host-grouped
+// heatmap instead of GPU tiles, a paginated worst-first rank table and grouped alerts, so
+// its page stays about three screens tall.
 
 import { LineChart, colorAt, formatNumber } from "./charts.js";
-
-// ---------------------------------------------------------------- formatting helpers
-
-const DASH = "—";
-const isNum = (v) => typeof v === "number" && Number.isFinite(v);
-
-function fmtLoss(v) {
-  if (!isNum(v)) return DASH;
-  const a = Math.abs(v);
-  if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(3);
-  return String(+v.toPrecision(5));
-}
-
-function fmtPct(v, digits = 0) {
-  return isNum(v) ? `${v.toFixed(digits)}%` : DASH;
-}
-
-function fmtBytes(v) {
-  if (!isNum(v)) return DASH;
-  const gib = v / 2 ** 30;
-  if (gib >= 100) return `${gib.toFixed(0)} GiB`;
-  if (gib >= 1) return `${gib.toFixed(1)} GiB`;
-  return `${(v / 2 ** 20).toFixed(0)} MiB`;
-}
-
-function fmtDur(s) {
-  if (!isNum(s) || s < 0) return DASH;
-  if (s < 10) return `${s.toFixed(1)}s`;
-  if (s < 60) return `${Math.round(s)}s`;
-  const m = Math.floor(s / 60);
-  if (s < 3600) return `${m}m ${String(Math.floor(s % 60)).padStart(2, "0")}s`;
-  const h = Math.floor(s / 3600);
-  if (s < 86400) return `${h}h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
-  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
-}
-
-function fmtAgo(s) {
-  if (!isNum(s)) return DASH;
-  if (s < 1.5) return "now";
-  return `${fmtDur(Math.max(0, s)).replace(/\.\ds$/, "s")} ago`;
-}
-
-/** samples per ms (the wire unit) -> "12.3k/s". */
-function fmtThroughput(perMs) {
-  return isNum(perMs) ? `${formatNumber(perMs * 1000)}/s` : DASH;
-}
-
-function pct(used, total) {
-  return isNum(used) && isNum(total) && total > 0 ? (100 * used) / total : null;
-}
-
-function h(tag, cls, text) {
-  const e = document.createElement(tag);
-  if (cls) e.className = cls;
-  if (text !== undefined && text !== null) e.textContent = String(text);
-  return e;
-}
-
-const $ = (id) => document.getElementById(id);
-const enc = (run) => encodeURIComponent(run);
-
-// ---------------------------------------------------------------- server clock
-
-// Times from the server are unix seconds of its clock; the ticking elapsed/ETA/"ago"
-// figures use the offset learned from the Date header so a skewed laptop clock is harmless.
-let clockOffset = 0;
-let clockKnown = false;
-const serverNow = () => Date.now() / 1000 + clockOffset;
-
-function learnClock(resp) {
-  const d = Date.parse(resp.headers.get("Date") || "");
-  if (!Number.isFinite(d)) return;
-  const off = d / 1000 + 0.5 - Date.now() / 1000; // Date has 1 s resolution
-  if (!clockKnown || Math.abs(off - clockOffset) > 2) {
-    clockOffset = Math.abs(off) < 1.5 ? 0 : off;
-    clockKnown = true;
-  }
-}
-
-async function api(path) {
-  const resp = await fetch(path, { credentials: "same-origin", cache: "no-store" });
-  learnClock(resp);
-  if (!resp.ok) {
-    const err = new Error(`${resp.status} ${path}`);
-    err.status = resp.status;
-    throw err;
-  }
-  return resp.json();
-}
+import { CompareView, compareHash, parseCompareHash } from "./compare.js";
+import { HostHeatmap, StragglerStrip } from "./heatmap.js";
+import { BIG, RankPicker, RankTable, renderAlerts } from "./ranks.js";
+import { StepView } from "./steps.js";
+import {
+  $, DASH, api, button, enc, fmtAgo, fmtBytes, fmtDur, fmtInt, fmtLoss, fmtMs, fmtPct, h,
+  isNum, pct, serverNow,
+} from "./util.js";
 
 // ---------------------------------------------------------------- state
 
@@ -104,16 +31,22 @@ const state = {
   run: null,
   runs: [],
   es: null,
+  fresh: false, // the next `run` event is the first of a connection
   header: null,
   records: [], // ascending epoch
   byEpoch: new Map(),
   ranks: [],
+  rankMap: new Map(), // rank -> ranks entry
+  hostOfRank: new Map(), // rank -> host (header topology)
   rankSeries: new Map(), // rank -> [{t, util, vu, vt}] sampled from `ranks` events
   rankSeen: new Map(), // rank -> last_seen already sampled
   knownRanks: new Set(),
   tab: "home",
   graphKey: null,
   picked: false, // the user chose a run (do not auto-follow the newest)
+  expandedAlerts: new Set(),
+  stepRanks: false, // some rank has sent steps
+  mode: "run", // "run" | "compare"
 };
 
 const dirty = new Set();
@@ -123,28 +56,40 @@ function invalidate(...parts) {
   for (const p of parts) dirty.add(p);
   if (renderQueued) return;
   renderQueued = true;
-  requestAnimationFrame(() => {
-    renderQueued = false;
-    const parts2 = new Set(dirty);
-    dirty.clear();
-    try {
-      if (parts2.has("header")) {
-        renderHeader();
-        updatePickerEntry();
-      }
-      if (parts2.has("records")) renderRecords();
-      if (parts2.has("records") || parts2.has("ranks") || parts2.has("header")) renderRanks();
-      if (parts2.has("records") || parts2.has("ranks") || parts2.has("tab")) renderRankPanel();
-      renderTicking();
-    } catch (err) {
-      console.warn("rankboard: render failed", err); // never let one bad value kill the page
+  requestAnimationFrame(renderNow);
+}
+
+function renderNow() {
+  renderQueued = false;
+  const parts = new Set(dirty);
+  dirty.clear();
+  try {
+    if (parts.has("header")) {
+      renderHeader();
+      updatePickerEntry();
     }
-  });
+    if (parts.has("records")) renderRecords();
+    if (parts.has("records") || parts.has("ranks") || parts.has("header") || parts.has("steps")) {
+      renderLayout();
+      renderKpis();
+    }
+    if (parts.has("records") || parts.has("ranks") || parts.has("header")) renderRanks();
+    if (parts.has("records") || parts.has("ranks") || parts.has("tab")) renderRankPanel();
+    renderTicking();
+  } catch (err) {
+    console.warn("rankboard: render failed", err); // never let one bad value kill the page
+  }
 }
 
 // ---------------------------------------------------------------- charts
 
 const charts = {};
+let steps = null;
+let table = null;
+let picker = null;
+let heatmap = null;
+let strip = null;
+let compare = null;
 
 function pctFmt(v) {
   return isNum(v) ? `${+v.toFixed(Math.abs(v) < 10 ? 1 : 0)}%` : DASH;
@@ -164,6 +109,10 @@ function makeCharts() {
     yMin: 0, yMax: 100, yFormat: pctFmt, height: 240, filename: "rank-util",
     emptyText: "no GPU samples from this rank yet",
   });
+  charts.rankStep = new LineChart($("rank-step-card"), {
+    title: "Step time", chartId: "rank-step", xType: "time", yMin: 0,
+    yFormat: fmtMs, height: 200, filename: "rank-step", emptyText: "no step time from this rank yet",
+  });
   charts.rankThroughput = new LineChart($("rank-throughput-card"), {
     title: "Throughput (samples/s)", chartId: "rank-throughput", xLabel: "epoch", xInteger: true,
     log: true, smoothing: true, yFormat: formatNumber, height: 220, filename: "rank-throughput",
@@ -172,6 +121,26 @@ function makeCharts() {
   charts.rankShare = new LineChart($("rank-share-card"), {
     title: "Batch share", chartId: "rank-share", xLabel: "epoch", xInteger: true,
     yMin: 0, yFormat: pctFmt, height: 220, filename: "rank-share", emptyText: "no epochs yet",
+  });
+  steps = new StepView($("step-section"), {
+    straggler: stragglerText,
+    onChange: () => invalidate("steps"),
+  });
+  table = new RankTable($("rank-table"), $("rank-pager"), {
+    onOpen: (rank) => selectTab(rank),
+    onChange: () => renderRanks(),
+  });
+  picker = new RankPicker($("rank-picker-host"), { onPick: (rank) => selectTab(rank) });
+  heatmap = new HostHeatmap($("heatmap"), {
+    chartId: "rank-heatmap", title: "per-rank GPU utilisation and throughput",
+    onPick: (rank) => selectTab(rank), hostOf,
+  });
+  strip = new StragglerStrip($("straggler-strip"), {
+    onPick: (rank) => selectTab(rank), ago: (t) => fmtAgo(serverNow() - t),
+  });
+  compare = new CompareView($("compare-view"), {
+    runs: () => state.runs,
+    close: () => closeCompare(),
   });
 }
 
@@ -188,6 +157,10 @@ async function refreshRuns() {
   if (!Array.isArray(runs)) return;
   state.runs = runs;
   renderPicker();
+  if (state.mode === "compare") {
+    compare.renderRuns();
+    return;
+  }
   const wanted = runFromHash();
   if (state.run === null) {
     if (wanted && runs.some((r) => r.run === wanted)) openRun(wanted, true);
@@ -234,7 +207,38 @@ function runFromHash() {
 
 function showEmpty(empty) {
   $("empty-state").hidden = !empty;
-  $("run-view").hidden = empty;
+  $("run-view").hidden = empty || state.mode === "compare";
+}
+
+// ---------------------------------------------------------------- comparison
+
+function openCompare(sel) {
+  state.mode = "compare";
+  $("run-view").hidden = true;
+  $("empty-state").hidden = true;
+  $("compare-btn").setAttribute("aria-pressed", "true");
+  const want = compareHash(sel);
+  if (location.hash !== want) history.replaceState(null, "", `${location.pathname}${location.search}${want}`);
+  compare.open(sel);
+}
+
+function closeCompare() {
+  state.mode = "run";
+  compare.close();
+  $("compare-btn").setAttribute("aria-pressed", "false");
+  const run = state.run ?? (state.runs[0] && state.runs[0].run);
+  if (run) {
+    const want = `#run=${enc(run)}`;
+    history.replaceState(null, "", `${location.pathname}${location.search}${want}`);
+    if (run === state.run && state.es) {
+      $("run-view").hidden = false;
+      invalidate("header", "records", "ranks");
+    } else {
+      openRun(run, true);
+    }
+  } else {
+    showEmpty(true);
+  }
 }
 
 // ---------------------------------------------------------------- opening a run
@@ -250,18 +254,33 @@ function resetRunState(run) {
   state.records = [];
   state.byEpoch = new Map();
   state.ranks = [];
+  state.rankMap = new Map();
+  state.hostOfRank = new Map();
   state.rankSeries = new Map();
   state.rankSeen = new Map();
   state.knownRanks = new Set();
   state.tab = "home";
   state.graphKey = null;
+  state.expandedAlerts = new Set();
+  state.stepRanks = false;
   $("rank-tabs").replaceChildren();
   $("graph").replaceChildren(h("p", "muted", "no model graph sent"));
   for (const c of Object.values(charts)) c.resetZoom();
+  steps.reset(run);
+  table.reset();
+  strip.reset();
 }
 
 function openRun(run, picked) {
-  if (run === state.run && state.es) return;
+  if (state.mode === "compare") {
+    state.mode = "run";
+    compare.close();
+    $("compare-btn").setAttribute("aria-pressed", "false");
+  }
+  if (run === state.run && state.es) {
+    $("run-view").hidden = false;
+    return;
+  }
   resetRunState(run);
   state.picked = picked;
   const gen = state.gen;
@@ -276,7 +295,7 @@ function openRun(run, picked) {
 
   api(`/api/runs/${enc(run)}`).then((data) => {
     if (gen !== state.gen || !data) return;
-    applyHeader(data);
+    applyHeader(data, false);
     if (Array.isArray(data.records)) for (const r of data.records) addRecord(r);
     if (Array.isArray(data.ranks)) applyRanks(data.ranks);
   }).catch((err) => {
@@ -293,6 +312,7 @@ function connect(gen) {
   if (gen !== state.gen) return;
   const es = new EventSource(`/api/runs/${enc(state.run)}/events`, { withCredentials: true });
   state.es = es;
+  state.fresh = true;
   setConn("connecting", "connecting");
   const on = (kind, fn) => es.addEventListener(kind, (ev) => {
     if (gen !== state.gen) return;
@@ -305,11 +325,18 @@ function connect(gen) {
     fn(data);
   });
   es.addEventListener("open", () => {
-    if (gen === state.gen) setConn("live", "live");
+    if (gen !== state.gen) return;
+    state.fresh = true; // a (re)connection: its first `run` event sets the steps cut
+    setConn("live", "live");
   });
-  on("run", applyHeader);
+  on("run", (d) => {
+    const first = state.fresh;
+    state.fresh = false;
+    applyHeader(d, first);
+  });
   on("epoch", addRecord);
   on("ranks", applyRanks);
+  on("steps", (d) => steps.onSteps(d));
   on("complete", (d) => {
     if (state.header && d && typeof d.status === "string") {
       state.header.status = d.status;
@@ -338,15 +365,23 @@ function setConn(st, text) {
 
 // ---------------------------------------------------------------- applying data
 
-function applyHeader(hd) {
+const HEADER_KEYS = ["run", "status", "world_size", "total_epochs", "label", "hash", "port",
+  "metadata", "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
+  "steps_done", "step_metrics"];
+
+function applyHeader(hd, firstOfConnection) {
   if (!hd || typeof hd !== "object") return;
-  state.header = {
-    run: hd.run, status: hd.status, world_size: hd.world_size, total_epochs: hd.total_epochs,
-    label: hd.label, hash: hd.hash, port: hd.port, metadata: hd.metadata, hardware: hd.hardware,
-    has_svg: hd.has_svg, hosts: hd.hosts, alerts: hd.alerts, started_at: hd.started_at,
-    updated_at: hd.updated_at,
-  };
-  for (const host of hd.hosts || []) for (const r of host.ranks || []) noteRank(r);
+  const out = {};
+  for (const k of HEADER_KEYS) out[k] = hd[k];
+  state.header = out;
+  state.hostOfRank = new Map();
+  for (const host of Array.isArray(hd.hosts) ? hd.hosts : []) {
+    for (const r of host.ranks || []) {
+      state.hostOfRank.set(r, host.host);
+      noteRank(r);
+    }
+  }
+  steps.onHeader(out, firstOfConnection);
   invalidate("header", "ranks");
 }
 
@@ -389,15 +424,24 @@ function addRecord(rec) {
 function applyRanks(ranks) {
   if (!Array.isArray(ranks)) return;
   state.ranks = ranks.slice().sort((a, b) => a.rank - b.rank);
+  state.rankMap = new Map();
+  const cap = state.ranks.length > BIG ? 600 : 5000;
+  const stepMs = new Map();
+  let anyStep = false;
   for (const r of state.ranks) {
+    state.rankMap.set(r.rank, r);
     noteRank(r.rank);
-    sampleRank(r);
+    sampleRank(r, cap);
+    if (isNum(r.step)) anyStep = true;
+    if (isNum(r.step_ms)) stepMs.set(r.rank, r.step_ms);
   }
+  if (anyStep) state.stepRanks = true;
+  if (stepMs.size) strip.push(serverNow(), stepMs);
   invalidate("ranks");
 }
 
 /** Append a rank's latest resources to its client-side series, once per new frame time. */
-function sampleRank(r) {
+function sampleRank(r, cap) {
   const res = r.resources;
   if (!res || !isNum(r.last_seen)) return;
   if (state.rankSeen.get(r.rank) === r.last_seen) return;
@@ -407,13 +451,18 @@ function sampleRank(r) {
   let series = state.rankSeries.get(r.rank);
   if (!series) state.rankSeries.set(r.rank, (series = []));
   series.push({ t: r.last_seen, util: isNum(util) ? util : null, vu, vt });
-  if (series.length > 5000) series.splice(0, series.length - 5000);
+  if (series.length > cap) series.splice(0, series.length - cap);
 }
 
 function noteRank(rank) {
   if (!isNum(rank) || state.knownRanks.has(rank)) return;
   state.knownRanks.add(rank);
   invalidate("ranks");
+}
+
+function isBig() {
+  const w = state.header && isNum(state.header.world_size) ? state.header.world_size : 0;
+  return Math.max(w, state.knownRanks.size) > BIG;
 }
 
 // ---------------------------------------------------------------- header rendering
@@ -458,33 +507,6 @@ function renderHeader() {
   renderGraph();
 }
 
-const ALERT_TEXT = { stale: "stale rank", rank_error: "rank error", nonfinite_loss: "non-finite loss" };
-
-function renderAlerts() {
-  const box = $("alerts");
-  const alerts = (state.header && state.header.alerts) || [];
-  box.hidden = alerts.length === 0;
-  const rankStatus = new Map(state.ranks.map((r) => [r.rank, r.status]));
-  const items = alerts.slice().sort((a, b) => (b.at || 0) - (a.at || 0)).map((a) => {
-    const item = h("div", "alert");
-    item.dataset.kind = String(a.kind ?? "");
-    if (a.rank !== null && a.rank !== undefined) item.dataset.rank = String(a.rank);
-    const recovered = a.kind === "stale" && rankStatus.get(a.rank) === "ok";
-    item.classList.toggle("recovered", recovered);
-    item.append(
-      h("span", "alert-kind", ALERT_TEXT[a.kind] || String(a.kind ?? "alert")),
-      h("span", "alert-rank", a.rank === null || a.rank === undefined ? "run" : `rank ${a.rank}`),
-      h("span", "alert-msg", a.message ?? ""),
-      h("span", "alert-at", recovered ? "recovered" : ""),
-    );
-    const at = h("span", "alert-time");
-    at.dataset.at = String(a.at ?? "");
-    item.append(at);
-    return item;
-  });
-  box.replaceChildren(...items);
-}
-
 function renderMetadata() {
   const pre = $("metadata");
   const md = state.header ? state.header.metadata : null;
@@ -516,6 +538,29 @@ function renderGraph() {
   box.replaceChildren(img);
   open.href = src;
   open.hidden = false;
+}
+
+/** Which panels a run shows: epoch panels only once it has an epoch when it logs steps. */
+function renderLayout() {
+  const hd = state.header;
+  const stepish = steps.hasSteps || state.stepRanks || !!(hd && hd.step_metrics && hd.step_metrics.length);
+  const epochless = state.records.length === 0 && stepish;
+  const panel = $("panel-home");
+  panel.dataset.layout = epochless ? "steps" : stepish ? "both" : "epochs";
+  for (const e of document.querySelectorAll(".epoch-panel")) e.hidden = epochless;
+  $("straggler-card").hidden = !state.stepRanks;
+  $("straggler-card").classList.toggle("span-8", epochless);
+  $("straggler-card").classList.toggle("span-12", !epochless);
+  $("config-card").classList.toggle("span-5", !epochless);
+  $("config-card").classList.toggle("span-12", epochless);
+  const total = hd && isNum(hd.total_epochs) && hd.total_epochs > 0;
+  $("epoch-progress").hidden = epochless && !total;
+  $("step-stat").hidden = !steps.hasSteps;
+  if (steps.hasSteps) {
+    $("step-count").textContent = fmtInt(steps.lastStep);
+    const rate = steps.stepsPerSecond();
+    $("step-rate").textContent = isNum(rate) && rate > 0 ? `${formatNumber(rate)}/s` : "";
+  }
 }
 
 // ---------------------------------------------------------------- records rendering
@@ -554,11 +599,10 @@ function renderRecords() {
     { name: "VRAM", color: "#ff9830", values: recs.map((r) => pct(res(r).vram_allocated_bytes, res(r).vram_total_bytes)) },
   ]);
   renderLog(names);
-  renderKpis();
 }
 
 function renderLog(names) {
-  const table = $("log-table");
+  const tbl = $("log-table");
   const head = h("tr");
   head.append(h("th", null, "epoch"), h("th", "num", "duration"));
   for (const n of names) {
@@ -567,7 +611,7 @@ function renderLog(names) {
     head.append(th);
   }
   head.append(h("th", null, "missing ranks"));
-  table.tHead.replaceChildren(head);
+  tbl.tHead.replaceChildren(head);
   const rows = [];
   const recs = state.records;
   for (let i = recs.length - 1; i >= 0 && rows.length < 500; i--) {
@@ -582,7 +626,9 @@ function renderLog(names) {
       tr.append(td);
     }
     const miss = Array.isArray(r.missing_ranks) ? r.missing_ranks : [];
-    const td = h("td", miss.length ? "missing" : "muted", miss.length ? miss.join(", ") : DASH);
+    const compact = miss.length > 12 ? `${miss.slice(0, 12).join(", ")} … (${fmtInt(miss.length)})` : miss.join(", ");
+    const td = h("td", miss.length ? "missing" : "muted", miss.length ? compact : DASH);
+    if (miss.length > 12) td.title = miss.join(", ");
     tr.append(td);
     rows.push(tr);
   }
@@ -593,48 +639,70 @@ function renderLog(names) {
     tr.append(td);
     rows.push(tr);
   }
-  table.tBodies[0].replaceChildren(...rows);
+  tbl.tBodies[0].replaceChildren(...rows);
 }
 
 function renderKpis() {
   const recs = state.records;
   const last = recs[recs.length - 1];
   const prev = recs[recs.length - 2];
-  const loss = last && last.metrics ? last.metrics.loss : null;
-  $("kpi-loss").textContent = fmtLoss(loss);
-  $("kpi-loss").classList.toggle("bad", !!last && last.metrics && "loss" in last.metrics && !isNum(loss));
+  const useSteps = steps.hasSteps;
   const d = $("kpi-loss-delta");
-  const pl = prev && prev.metrics ? prev.metrics.loss : null;
-  if (isNum(loss) && isNum(pl)) {
-    const diff = loss - pl;
-    d.textContent = `${diff <= 0 ? "▼" : "▲"} ${fmtLoss(Math.abs(diff))} vs previous`;
-    d.dataset.trend = diff <= 0 ? "good" : "bad";
-  } else {
-    d.textContent = last ? `epoch ${last.epoch}` : "";
+  if (useSteps) {
+    const loss = steps.kpi.loss;
+    $("kpi-loss-label").textContent = "loss";
+    $("kpi-loss").textContent = fmtLoss(loss);
+    $("kpi-loss").classList.toggle("bad", loss === null);
+    d.textContent = `step ${fmtInt(steps.lastStep)}${last && last.metrics && isNum(last.metrics.loss) ? ` · epoch ${last.epoch}: ${fmtLoss(last.metrics.loss)}` : ""}`;
     d.dataset.trend = "";
+  } else {
+    const loss = last && last.metrics ? last.metrics.loss : null;
+    $("kpi-loss").textContent = fmtLoss(loss);
+    $("kpi-loss").classList.toggle("bad", !!last && last.metrics && "loss" in last.metrics && !isNum(loss));
+    const pl = prev && prev.metrics ? prev.metrics.loss : null;
+    if (isNum(loss) && isNum(pl)) {
+      const diff = loss - pl;
+      d.textContent = `${diff <= 0 ? "▼" : "▲"} ${fmtLoss(Math.abs(diff))} vs previous`;
+      d.dataset.trend = diff <= 0 ? "good" : "bad";
+    } else {
+      d.textContent = last ? `epoch ${last.epoch}` : "";
+      d.dataset.trend = "";
+    }
   }
-  $("kpi-epoch-time").textContent = last ? fmtDur(last.duration_secs) : DASH;
-  const lastFive = recs.slice(-5).map((r) => r.duration_secs).filter(isNum);
-  $("kpi-epoch-time-sub").textContent = lastFive.length
-    ? `mean of last ${lastFive.length}: ${fmtDur(lastFive.reduce((a, b) => a + b, 0) / lastFive.length)}`
-    : "";
-  const tp = last ? (last.gpu_metrics || []).map((g) => g.throughput).filter(isNum) : [];
-  $("kpi-throughput").textContent = tp.length ? formatNumber(tp.reduce((a, b) => a + b, 0) * 1000) : DASH;
+  if (useSteps && !last) {
+    $("kpi-time-label").textContent = "step time";
+    $("kpi-epoch-time").textContent = fmtMs(steps.kpi.step_ms);
+    const rate = steps.stepsPerSecond();
+    $("kpi-epoch-time-sub").textContent = isNum(rate) && rate > 0 ? `${formatNumber(rate)} steps/s` : "mean over ranks";
+  } else {
+    $("kpi-time-label").textContent = "epoch time";
+    $("kpi-epoch-time").textContent = last ? fmtDur(last.duration_secs) : DASH;
+    const lastFive = recs.slice(-5).map((r) => r.duration_secs).filter(isNum);
+    $("kpi-epoch-time-sub").textContent = lastFive.length
+      ? `mean of last ${lastFive.length}: ${fmtDur(lastFive.reduce((a, b) => a + b, 0) / lastFive.length)}`
+      : "";
+  }
+  if (useSteps && isNum(steps.kpi.samples_per_s)) {
+    $("kpi-throughput").textContent = formatNumber(steps.kpi.samples_per_s);
+    const tok = steps.kpi.tokens_per_s;
+    $("kpi-throughput-sub").textContent = isNum(tok) ? `samples/s · ${formatNumber(tok)} tokens/s` : "samples/s, last step";
+  } else {
+    const tp = last ? (last.gpu_metrics || []).map((g) => g.throughput).filter(isNum) : [];
+    $("kpi-throughput").textContent = tp.length ? formatNumber(tp.reduce((a, b) => a + b, 0) * 1000) : DASH;
+    $("kpi-throughput-sub").textContent = "samples/s, all ranks";
+  }
 }
 
 // ---------------------------------------------------------------- ranks rendering
 
 function rankInfo(rank) {
-  return state.ranks.find((r) => r.rank === rank) || null;
+  return state.rankMap.get(rank) || null;
 }
 
 function hostOf(rank) {
   const r = rankInfo(rank);
   if (r && r.host) return r.host;
-  for (const hst of (state.header && state.header.hosts) || []) {
-    if ((hst.ranks || []).includes(rank)) return hst.host;
-  }
-  return null;
+  return state.hostOfRank.get(rank) ?? null;
 }
 
 function latestGpuMetrics() {
@@ -666,136 +734,127 @@ function rankGpu(r) {
     vu: isNum(res.vram_allocated_bytes) ? res.vram_allocated_bytes : own.vram_allocated_bytes,
     vt: isNum(res.vram_total_bytes) ? res.vram_total_bytes : own.vram_total_bytes,
     name: own.name,
-    temp: own.temperature_c,
-    power: own.power_w,
   };
 }
 
-function statusDot(status) {
-  const s = h("span", "dot");
-  s.dataset.status = status || "unknown";
-  return s;
+/**
+ * A rank is marked a straggler when it was the slowest in a share of recent steps far
+ * above the 1/world_size an even cluster gives: at least 3/N (at least 5 %, at most 75 %),
+ * once 20 steps have closed.
+ */
+function stragglerThreshold(n) {
+  return Math.min(0.75, Math.max(3 / Math.max(1, n), 0.05));
 }
 
-/** A small inline bar; `warnHigh` paints it red above 90 % (VRAM, not utilisation). */
-function miniBar(value, warnHigh) {
-  const wrap = h("span", "minibar");
-  const fill = h("span", "minibar-fill");
-  const v = isNum(value) ? Math.max(0, Math.min(100, value)) : 0;
-  fill.style.width = `${v}%`;
-  if (warnHigh && v >= 90) fill.dataset.level = "high";
-  wrap.append(fill);
-  return wrap;
+function worldSize() {
+  const hd = state.header;
+  return hd && isNum(hd.world_size) ? hd.world_size : state.knownRanks.size;
 }
 
-function renderRanks() {
+/** One row model per known rank (the table, the picker and the heatmap read these). */
+function rankRows() {
   const ranks = [...state.knownRanks].sort((a, b) => a - b);
-  renderTabs(ranks);
   const gm = latestGpuMetrics();
   const { fast, slow } = extremes(gm);
-  const hd = state.header;
-  const world = hd && isNum(hd.world_size) ? hd.world_size : null;
-
-  // table
-  const rows = ranks.map((rank) => {
+  const n = worldSize();
+  const thr = stragglerThreshold(n);
+  const enough = steps.lastStep !== null && steps.lastStep >= 20;
+  let sum = 0;
+  let cnt = 0;
+  for (const r of state.ranks) {
+    if (isNum(r.step_ms) && r.step_ms > 0) {
+      sum += r.step_ms;
+      cnt++;
+    }
+  }
+  const meanMs = cnt ? sum / cnt : null;
+  return ranks.map((rank) => {
     const r = rankInfo(rank);
     const g = rankGpu(r || { rank });
     const m = gm.get(rank);
-    const tr = h("tr", "rank-row");
-    tr.dataset.rank = String(rank);
-    const st = h("td");
-    const stIn = h("span", "status-cell");
-    stIn.append(statusDot(r ? r.status : null), h("span", null, r ? r.status : DASH));
-    st.append(stIn);
-    const seen = h("td", "mono muted ago");
-    seen.dataset.at = r && isNum(r.last_seen) ? String(r.last_seen) : "";
-    const vram = h("td");
-    const vIn = h("span", "vram-cell");
-    const vp = pct(g.vu, g.vt);
-    vIn.append(miniBar(vp, true), h("span", "mono", isNum(g.vu) ? `${fmtBytes(g.vu)} / ${fmtBytes(g.vt)}` : DASH));
-    vram.append(vIn);
-    const util = h("td", "num");
-    util.append(miniBar(g.util, false), h("span", "mono", fmtPct(g.util)));
-    const marks = h("td", "marks");
-    if (rank === fast) {
-      const b = h("span", "badge badge-fast", "fastest");
-      b.dataset.mark = "fastest";
-      marks.append(b);
-    }
-    if (rank === slow) {
-      const b = h("span", "badge badge-slow", "slowest");
-      b.dataset.mark = "slowest";
-      marks.append(b);
-    }
-    const rankCell = h("td", "mono");
-    const link = h("button", "link", `rank ${rank}`);
-    link.type = "button";
-    link.addEventListener("click", () => selectTab(rank));
-    rankCell.append(link);
-    tr.append(
-      rankCell,
-      h("td", "host", hostOf(rank) ?? DASH),
-      h("td", "mono", r && isNum(r.local_rank) ? r.local_rank : DASH),
-      st,
-      seen,
-      h("td", "mono", r && isNum(r.epoch) ? r.epoch : DASH),
-      util,
-      vram,
-      h("td", "num mono", fmtThroughput(m ? m.throughput : null)),
-      h("td", "num mono", m && isNum(m.chunk_ratio) ? fmtPct(m.chunk_ratio * 100, 1) : DASH),
-      marks,
-    );
-    return tr;
+    const marks = [];
+    if (rank === fast) marks.push("fastest");
+    if (rank === slow) marks.push("slowest");
+    const share = r && isNum(r.slowest_share) ? r.slowest_share : null;
+    if (enough && n > 1 && share !== null && share >= thr) marks.push("straggler");
+    const stepMs = r && isNum(r.step_ms) ? r.step_ms : null;
+    return {
+      rank, host: hostOf(rank), lr: r ? r.local_rank : null, status: r ? r.status : "unknown",
+      lastSeen: r ? r.last_seen : null, epoch: r ? r.epoch : null, step: r ? r.step : null,
+      util: g.util, vu: g.vu, vt: g.vt,
+      throughput: m && isNum(m.throughput) ? m.throughput : null,
+      share: m ? m.chunk_ratio : null, stepMs,
+      stepRatio: stepMs !== null && meanMs ? stepMs / meanMs : null,
+      slowShare: share, marks,
+    };
   });
-  if (!rows.length) {
-    const tr = h("tr");
-    const td = h("td", "muted empty-row", "no ranks yet");
-    td.colSpan = 11;
-    tr.append(td);
-    rows.push(tr);
-  }
-  $("rank-table").tBodies[0].replaceChildren(...rows);
+}
+
+function renderRanks() {
+  const rows = rankRows();
+  const big = isBig();
+  const hd = state.header;
+  const world = hd && isNum(hd.world_size) ? hd.world_size : null;
+  state.rows = rows;
+  table.update(rows, { epochs: state.records.length > 0, steps: state.stepRanks, big });
+  renderTabs(rows, big);
 
   const hosts = (hd && hd.hosts) || [];
-  $("ranks-sub").textContent = `${hosts.length} host${hosts.length === 1 ? "" : "s"} · ${ranks.length}${world ? ` of ${world}` : ""} rank${(world ?? ranks.length) === 1 ? "" : "s"}`;
+  $("ranks-sub").textContent = `${fmtInt(hosts.length)} host${hosts.length === 1 ? "" : "s"} · ${fmtInt(rows.length)}${world ? ` of ${fmtInt(world)}` : ""} rank${(world ?? rows.length) === 1 ? "" : "s"}`;
 
   // health KPI and header count
   const counts = {};
   for (const r of state.ranks) counts[r.status] = (counts[r.status] || 0) + 1;
   const ok = counts.ok || 0;
   const denom = world ?? state.ranks.length;
-  $("kpi-ranks").textContent = denom ? `${ok}/${denom}` : DASH;
+  $("kpi-ranks").textContent = denom ? `${fmtInt(ok)}/${fmtInt(denom)}` : DASH;
   $("kpi-ranks").classList.toggle("bad", !!(counts.stale || counts.error));
-  const sub = ["stale", "error", "finished"].filter((k) => counts[k]).map((k) => `${counts[k]} ${k}`);
+  const sub = ["stale", "error", "finished"].filter((k) => counts[k]).map((k) => `${fmtInt(counts[k])} ${k}`);
   $("kpi-ranks-sub").textContent = sub.length ? sub.join(" · ") : denom ? "all reporting" : "";
   const live = !hd || hd.status === "training" || hd.status === "waiting";
-  $("rank-count").textContent = !denom ? DASH : live ? `${ok}/${denom} live` : `${denom}`;
+  $("rank-count").textContent = !denom ? DASH : live ? `${fmtInt(ok)}/${fmtInt(denom)} live` : fmtInt(denom);
 
-  renderResourceBars();
-  renderAlerts();
+  renderResourceBars(rows, big);
+  renderStragglers(rows);
+  renderAlertList();
 }
 
-function renderTabs(ranks) {
+function renderAlertList() {
+  const alerts = (state.header && state.header.alerts) || [];
+  const rankStatus = new Map(state.ranks.map((r) => [r.rank, r.status]));
+  renderAlerts($("alerts"), alerts, rankStatus, state.expandedAlerts, (kind) => {
+    if (state.expandedAlerts.has(kind)) state.expandedAlerts.delete(kind);
+    else state.expandedAlerts.add(kind);
+    renderAlertList();
+  });
+}
+
+function renderTabs(rows, big) {
   const box = $("rank-tabs");
+  $("rank-picker-host").hidden = !big;
+  box.hidden = big;
+  if (big) {
+    if (box.childElementCount) box.replaceChildren();
+    picker.update(rows, state.tab === "home" ? null : state.tab);
+    return;
+  }
   const existing = new Map([...box.children].map((b) => [Number(b.dataset.rank), b]));
   let prev = null;
-  for (const rank of ranks) {
+  for (const row of rows) {
+    const rank = row.rank;
     let b = existing.get(rank);
     if (!b) {
-      b = h("button", "tab rank-tab");
-      b.type = "button";
+      b = button("tab rank-tab", null, () => selectTab(rank));
       b.dataset.rank = String(rank);
       b.id = `tab-rank-${rank}`;
-      b.setAttribute("aria-selected", "false");
+      b.setAttribute("aria-selected", String(state.tab === rank));
       b.append(h("span", "dot"), h("span", "tab-text", `rank ${rank}`));
-      b.addEventListener("click", () => selectTab(rank));
+      b.classList.toggle("active", state.tab === rank);
       if (prev) prev.after(b);
       else box.prepend(b);
     }
-    const r = rankInfo(rank);
-    b.firstChild.dataset.status = r ? r.status : "unknown";
-    const host = hostOf(rank);
-    b.title = host ? `rank ${rank} on ${host}` : `rank ${rank}`;
+    b.firstChild.dataset.status = row.status || "unknown";
+    b.title = row.host ? `rank ${rank} on ${row.host}` : `rank ${rank}`;
     prev = b;
   }
 }
@@ -812,10 +871,13 @@ function selectTab(tab) {
     b.classList.toggle("active", on);
     b.setAttribute("aria-selected", String(on));
   }
+  if (picker && state.rows) picker.update(state.rows, home ? null : tab);
   if (!home) {
     charts.rankUtil.resetZoom();
+    charts.rankStep.resetZoom();
     charts.rankThroughput.resetZoom();
     charts.rankShare.resetZoom();
+    window.scrollTo({ top: 0 });
   }
   invalidate("tab");
 }
@@ -824,7 +886,8 @@ function selectTab(tab) {
 function currentResources() {
   const hostsCpu = new Map();
   const hostsRam = new Map();
-  const utils = [];
+  let usum = 0;
+  let un = 0;
   let vu = 0;
   let vt = 0;
   const sorted = state.ranks.slice().sort((a, b) => (a.local_rank ?? 0) - (b.local_rank ?? 0));
@@ -837,7 +900,10 @@ function currentResources() {
         hostsRam.set(r.host, [s.ram_used_bytes, s.ram_total_bytes]);
       }
     }
-    if (isNum(s.gpu_util_percent)) utils.push(s.gpu_util_percent);
+    if (isNum(s.gpu_util_percent)) {
+      usum += s.gpu_util_percent;
+      un++;
+    }
     if (isNum(s.vram_allocated_bytes)) vu += s.vram_allocated_bytes;
     if (isNum(s.vram_total_bytes)) vt += s.vram_total_bytes;
   }
@@ -852,7 +918,7 @@ function currentResources() {
     cpu_percent: cpus.length ? cpus.reduce((a, b) => a + b, 0) / cpus.length : null,
     ram_used_bytes: rt ? ru : null,
     ram_total_bytes: rt || null,
-    gpu_util_percent: utils.length ? utils.reduce((a, b) => a + b, 0) / utils.length : null,
+    gpu_util_percent: un ? usum / un : null,
     vram_allocated_bytes: vt ? vu : null,
     vram_total_bytes: vt || null,
   };
@@ -862,7 +928,7 @@ function currentResources() {
   return out;
 }
 
-function renderResourceBars() {
+function renderResourceBars(rows, big) {
   const r = currentResources();
   const bars = [
     ["cpu", "CPU", r.cpu_percent, fmtPct(r.cpu_percent)],
@@ -872,7 +938,7 @@ function renderResourceBars() {
     ["vram", "VRAM", pct(r.vram_allocated_bytes, r.vram_total_bytes),
       isNum(r.vram_allocated_bytes) ? `${fmtBytes(r.vram_allocated_bytes)} / ${fmtBytes(r.vram_total_bytes)}` : DASH],
   ];
-  const rows = bars.map(([key, label, value, text]) => {
+  const els = bars.map(([key, label, value, text]) => {
     const row = h("div", "bar-row");
     row.dataset.resource = key;
     const top = h("div", "bar-top");
@@ -886,31 +952,116 @@ function renderResourceBars() {
     row.append(top, track, h("div", "bar-detail mono", key === "ram" || key === "vram" ? text : ""));
     return row;
   });
-  $("resource-bars").replaceChildren(...rows);
+  $("resource-bars").replaceChildren(...els);
 
-  // one tile per GPU: utilisation as the fill, VRAM as text
-  const tiles = state.ranks.filter((x) => x.resources).map((x) => {
-    const g = rankGpu(x);
-    if (!isNum(g.util) && !isNum(g.vu)) return null;
-    const t = h("button", "gpu-tile");
-    t.type = "button";
-    t.dataset.rank = String(x.rank);
-    t.title = `rank ${x.rank}${x.host ? ` on ${x.host}` : ""}${g.name ? ` · ${g.name}` : ""}`;
-    const fill = h("span", "gpu-tile-fill");
-    fill.style.height = `${isNum(g.util) ? Math.max(0, Math.min(100, g.util)) : 0}%`;
-    t.append(fill, h("span", "gpu-tile-rank", `r${x.rank}`), h("span", "gpu-tile-val mono", fmtPct(g.util)));
-    t.addEventListener("click", () => selectTab(x.rank));
-    return t;
-  }).filter(Boolean);
   const minis = $("gpu-minis");
+  $("heat-card").hidden = !big;
+  if (big) {
+    minis.replaceChildren(h("div", "gpu-minis-title", "per-rank GPU utilisation: see the heatmap below"));
+    renderHeatmap(rows);
+    return;
+  }
+  // one tile per GPU: utilisation as the fill, VRAM as text
+  const tiles = rows.filter((x) => isNum(x.util) || isNum(x.vu)).map((x) => {
+    const t = button("gpu-tile", null, () => selectTab(x.rank));
+    t.dataset.rank = String(x.rank);
+    const name = rankGpu(rankInfo(x.rank) || { rank: x.rank }).name;
+    t.title = `rank ${x.rank}${x.host ? ` on ${x.host}` : ""}${name ? ` · ${name}` : ""}`;
+    const fill = h("span", "gpu-tile-fill");
+    fill.style.height = `${isNum(x.util) ? Math.max(0, Math.min(100, x.util)) : 0}%`;
+    t.append(fill, h("span", "gpu-tile-rank", `r${x.rank}`), h("span", "gpu-tile-val mono", fmtPct(x.util)));
+    return t;
+  });
   if (tiles.length) {
-    const title = h("div", "gpu-minis-title", "GPU utilisation per rank");
     const grid = h("div", "gpu-grid");
-    grid.append(...tiles.slice(0, 128));
-    minis.replaceChildren(title, grid);
+    grid.append(...tiles);
+    minis.replaceChildren(h("div", "gpu-minis-title", "GPU utilisation per rank"), grid);
   } else {
     minis.replaceChildren();
   }
+}
+
+/** Hosts in topology order, ranks by local rank; ranks without a host in a last group. */
+function hostGroups(rows) {
+  const hd = state.header;
+  const groups = [];
+  const placed = new Set();
+  for (const hst of (hd && hd.hosts) || []) {
+    const ranks = (hst.ranks || []).filter(isNum);
+    for (const r of ranks) placed.add(r);
+    if (ranks.length) groups.push({ host: hst.host, ranks });
+  }
+  const rest = rows.map((r) => r.rank).filter((r) => !placed.has(r));
+  if (rest.length) groups.push({ host: "no host", ranks: rest });
+  return groups;
+}
+
+function median(vals) {
+  if (!vals.length) return null;
+  const s = vals.slice().sort((a, b) => a - b);
+  return s[s.length >> 1];
+}
+
+function renderHeatmap(rows) {
+  const byRank = new Map(rows.map((r) => [r.rank, r]));
+  const groups = hostGroups(rows);
+  const layers = [{
+    key: "util", label: "GPU utilisation", legend: ["0%", "100%"],
+    value: (rank) => byRank.get(rank)?.util ?? null, scale: (v) => v / 100, format: (v) => fmtPct(v),
+  }];
+  const epochs = state.records.length > 0;
+  const tp = rows.map((r) => (epochs ? r.throughput : isNum(r.stepMs) && r.stepMs > 0 ? 1000 / r.stepMs : null));
+  const tpOf = new Map(rows.map((r, i) => [r.rank, tp[i]]));
+  const med = median(tp.filter(isNum));
+  if (med) {
+    layers.push({
+      key: "throughput",
+      label: epochs ? "throughput (samples/s, last epoch)" : "step rate (1 / the rank's step time)",
+      legend: ["≤50% of median", "≥110%"],
+      value: (rank) => tpOf.get(rank) ?? null,
+      scale: (v) => (v / med - 0.5) / 0.6,
+      format: (v) => (isNum(v) ? (epochs ? `${formatNumber(v * 1000)}/s` : `${formatNumber(v)} steps/s`) : DASH),
+    });
+  }
+  heatmap.setData(groups, layers, (rank) => {
+    const st = byRank.get(rank)?.status;
+    return st === "stale" || st === "error" ? st : null;
+  });
+}
+
+function stragglerText() {
+  const rows = state.rows || [];
+  let best = null;
+  for (const r of rows) if (isNum(r.slowShare) && (!best || r.slowShare > best.slowShare)) best = r;
+  return best && best.slowShare > 0 ? `most often slowest: rank ${best.rank} (${fmtPct(best.slowShare * 100, 0)} of recent steps)` : null;
+}
+
+function renderStragglers(rows) {
+  if (!state.stepRanks) return;
+  const n = worldSize();
+  const thr = stragglerThreshold(n);
+  $("straggler-sub").textContent = `slowest rank per closed step over the last ≤1000 steps · even share 1/${fmtInt(n)} = ${fmtPct(100 / Math.max(1, n), 1)} · marked at ≥ ${fmtPct(thr * 100, 0)}`;
+  const marked = rows.filter((r) => r.marks.includes("straggler")).sort((a, b) => b.slowShare - a.slowShare);
+  const top = marked.length ? marked : rows.filter((r) => isNum(r.slowShare)).sort((a, b) => b.slowShare - a.slowShare).slice(0, 1);
+  const chips = top.slice(0, 6).map((r) => {
+    const chip = button(`straggler-chip${r.marks.includes("straggler") ? " marked" : ""}`, null, () => selectTab(r.rank));
+    chip.dataset.rank = String(r.rank);
+    if (r.marks.includes("straggler")) chip.dataset.mark = "straggler";
+    chip.append(h("span", "chip-rank mono", `rank ${r.rank}`), h("span", "chip-host", r.host ?? ""),
+      h("span", "chip-fig mono", `slowest in ${fmtPct((r.slowShare || 0) * 100, 0)} of steps`),
+      h("span", "chip-fig mono muted", isNum(r.stepRatio) ? `${fmtMs(r.stepMs)} · ${r.stepRatio.toFixed(2)}× mean` : fmtMs(r.stepMs)));
+    return chip;
+  });
+  if (marked.length > 6) chips.push(h("span", "muted", `and ${fmtInt(marked.length - 6)} more marked`));
+  if (!marked.length) chips.unshift(h("span", "muted straggler-none", "no straggler: the slowest rank changes from step to step"));
+  $("straggler-marks").replaceChildren(...chips);
+  const groups = hostGroups(rows);
+  const perRank = rows.length <= 48;
+  const stripRows = perRank
+    ? groups.flatMap((g) => g.ranks.map((r) => ({ label: `rank ${r}`, host: g.host, ranks: [r] })))
+    : groups.map((g) => ({ label: g.host, host: g.host, ranks: g.ranks }));
+  strip.setRows(stripRows);
+  $("strip-what").textContent = `${perRank ? "one row per rank" : `one row per host (its slowest rank) · ${fmtInt(groups.length)} hosts`} · one column per ranks update (~1/s, each rank's mean step time over its last ≤100 steps) · newest right`;
 }
 
 // ---------------------------------------------------------------- rank panel
@@ -921,6 +1072,7 @@ function renderRankPanel() {
   const r = rankInfo(rank);
   const g = rankGpu(r || { rank });
   const gm = latestGpuMetrics().get(rank);
+  const row = (state.rows || []).find((x) => x.rank === rank);
   const kpis = [
     ["host", hostOf(rank) ?? DASH],
     ["local rank", r && isNum(r.local_rank) ? r.local_rank : DASH],
@@ -929,9 +1081,16 @@ function renderRankPanel() {
     ["last epoch", r && isNum(r.epoch) ? r.epoch : DASH],
     ["GPU util", fmtPct(g.util)],
     ["VRAM", isNum(g.vu) ? `${fmtBytes(g.vu)} / ${fmtBytes(g.vt)}` : DASH],
-    ["throughput", fmtThroughput(gm ? gm.throughput : null)],
+    ["throughput", gm && isNum(gm.throughput) ? `${formatNumber(gm.throughput * 1000)}/s` : DASH],
     ["batch share", gm && isNum(gm.chunk_ratio) ? fmtPct(gm.chunk_ratio * 100, 1) : DASH],
   ];
+  if (state.stepRanks) {
+    kpis.push(
+      ["step", r && isNum(r.step) ? fmtInt(r.step) : DASH],
+      ["step time", r ? fmtMs(r.step_ms) : DASH],
+      ["slowest share", r && isNum(r.slowest_share) ? fmtPct(r.slowest_share * 100, 1) : DASH],
+    );
+  }
   const box = $("rank-kpis");
   box.dataset.rank = String(rank);
   box.replaceChildren(...kpis.map(([label, value]) => {
@@ -943,8 +1102,11 @@ function renderRankPanel() {
       v.textContent = r && isNum(r.last_seen) ? fmtAgo(serverNow() - r.last_seen) : DASH;
     }
     if (label === "status") {
-      v.prepend(statusDot(r ? r.status : null));
+      const dot = h("span", "dot");
+      dot.dataset.status = r ? r.status : "unknown";
+      v.prepend(dot);
     }
+    if (label === "slowest share" && row && row.marks.includes("straggler")) v.classList.add("warn-text");
     k.append(h("span", "kpi-label", label), v);
     return k;
   }));
@@ -968,6 +1130,17 @@ function renderRankPanel() {
     { name: "GPU util", color: "#73bf69", values: pts.map((p) => (isNum(p.util) ? p.util : null)) },
     { name: "VRAM", color: "#ff9830", values: pts.map((p) => pct(p.vu, p.vt)) },
   ]);
+
+  // step time of this rank against the mean of ranks (the straggler strip's samples)
+  $("rank-step-card").hidden = !state.stepRanks;
+  if (state.stepRanks) {
+    const cols = strip.cols;
+    charts.rankStep.setTitle(`Rank ${rank} · step time (mean of its last ≤100 steps)`);
+    charts.rankStep.setData(cols.map((c) => c.t), [
+      { name: `rank ${rank}`, color: "#ff9830", values: cols.map((c) => (c.ratio.has(rank) ? c.ratio.get(rank) * c.mean : null)) },
+      { name: "mean of ranks", color: "#8b95a7", values: cols.map((c) => c.mean) },
+    ]);
+  }
 
   // per-epoch throughput and batch share
   const recs = state.records;
@@ -1020,17 +1193,58 @@ function renderTicking() {
   }
 }
 
+// ---------------------------------------------------------------- hooks for tests/benchmarks
+
+/**
+ * Read-only views of what the page drew, for the browser tests and benchmarks (a test
+ * reads a chart's data back from here, never from the API). `applyRanksNow` applies one
+ * `ranks` payload and renders synchronously, as the benchmark of that cost needs.
+ */
+window.__rankboard = Object.freeze({
+  stepChart: (name) => steps.snapshot(name),
+  stepCut: () => steps.cut,
+  liveSteps: () => steps.liveSteps(),
+  stepFetches: () => steps.fetches.slice(),
+  firstDraw: () => steps.firstDraw,
+  compareChart: () => compare.snapshot(),
+  stripColumns: () => strip.cols.length,
+  heatmapCells: () => heatmap.drawnCells || 0,
+  applyRanksNow: (ranks) => {
+    applyRanks(ranks);
+    renderNow();
+    heatmap.draw();
+    strip.draw();
+  },
+});
+
 // ---------------------------------------------------------------- boot
+
+function fromHash() {
+  const cmp = parseCompareHash(location.hash);
+  if (cmp) {
+    openCompare(cmp);
+    return true;
+  }
+  const want = runFromHash();
+  if (want && want !== state.run) openRun(want, true);
+  else if (want && state.mode === "compare") openRun(want, true);
+  return false;
+}
 
 function boot() {
   makeCharts();
   $("run-picker").addEventListener("change", (e) => openRun(e.target.value, true));
   $("tab-home").addEventListener("click", () => selectTab("home"));
   $("hardware").addEventListener("click", () => $("hardware").classList.toggle("expanded"));
-  window.addEventListener("hashchange", () => {
-    const want = runFromHash();
-    if (want && want !== state.run) openRun(want, true);
+  $("compare-btn").addEventListener("click", () => {
+    if (state.mode === "compare") {
+      closeCompare();
+      return;
+    }
+    const runs = state.run ? [state.run] : [];
+    openCompare({ runs, metric: "loss", x: steps.hasSteps && !state.records.length ? "step" : "epoch" });
   });
+  window.addEventListener("hashchange", fromHash);
   window.addEventListener("focus", refreshRuns);
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden) refreshRuns();
@@ -1041,8 +1255,9 @@ function boot() {
   }, 10000);
   // while there is no run at all, look more often
   setInterval(() => {
-    if (state.run === null && !document.hidden) refreshRuns();
+    if (state.run === null && state.mode === "run" && !document.hidden) refreshRuns();
   }, 2000);
+  fromHash();
   refreshRuns();
 }
 

@@ -1,0 +1,469 @@
+// rankboard per-rank pictures for big runs, each one canvas however many ranks:
+//
+// * HostHeatmap: one cell per rank, ranks grouped by host (blocks that wrap like words),
+//   one section per figure (GPU utilisation, throughput). Hover names rank, host and value;
+//   a click opens the rank.
+// * StragglerStrip: ranks (or, for big runs, hosts) x recent samples, coloured by a rank's
+//   step time relative to the mean over ranks at that moment, so a slow rank is a line.
+//
+// Text from a training job (host names) only reaches the DOM through textContent.
+
+import { cssVar, el } from "./charts.js";
+
+const isNum = (v) => typeof v === "number" && Number.isFinite(v);
+
+/** Linear interpolation over colour stops [[t, [r, g, b]], ...]; t in [0, 1]. */
+function ramp(stops, t) {
+  if (!(t > 0)) return stops[0][1];
+  if (t >= 1) return stops[stops.length - 1][1];
+  for (let i = 1; i < stops.length; i++) {
+    const [t1, c1] = stops[i];
+    if (t <= t1) {
+      const [t0, c0] = stops[i - 1];
+      const f = (t - t0) / (t1 - t0);
+      return [0, 1, 2].map((k) => Math.round(c0[k] + (c1[k] - c0[k]) * f));
+    }
+  }
+  return stops[stops.length - 1][1];
+}
+
+const rgb = (c) => `rgb(${c[0]},${c[1]},${c[2]})`;
+
+/** Low (bad) to high (good): a muted red, amber, then green. */
+export const GOOD_HIGH = [
+  [0, [122, 36, 52]], [0.35, [156, 100, 32]], [0.7, [52, 112, 64]], [1, [115, 191, 105]],
+];
+/** A ratio to the mean: faster is blue, equal is the panel, slower goes amber to red. */
+const SLOW_STOPS = [[0, [32, 42, 58]], [0.25, [150, 128, 22]], [0.6, [255, 152, 48]], [1, [242, 73, 92]]];
+const FAST_STOPS = [[0, [32, 42, 58]], [1, [47, 95, 143]]];
+
+/** The strip's colour for a step time ratio (rank / mean of ranks); null: no figure. */
+export function ratioColor(r) {
+  if (!isNum(r)) return null;
+  if (r >= 1) return ramp(SLOW_STOPS, (r - 1) / 0.5);
+  return ramp(FAST_STOPS, (1 - r) / 0.5);
+}
+
+function fitCanvas(canvas, w, h) {
+  const dpr = window.devicePixelRatio || 1;
+  if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(h * dpr)) {
+    canvas.width = Math.round(w * dpr);
+    canvas.height = Math.round(h * dpr);
+  }
+  canvas.style.width = `${w}px`;
+  canvas.style.height = `${h}px`;
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  return ctx;
+}
+
+function placeTip(tip, body, px, py) {
+  const bw = body.clientWidth;
+  const tw = tip.offsetWidth;
+  let left = px + 14;
+  if (left + tw > bw - 4) left = px - tw - 14;
+  tip.style.left = `${Math.max(4, left)}px`;
+  tip.style.top = `${Math.max(4, py + 12)}px`;
+}
+
+// ------------------------------------------------------------------------- heatmap
+
+/**
+ * ```js
+ * const hm = new HostHeatmap(host, {onPick: (rank) => open(rank)});
+ * hm.setData(groups, layers, flags);
+ * ```
+ * `groups`: `[{host, ranks: [int]}]` in topology order; `layers`: `[{key, label, format(v),
+ * value(rank) -> number|null, scale(v) -> t in [0,1], legend: [loText, hiText]}]`;
+ * `flags(rank)`: "stale" | "error" | null (outlined cells).
+ */
+export class HostHeatmap {
+  constructor(host, opts = {}) {
+    this.opts = opts;
+    this.groups = [];
+    this.layers = [];
+    this.flags = () => null;
+    this.cells = null; // Float32Array [x, y, size, layer, rank] per cell, for hit tests
+    this.hover = null;
+    const body = el("div", "heatmap-body");
+    this.canvas = el("canvas");
+    this.canvas.dataset.chart = opts.chartId || "heatmap";
+    this.canvas.setAttribute("role", "img");
+    this.canvas.setAttribute("aria-label", opts.title || "per-rank heatmap");
+    this.tip = el("div", "chart-tip");
+    this.tip.hidden = true;
+    body.append(this.canvas, this.tip);
+    host.append(body);
+    this.body = body;
+    this._raf = 0;
+    this._w = 0;
+    this.canvas.addEventListener("pointermove", (e) => this._move(e));
+    this.canvas.addEventListener("pointerleave", () => {
+      this.tip.hidden = true;
+      this.hover = null;
+    });
+    this.canvas.addEventListener("click", (e) => {
+      const hit = this._hit(e);
+      if (hit && this.opts.onPick) this.opts.onPick(hit.rank);
+    });
+    this._ro = new ResizeObserver(() => {
+      const w = Math.floor(this.body.getBoundingClientRect().width);
+      if (w !== this._w) this.render();
+    });
+    this._ro.observe(body);
+  }
+
+  setData(groups, layers, flags) {
+    this.groups = groups;
+    this.layers = layers;
+    this.flags = flags || (() => null);
+    this.render();
+  }
+
+  render() {
+    if (this._raf) return;
+    this._raf = requestAnimationFrame(() => {
+      this._raf = 0;
+      this.draw();
+    });
+  }
+
+  /** Cell size: the largest that keeps one section within about 150 px. */
+  _cellSize(w, n) {
+    for (const c of [16, 13, 11, 9, 7, 5, 4]) {
+      const perRow = Math.max(1, Math.floor(w / c));
+      const rows = Math.ceil((n * 1.15) / perRow);
+      if (rows * (c + 4) <= 150) return c;
+    }
+    return 4;
+  }
+
+  draw() {
+    const w = Math.max(100, Math.floor(this.body.getBoundingClientRect().width));
+    this._w = w;
+    const n = this.groups.reduce((a, g) => a + g.ranks.length, 0);
+    const c = this._cellSize(w, n);
+    const gap = Math.max(3, Math.round(c * 0.6));
+    const head = 18;
+    const rowGap = Math.max(2, Math.round(c * 0.3));
+    // layout once: positions relative to a section's top
+    const pos = [];
+    let x = 0;
+    let y = 0;
+    for (const g of this.groups) {
+      const len = g.ranks.length;
+      const bw = len * c;
+      if (x > 0 && x + Math.min(bw, w) > w) {
+        x = 0;
+        y += c + rowGap;
+      }
+      for (let i = 0; i < len; i++) {
+        if (x + c > w) {
+          x = 0;
+          y += c + rowGap;
+        }
+        pos.push(x, y, g.ranks[i]);
+        x += c;
+      }
+      x += gap;
+    }
+    const sectionH = n ? y + c : 0;
+    const total = this.layers.length * (head + sectionH + 10);
+    const ctx = fitCanvas(this.canvas, w, Math.max(20, total));
+    const bg = this._bg || (this._bg = cssVar(this.body, "--panel", "#141821"));
+    const text = this._fg || (this._fg = cssVar(this.body, "--muted", "#8b95a7"));
+    const none = this._none || (this._none = cssVar(this.body, "--border", "#242b38"));
+    ctx.fillStyle = bg;
+    ctx.fillRect(0, 0, w, total);
+    ctx.font = cssVar(this.body, "--chart-font", "11px system-ui, sans-serif");
+    ctx.textBaseline = "middle";
+    const cells = new Float32Array((pos.length / 3) * this.layers.length * 5);
+    let k = 0;
+    const inner = c >= 7 ? c - 1 : c; // a 1 px seam between cells when they are big enough
+    let top = 0;
+    this.layers.forEach((layer, li) => {
+      ctx.fillStyle = text;
+      ctx.textAlign = "left";
+      ctx.fillText(layer.label, 0, top + head / 2);
+      // legend: lo ▮▮▮▮ hi at the right
+      const [lo, hi] = layer.legend || ["", ""];
+      const lw = 60;
+      const hiW = ctx.measureText(hi).width;
+      const lx = w - hiW - 6 - lw;
+      for (let i = 0; i < lw; i++) {
+        ctx.fillStyle = rgb(ramp(layer.stops || GOOD_HIGH, i / (lw - 1)));
+        ctx.fillRect(lx + i, top + head / 2 - 4, 1, 8);
+      }
+      ctx.fillStyle = text;
+      ctx.textAlign = "right";
+      ctx.fillText(lo, lx - 6, top + head / 2);
+      ctx.textAlign = "left";
+      ctx.fillText(hi, lx + lw + 6, top + head / 2);
+      const y0 = top + head;
+      for (let i = 0; i < pos.length; i += 3) {
+        const px = pos[i];
+        const py = y0 + pos[i + 1];
+        const rank = pos[i + 2];
+        const v = layer.value(rank);
+        ctx.fillStyle = isNum(v) ? rgb(ramp(layer.stops || GOOD_HIGH, layer.scale(v))) : none;
+        ctx.fillRect(px, py, inner, inner);
+        const flag = this.flags(rank);
+        if (flag) {
+          ctx.strokeStyle = flag === "error" ? "#f2495c" : "#ff9830";
+          ctx.lineWidth = c >= 9 ? 2 : 1;
+          const o = ctx.lineWidth / 2;
+          ctx.strokeRect(px + o, py + o, inner - 2 * o, inner - 2 * o);
+        }
+        cells[k++] = px;
+        cells[k++] = py;
+        cells[k++] = inner;
+        cells[k++] = li;
+        cells[k++] = rank;
+      }
+      top += head + sectionH + 10;
+    });
+    this.cells = cells.subarray(0, k);
+    this.drawnCells = k / 5;
+  }
+
+  _hit(e) {
+    if (!this.cells) return null;
+    const r = this.canvas.getBoundingClientRect();
+    const px = e.clientX - r.left;
+    const py = e.clientY - r.top;
+    const cs = this.cells;
+    for (let i = 0; i < cs.length; i += 5) {
+      const x = cs[i];
+      const y = cs[i + 1];
+      const s = cs[i + 2] + 1;
+      if (px >= x && px < x + s && py >= y && py < y + s) {
+        return { rank: cs[i + 4], layer: this.layers[cs[i + 3]], px, py };
+      }
+    }
+    return null;
+  }
+
+  _move(e) {
+    const hit = this._hit(e);
+    if (!hit) {
+      this.tip.hidden = true;
+      this.canvas.style.cursor = "default";
+      return;
+    }
+    this.canvas.style.cursor = "pointer";
+    const host = this.opts.hostOf ? this.opts.hostOf(hit.rank) : null;
+    const rows = [el("div", "tip-x", `rank ${hit.rank}${host ? ` · ${host}` : ""}`)];
+    for (const layer of this.layers) {
+      const row = el("div", "tip-row");
+      row.append(el("span", "tip-name", layer.label), el("span", "tip-val", layer.format(layer.value(hit.rank))));
+      rows.push(row);
+    }
+    const flag = this.flags(hit.rank);
+    if (flag) rows.push(el("div", "tip-flag", flag));
+    this.tip.replaceChildren(...rows);
+    this.tip.hidden = false;
+    placeTip(this.tip, this.body, hit.px, hit.py);
+  }
+}
+
+// --------------------------------------------------------------------------- strip
+
+/**
+ * Ranks x recent samples of each rank's step time over the mean of all ranks at that
+ * sample. `push(t, stepMs)` adds a column (`stepMs`: Map rank -> ms); `setRows(rows)` sets
+ * the row layout: `[{label, host, ranks: [int]}]` (one rank per row for small runs, a host's
+ * ranks per row for big ones; a row's colour is its slowest rank's).
+ */
+export class StragglerStrip {
+  constructor(host, opts = {}) {
+    this.opts = opts;
+    this.max = opts.columns || 180;
+    this.cols = []; // [{t, ratio: Map rank -> ratio}]
+    this.rows = [];
+    const body = el("div", "strip-body");
+    this.canvas = el("canvas");
+    this.canvas.dataset.chart = "straggler-strip";
+    this.canvas.setAttribute("role", "img");
+    this.canvas.setAttribute("aria-label", "step time per rank relative to the mean, recent samples");
+    this.tip = el("div", "chart-tip");
+    this.tip.hidden = true;
+    body.append(this.canvas, this.tip);
+    host.append(body);
+    this.body = body;
+    this.off = document.createElement("canvas");
+    this._raf = 0;
+    this._w = 0;
+    this.canvas.addEventListener("pointermove", (e) => this._move(e));
+    this.canvas.addEventListener("pointerleave", () => {
+      this.tip.hidden = true;
+    });
+    this.canvas.addEventListener("click", (e) => {
+      const hit = this._hit(e);
+      if (hit && isNum(hit.rank) && this.opts.onPick) this.opts.onPick(hit.rank);
+    });
+    this._ro = new ResizeObserver(() => {
+      const w = Math.floor(this.body.getBoundingClientRect().width);
+      if (w !== this._w) this.render();
+    });
+    this._ro.observe(body);
+  }
+
+  reset() {
+    this.cols = [];
+    this.rows = [];
+    this.render();
+  }
+
+  /** Set the row layout; a layout equal to the current one is a no-op. */
+  setRows(rows) {
+    const sig = rows.map((r) => `${r.label}\u0000${r.ranks.join(",")}`).join("\u0001");
+    if (sig === this._sig) return;
+    this._sig = sig;
+    this.rows = rows;
+    this.version = (this.version || 0) + 1;
+    this.render();
+  }
+
+  /** A column's per-row figures [ratio, rank], computed once per row layout. */
+  _colRows(col) {
+    if (col.ver !== this.version) {
+      col.ver = this.version;
+      col.rows = this.rows.map((row) => this._cell(row, col));
+    }
+    return col.rows;
+  }
+
+  /** One sample: `stepMs` Map rank -> ms (ranks with none are left out). */
+  push(t, stepMs) {
+    let sum = 0;
+    let n = 0;
+    for (const v of stepMs.values()) {
+      if (isNum(v) && v > 0) {
+        sum += v;
+        n++;
+      }
+    }
+    if (n < 1) return;
+    const mean = sum / n;
+    const ratio = new Map();
+    for (const [rank, v] of stepMs) if (isNum(v) && v > 0) ratio.set(rank, v / mean);
+    this.cols.push({ t, ratio, mean });
+    if (this.cols.length > this.max) this.cols.splice(0, this.cols.length - this.max);
+    this.render();
+  }
+
+  render() {
+    if (this._raf) return;
+    this._raf = requestAnimationFrame(() => {
+      this._raf = 0;
+      this.draw();
+    });
+  }
+
+  /** The row's figure in column `col`: its slowest rank's ratio, and that rank. */
+  _cell(row, col) {
+    let best = null;
+    let rank = null;
+    for (const r of row.ranks) {
+      const v = col.ratio.get(r);
+      if (v !== undefined && (best === null || v > best)) {
+        best = v;
+        rank = r;
+      }
+    }
+    return [best, rank];
+  }
+
+  draw() {
+    const w = Math.max(100, Math.floor(this.body.getBoundingClientRect().width));
+    this._w = w;
+    const rows = this.rows;
+    const nr = rows.length;
+    const rowH = nr <= 16 ? 12 : nr <= 48 ? 6 : nr <= 160 ? 2 : 1;
+    const labelW = nr <= 48 ? 84 : 0;
+    const h = Math.max(24, nr * rowH);
+    const ctx = fitCanvas(this.canvas, w, h);
+    ctx.fillStyle = cssVar(this.body, "--panel", "#141821");
+    ctx.fillRect(0, 0, w, h);
+    this._geom = { rowH, labelW, w, h, cw: (w - labelW) / this.max };
+    if (!nr) return;
+    // one pixel per (row, column) in an offscreen image, scaled up without smoothing
+    const nc = this.max;
+    const img = new ImageData(nc, nr);
+    const d = img.data;
+    const first = nc - this.cols.length;
+    for (let ci = 0; ci < this.cols.length; ci++) {
+      const vals = this._colRows(this.cols[ci]);
+      for (let ri = 0; ri < nr; ri++) {
+        const [v] = vals[ri];
+        const c = ratioColor(v);
+        if (!c) continue;
+        const o = (ri * nc + first + ci) * 4;
+        d[o] = c[0];
+        d[o + 1] = c[1];
+        d[o + 2] = c[2];
+        d[o + 3] = 255;
+      }
+    }
+    this.off.width = nc;
+    this.off.height = nr;
+    this.off.getContext("2d").putImageData(img, 0, 0);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(this.off, labelW, 0, w - labelW, nr * rowH);
+    if (labelW) {
+      ctx.font = cssVar(this.body, "--chart-font", "11px system-ui, sans-serif");
+      ctx.fillStyle = cssVar(this.body, "--muted", "#8b95a7");
+      ctx.textAlign = "right";
+      ctx.textBaseline = "middle";
+      if (rowH >= 10) {
+        rows.forEach((row, i) => ctx.fillText(row.label, labelW - 6, i * rowH + rowH / 2));
+      }
+    }
+    // host boundaries (rank rows of one host are adjacent)
+    if (rowH >= 6) {
+      ctx.fillStyle = cssVar(this.body, "--bg", "#0b0e14");
+      for (let i = 1; i < nr; i++) {
+        if (rows[i].host !== rows[i - 1].host) ctx.fillRect(labelW, i * rowH - 1, w - labelW, 1);
+      }
+    }
+  }
+
+  _hit(e) {
+    const g = this._geom;
+    if (!g || !this.rows.length) return null;
+    const r = this.canvas.getBoundingClientRect();
+    const px = e.clientX - r.left;
+    const py = e.clientY - r.top;
+    const ri = Math.floor(py / g.rowH);
+    if (ri < 0 || ri >= this.rows.length || px < g.labelW) return null;
+    const slot = Math.floor((px - g.labelW) / g.cw);
+    const ci = slot - (this.max - this.cols.length);
+    const row = this.rows[ri];
+    if (ci < 0 || ci >= this.cols.length) return { row, rank: row.ranks.length === 1 ? row.ranks[0] : null, px, py };
+    const [v, rank] = this._colRows(this.cols[ci])[ri];
+    return { row, rank, v, col: this.cols[ci], px, py };
+  }
+
+  _move(e) {
+    const hit = this._hit(e);
+    if (!hit) {
+      this.tip.hidden = true;
+      return;
+    }
+    const lines = [el("div", "tip-x", hit.row.label)];
+    if (hit.col && isNum(hit.v)) {
+      const row = el("div", "tip-row");
+      const who = hit.row.ranks.length > 1 ? `slowest: rank ${hit.rank}` : "step time";
+      row.append(el("span", "tip-name", who), el("span", "tip-val", `${hit.v.toFixed(2)}× mean`));
+      lines.push(row);
+      const ago = this.opts.ago ? this.opts.ago(hit.col.t) : "";
+      if (ago) lines.push(el("div", "tip-sub", ago));
+    } else {
+      lines.push(el("div", "tip-sub", "no step time"));
+    }
+    this.tip.replaceChildren(...lines);
+    this.tip.hidden = false;
+    placeTip(this.tip, this.body, hit.px, hit.py);
+    this.canvas.style.cursor = isNum(hit.rank) ? "pointer" : "default";
+  }
+}

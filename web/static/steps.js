@@ -1,0 +1,624 @@
+// rankboard step charts of one run: the data side (PROTOCOL 4, "Step series" and `steps`
+// events) behind the BandCharts.
+//
+// No gap, no duplicate: on the first `run` event of every SSE connection, its `steps_done`
+// (D) is the cut. Every chart fetches `/steps?metric=..&end=D&points=<its width in device
+// pixels>` (closed steps <= D) and the connection's `steps` events carry exactly the steps
+// after D, appended as they come. A reconnect sets a new D: the charts refetch up to it and
+// drop the live points they had (all <= the new D, so /steps serves them). Live records are
+// applied once per animation frame, however many events arrived.
+//
+// Zoom (drag on any step chart) applies to every step chart: each refetches [s0, s1] at its
+// width (full resolution when the range holds fewer steps than pixels); closed steps after
+// what the fetch returned come from the recent live records.
+//
+// Wall-time axes: /steps buckets carry no time, so the page derives it. Live records have
+// their exact `time`; for history, a bucket's time is reconstructed by integrating the
+// `step_ms` series (each bucket adds mean step_ms x the steps it advances) backwards from the
+// first live record's time, or, when no step has arrived live, from the run's updated_at.
+// Exact where live, an estimate for history; the hover says which.
+
+import { Buckets, BandChart, STEP_AXIS, formatStep } from "./bandchart.js";
+import { colorAt, formatNumber } from "./charts.js";
+import { api, button, enc, fmtMs, h, isNum } from "./util.js";
+
+/** Series that are not metric names (PROTOCOL 4 `/steps?metric=`). */
+const BUILTIN = [
+  { key: "step_ms", title: "Step time", unit: "ms", fmt: (v) => fmtMs(v), pick: (r) => r.step_ms },
+  { key: "samples_per_s", title: "Throughput · samples/s", fmt: formatNumber, pick: (r) => r.samples_per_s },
+  { key: "tokens_per_s", title: "Throughput · tokens/s", fmt: formatNumber, pick: (r) => r.tokens_per_s },
+];
+/** Metric charts shown before the "more" fold. */
+const FIRST_METRICS = 6;
+/** Recent live records kept at full resolution (zoom tails, hover's slowest rank). */
+const RECENT = 20000;
+
+/** Growable (step, value) pairs in typed arrays. */
+class Pairs {
+  constructor() {
+    this.s = new Float64Array(256);
+    this.v = new Float64Array(256);
+    this.n = 0;
+  }
+
+  push(s, v) {
+    if (this.n === this.s.length) {
+      const s2 = new Float64Array(this.n * 2);
+      const v2 = new Float64Array(this.n * 2);
+      s2.set(this.s);
+      v2.set(this.v);
+      this.s = s2;
+      this.v = v2;
+    }
+    this.s[this.n] = s;
+    this.v[this.n] = v;
+    this.n++;
+  }
+
+  /** Keep every other point of the older half (bounded memory, shape kept). */
+  thin() {
+    const half = this.n >> 1;
+    let j = 0;
+    for (let i = 0; i < this.n; i++) {
+      if (i < half && i % 2) continue;
+      this.s[j] = this.s[i];
+      this.v[j] = this.v[i];
+      j++;
+    }
+    this.n = j;
+  }
+}
+
+/** Piecewise-linear, non-decreasing step -> unix time, with its inverse. */
+export class TimeMap {
+  constructor(steps, times) {
+    this.s = steps;
+    this.t = times;
+    this.n = steps.length;
+  }
+
+  _seg(arr, x) {
+    let a = 0;
+    let b = this.n - 1;
+    while (b - a > 1) {
+      const m = (a + b) >> 1;
+      if (arr[m] <= x) a = m;
+      else b = m;
+    }
+    return a;
+  }
+
+  at(step) {
+    const { s, t, n } = this;
+    if (!n) return step;
+    if (n === 1) return t[0] + (step - s[0]);
+    const i = Math.min(n - 2, Math.max(0, this._seg(s, step)));
+    const ds = s[i + 1] - s[i];
+    return t[i] + (ds > 0 ? ((step - s[i]) / ds) * (t[i + 1] - t[i]) : 0);
+  }
+
+  inv(time) {
+    const { s, t, n } = this;
+    if (!n) return time;
+    if (n === 1) return s[0] + (time - t[0]);
+    const i = Math.min(n - 2, Math.max(0, this._seg(t, time)));
+    const dt = t[i + 1] - t[i];
+    return s[i] + (dt > 0 ? ((time - t[i]) / dt) * (s[i + 1] - s[i]) : 0);
+  }
+}
+
+export class StepView {
+  /**
+   * `section`: the element to fill; `hooks`: {straggler() -> text|null, onChange(view)}.
+   */
+  constructor(section, hooks = {}) {
+    this.section = section;
+    this.hooks = hooks;
+    this.charts = new Map(); // key -> entry
+    this.order = [];
+    this.xMode = "step";
+    this.showAll = false;
+    this._build();
+    this.reset(null);
+  }
+
+  _build() {
+    const head = h("div", "section-head");
+    this.titleEl = h("h2", "section-title", "Steps");
+    this.subEl = h("span", "section-sub mono");
+    const tools = h("div", "section-tools");
+    const lab = h("label", "inline-field");
+    lab.append(h("span", "tool-label", "x axis"));
+    const sel = h("select", "tool-select");
+    sel.id = "step-x";
+    sel.dataset.testid = "step-x";
+    for (const [v, t] of [["step", "step"], ["time", "wall time"], ["elapsed", "time since start"]]) {
+      const o = h("option", null, t);
+      o.value = v;
+      sel.append(o);
+    }
+    sel.addEventListener("change", () => this.setXMode(sel.value));
+    lab.append(sel);
+    this.xSelect = sel;
+    this.resetBtn = button("tool-btn", "reset zoom", () => this.zoom(null));
+    this.resetBtn.hidden = true;
+    this.resetBtn.dataset.action = "steps-reset-zoom";
+    this.csv = h("a", "btn btn-small", "steps CSV");
+    this.csv.setAttribute("download", "");
+    tools.append(this.resetBtn, lab, this.csv);
+    head.append(this.titleEl, this.subEl, tools);
+    this.grid = h("div", "step-grid");
+    this.grid.dataset.testid = "step-charts";
+    this.more = button("btn more-btn", "");
+    this.more.hidden = true;
+    this.more.addEventListener("click", () => {
+      this.showAll = !this.showAll;
+      this._layout();
+    });
+    this.section.append(head, this.grid, this.more);
+  }
+
+  /** Forget everything (a run switch). */
+  reset(run) {
+    this.run = run;
+    this.gen = (this.gen || 0) + 1;
+    for (const e of this.charts.values()) e.chart.destroy();
+    this.charts = new Map();
+    this.order = [];
+    this.cut = null; // D of the current connection
+    this.cutKnown = false;
+    this.view = null;
+    this.pending = [];
+    this._raf = 0;
+    this.recent = []; // live records (ascending), at most RECENT
+    this.slowest = new Map(); // step -> slowest_rank, recent live steps
+    this.anchors = new Pairs(); // exact (step, time) of live records
+    this.timeMap = null;
+    this.lastStep = null;
+    this.latest = null; // the newest closed step record seen live
+    this.kpi = {}; // key -> value of the last closed step (fetched or live)
+    this.header = null;
+    this.extraMetrics = [];
+    this.rate = []; // [performance.now(), step] of recent batches for a steps/s figure
+    this.fetches = [];
+    this.showAll = false;
+    this.resetBtn.hidden = true;
+    this.section.hidden = true;
+    this.firstDraw = null;
+    if (run !== null) this.csv.href = `/api/runs/${enc(run)}/steps.csv`;
+    this.subEl.textContent = "";
+  }
+
+  get hasSteps() {
+    return this.lastStep !== null;
+  }
+
+  // ------------------------------------------------------------------ charts
+
+  _metricKeys() {
+    const names = new Set((this.header && this.header.step_metrics) || []);
+    for (const k of this.extraMetrics || []) names.add(k);
+    const list = [...names].filter((n) => typeof n === "string").sort();
+    const i = list.indexOf("loss");
+    if (i > 0) {
+      list.splice(i, 1);
+      list.unshift("loss");
+    }
+    return list;
+  }
+
+  _ensureCharts() {
+    const metrics = this._metricKeys();
+    const keys = [...metrics.map((m) => `m:${m}`), ...BUILTIN.map((b) => `b:${b.key}`)];
+    let changed = false;
+    keys.forEach((key, i) => {
+      if (this.charts.has(key)) return;
+      changed = true;
+      const isMetric = key.startsWith("m:");
+      const name = key.slice(2);
+      const spec = isMetric ? null : BUILTIN.find((b) => b.key === name);
+      const host = h("div", "step-cell");
+      host.dataset.stepChart = name;
+      const chart = new BandChart(host, {
+        title: isMetric ? name : spec.title,
+        chartId: `step-${isMetric ? "metric" : name}`,
+        log: true, smoothing: true, height: 170,
+        yFormat: spec ? spec.fmt : formatNumber,
+        emptyText: isMetric ? "waiting for steps…" : "not reported",
+        onZoom: (r) => this.zoom(r),
+        slowest: (a, b) => this._slowestText(a, b),
+        onDraw: (c) => this._drew(key, c),
+      });
+      chart.canvas.dataset.metric = name;
+      const entry = {
+        key, name, metric: name, isMetric, host, chart, color: colorAt(isMetric ? metrics.indexOf(name) : 10 + i),
+        pick: isMetric ? (r) => (r.metrics ? r.metrics[name] : undefined) : spec.pick,
+        base: new Buckets(), all: new Buckets(), zoomed: null, hasData: false, loaded: false,
+      };
+      this.charts.set(key, entry);
+      if (this.cutKnown) this._fetchBase(entry);
+    });
+    if (changed) {
+      this.order = keys.filter((k) => this.charts.has(k));
+      this._layout();
+    }
+  }
+
+  _layout() {
+    const metrics = this.order.filter((k) => this.charts.get(k).isMetric);
+    const hiddenMetrics = this.showAll ? [] : metrics.slice(FIRST_METRICS);
+    const nodes = [];
+    for (const key of this.order) {
+      const e = this.charts.get(key);
+      const shown = e.hasData || e.isMetric;
+      e.host.hidden = !shown || hiddenMetrics.includes(key);
+      nodes.push(e.host);
+    }
+    // builtins right after the first metrics, so step time and throughput stay above the fold
+    const first = nodes.filter((n, i) => this.charts.get(this.order[i]).isMetric && !hiddenMetrics.includes(this.order[i]));
+    const builtins = nodes.filter((n, i) => !this.charts.get(this.order[i]).isMetric);
+    const rest = nodes.filter((n, i) => hiddenMetrics.includes(this.order[i]));
+    this.grid.replaceChildren(...first, ...builtins, ...rest);
+    const more = metrics.length - FIRST_METRICS;
+    this.more.hidden = more <= 0;
+    this.more.textContent = this.showAll ? "fewer step metrics" : `${more} more step metric${more === 1 ? "" : "s"}`;
+    for (const e of this.charts.values()) if (!e.host.hidden) e.chart.render();
+  }
+
+  _drew(key, chart) {
+    if (key === "m:loss" && this.firstDraw === null && this.cutKnown) {
+      const e = this.charts.get(key);
+      if (e.loaded && chart.last && chart.last.bins.length) {
+        const g = chart._geom;
+        this.firstDraw = { at: performance.now(), range: [g.a, g.b], base: e.base.n };
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------ data in
+
+  /** A `run` event or the JSON snapshot's header. `first`: the first of a connection. */
+  onHeader(hd, first) {
+    if (!hd) return;
+    this.header = hd;
+    if (first) {
+      this.cut = isNum(hd.steps_done) ? hd.steps_done : null;
+      this.cutKnown = true;
+      this.gen++;
+      // every live point we had is <= the new cut: /steps serves it now
+      this.recent = [];
+      this.pending = [];
+      for (const e of this.charts.values()) {
+        e.loaded = false;
+        this._fetchBase(e);
+      }
+      if (this.cut !== null) this._fetchKpis();
+    }
+    if (isNum(hd.steps_done) && (this.lastStep === null || hd.steps_done > this.lastStep)) {
+      this.lastStep = hd.steps_done;
+    }
+    if (this.lastStep !== null || (hd.step_metrics && hd.step_metrics.length)) {
+      this.section.hidden = false;
+      this._ensureCharts();
+    }
+    this._sub();
+  }
+
+  /** A live `steps` event. */
+  onSteps(data) {
+    const recs = data && Array.isArray(data.steps) ? data.steps : null;
+    if (!recs || !this.cutKnown) return;
+    for (const r of recs) if (r && isNum(r.step)) this.pending.push(r);
+    if (!this._raf) this._raf = requestAnimationFrame(() => this._flush());
+  }
+
+  _flush() {
+    this._raf = 0;
+    const recs = this.pending;
+    this.pending = [];
+    if (!recs.length) return;
+    let newNames = null;
+    for (const r of recs) {
+      if (this.cut !== null && r.step <= this.cut) continue; // never twice
+      const prev = this.recent.length ? this.recent[this.recent.length - 1].step : null;
+      if (prev !== null && r.step <= prev) continue;
+      this.recent.push(r);
+      if (isNum(r.slowest_rank)) this.slowest.set(r.step, r.slowest_rank);
+      if (isNum(r.time)) this.anchors.push(r.step, r.time);
+      if (r.metrics) {
+        for (const k of Object.keys(r.metrics)) {
+          if (!this.charts.has(`m:${k}`)) (newNames || (newNames = [])).push(k);
+        }
+      }
+      this.latest = r;
+      if (this.lastStep === null || r.step > this.lastStep) this.lastStep = r.step;
+      for (const e of this.charts.values()) this._appendLive(e, r);
+    }
+    if (this.recent.length > RECENT * 1.25) {
+      const drop = this.recent.splice(0, this.recent.length - RECENT);
+      for (const r of drop) this.slowest.delete(r.step);
+    }
+    if (this.anchors.n > 50000) this.anchors.thin();
+    if (newNames) {
+      this.extraMetrics = [...new Set([...(this.extraMetrics || []), ...newNames])];
+    }
+    if (this.lastStep !== null) this.section.hidden = false;
+    this._ensureCharts();
+    if (this.latest) {
+      for (const e of this.charts.values()) {
+        const v = e.pick(this.latest);
+        this.kpi[e.name] = Array.isArray(v) ? v[0] : v;
+      }
+    }
+    const now = performance.now();
+    this.rate.push([now, this.lastStep]);
+    while (this.rate.length > 2 && now - this.rate[0][0] > 10000) this.rate.shift();
+    if (this.xMode !== "step") this._rebuildTime();
+    for (const e of this.charts.values()) this._redraw(e);
+    this._sub();
+    if (this.hooks.onChange) this.hooks.onChange(this);
+  }
+
+  /** One closed step record into a chart's overview (and its zoomed data, if in range). */
+  _appendLive(e, r) {
+    const v = e.pick(r);
+    if (v === undefined || v === null) return;
+    let mean;
+    let lo;
+    let hi;
+    if (Array.isArray(v)) {
+      mean = v[0];
+      lo = v[1];
+      hi = v[2];
+    } else {
+      mean = v;
+      lo = v;
+      hi = v;
+    }
+    const bad = !isNum(mean);
+    const m = isNum(mean) ? mean : NaN;
+    const rmin = isNum(lo) ? lo : NaN;
+    const rmax = isNum(hi) ? hi : NaN;
+    if (e.all.last !== null && r.step <= e.all.last) return;
+    // lo/hi of one step are its mean (the per-step means); the band is the ranks' min..max
+    e.all.push(r.step, r.step, m, m, m, rmin, rmax, 1, bad);
+    if (!e.hasData) {
+      e.hasData = true;
+      this._layout();
+    }
+    const cap = 4 * e.chart.plotColumns();
+    if (e.all.n > cap) e.all.compact();
+    if (e.zoomed && this.view && r.step <= this.view[1] && (e.zoomed.last === null || r.step > e.zoomed.last)) {
+      e.zoomed.push(r.step, r.step, m, m, m, rmin, rmax, 1, bad);
+    }
+  }
+
+  _redraw(e) {
+    if (e.host.hidden) return;
+    e.chart.setSeries([{ name: e.name, color: e.color, data: this.view && e.zoomed ? e.zoomed : e.all }]);
+  }
+
+  async _fetchBase(e) {
+    const gen = this.gen;
+    const run = this.run;
+    const cut = this.cut;
+    if (cut === null) {
+      // nothing closed before this connection: everything comes live
+      e.base = new Buckets();
+      e.all = this._merge(e.base, e);
+      e.loaded = true;
+      this._redraw(e);
+      return;
+    }
+    const points = e.chart.plotColumns();
+    const url = `/api/runs/${enc(run)}/steps?metric=${enc(e.metric)}&end=${cut}&points=${points}`;
+    let data;
+    try {
+      this.fetches.push(url);
+      data = await api(url);
+    } catch (err) {
+      if (gen === this.gen) e.chart.setStatus("could not load steps");
+      return;
+    }
+    if (gen !== this.gen || !data || !Array.isArray(data.buckets)) return;
+    e.base = Buckets.fromApi(data.buckets);
+    e.all = this._merge(e.base, e);
+    e.loaded = true;
+    if (e.base.n && !e.hasData) {
+      e.hasData = true;
+      this._layout();
+    }
+    if (e.key === "b:step_ms") this._rebuildTime();
+    if (this.view) this._fetchZoom(e, this.view);
+    this._redraw(e);
+  }
+
+  /** The fetched history plus the live records after the cut. */
+  _merge(base, e) {
+    const all = new Buckets(base.n + this.recent.length + 16);
+    all.appendFrom(base);
+    for (const r of this.recent) this._pushRecord(all, e, r);
+    const cap = 4 * e.chart.plotColumns();
+    while (all.n > cap) all.compact();
+    return all;
+  }
+
+  _pushRecord(b, e, r) {
+    const v = e.pick(r);
+    if (v === undefined || v === null) return;
+    const [mean, lo, hi] = Array.isArray(v) ? v : [v, v, v];
+    if (b.last !== null && r.step <= b.last) return;
+    const m = isNum(mean) ? mean : NaN;
+    b.push(r.step, r.step, m, m, m, isNum(lo) ? lo : NaN, isNum(hi) ? hi : NaN, 1, !isNum(mean));
+  }
+
+  async _fetchKpis() {
+    const gen = this.gen;
+    const cut = this.cut;
+    await Promise.all(["loss", "step_ms", "samples_per_s", "tokens_per_s"].map(async (m) => {
+      try {
+        const d = await api(`/api/runs/${enc(this.run)}/steps?metric=${enc(m)}&start=${cut}&end=${cut}&points=1`);
+        if (gen !== this.gen || this.latest) return;
+        const b = d && Array.isArray(d.buckets) ? d.buckets[0] : null;
+        this.kpi[m] = b ? b[2] : null;
+      } catch {
+        /* a KPI is not worth an error */
+      }
+    }));
+    if (gen === this.gen && this.hooks.onChange) this.hooks.onChange(this);
+  }
+
+  // ------------------------------------------------------------------ zoom
+
+  zoom(range) {
+    this.view = range;
+    this.resetBtn.hidden = range === null;
+    for (const e of this.charts.values()) {
+      e.zoomed = null;
+      e.chart.setView(range);
+      if (range) this._fetchZoom(e, range);
+      else this._redraw(e);
+    }
+    if (this.hooks.onChange) this.hooks.onChange(this);
+  }
+
+  async _fetchZoom(e, range) {
+    const gen = this.gen;
+    const [s0, s1] = range;
+    e.chart.setStatus("loading…");
+    e.zoomGen = (e.zoomGen || 0) + 1;
+    const zg = e.zoomGen;
+    const points = e.chart.plotColumns();
+    const url = `/api/runs/${enc(this.run)}/steps?metric=${enc(e.metric)}&start=${s0}&end=${s1}&points=${points}`;
+    let data;
+    try {
+      this.fetches.push(url);
+      data = await api(url);
+    } catch {
+      if (gen === this.gen && zg === e.zoomGen) e.chart.setStatus("could not load range");
+      return;
+    }
+    if (gen !== this.gen || zg !== e.zoomGen || this.view !== range) return;
+    e.chart.setStatus("");
+    const z = Buckets.fromApi(Array.isArray(data && data.buckets) ? data.buckets : []);
+    // closed steps the fetch did not return yet come from the live records
+    for (const r of this.recent) if (r.step >= s0 && r.step <= s1) this._pushRecord(z, e, r);
+    e.zoomed = z;
+    this._redraw(e);
+  }
+
+  // ------------------------------------------------------------------ x axis
+
+  setXMode(mode) {
+    this.xMode = mode;
+    this.xSelect.value = mode;
+    this._rebuildTime();
+  }
+
+  _rebuildTime() {
+    let axis = STEP_AXIS;
+    if (this.xMode !== "step") {
+      const map = this._timeMap();
+      const start = this.header && isNum(this.header.started_at) ? this.header.started_at : 0;
+      if (this.xMode === "time") {
+        axis = { kind: "time", label: "", map: (s) => map.at(s), inv: (t) => map.inv(t) };
+      } else {
+        axis = { kind: "elapsed", label: "since start", map: (s) => map.at(s) - start, inv: (x) => map.inv(x + start) };
+      }
+    }
+    this.axis = axis;
+    for (const e of this.charts.values()) e.chart.setAxis(axis);
+  }
+
+  /** step -> time from the step_ms history (integrated) and the exact live times. */
+  _timeMap() {
+    const e = this.charts.get("b:step_ms");
+    const base = e ? e.base : new Buckets();
+    const steps = [];
+    const times = [];
+    if (base.n) {
+      const rel = new Float64Array(base.n);
+      let acc = 0;
+      for (let i = 0; i < base.n; i++) {
+        const ms = Number.isNaN(base.mean[i]) ? 0 : base.mean[i];
+        const adv = i ? base.s1[i] - base.s1[i - 1] : 0;
+        acc += (ms / 1000) * adv;
+        rel[i] = acc;
+      }
+      // the time of the history's last step: from the first live record when there is
+      // one (its time less its own step time per step between them), else updated_at
+      const lastStep = base.s1[base.n - 1];
+      let anchorTime;
+      if (this.anchors.n) {
+        const ms = this.recent.length && this.recent[0].step_ms ? this.recent[0].step_ms[0] : null;
+        const lastMs = Number.isNaN(base.mean[base.n - 1]) ? 0 : base.mean[base.n - 1];
+        const per = (isNum(ms) ? ms : lastMs) / 1000;
+        anchorTime = this.anchors.v[0] - per * (this.anchors.s[0] - lastStep);
+      } else {
+        const hd = this.header || {};
+        anchorTime = isNum(hd.updated_at) ? hd.updated_at : Date.now() / 1000;
+      }
+      const offset = anchorTime - rel[base.n - 1];
+      for (let i = 0; i < base.n; i++) {
+        steps.push(base.s1[i]);
+        times.push(rel[i] + offset);
+      }
+    }
+    const a = this.anchors;
+    for (let i = 0; i < a.n; i++) {
+      if (steps.length && a.s[i] <= steps[steps.length - 1]) continue;
+      const t = steps.length ? Math.max(a.v[i], times[times.length - 1]) : a.v[i];
+      steps.push(a.s[i]);
+      times.push(t);
+    }
+    if (!steps.length) {
+      const hd = this.header || {};
+      steps.push(0);
+      times.push(isNum(hd.started_at) ? hd.started_at : 0);
+    }
+    this.timeMap = new TimeMap(steps, times);
+    return this.timeMap;
+  }
+
+  // ------------------------------------------------------------------ text
+
+  _slowestText(first, last) {
+    if (first === last && this.slowest.has(first)) return `slowest rank: ${this.slowest.get(first)}`;
+    const s = this.hooks.straggler ? this.hooks.straggler() : null;
+    return s || null;
+  }
+
+  /** Steps per second over the last ~10 s of live batches (null before two). */
+  stepsPerSecond() {
+    if (this.rate.length < 2) return null;
+    const [t0, s0] = this.rate[0];
+    const [t1, s1] = this.rate[this.rate.length - 1];
+    return t1 > t0 && isNum(s0) && isNum(s1) ? ((s1 - s0) * 1000) / (t1 - t0) : null;
+  }
+
+  _sub() {
+    if (this.lastStep === null) {
+      this.subEl.textContent = "no step closed yet";
+      return;
+    }
+    const rate = this.stepsPerSecond();
+    this.subEl.textContent = `step ${formatStep(this.lastStep)}${isNum(rate) && rate > 0 ? ` · ${formatNumber(rate)} steps/s` : ""}`;
+  }
+
+  /** What tests and benchmarks read: a chart's last draw (by metric name). */
+  snapshot(name) {
+    for (const e of this.charts.values()) {
+      if (e.name === name) {
+        const s = e.chart.snapshot();
+        return s && { ...s, cut: this.cut, base: e.base.n, live: this.recent.length, loaded: e.loaded };
+      }
+    }
+    return null;
+  }
+
+  /** Every step the page holds for `name` beyond the fetched history (the live records). */
+  liveSteps() {
+    return this.recent.map((r) => r.step);
+  }
+}
+
