@@ -36,7 +36,7 @@ import math
 from typing import Any, Dict, List, NamedTuple, Tuple
 
 from broker import aggregate
-from broker.steps import StepCloser
+from broker.steps import SHARE_WINDOW, StepCloser
 from broker.stepstore import StepStore
 from broker.topology import HardwareString, Topology
 from rank_agent.protocol import (
@@ -367,7 +367,9 @@ class RunSink:
         if store.rows == before:
             return
         self._closer.forget_through(store.last_step)  # type: ignore[arg-type]
-        self._closer.restore_slowest(store.slowest_ranks(since=before))
+        # Only the last SHARE_WINDOW matter (a million restored steps must not mean a
+        # million window updates).
+        self._closer.restore_slowest(store.slowest_ranks(since=before)[-SHARE_WINDOW:])
         if self.status == "waiting":
             self.status = "training"
         bad = store.last_nonfinite("loss", since=before)
