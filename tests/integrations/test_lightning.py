@@ -1,0 +1,64 @@
+"""Lightning: examples/lightning_example.py in 2 DDP processes (CPU, gloo) against a real
+broker, as a user runs it: the run the broker holds, its ranks, steps and epochs."""
+from __future__ import annotations
+
+import sys
+
+from tests.integrations.support import EXAMPLES, REPO, example_env, run_script
+
+SCRIPT = str(EXAMPLES / "lightning_example.py")
+
+
+def test_ddp_fit_reports_both_ranks_steps_epochs_and_completes(broker) -> None:
+    run_script([sys.executable, SCRIPT, "--devices", "2", "--epochs", "2"],
+               example_env(broker), cwd=REPO)
+    runs = broker.runs()
+    assert len(runs) == 1, f"the two ranks must agree on one run id, got {runs}"
+    run = runs[0]
+    assert run.startswith("TinyRegressor-")
+    snap = broker.wait_ended(run)
+    header = snap["header"]
+    assert header["status"] == "complete"
+    assert header["world_size"] == 2
+    assert header["total_epochs"] == 2
+    meta = header["metadata"]
+    assert meta["framework"] == "lightning"
+    assert meta["hyperparameters"] == {"lr": 0.05, "hidden": 16, "fail_epoch": -1}
+    assert meta["trainer"]["max_epochs"] == 2
+    assert sorted(r["rank"] for r in snap["ranks"]) == [0, 1]
+    assert all(r["status"] == "finished" for r in snap["ranks"])
+
+    records = [r for _, r in snap["records"]]
+    assert [r["epoch"] for r in records] == [0, 1]
+    for rec in records:
+        assert rec["missing_ranks"] == []
+        assert rec["metrics"]["loss"] > 0
+        assert "mae_epoch" in rec["metrics"]
+        assert "mae_step" not in rec["metrics"]
+
+    # 256 samples / 16 per batch / 2 ranks = 8 optimizer steps per epoch per rank
+    points = broker.step_points(run)
+    assert sorted(points) == [0, 1]
+    for rank, mine in points.items():
+        assert sorted(mine) == list(range(1, 17)), (rank, sorted(mine))
+        for step, p in mine.items():
+            assert p["metrics"]["loss"] > 0
+            assert "mae_step" in p["metrics"]
+            assert p["samples"] == 16
+            if step > 1:
+                assert p["step_ms"] is not None and p["step_ms"] > 0
+    assert header["steps_done"] == 16
+    assert "loss" in header["step_metrics"]
+
+
+def test_a_fit_that_raises_in_epoch_1_ends_failed(broker) -> None:
+    proc = run_script([sys.executable, SCRIPT, "--devices", "2", "--epochs", "3",
+                       "--fail-epoch", "1"], example_env(broker), cwd=REPO, expect_ok=False)
+    assert "failing on purpose in epoch 1" in proc.stderr
+    (run,) = broker.runs()
+    snap = broker.wait_ended(run)
+    assert snap["header"]["status"] == "failed"
+    assert [r["epoch"] for _, r in snap["records"]] == [0]
+    finishes = {f.rank: f.status for f in broker.frames(run, "finish")}
+    assert finishes == {0: "error", 1: "error"}
+    assert {a["kind"] for a in snap["header"]["alerts"]} == {"rank_error"}
