@@ -17,6 +17,14 @@ than 2 CPUs are usable (``pinned`` in the details says which). Other processes o
 machine can still preempt the calling thread: that stays in the figure. The garbage
 collector stays on; ``gc_collections`` counts the collections during the timed calls.
 
+log_step_p99_us: the wall time of one ``RankAgent.log_step`` call (4 metrics, samples and
+tokens, as a training loop logs an optimizer step) in the calling thread, placed and paced
+exactly as agent_send_p99_us (one call every 200 µs, a real receiver draining the PULL end).
+The call only appends to the agent's buffer; the agent's flusher thread, started by the
+warm-up calls while the process is still on the background CPUs, sends ``steps`` frames every
+``step_flush`` (0.25 s) from there, so its work (and its share of the GIL) stays in the
+figure just as the sampler's does in agent_send_p99_us. p99 over all calls.
+
 sampler_sample_us: the median wall time of one ``Sampler.sample()`` (psutil CPU times and
 virtual memory, plus NVML when a GPU and driver are present; the figure says which).
 """
@@ -27,7 +35,8 @@ import multiprocessing as mp
 import os
 import statistics
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import zmq
 from common import percentile, result
@@ -74,16 +83,45 @@ def _drain(endpoint_q: Any, stop: Any, cpus: set[int] | None = None) -> None:
     ctx.term()
 
 
-def agent_send(quick: bool) -> dict[str, Any]:
-    background, caller = _placement()
-    original = os.sched_getaffinity(0) if caller is not None else None
+@contextmanager
+def _draining(background: set[int] | None) -> Iterator[str]:
+    """A receiver process ("the broker") on the background CPUs; yields its endpoint, and
+    on the way out gives the calling thread its original CPUs back."""
+    original = os.sched_getaffinity(0) if background is not None else None
     mpc = mp.get_context("spawn")
     q = mpc.Queue()
     stop = mpc.Event()
     proc = mpc.Process(target=_drain, args=(q, stop, background), daemon=True)
     proc.start()
     try:
-        endpoint = q.get(timeout=30)
+        yield q.get(timeout=30)
+    finally:
+        _pin(original)
+        stop.set()
+        proc.join(10)
+
+
+def _paced(call: Any, n: int, *args: Any, **kwargs: Any) -> tuple[list[float], int]:
+    """Time ``call(i, *args, **kwargs)`` for i in range(n), one call every 200 µs
+    (busy-waiting in between, so the thread keeps its CPU); returns (seconds per call, gc
+    collections meanwhile). ``call`` is the bound method itself: no wrapper in the timing."""
+    times: list[float] = []
+    clock = time.perf_counter
+    collections = sum(st["collections"] for st in gc.get_stats())
+    next_at = clock()
+    for i in range(n):
+        while clock() < next_at:
+            pass
+        t0 = clock()
+        call(i, *args, **kwargs)
+        times.append(clock() - t0)
+        next_at = t0 + 200e-6
+    return times, sum(st["collections"] for st in gc.get_stats()) - collections
+
+
+def agent_send(quick: bool) -> dict[str, Any]:
+    background, caller = _placement()
+    with _draining(background) as endpoint:
         _pin(background)  # the agent's I/O thread (first send) and sampler thread start here
         agent = RankAgent(endpoint, run="bench-agent", rank=3, world_size=8, local_rank=3, host="node-a")
         try:
@@ -97,29 +135,41 @@ def agent_send(quick: bool) -> dict[str, Any]:
             n = 5000 if quick else 50000
             for i in range(200):  # warm-up: the socket is created on the first send
                 agent.log_epoch(i, 0.5, batches=100, samples=6400, epoch_ms=1000.0, scalars=scalars)
-            times: list[float] = []
-            clock = time.perf_counter
-            collections = sum(st["collections"] for st in gc.get_stats())
-            next_at = clock()
-            for i in range(n):
-                while clock() < next_at:
-                    pass
-                t0 = clock()
-                agent.log_epoch(i, 0.5, batches=100, samples=6400, epoch_ms=1000.0, scalars=scalars)
-                times.append(clock() - t0)
-                next_at = t0 + 200e-6
-            collections = sum(st["collections"] for st in gc.get_stats()) - collections
+            times, collections = _paced(agent.log_epoch, n, 0.5, batches=100, samples=6400,
+                                        epoch_ms=1000.0, scalars=scalars)
             dropped = agent.dropped
         finally:
             agent.close()
-    finally:
-        _pin(original)
-        stop.set()
-        proc.join(10)
     us = [t * 1e6 for t in times]
     return result("agent_send_p99_us", round(percentile(us, 99), 2), "us",
                   p50_us=round(percentile(us, 50), 2), max_us=round(max(us), 1), calls=n,
                   dropped=dropped, pinned=caller is not None, gc_collections=collections)
+
+
+def log_step(quick: bool) -> dict[str, Any]:
+    background, caller = _placement()
+    with _draining(background) as endpoint:
+        _pin(background)  # the agent's I/O thread and its step flusher start here
+        agent = RankAgent(endpoint, run="bench-steps", rank=3, world_size=8, local_rank=3,
+                          host="node-a", step_flush=0.25)
+        try:
+            agent.register(total_epochs=100)
+            metrics = {"loss": 0.5, "lr": 3e-4, "grad_norm": 1.25, "tokens_per_s": 12345.0}
+            for i in range(200):  # warm-up: the first call starts the flusher thread
+                # (the timed calls count from step 0 again: a restart, as log_step allows)
+                agent.log_step(i, metrics, samples=64, tokens=65536)
+            _pin(caller)  # then only the calling thread moves to its own CPU
+            n = 5000 if quick else 50000
+            times, collections = _paced(agent.log_step, n, metrics, samples=64, tokens=65536)
+            dropped = agent.dropped
+        finally:
+            agent.close()
+        sent = agent.sent
+    us = [t * 1e6 for t in times]
+    return result("log_step_p99_us", round(percentile(us, 99), 2), "us",
+                  p50_us=round(percentile(us, 50), 2), max_us=round(max(us), 1), calls=n,
+                  dropped=dropped, frames_sent=sent, pinned=caller is not None,
+                  gc_collections=collections)
 
 
 def sampler_sample(quick: bool) -> dict[str, Any]:
@@ -141,7 +191,7 @@ def sampler_sample(quick: bool) -> dict[str, Any]:
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
-    return [agent_send(quick), sampler_sample(quick)]
+    return [agent_send(quick), log_step(quick), sampler_sample(quick)]
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ TARGETS: dict[str, tuple[float, str]] = {
     "fanout_1000_p99_ms": (200.0, "<="),
     "fanout_kib_per_client": (32.0, "<="),
     "agent_send_p99_us": (20.0, "<="),
+    "log_step_p99_us": (5.0, "<="),
     "sampler_sample_us": (200.0, "<="),
     "late_join_1024x100_s": (2.0, "<="),
 }

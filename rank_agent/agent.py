@@ -421,8 +421,9 @@ class RankAgent:
         * host: ``RANKBOARD_HOST``, else the hostname.
 
         ``env`` defaults to ``os.environ``; ``kwargs`` (``sndhwm``, ``linger_ms``,
-        ``step_flush``, or any constructor argument) override what the environment says. Unparseable integers and an
-        inconsistent rank/world size raise ``ValueError`` naming the variable.
+        ``step_flush``, or any constructor argument) override what the environment says.
+        Unparseable integers and an inconsistent rank/world size raise ``ValueError`` naming
+        the variable.
         """
         env = os.environ if env is None else env
         if env.get("RANK", "").strip():
@@ -818,18 +819,17 @@ class RankAgent:
                 tokens = self._count_arg(tokens, "tokens")
             m: Dict[Any, Any] | None = None
             if metrics:
+                # the common case, a small dict of plain numbers: a C-level copy (the caller
+                # may reuse its dict) checked in one pass; anything else takes the slow path
                 if type(metrics) is dict and len(metrics) <= MAX_STEP_METRICS:
-                    m = {}
-                    for name, value in metrics.items():
+                    m = metrics.copy()
+                    for value in m.values():
                         kind = type(value)
-                        if kind is float or kind is int:
-                            m[name] = value
-                        else:
-                            self._odd_metric(m, name, value)
+                        if kind is not float and kind is not int:
+                            m = self._metrics_slow(metrics)
+                            break
                 else:
                     m = self._metrics_slow(metrics)
-                if not m:
-                    m = None
         except Exception as exc:
             return self._lose("step", "rankboard: bad log_step call; point not recorded: %r", exc)
         if self._closed:
@@ -874,9 +874,10 @@ class RankAgent:
                        "float; skipped (it is never converted: .item() on a GPU tensor "
                        "synchronises the device)", name, type(value).__name__)
 
-    def _metrics_slow(self, metrics: Mapping[Any, Any]) -> Dict[Any, Any]:
-        """``log_step`` metrics that are not a small ``dict``: any mapping, at most 64 kept
-        (the wire limit per point), so a huge dict cannot fill memory 8192 times over."""
+    def _metrics_slow(self, metrics: Mapping[Any, Any]) -> Dict[Any, Any] | None:
+        """``log_step`` metrics that are not a small ``dict`` of plain numbers: any mapping,
+        odd values kept or skipped by :meth:`_odd_metric`, at most 64 kept (the wire limit
+        per point, so a huge dict cannot fill memory 8192 times over); None if none is left."""
         m: Dict[Any, Any] = {}
         for name, value in metrics.items():
             if len(m) >= MAX_STEP_METRICS:
@@ -888,7 +889,7 @@ class RankAgent:
                 m[name] = value
             else:
                 self._odd_metric(m, name, value)
-        return m
+        return m or None
 
     def _steps_full(self, buf: Deque[StepPoint]) -> None:
         """The buffer holds 8192 points: drop the oldest (counted), and make sure a flusher

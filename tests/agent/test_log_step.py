@@ -86,7 +86,8 @@ def test_step_ms_from_the_previous_call(receiver, make_agent, fake_time):
     agent.close()
     frames = wait_points(receiver, 6)
     assert [f.steps for f in frames] == [[0, 1, 3, 4], [2, 5]]
-    assert frames[0].step_ms == [None, pytest.approx(500.0), pytest.approx(500.0), pytest.approx(2000.0)]
+    assert frames[0].step_ms == [None, pytest.approx(500.0), pytest.approx(500.0),
+                                 pytest.approx(2000.0)]
     assert frames[0].times == [100.0, 100.5, 101.5, 103.5]  # a repeat keeps the step's first time
     assert frames[1].step_ms == [None, pytest.approx(100.0)]
     assert frames[0].samples == [] and frames[0].tokens == [] and frames[0].metrics == {}
@@ -117,7 +118,7 @@ def test_metric_values_that_are_not_int_or_float_are_skipped(receiver, make_agen
     assert agent.dropped == 0  # a skipped value is not a lost point
 
 
-def test_metric_names_are_clamped_and_capped_and_frames_split_on_the_name_limit(receiver, make_agent):
+def test_metric_names_clamped_and_capped_frames_split_on_the_name_limit(receiver, make_agent):
     agent = make_agent(broker=receiver.endpoint, step_flush=ASLEEP)
     long_name = "m" * 200
     agent.log_step(0, {long_name: 1.0})
@@ -175,7 +176,8 @@ def test_a_repeated_step_is_merged_even_across_flushes(receiver, make_agent):
     agent.log_step(1, {"lr": 0.1})  # after the point left: the merged point is sent again
     frames = wait_points(receiver, 3)
     again = frames[1]
-    assert again.steps == [1] and again.step_ms == [first.step_ms[1]] and again.times == [first.times[1]]
+    assert again.steps == [1] and again.step_ms == [first.step_ms[1]]
+    assert again.times == [first.times[1]]
     assert again.metrics == {"loss": [2.0], "acc": [0.5], "lr": [0.1]} and again.samples == [16]
 
 
@@ -246,7 +248,8 @@ def test_split_at_1024_points(receiver, make_agent):
     frames = wait_points(receiver, 2500)
     assert [len(f.steps) for f in frames] == [1024, 1024, 452]
     assert points(frames) == list(range(2500))
-    assert all(len(f.metrics["loss"]) == len(f.steps) == len(f.times) == len(f.step_ms) for f in frames)
+    assert all(len(f.metrics["loss"]) == len(f.steps) == len(f.times) == len(f.step_ms)
+               for f in frames)
 
 
 def test_at_most_8192_points_wait_older_ones_dropped_and_counted(receiver, make_agent):
