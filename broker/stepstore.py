@@ -231,6 +231,8 @@ class StepStore:
             target = self.step_ms if key is None else self.metrics.get(key)
             if target is None:
                 assert key is not None
+                if not len(rows):  # no row of this block has it: not seen yet
+                    continue
                 target = self.metrics[key] = Series()
                 self._names = None
             target.extend(rows, mean, lo, hi)
@@ -275,7 +277,8 @@ class StepStore:
         top = self._dense_ms_max(r0, r1)
         ok = (count > 0) & np.isfinite(top) & (top != 0)
         idx = np.flatnonzero(ok)
-        rates = count[idx] / (top[idx] / 1000.0)
+        with np.errstate(over="ignore"):  # a subnormal step time: an infinite rate (null)
+            rates = count[idx] / (top[idx] / 1000.0)
         return idx + r0, rates
 
     def _dense_ms_max(self, r0: int, r1: int) -> np.ndarray:
