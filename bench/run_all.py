@@ -25,6 +25,7 @@ import agent_send  # noqa: E402
 import common  # noqa: E402
 import epoch_close  # noqa: E402
 import ingest  # noqa: E402
+import steps_bench  # noqa: E402
 import web_bench  # noqa: E402
 
 #: (group, run(quick) -> results); order: cheap and pure first.
@@ -33,6 +34,7 @@ GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
     ("agent", agent_send.run),
     ("ingest", ingest.run),
     ("web", web_bench.run),
+    ("steps", steps_bench.run),
 ]
 
 #: name -> (target, "<=" or ">=") as the performance issue states them.
@@ -48,6 +50,11 @@ TARGETS: dict[str, tuple[float, str]] = {
     "log_step_p99_us": (5.0, "<="),
     "sampler_sample_us": (200.0, "<="),
     "late_join_1024x100_s": (2.0, "<="),
+    "steps_ingest_frames_per_s": (100_000, ">="),
+    "steps_query_1m_p99_ms": (20.0, "<="),
+    "steps_bytes_per_step_series": (32.0, "<="),
+    "step_e2e_p99_ms": (600.0, "<="),
+    "steps_restart_1m_s": (5.0, "<="),
 }
 NAMES = list(TARGETS)
 

@@ -403,14 +403,14 @@ def e2e(steps: int) -> list[dict[str, Any]]:
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
-    rounds = 20 if quick else 100
+    rounds = 5 if quick else 100
     floor = floor_rate(rounds)
     rate, closed = broker_rate(rounds)
     out = [result("steps_ingest_frames_per_s", round(rate), "frames/s", baseline=round(floor),
                   ratio=round(rate / floor, 3), frames=RANKS * rounds, ranks=RANKS,
                   points_per_frame=3, metrics=len(METRICS), closed_steps=closed)]
-    out += million(100_000 if quick else 1_000_000, 50 if quick else 300)
-    out += e2e(40 if quick else 200)
+    out += million(20_000 if quick else 1_000_000, 20 if quick else 300)
+    out += e2e(20 if quick else 200)
     return out
 
 
