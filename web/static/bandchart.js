@@ -869,6 +869,7 @@ export class BandChart {
     const g = this._geom;
     return {
       range: [g.a, g.b], columns: g.cols, axis: this.axis.kind, view: this.view,
+      plot: { left: g.L, top: g.T, width: g.pw, height: g.ph, dpr: g.dpr },
       series: this.last.bins.map((bin) => {
         const cols = [];
         for (let c = 0; c < bin.has.length; c++) {

@@ -1202,6 +1202,7 @@ function renderTicking() {
  */
 window.__rankboard = Object.freeze({
   stepChart: (name) => steps.snapshot(name),
+  stepData: (name) => steps.data(name),
   stepCut: () => steps.cut,
   liveSteps: () => steps.liveSteps(),
   stepFetches: () => steps.fetches.slice(),

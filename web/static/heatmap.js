@@ -379,7 +379,7 @@ export class StragglerStrip {
     this._w = w;
     const rows = this.rows;
     const nr = rows.length;
-    const rowH = nr <= 16 ? 12 : nr <= 48 ? 6 : nr <= 160 ? 2 : 1;
+    const rowH = nr <= 8 ? 14 : nr <= 16 ? 12 : nr <= 48 ? 6 : nr <= 160 ? 2 : 1;
     const labelW = nr <= 48 ? 84 : 0;
     const h = Math.max(24, nr * rowH);
     const ctx = fitCanvas(this.canvas, w, h);

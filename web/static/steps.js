@@ -616,6 +616,21 @@ export class StepView {
     return null;
   }
 
+  /**
+   * The buckets a chart holds now (the overview, or the zoomed range): [first, last,
+   * count] each, so a test can check that no step is missing or held twice.
+   */
+  data(name) {
+    for (const e of this.charts.values()) {
+      if (e.name !== name) continue;
+      const d = this.view && e.zoomed ? e.zoomed : e.all;
+      const out = [];
+      for (let i = 0; i < d.n; i++) out.push([d.s0[i], d.s1[i], d.cnt[i]]);
+      return out;
+    }
+    return null;
+  }
+
   /** Every step the page holds for `name` beyond the fetched history (the live records). */
   liveSteps() {
     return this.recent.map((r) => r.step);
