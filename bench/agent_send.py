@@ -23,7 +23,9 @@ exactly as agent_send_p99_us (one call every 200 µs, a real receiver draining t
 The call only appends to the agent's buffer; the agent's flusher thread, started by the
 warm-up calls while the process is still on the background CPUs, sends ``steps`` frames every
 ``step_flush`` (0.25 s) from there, so its work (and its share of the GIL) stays in the
-figure just as the sampler's does in agent_send_p99_us. p99 over all calls.
+figure just as the sampler's does in agent_send_p99_us. p99 over all calls. ``noop_p99_us``
+in the details is the same loop calling a function that does nothing, right after: the
+floor that this machine's own noise (other processes, interrupts) puts under the figure.
 
 sampler_sample_us: the median wall time of one ``Sampler.sample()`` (psutil CPU times and
 virtual memory, plus NVML when a GPU and driver are present; the figure says which).
@@ -146,6 +148,10 @@ def agent_send(quick: bool) -> dict[str, Any]:
                   dropped=dropped, pinned=caller is not None, gc_collections=collections)
 
 
+def _noop(step: int, metrics: Any, samples: int = 0, tokens: int = 0) -> bool:
+    return True
+
+
 def log_step(quick: bool) -> dict[str, Any]:
     background, caller = _placement()
     with _draining(background) as endpoint:
@@ -162,6 +168,7 @@ def log_step(quick: bool) -> dict[str, Any]:
             n = 5000 if quick else 50000
             times, collections = _paced(agent.log_step, n, metrics, samples=64, tokens=65536)
             dropped = agent.dropped
+            floor, _ = _paced(_noop, n // 5, metrics, samples=64, tokens=65536)
         finally:
             agent.close()
         sent = agent.sent
@@ -169,7 +176,8 @@ def log_step(quick: bool) -> dict[str, Any]:
     return result("log_step_p99_us", round(percentile(us, 99), 2), "us",
                   p50_us=round(percentile(us, 50), 2), max_us=round(max(us), 1), calls=n,
                   dropped=dropped, frames_sent=sent, pinned=caller is not None,
-                  gc_collections=collections)
+                  gc_collections=collections,
+                  noop_p99_us=round(percentile([t * 1e6 for t in floor], 99), 2))
 
 
 def sampler_sample(quick: bool) -> dict[str, Any]:

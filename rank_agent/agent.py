@@ -202,10 +202,19 @@ def _finite_or_none(obj: Any) -> Any:
     return obj
 
 
-def _step_metrics(raw: Mapping[Any, Any], warn: Callable[..., None]) -> Dict[str, float]:
+def _step_metrics(raw: Dict[Any, Any], warn: Callable[..., None]) -> Dict[str, float]:
     """A buffered point's metrics as the wire wants them: ``str`` names clamped to 128
     characters, ``float`` values, at most 64 names (the first ones). ``log_step`` already
-    kept only ``int``/``float`` values; an ``int`` too large for a float is skipped here."""
+    kept only ``int``/``float`` values; an ``int`` too large for a float is skipped here.
+
+    ``raw`` is the agent's own copy (log_step made it), so a dict that is already right (the
+    usual case) is returned as it is."""
+    if len(raw) <= MAX_STEP_METRICS:
+        for name, value in raw.items():
+            if type(value) is not float or type(name) is not str or len(name) > MAX_STEP_METRIC_NAME:
+                break
+        else:
+            return raw
     out: Dict[str, float] = {}
     for name, value in raw.items():
         if type(name) is not str:
@@ -226,8 +235,12 @@ def _step_metrics(raw: Mapping[Any, Any], warn: Callable[..., None]) -> Dict[str
     return out
 
 
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    pass
+
+
 def step_frames(run: str, rank: int, points: List[StepPoint], last: StepPoint | None = None,
-                warn: Callable[..., None] | None = None) -> Tuple[List[Steps], StepPoint | None]:
+                warn: Callable[..., None] = _ignore) -> Tuple[List[Steps], StepPoint | None]:
     """Turn buffered ``log_step`` points (in call order) into ``steps`` frames the broker
     accepts: pure, so that every rule below is a unit test.
 
@@ -245,29 +258,31 @@ def step_frames(run: str, rank: int, points: List[StepPoint], last: StepPoint | 
     * ``samples``/``tokens`` are ``[]`` (not sent) in a frame where all of them are 0;
       a metric's entry is ``None`` at the points that did not log it.
 
-    Returns ``(frames, new_last)``.
+    Returns ``(frames, new_last)``. It runs in the flusher thread with the GIL held, so the
+    common case (increasing steps, the same few names) stays a few C-level passes per point.
     """
-    say: Callable[..., None] = warn if warn is not None else (lambda *a, **k: None)
-    merged: List[List[Any]] = []
+    merged: List[StepPoint] = []
+    prev_step = last[0] if last is not None else -1
     for step, t, ms, raw, samples, tokens in points:
-        metrics = _step_metrics(raw, say) if raw else {}
-        if not merged and last is not None and last[0] == step:
-            merged.append([last[0], last[1], last[2], dict(last[3] or {}), last[4], last[5]])
-        if merged and merged[-1][0] == step:
-            cur = merged[-1]
-            if cur[2] is None:
-                cur[2] = ms
-            have = cur[3]
-            for name, value in metrics.items():
-                if name in have or len(have) < MAX_STEP_METRICS:
-                    have[name] = value
-                else:
-                    say("step_names", "rankboard: more than %d step metrics in one point; the "
-                        "rest are not sent", MAX_STEP_METRICS)
-            cur[4] += samples
-            cur[5] += tokens
-        else:
-            merged.append([step, t, ms, metrics, samples, tokens])
+        metrics = _step_metrics(raw, warn) if raw else None
+        if step != prev_step:
+            merged.append((step, t, ms, metrics, samples, tokens))
+            prev_step = step
+            continue
+        if merged:
+            cur = merged.pop()
+        else:  # repeats the last point of the previous flush: merge and send it again
+            assert last is not None
+            cur = last
+        have = dict(cur[3]) if cur[3] else {}
+        for name, value in (metrics or {}).items():
+            if name in have or len(have) < MAX_STEP_METRICS:
+                have[name] = value
+            else:
+                warn("step_names", "rankboard: more than %d step metrics in one point; the "
+                     "rest are not sent", MAX_STEP_METRICS)
+        merged.append((step, cur[1], cur[2] if cur[2] is not None else ms, have or None,
+                       cur[4] + samples, cur[5] + tokens))
     if not merged:
         return [], last
 
@@ -275,35 +290,31 @@ def step_frames(run: str, rank: int, points: List[StepPoint], last: StepPoint | 
     n = len(merged)
     i = 0
     while i < n:
-        names: Dict[str, None] = {}  # insertion-ordered set
+        names: Dict[str, None] = {}  # the frame's metric names, in first-seen order
         prev = -1
         j = i
-        while j < n and j - i < MAX_STEP_POINTS:
-            step, metrics = merged[j][0], merged[j][3]
-            if step <= prev:
+        stop = min(n, i + MAX_STEP_POINTS)
+        while j < stop:
+            point = merged[j]
+            if point[0] <= prev:
                 break
-            new = [name for name in metrics if name not in names]
-            if new and len(names) + len(new) > MAX_STEP_METRICS and j > i:
-                break
-            for name in new:
-                names[name] = None
-            prev = step
+            metrics = point[3]
+            if metrics and not metrics.keys() <= names.keys():
+                new = [name for name in metrics if name not in names]
+                if len(names) + len(new) > MAX_STEP_METRICS and j > i:
+                    break
+                names.update(dict.fromkeys(new))
+            prev = point[0]
             j += 1
-        chunk = merged[i:j]
+        steps, times, step_ms, metric_cols, samples_col, tokens_col = zip(*merged[i:j])
         i = j
-        samples_col = [p[4] for p in chunk]
-        tokens_col = [p[5] for p in chunk]
         frames.append(Steps(
-            run=run, rank=rank,
-            steps=[p[0] for p in chunk],
-            times=[p[1] for p in chunk],
-            step_ms=[p[2] for p in chunk],
-            samples=samples_col if any(samples_col) else [],
-            tokens=tokens_col if any(tokens_col) else [],
-            metrics={name: [p[3].get(name) for p in chunk] for name in names},
+            run=run, rank=rank, steps=list(steps), times=list(times), step_ms=list(step_ms),
+            samples=list(samples_col) if any(samples_col) else [],
+            tokens=list(tokens_col) if any(tokens_col) else [],
+            metrics={name: [m.get(name) if m else None for m in metric_cols] for name in names},
         ))
-    end = merged[-1]
-    return frames, (end[0], end[1], end[2], end[3], end[4], end[5])
+    return frames, merged[-1]
 
 
 class RankAgent:

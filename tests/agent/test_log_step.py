@@ -346,7 +346,7 @@ def test_step_frames_restart_starts_a_new_frame_and_last_merges():
     assert [f.steps for f in frames] == [[5, 6], [3]]
     assert frames[0].metrics == {"a": [1.0, None]}
     assert frames[0].samples == [0, 2] and frames[1].samples == []
-    assert last == (3, 3.0, None, {}, 0, 0)
+    assert last == (3, 3.0, None, None, 0, 0)
     frames, last = step_frames("r", 0, [(3, 9.0, None, {"b": 2.0}, 1, 1)], last)
     assert [f.steps for f in frames] == [[3]] and frames[0].times == [3.0]
     assert frames[0].metrics == {"b": [2.0]} and frames[0].tokens == [1]
