@@ -28,7 +28,7 @@ payload``; ``kind`` is one of:
 ====  ===============  ====================================================================
 
 ``steps`` frames are *not* journaled (a run whose first frame is one gets an empty
-``resources`` frame of that rank in its place, which carries the run's ``started_at``): the
+``svg`` frame of that rank in its place, which carries the run's ``started_at``): the
 closed steps they produce are, in compact columnar blocks (kind 5)
 written when their ``steps`` event is, so a restart loads a million-step run with a few
 ``np.frombuffer`` calls instead of replaying every rank's points. The price, documented in
@@ -67,7 +67,7 @@ import msgspec
 
 from broker.sink import Rejected, RunSink
 from rank_agent import protocol
-from rank_agent.protocol import Frame, Metrics, Resources, ResourceSample, Steps
+from rank_agent.protocol import Frame, Metrics, Resources, Steps, Svg
 
 __all__ = ["Journal", "JournalError", "FORMAT_VERSION", "HEADER", "read_entries"]
 
@@ -259,7 +259,7 @@ class Journal:
             if not _RUN_ID.match(run):
                 log.warning("journal: ignoring %s (not a run id)", name)
                 continue
-            loaded = self._load_file(run, stale_after, horizon, step_close_after)
+            loaded = self._load_file(run, stale_after, horizon, step_close_after, wall)
             if loaded is not None:
                 sinks[run] = loaded
         self.flush()
@@ -273,7 +273,7 @@ class Journal:
         if not _RUN_ID.match(run):
             raise ValueError(f"not a run id: {run!r}")
         self.forget(run)
-        sink = self._load_file(run, stale_after, None, step_close_after)
+        sink = self._load_file(run, stale_after, None, step_close_after, time.time())
         if sink is not None:
             self.flush()  # the new reservation is on disk before any of its events go out
         return sink
@@ -314,9 +314,10 @@ class Journal:
             if st.started:
                 return  # its closed steps are journaled instead (STEPS blocks)
             # The run's first frame carries started_at; its points must not be replayed
-            # (they would close again next to the STEPS blocks): an empty sample stands in.
-            raw = protocol.encoder.encode(
-                Resources(run=frame.run, rank=frame.rank, sample=ResourceSample()))
+            # (they would close again next to the STEPS blocks): an empty svg stands in (it
+            # does not latch, so it changes nothing but the rank's liveness; an empty
+            # sample would show as the rank's resources).
+            raw = protocol.encoder.encode(Svg(run=frame.run, rank=frame.rank, svg=""))
         elif st.pending:
             if type(frame) is Metrics and frame.resources is not None:  # type: ignore[union-attr]
                 # The frame's own sample replaces the rank's held one as it is applied.
@@ -596,7 +597,7 @@ class Journal:
         return True
 
     def _load_file(self, run: str, stale_after: float, horizon: float | None,
-                   step_close_after: float = 10.0) -> RunSink | None:
+                   step_close_after: float = 10.0, now: float | None = None) -> RunSink | None:
         path = self._path(run)
         try:
             with open(path, "rb") as f:
@@ -702,6 +703,8 @@ class Journal:
                 cseq = base
             sink.complete = (cseq, sink.complete[1])
         sink.seq = base
+        if now is not None:
+            sink.liveness_floor = now
 
         st = _RunFile(run, path)
         st.size = len(HEADER) + good

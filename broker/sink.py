@@ -123,6 +123,10 @@ class RunSink:
         self._closer = StepCloser(close_after=step_close_after)
         self._steps_out: List[Dict[str, Any]] = []  # closed, not yet in a steps event
         self._steps_sent_at: float | None = None
+        #: No rank turns stale from silence before this time: set when a run is rebuilt after
+        #: a restart (frames the journal does not keep, such as steps, and the downtime itself
+        #: say nothing about a rank's liveness), so each rank has stale_after from then on.
+        self.liveness_floor = -math.inf
         #: steps published by this sink (not restored ones): the closed-step counter
         self.steps_published = 0
         #: Registers that named a port other than the latched one (warned, ignored).
@@ -261,6 +265,8 @@ class RunSink:
         """Liveness at ``now``: stale transitions and their alerts; the rate-limited ``ranks``
         and coalesced header (``run``) events."""
         limit = now - self.stale_after
+        if self.liveness_floor > limit:
+            limit = -math.inf
         for st in self._ranks.values():
             if st.status == "ok" and st.last_seen <= limit:
                 st.status = "stale"
@@ -503,8 +509,8 @@ class RunSink:
         self._close_steps(now)
 
     def _on_steps(self, frame: Steps, st: _Rank, now: float) -> None:
-        self._closer.add(frame, now, not st.finished)
-        self._close_steps(now)
+        if self._closer.add(frame, now, not st.finished):
+            self._close_steps(now)  # (grace and force close also run in tick)
         if self._steps_out and (self._steps_sent_at is None
                                 or now - self._steps_sent_at >= STEPS_INTERVAL):
             self._publish_steps(now)

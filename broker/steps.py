@@ -166,7 +166,7 @@ class StepCloser:
         self._heap: List[int] = []  # pending steps
         self._first_seen: Dict[int, float] = {}  # step -> first receive time (arrival order)
         # Watermark: how many active ranks have each highest step, and a lazy min-heap of them.
-        self._wm_count: Counter[int] = Counter()
+        self._wm_count: Dict[int, int] = {}
         self._wm_heap: List[int] = []
         self._in_grace = True
         # slowest_share: the slowest rank of the last SHARE_WINDOW steps that had one.
@@ -175,42 +175,60 @@ class StepCloser:
 
     # ----------------------------------------------------------------- input
 
-    def add(self, frame: Steps, now: float, active: bool) -> None:
+    def add(self, frame: Steps, now: float, active: bool) -> bool:
         """Take one accepted frame's points (``active``: the rank is neither finished nor
-        stale). Late points are counted and dropped; the rank's figures update regardless."""
+        stale). Late points are counted and dropped; the rank's figures update regardless.
+
+        Returns True when the watermark may have moved (the rank was new, or at the
+        watermark): only then can :meth:`ready` close something the timers would not, so
+        the sink skips it otherwise (the timers run in ``tick``)."""
         rank = frame.rank
         if self.started is None:
             self.started = now
         rs = self.ranks.get(rank)
+        moved = False
         if rs is None:
             rs = self.ranks[rank] = RankSteps()
             rs.active = active
             if active:
                 self._wm_add(-1)
+            moved = True
         last_closed = self.last_closed
         pending = self._pending
         steps = frame.steps
-        for i, step in enumerate(steps):
-            if step <= last_closed:
-                self.late += 1
-                continue
-            reports = pending.get(step)
-            if reports is None:
-                pending[step] = {rank: (frame, i)}
-                heapq.heappush(self._heap, step)
-                self._first_seen[step] = now
+        i = 0
+        for step in steps:
+            if step > last_closed:
+                reports = pending.get(step)
+                if reports is None:
+                    pending[step] = {rank: (frame, i)}
+                    heapq.heappush(self._heap, step)
+                    self._first_seen[step] = now
+                else:
+                    reports[rank] = (frame, i)
             else:
-                reports[rank] = (frame, i)
-        append = rs.ms.append
-        for ms in frame.step_ms:
-            if ms is not None:
-                append(ms)
+                self.late += 1
+            i += 1
+        ms = frame.step_ms
+        if None in ms:
+            rs.ms.extend([v for v in ms if v is not None])
+        else:
+            rs.ms.extend(ms)
         top = steps[-1]
-        if top > rs.highest:
-            if rs.active:
-                self._wm_remove(rs.highest)
-                self._wm_add(top)
+        old = rs.highest
+        if top > old:
             rs.highest = top
+            if rs.active:
+                count = self._wm_count
+                c = count[old] - 1
+                if c:
+                    count[old] = c
+                else:
+                    del count[old]
+                    moved = True  # the last rank at that height: the minimum may rise
+                count[top] = count.get(top, 0) + 1
+                heapq.heappush(self._wm_heap, top)
+        return moved
 
     def set_active(self, rank: int, active: bool) -> None:
         """The rank turned stale or finished (False), or back to ok (True)."""
@@ -326,7 +344,7 @@ class StepCloser:
     # ----------------------------------------------------------------- watermark
 
     def _wm_add(self, highest: int) -> None:
-        self._wm_count[highest] += 1
+        self._wm_count[highest] = self._wm_count.get(highest, 0) + 1
         heapq.heappush(self._wm_heap, highest)
 
     def _wm_remove(self, highest: int) -> None:
