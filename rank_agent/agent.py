@@ -211,7 +211,8 @@ def _step_metrics(raw: Dict[Any, Any], warn: Callable[..., None]) -> Dict[str, f
     usual case) is returned as it is."""
     if len(raw) <= MAX_STEP_METRICS:
         for name, value in raw.items():
-            if type(value) is not float or type(name) is not str or len(name) > MAX_STEP_METRIC_NAME:
+            if (type(value) is not float or type(name) is not str
+                    or len(name) > MAX_STEP_METRIC_NAME):
                 break
         else:
             return raw
@@ -911,19 +912,15 @@ class RankAgent:
             self._steps_dropped += 1
         except IndexError:  # the flusher emptied it meanwhile
             pass
+        if self._pid != _getpid():  # a fork the at-fork hook did not see: fresh state
+            self._reset_after_fork()
+            return
         thread = self._steps_thread
-        if thread is None or thread.is_alive() and self._pid == _getpid():
-            return
-        now = time.monotonic()
-        if now < self._steps_retry_at:
-            return
-        self._steps_retry_at = now + 1.0
-        with self._lock:
-            if self._pid != _getpid():
-                self._reset_after_fork()
-            else:
-                self._steps_thread = None
-        self._start_steps_thread()
+        if thread is not None and not thread.is_alive():
+            now = time.monotonic()
+            if now >= self._steps_retry_at:  # at most one restart a second
+                self._steps_retry_at = now + 1.0
+                self._steps_thread = None  # log_step starts a new one
 
     def _start_steps_thread(self) -> None:
         """Start the flusher (a daemon thread), once per process; a failure is logged and
@@ -954,6 +951,8 @@ class RankAgent:
         Serialised by a lock of its own (never the socket lock, never taken by log_step), so
         frames leave in call order and a finish() cannot overtake points that the flusher
         thread has taken but not yet sent."""
+        if self._pid != _getpid():  # a fork the hook missed: the parent's locks and points
+            self._reset_after_fork()
         with self._steps_flush_lock:
             buf = self._steps_buf
             n = len(buf)
@@ -966,7 +965,8 @@ class RankAgent:
                     points.append(pop())
                 except IndexError:  # log_step's overflow dropped one meanwhile
                     break
-            frames, self._steps_last = step_frames(self.run, self.rank, points, self._steps_last, self._warn)
+            frames, self._steps_last = step_frames(self.run, self.rank, points, self._steps_last,
+                                                   self._warn)
             for frame in frames:
                 self._send(frame)
 
@@ -1049,12 +1049,11 @@ class RankAgent:
         if thread is not None and thread is not current:
             thread.join(timeout=2.0)
         self._sampler_thread = None
-        if self._pid != _getpid():
-            with self._lock:
-                self._reset_after_fork()
+        if self._pid != _getpid():  # a fork the hook missed: not the parent's flusher or locks
+            self._reset_after_fork()
         steps_thread = self._steps_thread
         self._steps_stop.set()
-        if steps_thread is not None and steps_thread is not current and steps_thread.ident is not None:
+        if steps_thread is not None and steps_thread is not current and steps_thread.ident:
             steps_thread.join(timeout=2.0)  # a flush is non-blocking sends: bounded
         try:
             self._flush_steps()

@@ -9,6 +9,7 @@ is always poll-with-a-deadline.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any, Callable, Iterator, List
 
@@ -298,6 +299,40 @@ def test_flusher_survives_a_broken_endpoint(make_agent):
     assert agent._steps_thread is not None and agent._steps_thread.is_alive()
     assert agent.log_step(1)
     agent.close()
+
+
+def test_a_dead_flusher_is_replaced_once_the_buffer_fills(receiver, make_agent):
+    agent = make_agent(broker=receiver.endpoint, step_flush=0.05)
+    agent.log_step(0)
+    wait_points(receiver, 1)
+    old = agent._steps_thread
+    agent._steps_stop.set()  # the flusher dies (as if something outside the agent ended it)
+    old.join(5)
+    agent._steps_stop = threading.Event()
+    for step in range(1, MAX_PENDING_STEPS + 2):  # nothing drains: the buffer fills up
+        assert agent.log_step(step)
+    assert agent.dropped == 1  # step 1 was pushed out
+    new = agent._steps_thread
+    assert new is not None and new is not old and new.is_alive()
+    frames = wait_points(receiver, 1 + MAX_PENDING_STEPS)  # sent by the new flusher
+    assert points(frames) == [0] + list(range(2, MAX_PENDING_STEPS + 2))
+
+
+def test_a_fork_the_hook_missed_is_noticed_when_the_buffer_fills(receiver, make_agent):
+    agent = make_agent(broker=receiver.endpoint, step_flush=ASLEEP)
+    agent.log_step(0)
+    inherited_stop, inherited_thread = agent._steps_stop, agent._steps_thread
+    agent._pid = -1  # as a child forked by a raw syscall sees it: no socket was made yet
+    try:
+        for step in range(1, MAX_PENDING_STEPS + 1):  # the last one finds the buffer full
+            assert agent.log_step(step)
+        # the "parent's" buffer is let go, this process gets its own flusher
+        assert agent._pid == os.getpid() and agent.pending_steps == 1 and agent.dropped == 1
+        assert agent._steps_thread is not inherited_thread and agent._steps_thread.is_alive()
+        agent.close()
+        assert points(wait_points(receiver, 1)) == [MAX_PENDING_STEPS]
+    finally:
+        inherited_stop.set()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
