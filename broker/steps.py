@@ -78,8 +78,8 @@ def step_record(step: int, reports: Dict[int, Point]) -> Dict[str, Any]:
     points = list(reports.values())
     frames = list(map(_first, points))
     idxs = list(map(_second, points))
-    times = list(map(getitem, map(_times, frames), idxs))
-    ms_col = list(map(getitem, map(_step_ms, frames), idxs))
+    times: List[Any] = list(map(getitem, map(_times, frames), idxs))
+    ms_col: List[Any] = list(map(getitem, map(_step_ms, frames), idxs))
     ms_values = [v for v in ms_col if v is not None] if None in ms_col else ms_col
     step_ms = _triple(ms_values) if ms_values else None
     top = step_ms[2] if step_ms is not None else None
@@ -89,12 +89,13 @@ def step_record(step: int, reports: Dict[int, Point]) -> Dict[str, Any]:
             slowest = list(reports)[ms_col.index(top)]
         else:
             slowest = min(r for r, v in zip(reports, ms_col) if v == top)
-    samples = sum(map(getitem, map(_samples_or_zeros, frames), idxs))
-    tokens = sum(map(getitem, map(_tokens_or_zeros, frames), idxs))
+    samples: int = sum(map(getitem, map(_samples_or_zeros, frames), idxs))  # type: ignore[arg-type]
+    tokens: int = sum(map(getitem, map(_tokens_or_zeros, frames), idxs))  # type: ignore[arg-type]
     dicts = list(map(_metrics, frames))
     metrics: Dict[str, List[Optional[float]]] = {}
     for name in sorted(set().union(*dicts)):
-        col = list(map(getitem, map(methodcaller("get", name, _NO_COLUMN), dicts), idxs))
+        col: List[Any] = list(map(getitem, map(methodcaller("get", name, _NO_COLUMN), dicts),
+                                  idxs))
         values = [v for v in col if v is not None] if None in col else col
         if values:
             metrics[name] = _triple(values)
@@ -213,7 +214,7 @@ class StepCloser:
         if None in ms:
             rs.ms.extend([v for v in ms if v is not None])
         else:
-            rs.ms.extend(ms)
+            rs.ms.extend(ms)  # type: ignore[arg-type]
         top = steps[-1]
         old = rs.highest
         if top > old:
