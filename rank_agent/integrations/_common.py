@@ -110,11 +110,16 @@ def agree_run_id(prefix: str, rank: int, world_size: int,
 
 def make_agent(*, run: str, rank: int, world_size: int, local_rank: int,
                agent_kwargs: Mapping[str, Any]) -> RankAgent:
-    """``RankAgent.from_env`` with what the framework knows; ``agent_kwargs`` win."""
+    """A :class:`RankAgent` for what the framework knows; ``agent_kwargs`` win. The broker
+    and host come from the environment exactly as :meth:`RankAgent.from_env` reads them
+    (``RANKBOARD_BROKER``, ``RANKBOARD_HOST``); from_env sees only those two variables, so
+    its own rank and run-id logic (and its warnings) stay out of it."""
+    env = {name: os.environ[name] for name in ("RANKBOARD_BROKER", "RANKBOARD_HOST")
+           if name in os.environ}
     kwargs: Dict[str, Any] = {"run": run, "rank": rank, "world_size": world_size,
                               "local_rank": local_rank}
     kwargs.update(agent_kwargs)
-    return RankAgent.from_env(**kwargs)
+    return RankAgent.from_env(env, **kwargs)
 
 
 # -- metadata --------------------------------------------------------------------------------
@@ -521,11 +526,15 @@ class Reporter:
         self.end(status)
 
 
-def scalars_only(values: Mapping[str, Any]) -> Dict[str, float]:
-    """Epoch scalars as floats; values that are not numbers (or readable tensors) are left
-    out. Called once per epoch, so reading a device tensor here is one wait per epoch at most."""
-    out: Dict[str, float] = {}
+def scalars_only(values: Mapping[str, Any]) -> Dict[str, Any]:
+    """Epoch scalars for ``log_epoch``: a number (or one-element tensor) becomes a float, a
+    ``(sum, count)`` pair stays a pair; anything else is left out. Called once per epoch, so
+    reading a device tensor here is one wait per epoch at most."""
+    out: Dict[str, Any] = {}
     for name, value in values.items():
+        if isinstance(value, tuple) and len(value) == 2:
+            out[str(name)] = (float(value[0]), int(value[1]))
+            continue
         number, dev = classify(value)
         if number is None and dev is not None:
             try:

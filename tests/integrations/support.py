@@ -152,10 +152,11 @@ def run_script(cmd: List[str], env: Dict[str, str], cwd: Path,
     return proc
 
 
-def torchrun(nproc: int) -> List[str]:
+def torchrun(nproc: int, run_id: Optional[str] = None) -> List[str]:
     """torchrun on one node with a rendezvous on a free port (so concurrent jobs on this
-    machine cannot collide) and NO run id: TORCHELASTIC_RUN_ID is torchrun's placeholder
-    ``none``, as in a plain ``torchrun --nproc-per-node N`` job."""
+    machine cannot collide). Without ``run_id`` TORCHELASTIC_RUN_ID is torchrun's
+    placeholder ``none``, as in a plain ``torchrun --nproc-per-node N`` job; with it, as
+    ``--standalone`` (which sets a random one) or ``--rdzv-id`` does."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
             "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", "127.0.0.1:0"]
+            "--rdzv-endpoint", "127.0.0.1:0", *(["--rdzv-id", run_id] if run_id else [])]

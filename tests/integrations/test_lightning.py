@@ -2,7 +2,12 @@
 broker, as a user runs it: the run the broker holds, its ranks, steps and epochs."""
 from __future__ import annotations
 
+import os
+import pickle
+import subprocess
 import sys
+
+import pytest
 
 from tests.integrations.support import EXAMPLES, REPO, example_env, run_script
 
@@ -27,6 +32,9 @@ def test_ddp_fit_reports_both_ranks_steps_epochs_and_completes(broker) -> None:
     assert meta["trainer"]["max_epochs"] == 2
     assert sorted(r["rank"] for r in snap["ranks"]) == [0, 1]
     assert all(r["status"] == "finished" for r in snap["ranks"])
+    # RANKBOARD_BROKER is set, so the entry point adds a callback too; it steps aside for the
+    # script's own: one register per rank, not two
+    assert sorted(f.rank for f in broker.frames(run, "register")) == [0, 1]
 
     records = [r for _, r in snap["records"]]
     assert [r["epoch"] for r in records] == [0, 1]
@@ -62,3 +70,55 @@ def test_a_fit_that_raises_in_epoch_1_ends_failed(broker) -> None:
     finishes = {f.rank: f.status for f in broker.frames(run, "finish")}
     assert finishes == {0: "error", 1: "error"}
     assert {a["kind"] for a in snap["header"]["alerts"]} == {"rank_error"}
+
+
+def test_zero_config_entry_point_adds_the_callback_when_rankboard_broker_is_set(broker) -> None:
+    run_script([sys.executable, SCRIPT, "--zero-config", "--epochs", "1"], example_env(broker),
+               cwd=REPO)
+    (run,) = broker.runs()
+    snap = broker.wait_ended(run)
+    assert snap["header"]["status"] == "complete"
+    assert snap["header"]["world_size"] == 1
+    assert len(snap["records"]) == 1
+    assert sorted(broker.step_points(run)[0]) == list(range(1, 17))
+
+
+def test_the_entry_point_factory_returns_nothing_without_rankboard_broker(monkeypatch) -> None:
+    from importlib.metadata import entry_points
+
+    from rank_agent.integrations.lightning import RankboardCallback, callbacks_factory
+
+    (ep,) = [e for e in entry_points(group="lightning.pytorch.callbacks_factory")
+             if e.name == "rankboard"]
+    assert ep.load() is callbacks_factory
+    monkeypatch.delenv("RANKBOARD_BROKER", raising=False)
+    assert callbacks_factory() == []
+    monkeypatch.setenv("RANKBOARD_BROKER", "  ")
+    assert callbacks_factory() == []
+    monkeypatch.setenv("RANKBOARD_BROKER", "tcp://127.0.0.1:5585")
+    (cb,) = callbacks_factory()
+    assert isinstance(cb, RankboardCallback) and cb.auto
+
+
+def test_a_trainer_without_rankboard_broker_gets_no_callback() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RANKBOARD_BROKER"}
+    code = ("import lightning.pytorch as pl; from rank_agent.integrations.lightning import "
+            "RankboardCallback as C; t = pl.Trainer(logger=False, enable_progress_bar=False); "
+            "print(sum(isinstance(c, C) for c in t.callbacks))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "0"
+
+
+def test_the_callback_pickles_without_an_agent_and_checks_its_keywords() -> None:
+    """ddp_spawn pickles callbacks into its workers: nothing may be open in __init__."""
+    from rank_agent.integrations.lightning import RankboardCallback
+
+    cb = RankboardCallback(run="r1", linger_ms=100, sample_interval=None)
+    assert cb.agent is None
+    clone = pickle.loads(pickle.dumps(cb))
+    assert clone.agent_kwargs == {"run": "r1", "linger_ms": 100}
+    assert clone.sample_interval is None and clone.agent is None
+    with pytest.raises(TypeError, match="brokr"):
+        RankboardCallback(brokr="tcp://x:1")
