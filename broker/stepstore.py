@@ -274,11 +274,11 @@ class StepStore:
     def _rates(self, metric: str, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows in ``[r0, r1)`` with a ``samples_per_s``/``tokens_per_s`` and the rates."""
         count = self._cols["samples" if metric == SAMPLES_PER_S else "tokens"][r0:r1]
-        top = self._dense_ms_max(r0, r1)
-        ok = (count > 0) & np.isfinite(top) & (top != 0)
+        seconds = self._dense_ms_max(r0, r1) / 1000.0  # as step_record: a subnormal -> 0
+        ok = (count > 0) & np.isfinite(seconds) & (seconds != 0)
         idx = np.flatnonzero(ok)
-        with np.errstate(over="ignore"):  # a subnormal step time: an infinite rate (null)
-            rates = count[idx] / (top[idx] / 1000.0)
+        with np.errstate(over="ignore"):  # a tiny step time: an infinite rate (null)
+            rates = count[idx] / seconds[idx]
         return idx + r0, rates
 
     def _dense_ms_max(self, r0: int, r1: int) -> np.ndarray:

@@ -172,7 +172,7 @@ step_values = st.one_of(st.none(), st.sampled_from(NONFINITE),
                         st.floats(-1e12, 1e12, allow_nan=False, allow_infinity=False))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(1, 3), st.lists(st.tuples(step_values, step_values),
                                                       min_size=1, max_size=3)),
                 min_size=1, max_size=60),
@@ -244,6 +244,18 @@ def test_rate_series_are_the_records_rates_with_lo_hi_equal_rank_min_max() -> No
     assert none
     covered = {b[0] for b in store.series(SAMPLES_PER_S, None, None, 10000)}
     assert not covered & set(none)
+
+
+@pytest.mark.parametrize("ms", [5e-324, 1e-310, 2.2250738585e-313])
+def test_rates_of_tiny_step_times_agree_with_the_record_and_warn_nothing(ms: float) -> None:
+    rec = step_record(0, {0: point(0, 0, ms=ms, metrics={}, samples=8, tokens=0, time=1.0)})
+    store = store_of([rec], batches=1)
+    got = store.series(SAMPLES_PER_S, None, None, 10)  # filterwarnings=error: no warning
+    if rec["samples_per_s"] is None:
+        assert got == []
+    else:
+        assert got[0][2] == rec["samples_per_s"]
+    assert list(store.csv_rows())[0].split(",")[-2] == _cell(rec["samples_per_s"])
 
 
 def test_step_ms_series_and_metric_shadowed_by_it() -> None:
