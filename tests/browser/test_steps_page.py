@@ -317,3 +317,243 @@ def test_reconnect_leaves_no_gap_and_no_duplicate(stack: Stack, page: Any) -> No
     # nothing else may be
     page.errors[:] = [e for e in page.errors if "net::ERR_" not in e]
     page.errors.check()
+
+
+STRIP_PIXEL = """([row, rowH]) => {
+  const c = document.querySelector('canvas[data-chart="straggler-strip"]');
+  const d = c.getContext('2d').getImageData(c.width - 3, Math.floor((row + 0.5) * rowH), 1, 1).data;
+  return [d[0], d[1], d[2]];
+}"""
+
+
+def test_straggler_board_marks_the_slow_rank(stack: Stack, page: Any) -> None:
+    run = "stragglers"
+    register(stack, run, world=8, per_host=4)
+    for r in range(8):
+        stack.send(wire.Resources(run=run, rank=r, sample=sample(r, util=95.0 if r != 5 else 71.0)))
+        send_steps(stack, run, r, range(0, 120), step_ms=150.0 if r == 5 else 100.0)
+    wait_steps(stack, run, 119)
+    open_run(page, stack, run)
+    board = page.locator("#straggler-card")
+    expect(board).to_be_visible()
+    expect(page.locator('#rank-table tr[data-rank="5"] [data-mark="straggler"]')).to_be_visible()
+    expect(page.locator('#rank-table [data-mark="straggler"]')).to_have_count(1)
+    expect(board.locator('[data-mark="straggler"][data-rank="5"]')).to_contain_text("100%")
+    # the board is sortable: by slowest share, rank 5 comes first; by step time too
+    page.locator('#rank-table [data-sort="slowShare"]').click()
+    expect(page.locator("#rank-table tbody tr").first).to_have_attribute("data-rank", "5")
+    page.locator('#rank-table [data-sort="rank"]').click()
+    expect(page.locator("#rank-table tbody tr").first).to_have_attribute("data-rank", "0")
+    page.locator('#rank-table [data-sort="stepMs"]').click()
+    expect(page.locator("#rank-table tbody tr").first).to_have_attribute("data-rank", "5")
+    # the strip: rank 5's row is hot (amber to red), another rank's is not
+    for r in range(8):  # keep the ranks reporting so the strip gets columns
+        send_steps(stack, run, r, range(120, 140), step_ms=150.0 if r == 5 else 100.0)
+    wait_js(page, "window.__rankboard.stripColumns() >= 1")
+    row_h = 14
+    hot = page.evaluate(STRIP_PIXEL, [5, row_h])
+    cool = page.evaluate(STRIP_PIXEL, [1, row_h])
+    assert hot[0] > 200 and hot[0] - hot[2] > 100, hot
+    assert cool[0] < 120, cool
+    # a click on the chip opens the rank, with its step figures
+    board.locator('[data-mark="straggler"][data-rank="5"]').click()
+    expect(page.locator("#panel-rank")).to_be_visible()
+    expect(page.locator("#rank-kpis")).to_contain_text("slowest share")
+    expect(page.locator("#rank-kpis")).to_contain_text("100.0%")
+    page.errors.check()
+
+
+def epochs(stack: Stack, run: str, world: int, n: int, loss0: float) -> None:
+    for e in range(n):
+        for r in range(world):
+            stack.send(wire.Metrics(run=run, rank=r, epoch=e, avg_loss=loss0 * 0.8**e, batches=10,
+                                    samples=320, epoch_ms=1000.0, scalars={"acc": (0.5 + 0.04 * e, 1)}))
+
+
+def test_comparison_overlays_two_runs_and_the_link_reproduces_it(stack: Stack, page: Any) -> None:
+    for run, loss0 in (("cmp-a", 3.0), ("cmp-b", 2.0)):
+        register(stack, run, world=2, total=6)
+        epochs(stack, run, 2, 6, loss0)
+        for r in range(2):
+            send_steps(stack, run, r, range(0, 300), loss=lambda s, l0=loss0: l0 * 0.995**s)
+        stack.wait_run(run, epochs=6)
+        wait_steps(stack, run, 299)
+
+    # from a run: the compare button, then tick the second run
+    open_run(page, stack, "cmp-a")
+    page.locator("#compare-btn").click()
+    view = page.locator("#compare-view")
+    expect(view).to_be_visible()
+    expect(page.locator("#run-view")).to_be_hidden()
+    expect(view.locator('[data-run="cmp-a"] input')).to_be_checked()
+    view.locator('[data-run="cmp-b"] input').check()
+    wait_until(lambda: "compare=cmp-a,cmp-b" in page.evaluate("location.hash"), 5, "hash")
+
+    def two_series(s: Any) -> bool:
+        return s is not None and len(s["series"]) == 2 and all(len(x["columns"]) == 6 for x in s["series"])
+    snap = wait_until(lambda: two_series(page.evaluate("window.__rankboard.compareChart()"))
+                      and page.evaluate("window.__rankboard.compareChart()"), 10, "two epoch series")
+    assert [s["name"] for s in snap["series"]] == ["cmp-a", "cmp-b"]
+    assert snap["series"][0]["columns"][0][2] == pytest.approx(3.0)
+    assert snap["series"][1]["columns"][0][2] == pytest.approx(2.0)
+    legend = view.locator(".legend-item")
+    expect(legend).to_have_count(2)
+    expect(view.locator("#compare-metric option")).to_contain_text(["loss", "acc"])
+
+    # step x axis: the runs' /steps series
+    view.locator("#compare-x").select_option("step")
+    wait_until(lambda: (lambda s: s and s["x"] == "step" and len(s["series"]) == 2
+                        and all(x["columns"] and x["columns"][-1][1] == 299 for x in s["series"]))(
+        page.evaluate("window.__rankboard.compareChart()")), 10, "two step series")
+    assert page.evaluate("location.hash") == "#compare=cmp-a,cmp-b&metric=loss&x=step"
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "compare.png"), full_page=True)
+
+    # a link reproduces the view in a fresh page
+    fresh = page.context.new_page()
+    fresh.goto(f"{stack.url}/#compare=cmp-a,cmp-b&metric=acc&x=epoch")
+    wait_until(lambda: (lambda s: s and s["metric"] == "acc" and len(s["series"]) == 2
+                        and all(len(x["columns"]) == 6 for x in s["series"]))(
+        fresh.evaluate("window.__rankboard.compareChart()")), 10, "the linked view")
+    expect(fresh.locator("#compare-metric")).to_have_value("acc")
+    fresh.close()
+    # back to the run
+    view.locator("#compare-close").click()
+    expect(page.locator("#run-view")).to_be_visible()
+    expect(page.locator("#run-name")).to_have_text("cmp-a")
+    page.errors.check()
+
+
+def test_a_steps_only_run_gets_epoch_panels_with_its_first_epoch(stack: Stack, page: Any) -> None:
+    run = "steps-then-epoch"
+    register(stack, run, world=2)
+    for r in range(2):
+        send_steps(stack, run, r, range(0, 50))
+    wait_steps(stack, run, 49)
+    open_run(page, stack, run)
+    expect(page.locator('[data-step-chart="loss"]')).to_be_visible()
+    for card in ("#metrics-card", "#resources-card", "#log-card"):
+        expect(page.locator(card)).to_be_hidden()
+    expect(page.locator("#epoch-progress")).to_be_hidden()
+    # the step charts and the rank table come first
+    order = page.evaluate("""() => ['#step-section', '#ranks-card', '#config-card']
+        .map(s => document.querySelector(s).getBoundingClientRect().top)""")
+    assert order == sorted(order)
+    epochs(stack, run, 2, 1, 1.5)
+    expect(page.locator("#metrics-card")).to_be_visible()
+    expect(page.locator("#log-card")).to_be_visible()
+    expect(page.locator("#log-table tbody tr")).to_have_count(1)
+    expect(page.locator('[data-step-chart="loss"]')).to_be_visible()
+    page.errors.check()
+
+
+def test_hostile_metric_names_render_as_text(stack: Stack, page: Any) -> None:
+    run = "hostile-steps"
+    register(stack, run, world=1)
+    send_steps(stack, run, 0, range(0, 30), metrics={HOSTILE: 1.0, "<script>window.__pwned=2</script>": 2.0})
+    stack.send(wire.Metrics(run=run, rank=0, epoch=0, avg_loss=1.0, batches=1, samples=1,
+                            epoch_ms=1.0, scalars={HOSTILE: (1.0, 1)}))
+    wait_steps(stack, run, 29)
+    open_run(page, stack, run)
+    titles = page.locator("#step-section .chart-title")
+    expect(titles.filter(has_text=HOSTILE)).to_have_count(1)
+    expect(titles.filter(has_text="<script>")).to_have_count(1)
+    wait_until(lambda: (chart(page, HOSTILE) or {}).get("series") and
+               chart(page, HOSTILE)["series"][0]["columns"], 10, "the hostile-named chart drawn")
+    page.locator("#compare-btn").click()
+    page.locator("#compare-x").select_option("step")
+    expect(page.locator("#compare-metric option").filter(has_text=HOSTILE)).to_have_count(1)
+    page.locator("#compare-metric").select_option(HOSTILE)
+    wait_until(lambda: (lambda s: s and s["metric"] == HOSTILE and s["series"][0]["columns"])(
+        page.evaluate("window.__rankboard.compareChart()")), 10, "hostile metric compared")
+    assert page.locator('img[src="x"], #step-section script, #compare-view script').count() == 0
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    page.errors.check()
+
+
+def big_sample(rank: int) -> wire.ResourceSample:
+    gib = 2**30
+    util = 40.0 if rank % 97 == 3 else 88.0 + rank % 9
+    vram = int((50 + rank % 20) * gib)
+    return wire.ResourceSample(
+        cpu_percent=30.0 + rank % 40, ram_used_bytes=600 * gib, ram_total_bytes=2048 * gib,
+        gpu_util_percent=util, vram_allocated_bytes=vram, vram_total_bytes=80 * gib,
+        gpus=[wire.GpuSample(device_index=rank % 8, name="NVIDIA H100 80GB HBM3", util_percent=util,
+                             vram_allocated_bytes=vram, vram_total_bytes=80 * gib)])
+
+
+def big_run(stack: Stack, run: str, world: int = 1024, per_host: int = 8, failed: int = 40,
+            slow: int = 517, n_steps: int = 40, n_epochs: int = 2) -> None:
+    """A 1,024-rank run on 128 hosts: resources, steps (one slow rank), two epochs, and
+    ``failed`` ranks that finished with an error (one alert each)."""
+    register(stack, run, world=world, per_host=per_host, total=10)
+    for r in range(world):
+        stack.send(wire.Hardware(run=run, rank=r, summary="AMD EPYC 9654 | NVIDIA H100 80GB HBM3"))
+        stack.send(wire.Resources(run=run, rank=r, sample=big_sample(r)))
+    for r in range(world):
+        send_steps(stack, run, r, range(0, n_steps), step_ms=160.0 if r == slow else 100.0)
+    for e in range(n_epochs):
+        for r in range(world):
+            stack.send(wire.Metrics(run=run, rank=r, epoch=e, avg_loss=2.0 - 0.3 * e, batches=100,
+                                    samples=3200 if r != slow else 2000, epoch_ms=60000.0))
+    for r in range(world - failed, world):
+        stack.send(wire.Finish(run=run, rank=r, status="error"))
+
+
+def test_a_1024_rank_run_fits_in_about_three_screens(stack: Stack, page: Any) -> None:
+    run = "ranks-1024"
+    big_run(stack, run)
+    stack.wait_run(run, epochs=2, timeout=60)
+    wait_steps(stack, run, 39, timeout=60)
+    page.set_viewport_size({"width": 1440, "height": 900})
+    open_run(page, stack, run)
+    expect(page.locator("#rank-count")).to_contain_text("1,024", timeout=20_000)
+    wait_chart(page, "loss", lambda s: s["range"][1] == 39, "step charts drawn")
+    wait_js(page, "window.__rankboard.heatmapCells() === 2048")
+    # scale: a picker instead of 1,024 tabs, a heatmap instead of 1,024 tiles, one page of
+    # the table, grouped alerts
+    expect(page.locator("#rank-tabs [data-rank]")).to_have_count(0)
+    expect(page.locator("#rank-picker-btn")).to_be_visible()
+    expect(page.locator("#heat-card")).to_be_visible()
+    expect(page.locator(".gpu-tile")).to_have_count(0)
+    expect(page.locator("#rank-table tbody tr")).to_have_count(12)
+    expect(page.locator("#rank-pager")).to_contain_text("1–12 of 1,024")
+    # worst first: the failed ranks, then the slow one
+    first = page.locator("#rank-table tbody tr").first
+    expect(first).to_have_attribute("data-status", "error")
+    group = page.locator('#alerts .alert-group[data-kind="rank_error"]')
+    expect(group).to_contain_text("40 ranks failed")
+    expect(page.locator("#alerts .alert")).to_have_count(1)
+    height = page.evaluate("document.documentElement.scrollHeight")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "ranks-1024.png"), full_page=True)
+    assert height <= 3.3 * 900, f"the page is {height} px tall"
+    group.locator('[data-action="toggle-alerts"]').click()
+    expect(page.locator('#alerts .alert-group-list .alert[data-kind="rank_error"]')).to_have_count(40)
+
+    # the straggler is marked among 1,024
+    expect(page.locator('#straggler-marks [data-mark="straggler"][data-rank="517"]')).to_be_visible()
+    # the rank picker: search, pick
+    page.locator("#rank-picker-btn").click()
+    page.locator("#rank-search").fill("517")
+    expect(page.locator(".rank-list [data-rank]").first).to_have_attribute("data-rank", "517")
+    page.locator("#rank-search").press("Enter")
+    expect(page.locator("#panel-rank")).to_be_visible()
+    expect(page.locator("#rank-kpis")).to_have_attribute("data-rank", "517")
+    expect(page.locator("#rank-picker-btn")).to_contain_text("rank 517")
+    # worst first without a query
+    page.locator("#rank-picker-btn").click()
+    expect(page.locator(".rank-list [data-rank]").first).to_have_attribute("data-rank", "984")
+    page.keyboard.press("Escape")
+    page.locator("#tab-home").click()
+    # hover on the heatmap names a rank and its host; a click opens it
+    canvas = page.locator('canvas[data-chart="rank-heatmap"]')
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + 3, box["y"] + 22)
+    tip = page.locator("#heatmap .chart-tip")
+    expect(tip).to_contain_text("rank 0 · node-000")
+    page.mouse.click(box["x"] + 3, box["y"] + 22)
+    expect(page.locator("#rank-kpis")).to_have_attribute("data-rank", "0")
+    page.errors.check()

@@ -128,32 +128,26 @@ export class HostHeatmap {
     });
   }
 
-  /** Cell size: the largest that keeps one section within about 150 px. */
+  /** Cell size: the largest that keeps one section within about 130 px. */
   _cellSize(w, n) {
     for (const c of [16, 13, 11, 9, 7, 5, 4]) {
       const perRow = Math.max(1, Math.floor(w / c));
       const rows = Math.ceil((n * 1.15) / perRow);
-      if (rows * (c + 4) <= 150) return c;
+      if (rows * (c + 2) <= 130) return c;
     }
     return 4;
   }
 
-  draw() {
-    const w = Math.max(100, Math.floor(this.body.getBoundingClientRect().width));
-    this._w = w;
-    const n = this.groups.reduce((a, g) => a + g.ranks.length, 0);
-    const c = this._cellSize(w, n);
+  /** Host blocks flowed like words over width `w`: [x, y, rank, ...] and the height. */
+  _flow(w, c) {
     const gap = Math.max(3, Math.round(c * 0.6));
-    const head = 18;
-    const rowGap = Math.max(2, Math.round(c * 0.3));
-    // layout once: positions relative to a section's top
+    const rowGap = Math.max(2, Math.round(c * 0.2));
     const pos = [];
     let x = 0;
     let y = 0;
     for (const g of this.groups) {
       const len = g.ranks.length;
-      const bw = len * c;
-      if (x > 0 && x + Math.min(bw, w) > w) {
+      if (x > 0 && x + Math.min(len * c, w) > w) {
         x = 0;
         y += c + rowGap;
       }
@@ -167,8 +161,23 @@ export class HostHeatmap {
       }
       x += gap;
     }
-    const sectionH = n ? y + c : 0;
-    const total = this.layers.length * (head + sectionH + 10);
+    return { pos, height: pos.length ? y + c : 0 };
+  }
+
+  draw() {
+    const w = Math.max(100, Math.floor(this.body.getBoundingClientRect().width));
+    this._w = w;
+    const n = this.groups.reduce((a, g) => a + g.ranks.length, 0);
+    // two figures side by side when there is room, else one above the other
+    const nl = Math.max(1, this.layers.length);
+    const side = nl > 1 && w >= 800;
+    const colGap = 28;
+    const sw = side ? Math.floor((w - colGap * (nl - 1)) / nl) : w;
+    const c = this._cellSize(sw, n);
+    const { pos, height } = this._flow(sw, c);
+    const head = 18;
+    const sectionH = head + height + 8;
+    const total = side ? sectionH : nl * sectionH;
     const ctx = fitCanvas(this.canvas, w, Math.max(20, total));
     const bg = this._bg || (this._bg = cssVar(this.body, "--panel", "#141821"));
     const text = this._fg || (this._fg = cssVar(this.body, "--muted", "#8b95a7"));
@@ -177,19 +186,20 @@ export class HostHeatmap {
     ctx.fillRect(0, 0, w, total);
     ctx.font = cssVar(this.body, "--chart-font", "11px system-ui, sans-serif");
     ctx.textBaseline = "middle";
-    const cells = new Float32Array((pos.length / 3) * this.layers.length * 5);
+    const cells = new Float32Array((pos.length / 3) * nl * 5);
     let k = 0;
     const inner = c >= 7 ? c - 1 : c; // a 1 px seam between cells when they are big enough
-    let top = 0;
     this.layers.forEach((layer, li) => {
+      const left = side ? li * (sw + colGap) : 0;
+      const top = side ? 0 : li * sectionH;
       ctx.fillStyle = text;
       ctx.textAlign = "left";
-      ctx.fillText(layer.label, 0, top + head / 2);
-      // legend: lo ▮▮▮▮ hi at the right
+      ctx.fillText(layer.label, left, top + head / 2);
+      // legend: lo ▮▮▮▮ hi at the right of the section
       const [lo, hi] = layer.legend || ["", ""];
-      const lw = 60;
+      const lw = 48;
       const hiW = ctx.measureText(hi).width;
-      const lx = w - hiW - 6 - lw;
+      const lx = left + sw - hiW - 6 - lw;
       for (let i = 0; i < lw; i++) {
         ctx.fillStyle = rgb(ramp(layer.stops || GOOD_HIGH, i / (lw - 1)));
         ctx.fillRect(lx + i, top + head / 2 - 4, 1, 8);
@@ -201,7 +211,7 @@ export class HostHeatmap {
       ctx.fillText(hi, lx + lw + 6, top + head / 2);
       const y0 = top + head;
       for (let i = 0; i < pos.length; i += 3) {
-        const px = pos[i];
+        const px = left + pos[i];
         const py = y0 + pos[i + 1];
         const rank = pos[i + 2];
         const v = layer.value(rank);
@@ -220,7 +230,6 @@ export class HostHeatmap {
         cells[k++] = li;
         cells[k++] = rank;
       }
-      top += head + sectionH + 10;
     });
     this.cells = cells.subarray(0, k);
     this.drawnCells = k / 5;
@@ -379,7 +388,7 @@ export class StragglerStrip {
     this._w = w;
     const rows = this.rows;
     const nr = rows.length;
-    const rowH = nr <= 8 ? 14 : nr <= 16 ? 12 : nr <= 48 ? 6 : nr <= 160 ? 2 : 1;
+    const rowH = Math.max(1, Math.min(14, Math.floor(192 / Math.max(1, nr))));
     const labelW = nr <= 48 ? 84 : 0;
     const h = Math.max(24, nr * rowH);
     const ctx = fitCanvas(this.canvas, w, h);

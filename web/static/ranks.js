@@ -10,7 +10,7 @@ import {
 
 /** Above this many ranks a run is "big": picker instead of tabs, pages, heatmap. */
 export const BIG = 32;
-const PAGE = 15;
+const PAGE = 12;
 const LIST_MAX = 60;
 
 const SEVERITY = { error: 0, stale: 1, ok: 2, unknown: 2, finished: 3 };

@@ -222,7 +222,7 @@ export class StepView {
       const chart = new BandChart(host, {
         title: isMetric ? name : spec.title,
         chartId: `step-${isMetric ? "metric" : name}`,
-        log: true, smoothing: true, height: 170,
+        log: true, smoothing: true, height: 160,
         yFormat: spec ? spec.fmt : formatNumber,
         emptyText: isMetric ? "waiting for steps…" : "not reported",
         onZoom: (r) => this.zoom(r),
