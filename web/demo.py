@@ -1,12 +1,18 @@
 """``rankboard demo``'s simulated cluster: real processes, each a real :class:`RankAgent`.
 
-:class:`Cluster` (run inside the gevent web process) starts ``--ranks`` processes spread
-over ``--hosts`` simulated hosts (``node-a``, ``node-b``, ...), waits for them to finish a
-run, pauses, and starts the next run, until stopped. Each process runs :func:`main` (``python
--m web.demo ...``): it registers the web's port and the epoch count, rank 0 sends the model
-graph and the hyperparameters, every rank sends its hardware, samples resources with the
-real sampler, and logs plausible loss/accuracy curves with noise (the last rank is a bit
-slower, as real clusters have a straggler).
+:class:`Cluster` (run inside the gevent web process) runs two simulated jobs side by side,
+each ``--ranks`` processes spread over ``--hosts`` simulated hosts (``node-a``, ``node-b``,
+...), run after run (a pause between runs) until stopped:
+
+* the **epoch job**: each process runs :func:`main` (``python -m web.demo ...``): it
+  registers the web's port and the epoch count, rank 0 sends the model graph and the
+  hyperparameters, every rank sends its hardware, samples resources with the real sampler,
+  and logs plausible loss/accuracy curves with noise per epoch (the last rank is a bit
+  slower, as real clusters have a straggler);
+* the **step job** (``--mode steps``): one epoch of optimizer steps at about 10 steps/s,
+  each logged with the real :meth:`RankAgent.log_step` (loss, lr, grad_norm, samples and
+  tokens); the last rank, on the last host, is deliberately slower, so the straggler board
+  has someone to point at. Its steps take as long as the epoch job's epochs in all.
 
 This module imports nothing heavy at import time: rank processes load only rank_agent.
 """
@@ -29,6 +35,13 @@ log = logging.getLogger(__name__)
 RUN_PAUSE = 3.0
 BATCH_SIZE = 64
 BATCHES = 120
+#: The step job: seconds per optimizer step of a normal rank, the slow rank's factor,
+#: sequence length (tokens = samples x this) and per-rank micro-batch.
+STEP_SECONDS = 0.095
+SLOW_STEP = 1.3
+SEQ_LEN = 512
+STEP_BATCH = 16
+MIN_STEPS = 100
 
 
 def host_name(index: int) -> str:
@@ -118,6 +131,56 @@ def run_rank(ns: argparse.Namespace) -> int:
     return 0
 
 
+def step_curves(step: int, steps: int, rank: int, rng: random.Random) -> dict[str, float]:
+    """loss, lr and grad_norm of one rank at one optimizer step: warmup then cosine decay of
+    the learning rate, a loss that falls fast then slowly, noisy gradient norms."""
+    progress = step / max(1, steps - 1)
+    warm = max(1, steps // 20)
+    lr = 3e-4 * (step + 1) / warm if step < warm else \
+        3e-4 * 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+    loss = 2.4 * math.exp(-3.0 * progress) + 0.35 + 0.02 * math.sin(rank * 1.3)
+    loss *= 1.0 + rng.gauss(0.0, 0.04)
+    grad_norm = abs(1.2 * math.exp(-1.5 * progress) + 0.3 + rng.gauss(0.0, 0.12))
+    return {"loss": max(0.0, loss), "lr": lr, "grad_norm": grad_norm}
+
+
+def run_steps(ns: argparse.Namespace) -> int:
+    """One rank of the step job: ``ns.steps`` optimizer steps at ~10/s, then one epoch."""
+    from rank_agent import RankAgent
+
+    rng = random.Random(f"{ns.run}:{ns.rank}:steps")
+    slow = SLOW_STEP if ns.rank == ns.world_size - 1 and ns.world_size > 1 else 1.0
+    agent = RankAgent(broker=ns.broker, run=ns.run, rank=ns.rank, world_size=ns.world_size,
+                      local_rank=ns.local_rank, host=ns.host)
+    try:
+        agent.register(port=ns.port, total_epochs=1)
+        if ns.rank == 0:
+            agent.set_metadata({
+                "model": "demo-lm-125m", "dataset": "synthetic-text", "optimizer": "adamw",
+                "lr": 3e-4, "schedule": "warmup + cosine", "seq_len": SEQ_LEN,
+                "micro_batch": STEP_BATCH, "steps": ns.steps, "world_size": ns.world_size,
+                "hosts": ns.hosts, "precision": "bf16",
+            })
+        agent.set_hardware()
+        agent.start_sampling(interval=1.0)
+        started = time.monotonic()
+        losses = []
+        next_at = time.monotonic()
+        for step in range(ns.steps):
+            next_at += STEP_SECONDS * slow * (1.0 + rng.uniform(-0.08, 0.08))
+            time.sleep(max(0.0, next_at - time.monotonic()))
+            values = step_curves(step, ns.steps, ns.rank, rng)
+            losses.append(values["loss"])
+            agent.log_step(step, values, samples=STEP_BATCH, tokens=STEP_BATCH * SEQ_LEN)
+        ms = (time.monotonic() - started) * 1000.0
+        agent.log_epoch(0, sum(losses) / len(losses), batches=ns.steps,
+                        samples=ns.steps * STEP_BATCH, epoch_ms=ms, share_complete_ms=ms)
+        agent.finish("ok")
+    finally:
+        agent.close()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of one simulated rank (``python -m web.demo``)."""
     p = argparse.ArgumentParser(prog="python -m web.demo", description="one simulated rank")
@@ -128,8 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--local-rank", type=int, default=0)
     p.add_argument("--host", required=True)
     p.add_argument("--hosts", type=int, default=1)
-    p.add_argument("--epochs", type=int, required=True)
-    p.add_argument("--epoch-seconds", type=float, required=True)
+    p.add_argument("--mode", choices=("epochs", "steps"), default="epochs")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--epoch-seconds", type=float, default=1.0)
+    p.add_argument("--steps", type=int, default=MIN_STEPS)
     p.add_argument("--port", type=int, default=0)
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -147,58 +212,70 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _exit)
     signal.signal(signal.SIGINT, _exit)
-    return run_rank(ns)
+    return run_steps(ns) if ns.mode == "steps" else run_rank(ns)
 
 
 # -------------------------------------------------------- the cluster (web process)
 class Cluster:
-    """Runs simulated training runs back to back (under gevent, in the web process)."""
+    """Runs the simulated jobs back to back (under gevent, in the web process): the epoch
+    job and, unless ``step_job`` is false, the step job beside it."""
 
     def __init__(self, ingest: str, *, ranks: int, hosts: int, epochs: int,
-                 epoch_seconds: float, port: int) -> None:
+                 epoch_seconds: float, port: int, step_job: bool = True) -> None:
         self.ingest = ingest
         self.ranks = ranks
         self.hosts = max(1, min(hosts, ranks))
         self.epochs = epochs
         self.epoch_seconds = epoch_seconds
         self.port = port
-        self.procs: list[Any] = []
+        #: the step job's steps per run: about as long as the epoch job's run
+        self.steps = max(MIN_STEPS, round(epochs * epoch_seconds / STEP_SECONDS))
+        self.jobs = ["epochs", "steps"] if step_job else ["epochs"]
+        self.procs: dict[str, list[Any]] = {job: [] for job in self.jobs}
         self.runs_started = 0
         self._stopping = False
-        self._greenlet: Any = None
+        self._greenlets: list[Any] = []
 
     def start(self) -> None:
         import gevent
 
-        self._greenlet = gevent.spawn(self._loop)
+        # the epoch job first (the oldest run), the step job a moment later: the page opens
+        # the newest run, the live step charts
+        for i, job in enumerate(self.jobs):
+            self._greenlets.append(gevent.spawn_later(1.5 * i, self._loop, job))
 
-    def _spawn_run(self) -> str:
+    def _spawn_run(self, job: str) -> str:
         from gevent import subprocess
 
         self.runs_started += 1
-        run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{self.runs_started}"
-        log.info("demo: starting run %s (%d ranks on %d hosts, %d epochs)",
-                 run, self.ranks, self.hosts, self.epochs)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run = f"demo-{stamp}-{self.runs_started}" if job == "epochs" else \
+            f"demo-steps-{stamp}-{self.runs_started}"
+        log.info("demo: starting run %s (%d ranks on %d hosts, %s)", run, self.ranks, self.hosts,
+                 f"{self.epochs} epochs" if job == "epochs" else f"{self.steps} steps")
         for rank, (host, local_rank) in enumerate(layout(self.ranks, self.hosts)):
             cmd = [sys.executable, "-m", "web.demo", "--broker", self.ingest, "--run", run,
                    "--rank", str(rank), "--world-size", str(self.ranks),
                    "--local-rank", str(local_rank), "--host", host, "--hosts", str(self.hosts),
-                   "--epochs", str(self.epochs), "--epoch-seconds", repr(self.epoch_seconds),
-                   "--port", str(self.port)]
-            self.procs.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
+                   "--port", str(self.port), "--mode", job]
+            if job == "epochs":
+                cmd += ["--epochs", str(self.epochs), "--epoch-seconds", repr(self.epoch_seconds)]
+            else:
+                cmd += ["--steps", str(self.steps)]
+            self.procs[job].append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
         return run
 
-    def _loop(self) -> None:
+    def _loop(self, job: str) -> None:
         import gevent
 
         while not self._stopping:
-            run = self._spawn_run()
-            while not self._stopping and any(p.poll() is None for p in self.procs):
+            run = self._spawn_run(job)
+            while not self._stopping and any(p.poll() is None for p in self.procs[job]):
                 gevent.sleep(0.2)
             if self._stopping:
                 return
-            codes = [p.returncode for p in self.procs]
-            self.procs = []
+            codes = [p.returncode for p in self.procs[job]]
+            self.procs[job] = []
             log.info("demo: run %s done (exit codes %s); next run in %.0f s", run, codes, RUN_PAUSE)
             deadline = time.monotonic() + RUN_PAUSE
             while not self._stopping and time.monotonic() < deadline:
@@ -209,14 +286,15 @@ class Cluster:
         from web.cli import terminate
 
         self._stopping = True
-        procs, self.procs = self.procs, []
+        procs = [p for job in self.jobs for p in self.procs[job]]
+        self.procs = {job: [] for job in self.jobs}
         for proc in procs:
             if proc.poll() is None:
                 proc.terminate()
         for proc in procs:
             terminate(proc, timeout=5.0)
-        if self._greenlet is not None:
-            self._greenlet.kill(block=True, timeout=2.0)
+        for g in self._greenlets:
+            g.kill(block=True, timeout=2.0)
 
 
 if __name__ == "__main__":

@@ -28,11 +28,11 @@ def demo(tmp_path: Path) -> Iterator[Stack]:
 
 def test_demo_dashboard_is_live_and_clean(demo: Stack, page: Any) -> None:
     def running_run() -> Any:
-        runs = demo.get_json("/api/runs")
+        runs = [r for r in demo.get_json("/api/runs") if not r["run"].startswith("demo-steps-")]
         return runs[0]["run"] if runs and (runs[0]["epochs_done"] or 0) >= 1 else None
 
     run = wait_until(running_run, 30.0, "the demo's first epoch")
-    page.goto(f"{demo.url}/")
+    page.goto(f"{demo.url}/#run={run}")
     expect(page.locator("#run-picker")).to_have_value(run)
     expect(page.locator("#rank-tabs [data-rank]")).to_have_count(4, timeout=15_000)
 
@@ -49,6 +49,17 @@ def test_demo_dashboard_is_live_and_clean(demo: Stack, page: Any) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "demo.png"), full_page=True)
     assert coloured(page, 'canvas[data-chart="metrics"]') > 30
+    page.errors.check()
+
+    # the step job beside it: live step charts, and its slow last rank on the straggler board
+    steps_run = next(r["run"] for r in demo.get_json("/api/runs") if r["run"].startswith("demo-steps-"))
+    page.goto(f"{demo.url}/#run={steps_run}")
+    for name in ("loss", "lr", "grad_norm", "step_ms", "samples_per_s", "tokens_per_s"):
+        expect(page.locator(f'[data-step-chart="{name}"]')).to_be_visible(timeout=15_000)
+    wait_until(lambda: coloured(page, '[data-step-chart="loss"] canvas') > 30, 15.0, "step loss drawn")
+    expect(page.locator('#straggler-marks [data-mark="straggler"][data-rank="3"]')).to_be_visible(
+        timeout=15_000)
+    page.screenshot(path=str(ARTIFACTS / "demo-steps.png"), full_page=True)
     page.errors.check()
 
     demo.proc.send_signal(signal.SIGINT)

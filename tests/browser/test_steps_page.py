@@ -93,7 +93,7 @@ class Proxy:
     def resume(self) -> None:
         self.refusing = False
 
-    def __enter__(self) -> "Proxy":
+    def __enter__(self) -> Proxy:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -350,7 +350,7 @@ def test_straggler_board_marks_the_slow_rank(stack: Stack, page: Any) -> None:
     for r in range(8):  # keep the ranks reporting so the strip gets columns
         send_steps(stack, run, r, range(120, 140), step_ms=150.0 if r == 5 else 100.0)
     wait_js(page, "window.__rankboard.stripColumns() >= 1")
-    row_h = 14
+    row_h = 18
     hot = page.evaluate(STRIP_PIXEL, [5, row_h])
     cool = page.evaluate(STRIP_PIXEL, [1, row_h])
     assert hot[0] > 200 and hot[0] - hot[2] > 100, hot

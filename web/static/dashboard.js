@@ -265,6 +265,8 @@ function resetRunState(run) {
   state.stepRanks = false;
   $("rank-tabs").replaceChildren();
   $("graph").replaceChildren(h("p", "muted", "no model graph sent"));
+  $("graph-label").textContent = "";
+  $("graph-open").hidden = true;
   for (const c of Object.values(charts)) c.resetZoom();
   steps.reset(run);
   table.reset();

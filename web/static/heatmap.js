@@ -388,7 +388,7 @@ export class StragglerStrip {
     this._w = w;
     const rows = this.rows;
     const nr = rows.length;
-    const rowH = Math.max(1, Math.min(14, Math.floor(192 / Math.max(1, nr))));
+    const rowH = Math.max(1, Math.min(18, Math.floor(192 / Math.max(1, nr))));
     const labelW = nr <= 48 ? 84 : 0;
     const h = Math.max(24, nr * rowH);
     const ctx = fitCanvas(this.canvas, w, h);
