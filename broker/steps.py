@@ -16,7 +16,7 @@ every rule is a unit test with a fake ``now``:
 * **late points**: a point for a step at or below the last closed one is dropped and counted
   (:attr:`StepCloser.late`); the rest of its frame still applies.
 
-Cost per point is a dict store (the point is kept as ``(frame, index)``, not copied); the
+Cost per point is a dict store (a reference to its frame: nothing is copied); the
 watermark is a lazily cleaned min-heap over the active ranks' highest steps, so a frame is
 O(points + log ranks) and a close is O(reporting ranks x metrics).
 
@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left
 from collections import Counter, deque
-from operator import attrgetter, getitem, itemgetter, methodcaller
-from typing import Any, Deque, Dict, Iterable, List, Optional, Tuple
+from itertools import repeat
+from operator import attrgetter, getitem, methodcaller
+from typing import Any, Deque, Dict, Iterable, List, Optional
 
 from rank_agent.protocol import Steps
 
@@ -40,8 +42,6 @@ STEP_MS_WINDOW = 100
 #: ``slowest_share`` counts over the last this many closed steps that have a slowest rank.
 SHARE_WINDOW = 1000
 
-#: One rank's report of one step: the frame and the index of the step in its lists.
-Point = Tuple[Steps, int]
 _isfinite = math.isfinite
 _fsum = math.fsum
 
@@ -69,15 +69,17 @@ def _triple(values: List[float]) -> List[Optional[float]]:
     return [mean, None, None]
 
 
-def step_record(step: int, reports: Dict[int, Point]) -> Dict[str, Any]:
-    """The closed step record of PROTOCOL 2.4 from the ranks' reports (rank -> point).
+def step_record(step: int, reports: Dict[int, Steps]) -> Dict[str, Any]:
+    """The closed step record of PROTOCOL 2.4 from the ranks' reports (rank -> the frame
+    that holds its point of ``step``; last write wins, so it is the latest such frame).
 
     Column-wise, with C-level ``map`` chains to pull each field out of the frames and
     ``fsum``/``min``/``max`` to reduce it: no bytecode runs per rank and value, which is
     what the broker pays per closed step (a 1,024-rank step is about a millisecond)."""
-    points = list(reports.values())
-    frames = list(map(_first, points))
-    idxs = list(map(_second, points))
+    frames = list(reports.values())
+    # where the step sits in each frame's lists (C-level bisect: the frames only hold
+    # references, no per-point tuple was made when they arrived)
+    idxs = list(map(bisect_left, map(_steps, frames), repeat(step)))
     times: List[Any] = list(map(getitem, map(_times, frames), idxs))
     ms_col: List[Any] = list(map(getitem, map(_step_ms, frames), idxs))
     ms_values = [v for v in ms_col if v is not None] if None in ms_col else ms_col
@@ -117,8 +119,7 @@ def step_record(step: int, reports: Dict[int, Point]) -> Dict[str, Any]:
 #: Stand-ins for a list a frame did not send (indices are < 1024 points).
 _NO_COLUMN: List[Optional[float]] = [None] * 1024
 _ZEROS: List[int] = [0] * 1024
-_first = itemgetter(0)
-_second = itemgetter(1)
+_steps = attrgetter("steps")
 _times = attrgetter("times")
 _step_ms = attrgetter("step_ms")
 _metrics = attrgetter("metrics")
@@ -163,7 +164,7 @@ class StepCloser:
         #: receive time of the run's first ``steps`` frame
         self.started: Optional[float] = None
         self.ranks: Dict[int, RankSteps] = {}
-        self._pending: Dict[int, Dict[int, Point]] = {}  # step -> rank -> point
+        self._pending: Dict[int, Dict[int, Steps]] = {}  # step -> rank -> frame
         self._heap: List[int] = []  # pending steps
         self._first_seen: Dict[int, float] = {}  # step -> first receive time (arrival order)
         # Watermark: how many active ranks have each highest step, and a lazy min-heap of them.
@@ -197,19 +198,17 @@ class StepCloser:
         last_closed = self.last_closed
         pending = self._pending
         steps = frame.steps
-        i = 0
         for step in steps:
             if step > last_closed:
                 reports = pending.get(step)
                 if reports is None:
-                    pending[step] = {rank: (frame, i)}
+                    pending[step] = {rank: frame}
                     heapq.heappush(self._heap, step)
                     self._first_seen[step] = now
                 else:
-                    reports[rank] = (frame, i)
+                    reports[rank] = frame
             else:
                 self.late += 1
-            i += 1
         ms = frame.step_ms
         if None in ms:
             rs.ms.extend([v for v in ms if v is not None])

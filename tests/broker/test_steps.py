@@ -417,12 +417,12 @@ def test_steps_close_in_ascending_order_each_once() -> None:
 # ---------------------------------------------------------------- step_record: the figures
 
 
-def reports(*points: tuple[int, dict[str, Any]]) -> dict[int, tuple[Steps, int]]:
-    """rank -> (frame, 0) for one step (7), each point given as keyword fields."""
+def reports(*points: tuple[int, dict[str, Any]]) -> dict[int, Steps]:
+    """rank -> the frame holding its point of one step (7), given as keyword fields."""
     out = {}
     for rank, kw in points:
         kw = dict(kw)
-        out[rank] = (stp(rank, [7], **kw), 0)
+        out[rank] = stp(rank, [7], **kw)
     return out
 
 
@@ -492,7 +492,7 @@ def test_step_ms_rules(ms: list[Any], want: Any, slowest: Optional[int]) -> None
 
 def test_slowest_rank_ties_go_to_the_lowest_rank() -> None:
     # reports inserted highest rank first: the rule, not the dict order, must decide
-    pts = {r: (stp(r, [7], ms=ms), 0) for r, ms in [(5, 300.0), (3, 300.0), (4, 100.0),
+    pts = {r: stp(r, [7], ms=ms) for r, ms in [(5, 300.0), (3, 300.0), (4, 100.0),
                                                    (9, math.inf)]}
     assert step_record(7, pts)["slowest_rank"] == 3
 

@@ -27,10 +27,10 @@ NONFINITE = (math.nan, math.inf, -math.inf)
 
 
 def point(rank: int, step: int, *, ms: Optional[float], metrics: dict[str, Optional[float]],
-          samples: int, tokens: int, time: float) -> tuple[Steps, int]:
-    return (Steps(run="r", rank=rank, steps=[step], times=[time], step_ms=[ms],
-                  samples=[samples], tokens=[tokens],
-                  metrics={k: [v] for k, v in metrics.items()}), 0)
+          samples: int, tokens: int, time: float) -> Steps:
+    return Steps(run="r", rank=rank, steps=[step], times=[time], step_ms=[ms],
+                 samples=[samples], tokens=[tokens],
+                 metrics={k: [v] for k, v in metrics.items()})
 
 
 def value(rng: random.Random, p_none: float = 0.2, p_bad: float = 0.05) -> Optional[float]:
