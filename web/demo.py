@@ -242,7 +242,7 @@ class Cluster:
         # the epoch job first (the oldest run), the step job a moment later: the page opens
         # the newest run, the live step charts
         for i, job in enumerate(self.jobs):
-            self._greenlets.append(gevent.spawn_later(1.5 * i, self._loop, job))
+            self._greenlets.append(gevent.spawn_later(2.5 * i, self._loop, job))
 
     def _spawn_run(self, job: str) -> str:
         from gevent import subprocess
