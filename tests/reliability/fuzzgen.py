@@ -14,6 +14,14 @@ close with losses known in advance, interleaved with the hostile frames (some of
 target that run and must be rejected without effect), then finished. Its records at the end
 must be exactly the expected ones: a valid frame lost or a rejected one applied shows there.
 
+Closed steps are checkable the same way: a second dedicated run (:data:`CHECK_STEPS_RUN`, 3
+ranks) logs ``steps`` frames whose every point is known in advance (NaN losses, sparse
+metrics and ties for the slowest rank included) and finishes; every step must close exactly
+once with the figures of PROTOCOL 2.4, computed here by brute force. Hostile ``steps`` frames
+(unequal lengths, non-increasing steps, empty, 1025 points, 65 names, long names, None times,
+wrong types, integers past their bounds) must be rejected as ``steps_shape`` or ``schema``;
+valid ones with NaN/inf, huge steps and huge integers go to the hostile runs.
+
 Used by ``tests/reliability/test_fuzz.py`` (a quick run) and ``bench/fuzz_ingest.py``
 (>= 100 000 frames).
 """
@@ -31,10 +39,15 @@ import msgspec
 import zmq
 
 from broker import feed
+from broker.stepstore import SAMPLES_PER_S, STEP_MS, StepStore
 from rank_agent import protocol
 
 CHECK_RUN = "fz-check"
 CHECK_WORLD = 3
+CHECK_STEPS_RUN = "fz-steps"
+CHECK_STEPS_WORLD = 3
+#: Points per steps frame of the check steps run.
+CHECK_STEP_BLOCK = 8
 HOSTILE_RUNS = [f"fz-h{i}" for i in range(6)]
 HOSTILE_WORLD = 4
 NEW_RUN_PREFIX = "fz-n"
@@ -91,6 +104,82 @@ def _check_script(epochs: int) -> list[Msg]:
     msgs += [Msg(_enc.encode(protocol.Finish(run=CHECK_RUN, rank=r)), accept, "check")
              for r in range(CHECK_WORLD)]
     return msgs
+
+
+def check_step_point(step: int, rank: int) -> dict[str, Any]:
+    """What rank ``rank`` of :data:`CHECK_STEPS_RUN` logs at ``step``."""
+    return {
+        "time": 1e9 + step + 0.25 * ((step + rank) % 3),  # the latest is any rank's
+        # the slowest rank varies, with ties (between ranks 1 and 2 every 4th step)
+        "step_ms": 100.0 + 10.0 * ((step + rank) % 3 == 0) + 20.0 * (rank > 0 and step % 4 == 0),
+        "samples": 8 * (rank + 1),
+        "tokens": 1024,
+        "loss": math.nan if (rank == 1 and step % 97 == 13) else 1.0 / (step + 1) + 0.125 * rank,
+        "lr": 1e-3 * (rank + 1) if step % 2 == 0 else None,
+        "grad_norm": float(step % 13) if (rank == 2 and step % 5 == 0) else None,
+    }
+
+
+def _check_steps_registers() -> list[Msg]:
+    return [Msg(_enc.encode(protocol.Register(run=CHECK_STEPS_RUN, rank=r,
+                                              world_size=CHECK_STEPS_WORLD, host=f"node-{r}")),
+                one("accept"), "check_steps") for r in range(CHECK_STEPS_WORLD)]
+
+
+def _check_steps_script(blocks: int) -> list[Msg]:
+    """``blocks`` frames of :data:`CHECK_STEP_BLOCK` points per rank, round-robin by block,
+    then a finish per rank (the run end closes whatever is still open)."""
+    accept = one("accept")
+    msgs: list[Msg] = []
+    for b in range(blocks):
+        steps = list(range(b * CHECK_STEP_BLOCK, (b + 1) * CHECK_STEP_BLOCK))
+        for r in range(CHECK_STEPS_WORLD):
+            pts = [check_step_point(s, r) for s in steps]
+            metrics = {name: [p[name] for p in pts] for name in ("loss", "lr", "grad_norm")}
+            msgs.append(Msg(_enc.encode(protocol.Steps(
+                run=CHECK_STEPS_RUN, rank=r, steps=steps, times=[p["time"] for p in pts],
+                step_ms=[p["step_ms"] for p in pts], samples=[p["samples"] for p in pts],
+                tokens=[p["tokens"] for p in pts], metrics=metrics)), accept, "check_steps"))
+    msgs += [Msg(_enc.encode(protocol.Finish(run=CHECK_STEPS_RUN, rank=r)), accept,
+                 "check_steps") for r in range(CHECK_STEPS_WORLD)]
+    return msgs
+
+
+def _triple(values: list[float]) -> list[float]:
+    """``[mean, min, max]`` of PROTOCOL 2.4 (NaN for null), by brute force."""
+    finite = [v for v in values if math.isfinite(v)]
+    mean = math.fsum(values) / len(values) if len(finite) == len(values) else math.nan
+    return [mean, min(finite) if finite else math.nan, max(finite) if finite else math.nan]
+
+
+def expected_check_steps(blocks: int) -> list[dict[str, Any]]:
+    """Every closed step of :data:`CHECK_STEPS_RUN`, by brute force over PROTOCOL 2.4:
+    ``{step, time, n, metrics: {name: [mean, min, max]}, step_ms, slowest_rank, samples,
+    tokens, samples_per_s}`` (NaN for null)."""
+    out = []
+    for step in range(blocks * CHECK_STEP_BLOCK):
+        pts = [check_step_point(step, r) for r in range(CHECK_STEPS_WORLD)]
+        ms = [p["step_ms"] for p in pts]
+        top = max(ms)
+        metrics = {}
+        for name in ("grad_norm", "loss", "lr"):
+            vals = [p[name] for p in pts if p[name] is not None]
+            if vals:
+                metrics[name] = _triple(vals)
+        samples = sum(p["samples"] for p in pts)
+        out.append({"step": step, "time": max(p["time"] for p in pts), "n": len(pts),
+                    "metrics": metrics, "step_ms": _triple(ms),
+                    "slowest_rank": ms.index(top), "samples": samples,
+                    "tokens": sum(p["tokens"] for p in pts),
+                    "samples_per_s": samples / (top / 1000.0)})
+    return out
+
+
+def check_steps_blocks(msgs: list[Msg]) -> int:
+    """How many blocks of :data:`CHECK_STEPS_RUN` steps ``msgs`` carry (frames, less the
+    registers and the finishes, per rank)."""
+    n = sum(1 for m in msgs if m.kind == "check_steps")
+    return max(0, n - 2 * CHECK_STEPS_WORLD) // CHECK_STEPS_WORLD
 
 
 class _Hostile:
@@ -270,6 +359,11 @@ class _Hostile:
         rng = self.rng
         run = rng.choice(HOSTILE_RUNS + [CHECK_RUN])
         world = CHECK_WORLD if run == CHECK_RUN else HOSTILE_WORLD
+        if rng.random() < 0.2:
+            run = rng.choice(HOSTILE_RUNS + [CHECK_STEPS_RUN])
+            world = CHECK_STEPS_WORLD if run == CHECK_STEPS_RUN else HOSTILE_WORLD
+            d = self.steps_dict(run, rng.randrange(world, 65536), n=rng.randrange(1, 5))
+            return Msg(_enc.encode(d), one("rank_out_of_range"), "out_of_range")
         if rng.random() < 0.5:
             d = {"type": "metrics", "run": run, "rank": rng.randrange(world, 65536), "epoch": 0,
                  "avg_loss": 1.0}
@@ -280,7 +374,7 @@ class _Hostile:
         return Msg(_enc.encode(d), one("world_size_mismatch"), "out_of_range")
 
     def bad_metadata(self) -> Msg:
-        run = self.rng.choice(HOSTILE_RUNS + [CHECK_RUN])
+        run = self.rng.choice(HOSTILE_RUNS + [CHECK_RUN, CHECK_STEPS_RUN])
         text = self.rng.choice(("{", "{not json", "[1,]", "NaN?", "", "\"unterminated", "{}{}"))
         d = {"type": "metadata", "run": run, "rank": 0, "json": text}
         return Msg(_enc.encode(d), one("bad_metadata_json"), "bad_metadata")
@@ -325,6 +419,139 @@ class _Hostile:
             d, reason = rng.choice(small)
         return Msg(_enc.encode(d), one(reason), "over_limit")
 
+    # -- steps frames ------------------------------------------------------------------
+    def _opt_float(self) -> Any:
+        """A step metric value: None, a weird float, or an integer (msgspec takes any
+        MessagePack integer as a float, 2**64 - 1 included)."""
+        r = self.rng.random()
+        if r < 0.25:
+            return None
+        if r < 0.35:
+            return self.rng.choice((0, 1, -1, 2**53 + 1, 2**63 - 1, -(2**63), 2**64 - 1))
+        return self.weird_float()
+
+    def steps_dict(self, run: str, rank: int, *, n: int | None = None) -> dict[str, Any]:
+        """A valid ``steps`` frame as a dict: strictly increasing steps (up to the largest
+        int64), every list as long as ``steps``, [] for samples/tokens not sent."""
+        rng = self.rng
+        if n is None:
+            n = rng.choice((1, 1, 2, 5, 10, 30)) if rng.random() < 0.97 else \
+                rng.choice((200, protocol.MAX_STEP_POINTS))
+        top = protocol.MAX_STEP
+        r = rng.random()
+        if r < 0.8:
+            start = rng.randrange(300)
+        elif r < 0.9:
+            start = rng.randrange(2**62)
+        else:
+            start = top - n + 1  # the last step is the largest int64
+        steps = list(range(start, start + n))
+        if r < 0.8 and n > 1 and rng.random() < 0.5:  # gaps
+            steps = sorted(rng.sample(range(start, start + 3 * n), n))
+        d: dict[str, Any] = {
+            "type": "steps", "run": run, "rank": rank, "steps": steps,
+            "times": [self.weird_float() if rng.random() < 0.2 else 1.7e9 + s % 10**6
+                      for s in steps],
+            "step_ms": [self._opt_float() for _ in steps],
+        }
+        for key in ("samples", "tokens"):
+            if rng.random() < 0.6:
+                d[key] = [rng.choice((0, 1, 64, 4096, protocol.MAX_STEP_COUNT)) for _ in steps]
+        names = rng.choice((0, 1, 2, 4)) if rng.random() < 0.98 else protocol.MAX_STEP_METRICS
+        metrics: dict[str, list[Any]] = {}
+        for i in range(names):
+            name = rng.choice(("loss", "lr", "acc", f"m{i}", self.text(rng.randrange(1, 20)),
+                               "\u00e9" * protocol.MAX_STEP_METRIC_NAME, "a,b\"c\r\n"))
+            metrics[name] = [self._opt_float() for _ in steps]
+        if metrics or rng.random() < 0.5:
+            d["metrics"] = metrics
+        if rng.random() < 0.05:
+            d["unknown_extra_key"] = {"x": [self.weird_float()]}
+        return d
+
+    def valid_steps(self) -> Msg:
+        """A valid steps frame for a hostile run: NaN/inf/None values, huge steps and
+        integers, weird metric names. Its points may be late (counted, not rejected)."""
+        return Msg(_enc.encode(self.steps_dict(self.run(), self.rank())), one("accept"),
+                   "valid_steps")
+
+    def bad_steps(self) -> Msg:
+        """A steps frame with one defect, for a hostile run or the check steps run (where
+        it must change nothing)."""
+        rng = self.rng
+        run = rng.choice(HOSTILE_RUNS + [CHECK_STEPS_RUN])
+        world = CHECK_STEPS_WORLD if run == CHECK_STEPS_RUN else HOSTILE_WORLD
+        d = self.steps_dict(run, rng.randrange(world), n=rng.randrange(2, 12))
+        if len(d.get("metrics", {})) > 4:  # keep the name limit out of the other defects
+            d["metrics"] = dict(list(d["metrics"].items())[:4])
+        n = len(d["steps"])
+        defect = rng.choice(("unequal", "unequal", "unequal", "not_increasing", "empty",
+                             "too_many", "names", "long_name", "none_time", "wrong_type",
+                             "huge", "negative"))
+        shape, schema = one("steps_shape"), one("schema")
+        if defect == "unequal":
+            key = rng.choice(("times", "step_ms", "samples", "tokens", "metric"))
+            m = n + 1 if rng.random() < 0.5 else n - 1  # n >= 2: never 0 ("not sent")
+            if key == "metric":
+                d.setdefault("metrics", {})[rng.choice(("loss", "x"))] = [1.0] * m
+            elif key in ("times", "step_ms"):
+                d[key] = [1.0] * m
+            else:
+                d[key] = [1] * m
+            return Msg(_enc.encode(d), shape, "bad_steps")
+        if defect == "not_increasing":
+            steps = d["steps"]
+            i = rng.randrange(1, n)
+            steps[i] = steps[i - 1] if rng.random() < 0.5 else max(0, steps[i - 1] - 1)
+            return Msg(_enc.encode(d), shape, "bad_steps")
+        if defect == "empty":
+            d.update(steps=[], times=[], step_ms=[])
+            d.pop("samples", None)
+            d.pop("tokens", None)
+            d.pop("metrics", None)
+        elif defect == "too_many":
+            k = protocol.MAX_STEP_POINTS + 1
+            d.update(steps=list(range(k)), times=[1.0] * k, step_ms=[None] * k)
+            d.pop("samples", None)
+            d.pop("tokens", None)
+            d.pop("metrics", None)
+        elif defect == "names":
+            d["metrics"] = {f"n{i}": [1.0] * n for i in range(protocol.MAX_STEP_METRICS + 1)}
+        elif defect == "long_name":
+            d["metrics"] = {"\u4e2d" * (protocol.MAX_STEP_METRIC_NAME + 1): [1.0] * n}
+        elif defect == "none_time":
+            d["times"][rng.randrange(n)] = None
+        elif defect == "wrong_type":
+            key = rng.choice(("steps", "times", "step_ms", "samples", "metrics", "metric",
+                              "list"))
+            bad = rng.choice(("x", b"\x00", [1], {"a": 1}, True))
+            if key == "metrics":
+                d["metrics"] = rng.choice(([1.0] * n, "loss", 1.0))
+            elif key == "metric":
+                d["metrics"] = {"loss": [bad] * n}
+            elif key == "list":
+                d[rng.choice(("steps", "times", "step_ms"))] = rng.choice((1.0, "abc", None))
+            elif key == "samples":
+                d["samples"] = [rng.choice((1.5, "1", True))] * n
+            elif key == "steps":
+                d["steps"][rng.randrange(n)] = rng.choice((1.5, "1", None, True))
+            else:
+                d[key][rng.randrange(n)] = bad
+        elif defect == "huge":
+            key = rng.choice(("steps", "samples", "tokens"))
+            if key == "steps":
+                d["steps"][-1] = rng.choice((protocol.MAX_STEP + 1, 2**64 - 1))
+            else:
+                d[key] = [0] * (n - 1) + [rng.choice((protocol.MAX_STEP_COUNT + 1,
+                                                      2**63, 2**64 - 1))]
+        else:  # negative
+            key = rng.choice(("steps", "samples", "tokens"))
+            if key == "steps":
+                d["steps"][0] = -rng.randrange(1, 2**63)
+            else:
+                d[key] = [-1] * n
+        return Msg(_enc.encode(d), schema, "bad_steps")
+
     def oversize(self) -> Msg:
         n = protocol.MAX_FRAME_BYTES + 1 + self.rng.randrange(1024)
         return Msg(b"\x00" * n, one("oversize"), "oversize")
@@ -344,7 +571,7 @@ WEIGHTS: list[tuple[str, float]] = [
     ("valid_nonfinite", 30), ("garbage", 8), ("random_bytes", 8), ("truncated", 10),
     ("unknown_tag", 5), ("wrong_type", 12), ("huge_length", 5), ("deep_nesting", 3),
     ("out_of_range", 6), ("bad_metadata", 3), ("over_limit", 6), ("new_run", 4),
-    ("oversize", 0.02),
+    ("valid_steps", 8), ("bad_steps", 8), ("oversize", 0.02),
 ]
 
 
@@ -357,8 +584,9 @@ def generate(n: int, seed: int, *, big: bool = True) -> tuple[list[Msg], int]:
                                                   host="h")), one("accept"), "preamble")
                 for run in HOSTILE_RUNS]
     epochs = max(2, (n // 10) // CHECK_WORLD)
-    preamble += _check_registers(epochs)
-    check = _check_script(epochs)
+    blocks = max(2, (n // 40) // CHECK_STEPS_WORLD)
+    preamble += _check_registers(epochs) + _check_steps_registers()
+    check = _merge(_check_script(epochs), _check_steps_script(blocks), rng)
     if n < len(preamble) + len(check):
         raise ValueError(f"need at least {len(preamble) + len(check)} messages")
     names = [name for name, _ in WEIGHTS]
@@ -377,6 +605,20 @@ def generate(n: int, seed: int, *, big: bool = True) -> tuple[list[Msg], int]:
     return out, epochs
 
 
+def _merge(a: list[Msg], b: list[Msg], rng: random.Random) -> list[Msg]:
+    """``a`` and ``b`` interleaved at random, each in its own order."""
+    out: list[Msg] = []
+    i = j = 0
+    while i < len(a) or j < len(b):
+        if j == len(b) or (i < len(a) and rng.random() < (len(a) - i) / (len(a) - i + len(b) - j)):
+            out.append(a[i])
+            i += 1
+        else:
+            out.append(b[j])
+            j += 1
+    return out
+
+
 # ------------------------------------------------------------------------- the harness
 @dataclass
 class Report:
@@ -391,14 +633,25 @@ class Report:
     valid_lost: int
     broker_alive: bool
     problems: list[str] = field(default_factory=list)
+    #: steps of CHECK_STEPS_RUN expected, and closed exactly as expected
+    check_steps: int = 0
+    check_steps_closed: int = 0
+    #: valid steps frames of CHECK_STEPS_RUN with a point not closed as expected
+    steps_frames_lost: int = 0
+    #: the broker's closed-step and late-point counters over the fuzz (heartbeat deltas)
+    steps_closed: int = 0
+    late_steps: int = 0
 
     def lines(self) -> list[str]:
         out = [f"frames fuzzed: {self.frames} ({self.bytes_sent / MiB:.1f} MiB in "
                f"{self.seconds:.1f} s)",
                f"broker crashes: {0 if self.broker_alive else 1}",
                f"valid frames lost: {self.valid_lost} (check run: {self.check_records}/"
-               f"{self.check_epochs} epochs closed as expected)",
-               f"accepted: {self.accepted}",
+               f"{self.check_epochs} epochs closed as expected; check steps run: "
+               f"{self.check_steps_closed}/{self.check_steps} steps closed exactly, "
+               f"{self.steps_frames_lost} steps frames lost)",
+               f"accepted: {self.accepted}; steps closed: {self.steps_closed}, late step "
+               f"points: {self.late_steps}",
                "rejected by reason: " + ", ".join(f"{k}={v}" for k, v in
                                                  sorted(self.rejected.items())),
                "generated by kind: " + ", ".join(f"{k}={v}" for k, v in
@@ -417,6 +670,72 @@ def bounds(msgs: list[Msg]) -> dict[str, tuple[int, int]]:
         if len(m.expect) == 1:
             must[next(iter(m.expect))] += 1
     return {k: (must[k], may[k]) for k in may}
+
+
+def _snapshot(dealer: zmq.Socket, run: str, problems: list[str]) -> dict[str, Any] | None:
+    dealer.send_multipart(feed.encode_snapshot_request(run))
+    snap: dict[str, Any] | None = None
+    while True:
+        if not dealer.poll(15_000):
+            problems.append(f"no snapshot reply for {run}")
+            return snap
+        verb, body = feed.decode_snapshot_reply(dealer.recv_multipart())
+        if verb == "END":
+            return snap
+        snap = body
+
+
+def _same(a: float, b: float) -> bool:
+    return (a != a and b != b) or a == b
+
+
+def check_steps_result(snap: dict[str, Any] | None, want: list[dict[str, Any]],
+                       problems: list[str]) -> set[int]:
+    """The steps of :data:`CHECK_STEPS_RUN` that did not close exactly as ``want`` says
+    (missing, twice, out of order, or with a figure off), from the run's snapshot."""
+    if snap is None:
+        problems.append("check steps run missing")
+        return {w["step"] for w in want}
+    store = StepStore()
+    store.extend_wire(snap["steps"])
+    wanted = {w["step"]: w for w in want}
+    bad: set[int] = set()
+    steps = store.column("step").tolist()
+    if steps != sorted(wanted):
+        problems.append(f"check steps run: {len(steps)} steps closed, {len(wanted)} expected"
+                        + ("" if steps == sorted(set(steps)) else " (not ascending/unique)"))
+        bad |= set(wanted) ^ set(steps)
+    cols = {c: store.column(c).tolist() for c in ("time", "n", "slowest", "samples", "tokens")}
+    row_of = {s: i for i, s in enumerate(steps)}
+    everything = len(steps) + 1
+    series = {name: {b[0]: b for b in store.series(name, None, None, everything)}
+              for name in ("loss", "lr", "grad_norm", STEP_MS, SAMPLES_PER_S, "none")}
+    if series["none"]:
+        problems.append("check steps run: a metric that was never logged has a series")
+    for step, w in wanted.items():
+        i = row_of.get(step)
+        if i is None:
+            bad.add(step)
+            continue
+        ok = (cols["time"][i] == w["time"] and cols["n"][i] == w["n"]
+              and cols["slowest"][i] == w["slowest_rank"] and cols["samples"][i] == w["samples"]
+              and cols["tokens"][i] == w["tokens"])
+        got_rate = series[SAMPLES_PER_S].get(step)
+        ok = ok and got_rate is not None and got_rate[2] == w["samples_per_s"]
+        for name in ("loss", "lr", "grad_norm", STEP_MS):
+            triple = w["step_ms"] if name == STEP_MS else w["metrics"].get(name)
+            b = series[name].get(step)
+            if triple is None:
+                ok = ok and b is None
+            else:  # one bucket per step: [s, s, mean, lo, hi, rank_min, rank_max, 1]
+                ok = ok and b is not None and _same(b[2], triple[0]) and \
+                    _same(b[5], triple[1]) and _same(b[6], triple[2])
+        if not ok:
+            bad.add(step)
+    if bad:
+        problems.append(f"check steps run: {len(bad)} steps missing or wrong "
+                        f"(first: {min(bad)})")
+    return bad
 
 
 def _heartbeat(sub: zmq.Socket, timeout: float) -> feed.Heartbeat | None:
@@ -499,6 +818,7 @@ def run_fuzz(ingest: str, publish: str, snapshot: str, msgs: list[Msg], epochs: 
             if verb == "END":
                 break
             snap = body
+        steps_snap = _snapshot(dealer, CHECK_STEPS_RUN, problems)
         # every run the broker holds must still be servable (encodable) as a snapshot
         dealer.send_multipart(feed.encode_snapshot_request())
         served = 0
@@ -535,11 +855,24 @@ def run_fuzz(ingest: str, publish: str, snapshot: str, msgs: list[Msg], epochs: 
         if snap is None or snap["header"].get("status") != "complete":
             valid_lost += CHECK_WORLD  # the finishes
         valid_lost = min(valid_lost, check_frames)
+        blocks = check_steps_blocks(msgs)
+        want_steps = expected_check_steps(blocks)
+        bad_steps = check_steps_result(steps_snap, want_steps, problems)
+        # a bad step loses the point of every rank in its block's frames
+        steps_lost = len({s // CHECK_STEP_BLOCK for s in bad_steps}) * CHECK_STEPS_WORLD
+        if steps_snap is None or steps_snap["header"].get("status") != "complete":
+            steps_lost += CHECK_STEPS_WORLD  # the finishes
+            problems.append("check steps run did not complete")
         return Report(frames=len(msgs), bytes_sent=sent_bytes, seconds=seconds,
                       accepted=accepted, rejected=rejected,
                       by_kind=Counter(m.kind for m in msgs), check_epochs=len(want),
-                      check_records=good, valid_lost=valid_lost, broker_alive=broker_alive,
-                      problems=problems)
+                      check_records=good, valid_lost=valid_lost + steps_lost,
+                      broker_alive=broker_alive, problems=problems,
+                      check_steps=len(want_steps),
+                      check_steps_closed=len(want_steps) - len(bad_steps),
+                      steps_frames_lost=steps_lost,
+                      steps_closed=hb.steps_closed - base.steps_closed,
+                      late_steps=hb.late_steps - base.late_steps)
     finally:
         for s in (push, sub, dealer):
             s.close(linger=0)

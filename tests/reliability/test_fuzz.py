@@ -4,9 +4,15 @@ Zero crashes, every valid frame applied, every frame counted by reason, and the 
 web's /metrics. The long run is ``python bench/fuzz_ingest.py`` (>= 100 000 frames)."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Callable
 
+import pytest
+
+from broker import feed
+from broker.runs import Runs
+from broker.server import _msgpack_ints
 from rank_agent import protocol as P
 from tests.web.conftest import Proc, Pusher, fetch, start_web, wait_for
 
@@ -25,6 +31,46 @@ def test_generator_is_deterministic_and_covers_every_kind() -> None:
     assert kinds >= {name for name, _ in fuzzgen.WEIGHTS} - {"oversize"}
 
 
+@pytest.mark.parametrize("seed", [SEED, 7])
+def test_fuzzed_ingest_in_process_counts_within_bounds_and_closes_every_check_step(
+        seed: int, caplog: pytest.LogCaptureFixture) -> None:
+    """The same traffic straight into ``Runs.ingest`` (no sockets, a fake clock ticking):
+    every counter within what the generator expects, no internal error, and the check
+    steps run closed exactly as PROTOCOL 2.4 says."""
+    caplog.set_level(logging.CRITICAL)  # thousands of rate-limited reject lines
+    msgs, _ = fuzzgen.generate(FRAMES, seed, big=False)
+    runs = Runs(max_runs=100_000)
+    now = 1_800_000_000.0
+    for i, m in enumerate(msgs):
+        now += 0.001
+        runs.ingest(m.data, now)
+        if i % 50 == 0:
+            runs.tick(now)
+    observed = dict(runs.rejected, accept=runs.accepted)
+    assert "internal" not in observed
+    limits = fuzzgen.bounds(msgs)
+    for outcome, count in observed.items():
+        lo, hi = limits.get(outcome, (0, 0))
+        assert lo <= count <= hi, (outcome, count, lo, hi)
+    assert observed["steps_shape"] > 0 and runs.late_steps > 0
+    problems: list[str] = []
+    (snap,) = runs.snapshot(fuzzgen.CHECK_STEPS_RUN)
+    want = fuzzgen.expected_check_steps(fuzzgen.check_steps_blocks(msgs))
+    assert len(want) >= 2 * fuzzgen.CHECK_STEP_BLOCK
+    assert fuzzgen.check_steps_result(snap, want, problems) == set() and problems == []
+    assert snap["header"]["status"] == "complete"
+    for run in runs:  # every run still servable as a snapshot (as the server encodes it)
+        (one,) = runs.snapshot(run)
+        sink = runs.get(run)
+        assert sink is not None
+        closed = sink.steps.column("step").tolist()  # each step closed once, ascending
+        assert closed == sorted(set(closed)) and all(sink.steps.column("n") >= 1)
+        try:
+            feed.encode_run_snapshot(one)
+        except OverflowError:  # summed byte counts past 64 bits: widened, as the server does
+            feed.encode_run_snapshot(_msgpack_ints(one))
+
+
 def test_fuzzed_ingest_no_crash_no_valid_frame_lost_rejects_counted(
         spawn: Callable[..., Proc], tmp_path: Path) -> None:
     msgs, epochs = fuzzgen.generate(FRAMES, SEED)
@@ -37,6 +83,8 @@ def test_fuzzed_ingest_no_crash_no_valid_frame_lost_rejects_counted(
     assert report.broker_alive
     assert report.problems == []
     assert report.valid_lost == 0 and report.check_records == epochs
+    assert report.check_steps > 0 and report.check_steps_closed == report.check_steps
+    assert report.steps_frames_lost == 0 and report.steps_closed >= report.check_steps
     assert report.rejected.get("internal", 0) == 0
 
     # the web's /metrics shows the same totals, by reason
