@@ -1,11 +1,17 @@
 """Fuzz the broker's ingest: N seeded hostile and valid frames through the REAL PULL socket
-of a real ``rankboard broker`` process; prints frames fuzzed, crashes, valid frames lost and
+of a real ``rankboard broker`` process; prints frames fuzzed, crashes, valid frames lost
+(epoch records of the check run, and closed steps of the check steps run, each compared with
+a brute-force PROTOCOL 2.3/2.4 reference), steps closed and late step points, and
 rejections by reason (tests/reliability/fuzzgen.py has the generator and the checks).
+``steps`` frames are part of the traffic: valid ones (NaN/inf, huge steps and integers,
+1024 points, 64 names) and hostile ones (unequal lengths, non-increasing steps, empty,
+1025 points, 65 names, long names, None times, wrong types, integers past their bounds).
 
     python bench/fuzz_ingest.py --frames 100000 --seed 1
 
-Exit status 0 when the broker survived, no valid frame was lost and every counter is within
-what the generator expects; 1 otherwise.
+Exit status 0 when the broker survived, no valid frame (epoch or steps) was lost, every
+check step closed exactly once with the expected figures and every counter is within what
+the generator expects; 1 otherwise.
 """
 from __future__ import annotations
 
@@ -83,7 +89,8 @@ def main() -> int:
           f"{len(errors)}")
     for line in errors[:10]:
         print("  " + line)
-    ok = report.broker_alive and not report.problems and report.valid_lost == 0 and not errors
+    ok = (report.broker_alive and not report.problems and report.valid_lost == 0
+          and report.check_steps_closed == report.check_steps and not errors)
     return 0 if ok else 1
 
 
