@@ -162,6 +162,18 @@ def test_up_with_workers_binds_lazily_and_stops_everything(
     up = spawn("up", "--workers", "2", "--ingest", "tcp://127.0.0.1:*",
                "--publish", "tcp://127.0.0.1:*", "--snapshot", "tcp://127.0.0.1:*",
                "--data-dir", str(tmp_path / "data"))
+    try:
+        processes = _up_with_workers_serves(up)
+    finally:  # SIGINT, so that up stops its children (a SIGKILL would orphan them)
+        code = up.stop(signal.SIGINT, timeout=20)
+    assert code == 0
+    gone, alive = psutil.wait_procs(processes, timeout=10)
+    assert not alive, alive
+    assert "Traceback" not in up.output()
+
+
+def _up_with_workers_serves(up: Proc) -> list[psutil.Process]:
+    """The pool starts where the first rank's port says; returns up's child processes."""
     ingest = up.wait_line(r"broker ingest bound at (\S+)", stream="stderr").group(1)
     # a port that stays ours until the pool has it: SO_REUSEPORT lets the pool join it
     holder = socket.socket()
@@ -184,7 +196,4 @@ def test_up_with_workers_binds_lazily_and_stops_everything(
         holder.close()
     processes = psutil.Process(up.proc.pid).children(recursive=True)
     assert len(processes) == 3  # the broker and two workers
-    assert up.stop(signal.SIGINT, timeout=20) == 0
-    gone, alive = psutil.wait_procs(processes, timeout=10)
-    assert not alive, alive
-    assert "Traceback" not in up.output()
+    return processes
