@@ -172,31 +172,29 @@ def _short_repr(obj: Any) -> str:
 def classify(value: Any) -> Tuple[Any, Any]:
     """``(number, None)`` for a value readable now without touching a device (a Python or
     numpy number, a one-element CPU tensor), ``(None, tensor)`` for a one-element tensor on a
-    device (detached), ``(None, None)`` for anything else (bools, strings, bigger tensors)."""
+    device (detached), ``(None, None)`` for anything else (bools, strings, bigger tensors).
+    Runs on every step: the common cases come first and cost one or two attribute reads."""
     kind = type(value)
     if kind is float or kind is int:
         return value, None
     if kind is bool:
         return None, None
-    if isinstance(value, numbers.Real):  # numpy scalars, Fraction, Decimal-free reals
-        if isinstance(value, (bool, enum.Enum)) or type(value).__name__ == "bool_":
-            return None, None
-        return (int(value) if isinstance(value, numbers.Integral) else float(value)), None
-    device = getattr(value, "device", None)
     numel = getattr(value, "numel", None)
-    if device is None or not callable(numel):
-        return None, None
-    try:
-        if numel() != 1:
-            return None, None
-        if getattr(device, "type", None) == "cpu":
-            number = value.item()  # a host read: no device involved
-            if type(number) is bool or not isinstance(number, (int, float)):
+    if numel is not None:  # a tensor (numpy has no numel)
+        try:
+            if numel() != 1:
                 return None, None
-            return number, None
-        return None, value.detach()
-    except Exception:
-        return None, None
+            if value.device.type == "cpu":
+                number = value.item()  # a host read: no device involved
+                kind = type(number)
+                return (number, None) if kind is float or kind is int else (None, None)
+            return None, value.detach()
+        except Exception:
+            return None, None
+    if isinstance(value, numbers.Real) and not isinstance(value, enum.Enum) and (
+            kind.__name__ != "bool_"):  # numpy scalars, Fraction
+        return (int(value) if isinstance(value, numbers.Integral) else float(value)), None
+    return None, None
 
 
 def _read_now(dev: Any) -> Any:

@@ -44,6 +44,7 @@ from ._common import (
     Sum,
     agree_run_id,
     check_agent_kwargs,
+    classify,
     make_agent,
 )
 
@@ -64,6 +65,11 @@ def _batch_size(batch: Any, depth: int = 0) -> int:
     """The leading dimension of the first tensor-like in ``batch`` (0 if none): what
     Lightning's own batch-size inference finds for the usual batches, at a fraction of its
     cost (it runs every step)."""
+    kind = type(batch)
+    if kind is list or kind is tuple:
+        if not batch or depth >= 3:
+            return 0
+        return _batch_size(batch[0], depth + 1)
     shape = getattr(batch, "shape", None)
     if shape is not None:
         try:
@@ -83,6 +89,8 @@ def _batch_size(batch: Any, depth: int = 0) -> int:
 
 def _loss_of(outputs: Any) -> Any:
     """The loss in what ``training_step`` returned (a tensor, or a dict's ``"loss"``)."""
+    if type(outputs) is dict:  # what Lightning's automatic optimization hands over
+        return outputs.get("loss")
     if outputs is None:
         return None
     if isinstance(outputs, Mapping):
@@ -118,12 +126,13 @@ class RankboardCallback(pl.Callback):
         self._epoch_batches = 0
         self._epoch_samples = 0
         self._epoch_t0 = 0.0
+        self._results: Any = None
         self._metrics_broken = False
 
     def __getstate__(self) -> Dict[str, Any]:
         """Pickle the configuration only (``ddp_spawn``): an agent belongs to its process."""
         state = dict(self.__dict__)
-        for key in ("reporter", "_window", "_epoch_loss"):
+        for key in ("reporter", "_window", "_epoch_loss", "_results"):
             state.pop(key, None)
         return state
 
@@ -191,6 +200,10 @@ class RankboardCallback(pl.Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.reporter is None:
             return
+        try:  # the training loop's result collection: one object for the whole epoch
+            self._results = trainer._results
+        except Exception:
+            self._results = None
         self._epoch_loss.reset()
         self._epoch_batches = 0
         self._epoch_samples = 0
@@ -202,6 +215,9 @@ class RankboardCallback(pl.Callback):
         if reporter is None:
             return
         loss = _loss_of(outputs)
+        if loss is not None:
+            number, dev = classify(loss)  # once: a CPU loss becomes a float here
+            loss = number if number is not None else dev
         samples = _batch_size(batch)
         self._epoch_batches += 1
         self._epoch_samples += samples
@@ -219,24 +235,23 @@ class RankboardCallback(pl.Callback):
             if loss is not None:
                 window.add(loss)
             loss = window.take_raw()
-        metrics = self._step_metrics(trainer)
+        metrics = self._step_metrics() if self._results else {}
         if loss is not None:
             metrics["loss"] = loss
         reporter.step(step, metrics, samples=self._window_samples)
         self._window_samples = 0
 
-    def _step_metrics(self, trainer: pl.Trainer) -> Dict[str, Any]:
+    def _step_metrics(self) -> Dict[str, Any]:
         """What the module logged with ``on_step=True`` (and ``logger=True``) during this
         step: the tensors as logged, named as Lightning's loggers name them (``acc`` or
-        ``acc_step``). Read straight from the trainer's result collection, which Lightning's
-        logger connector reads right after this hook; not through ``trainer.logged_metrics``,
-        which also turns progress-bar values into numbers (``.item()``: a device sync)."""
+        ``acc_step``). Read straight from the training loop's result collection, which
+        Lightning's logger connector reads right after this hook; not through
+        ``trainer.logged_metrics``, which also turns progress-bar values into numbers
+        (``.item()``: a device sync)."""
         if self._metrics_broken:
             return {}
+        results = self._results
         try:
-            results = trainer._results
-            if not results:
-                return {}
             out: Dict[str, Any] = {}
             for _, metric in results.valid_items():
                 meta = metric.meta

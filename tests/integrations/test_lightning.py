@@ -60,7 +60,7 @@ def test_ddp_fit_reports_both_ranks_steps_epochs_and_completes(broker) -> None:
 
 
 def test_a_fit_that_raises_in_epoch_1_ends_failed(broker) -> None:
-    proc = run_script([sys.executable, SCRIPT, "--devices", "2", "--epochs", "3",
+    proc = run_script([sys.executable, SCRIPT, "--devices", "2", "--epochs", "2",
                        "--fail-epoch", "1"], example_env(broker), cwd=REPO, expect_ok=False)
     assert "failing on purpose in epoch 1" in proc.stderr
     (run,) = broker.runs()
