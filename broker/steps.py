@@ -95,7 +95,25 @@ def step_record(step: int, reports: Dict[int, Steps]) -> Dict[str, Any]:
     tokens: int = sum(map(getitem, map(_tokens_or_zeros, frames), idxs))  # type: ignore[arg-type]
     dicts = list(map(_metrics, frames))
     metrics: Dict[str, List[Optional[float]]] = {}
-    for name in sorted(set().union(*dicts)):
+    names = set().union(*dicts)
+    if len(names) * len(dicts) > 4 * sum(map(len, dicts)) + 256:
+        # The ranks log different names (a per-rank metric): column-wise would be
+        # O(names x ranks) (1,024 ranks x 64 names of their own: ~30 s); per rank it is
+        # O(values), with the values of a name in the same (report) order.
+        per_name: Dict[str, List[float]] = {}
+        for d, i in zip(dicts, idxs):
+            for name, column in d.items():
+                v = column[i]
+                if v is not None:
+                    got = per_name.get(name)
+                    if got is None:
+                        per_name[name] = [v]
+                    else:
+                        got.append(v)
+        for name in sorted(per_name):
+            metrics[name] = _triple(per_name[name])
+        names = set()
+    for name in sorted(names):
         col: List[Any] = list(map(getitem, map(methodcaller("get", name, _NO_COLUMN), dicts),
                                   idxs))
         values = [v for v in col if v is not None] if None in col else col

@@ -521,6 +521,27 @@ def test_samples_of_ranks_that_did_not_send_them_count_zero() -> None:
     assert rec["samples"] == 5 and rec["tokens"] == 0 and rec["samples_per_s"] == 50.0
 
 
+def test_per_rank_metric_names_close_in_time_linear_in_the_values() -> None:
+    """Ranks that log names of their own (``loss/rank7``) make a step of many names, each
+    from one rank: closing it must cost O(values), not O(names x ranks) (512 ranks x 64
+    names of their own took ~8 s per step, the broker's loop blocked)."""
+    import time as _time
+
+    ranks = 512
+    pts = {r: stp(r, [7], metrics={**{f"r{r}/m{i}": [float(r + i)] for i in range(62)},
+                                   "loss": [float(r)], "sparse": [None if r % 2 else 1.0]})
+           for r in range(ranks)}
+    t0 = _time.perf_counter()
+    rec = step_record(7, pts)
+    took = _time.perf_counter() - t0
+    assert len(rec["metrics"]) == ranks * 62 + 2
+    assert rec["metrics"]["r5/m3"] == [8.0, 8.0, 8.0]
+    assert rec["metrics"]["loss"] == [math.fsum(range(ranks)) / ranks, 0.0, ranks - 1.0]
+    assert rec["metrics"]["sparse"] == [1.0, 1.0, 1.0]
+    assert list(rec["metrics"]) == sorted(rec["metrics"])
+    assert took < 2.0, took
+
+
 def test_record_time_ignores_nan_times_whatever_the_rank_order() -> None:
     rec = step_record(7, reports((0, dict(times=[math.nan]))))
     assert rec["time"] is None or math.isnan(rec["time"])  # null on the wire either way
