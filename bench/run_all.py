@@ -25,6 +25,7 @@ import agent_send  # noqa: E402
 import common  # noqa: E402
 import epoch_close  # noqa: E402
 import ingest  # noqa: E402
+import page_bench  # noqa: E402
 import steps_bench  # noqa: E402
 import web_bench  # noqa: E402
 
@@ -35,6 +36,7 @@ GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
     ("ingest", ingest.run),
     ("web", web_bench.run),
     ("steps", steps_bench.run),
+    ("page", page_bench.run),
 ]
 
 #: name -> (target, "<=" or ">=") as the performance issue states them.
@@ -55,6 +57,9 @@ TARGETS: dict[str, tuple[float, str]] = {
     "steps_bytes_per_step_series": (32.0, "<="),
     "step_e2e_p99_ms": (600.0, "<="),
     "steps_restart_1m_s": (5.0, "<="),
+    "page_first_draw_1m_steps_s": (1.5, "<="),
+    "page_live_cpu_ms_per_s": (100.0, "<="),
+    "page_1024_ranks_update_ms": (50.0, "<="),
 }
 NAMES = list(TARGETS)
 

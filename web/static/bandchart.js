@@ -14,6 +14,7 @@
 import {
   colorAt, cssVar, ema, el, formatClock, formatNumber, logTicks, niceTicks, timeTicks,
 } from "./charts.js";
+import { cancelFrame, onFrame } from "./frame.js";
 
 const isNum = (v) => typeof v === "number" && Number.isFinite(v);
 const fin = (v) => (isNum(v) ? v : NaN);
@@ -191,7 +192,6 @@ export class BandChart {
     this.solo = null;
     this.hover = null; // device column
     this.drag = null;
-    this._raf = 0;
     this.visible = true;
     this.draws = 0;
     this._build(host);
@@ -269,12 +269,10 @@ export class BandChart {
     this.card = card;
     this._bindPointer();
     this._w = 0;
-    this._ro = new ResizeObserver(() => {
-      const w = Math.floor(body.getBoundingClientRect().width);
-      if (w !== this._w) {
-        this.render();
-        if (this.opts.onResize && this._w) this.opts.onResize();
-      }
+    this._ro = new ResizeObserver((entries) => {
+      const r = entries[entries.length - 1].contentRect;
+      this._size = { w: Math.floor(r.width), h: Math.floor(r.height) };
+      if (this._size.w !== this._w) this.render();
     });
     this._ro.observe(body);
     // charts scrolled out of view do not draw; they draw when they come back
@@ -287,7 +285,7 @@ export class BandChart {
 
   /** Columns available for data, in device pixels (what `points` should be). */
   plotColumns() {
-    const w = Math.floor(this.body.getBoundingClientRect().width) || 600;
+    const w = (this._size && this._size.w) || Math.floor(this.body.getBoundingClientRect().width) || 600;
     const dpr = window.devicePixelRatio || 1;
     return Math.max(50, Math.min(10000, Math.round((w - 60) * dpr)));
   }
@@ -361,11 +359,7 @@ export class BandChart {
 
   /** Coalesced redraw (one per animation frame); skipped while scrolled out of view. */
   render() {
-    if (this._raf) return;
-    this._raf = requestAnimationFrame(() => {
-      this._raf = 0;
-      this.drawNow();
-    });
+    onFrame(this, () => this.drawNow());
   }
 
   drawNow() {
@@ -461,7 +455,9 @@ export class BandChart {
 
   _draw() {
     this.draws++;
-    const rect = this.body.getBoundingClientRect();
+    // the size the ResizeObserver saw (reading layout here would force it every draw)
+    const rect = this._size && this._size.w > 0 ? { width: this._size.w, height: this._size.h }
+      : this.body.getBoundingClientRect();
     const w = Math.max(60, Math.floor(rect.width));
     const h = Math.max(60, Math.floor(rect.height));
     this._w = w;
@@ -887,7 +883,7 @@ export class BandChart {
   destroy() {
     this._ro.disconnect();
     this._io.disconnect();
-    if (this._raf) cancelAnimationFrame(this._raf);
+    cancelFrame(this);
     this.card.remove();
   }
 }

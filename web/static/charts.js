@@ -8,6 +8,8 @@
 // Every piece of text that may come from a training job (series names, values) goes
 // into the DOM through textContent, never innerHTML.
 
+import { cancelFrame, onFrame } from "./frame.js";
+
 const PALETTE = [
   "#5794f2", "#73bf69", "#f2cc0c", "#ff9830", "#f2495c",
   "#b877d9", "#8ab8ff", "#fade2a", "#37872d", "#c4162a",
@@ -162,7 +164,6 @@ export class LineChart {
     this.zoom = null; // [x0, x1] or null
     this.hoverIdx = null;
     this.drag = null; // {x0px, x1px}
-    this._raf = 0;
     this._build(host);
   }
 
@@ -240,7 +241,11 @@ export class LineChart {
     this.card = card;
 
     this._bindPointer();
-    this._ro = new ResizeObserver(() => this.render());
+    this._ro = new ResizeObserver((entries) => {
+      const r = entries[entries.length - 1].contentRect;
+      this._size = { w: Math.floor(r.width), h: Math.floor(r.height) };
+      this.render();
+    });
     this._ro.observe(body);
   }
 
@@ -305,13 +310,9 @@ export class LineChart {
     return this.series.filter((s) => this.solo === null || s.name === this.solo);
   }
 
-  /** Coalesce redraws into one animation frame. */
+  /** Coalesce redraws into one animation frame (shared with the rest of the page). */
   render() {
-    if (this._raf) return;
-    this._raf = requestAnimationFrame(() => {
-      this._raf = 0;
-      this._draw();
-    });
+    onFrame(this, () => this._draw());
   }
 
   _xFormat(v) {
@@ -320,6 +321,9 @@ export class LineChart {
   }
 
   _layout() {
+    if (this._size && this._size.w > 0) {
+      return { w: Math.max(50, this._size.w), h: Math.max(50, this._size.h) };
+    }
     const rect = this.body.getBoundingClientRect();
     const w = Math.max(50, Math.floor(rect.width));
     const h = Math.max(50, Math.floor(rect.height));
@@ -721,7 +725,7 @@ export class LineChart {
 
   destroy() {
     this._ro.disconnect();
-    if (this._raf) cancelAnimationFrame(this._raf);
+    cancelFrame(this);
     this.card.remove();
   }
 }

@@ -16,11 +16,12 @@
 
 import { LineChart, colorAt, formatNumber } from "./charts.js";
 import { CompareView, compareHash, parseCompareHash } from "./compare.js";
+import { onFrame } from "./frame.js";
 import { HostHeatmap, StragglerStrip } from "./heatmap.js";
 import { BIG, RankPicker, RankTable, renderAlerts } from "./ranks.js";
 import { StepView } from "./steps.js";
 import {
-  $, DASH, api, button, enc, fmtAgo, fmtBytes, fmtDur, fmtInt, fmtLoss, fmtMs, fmtPct, h,
+  $, DASH, api, button, enc, fmtAgo, setText, fmtBytes, fmtDur, fmtInt, fmtLoss, fmtMs, fmtPct, h,
   isNum, pct, serverNow,
 } from "./util.js";
 
@@ -56,7 +57,7 @@ function invalidate(...parts) {
   for (const p of parts) dirty.add(p);
   if (renderQueued) return;
   renderQueued = true;
-  requestAnimationFrame(renderNow);
+  onFrame("dashboard", renderNow);
 }
 
 function renderNow() {
@@ -265,7 +266,7 @@ function resetRunState(run) {
   state.stepRanks = false;
   $("rank-tabs").replaceChildren();
   $("graph").replaceChildren(h("p", "muted", "no model graph sent"));
-  $("graph-label").textContent = "";
+  setText($("graph-label"), "");
   $("graph-open").hidden = true;
   for (const c of Object.values(charts)) c.resetZoom();
   steps.reset(run);
@@ -362,7 +363,7 @@ function connect(gen) {
 
 function setConn(st, text) {
   $("conn").dataset.state = st;
-  $("conn-text").textContent = text;
+  setText($("conn-text"), text);
 }
 
 // ---------------------------------------------------------------- applying data
@@ -397,7 +398,7 @@ function updatePickerEntry() {
     entry.total_epochs = hd.total_epochs;
     entry.epochs_done = state.records.length;
     const opt = [...$("run-picker").options].find((o) => o.value === state.run);
-    if (opt) opt.textContent = runLabel(entry);
+    if (opt) setText(opt, runLabel(entry));
   }
 }
 
@@ -475,33 +476,33 @@ function renderHeader() {
   const hd = state.header;
   const run = state.run ?? "";
   const label = hd && hd.label ? hd.label : run;
-  $("run-name").textContent = label || DASH;
+  setText($("run-name"), label || DASH);
   $("run-name").title = label;
-  $("run-id").textContent = hd && hd.label ? run : "";
+  setText($("run-id"), hd && hd.label ? run : "");
   const hash = hd && hd.hash ? String(hd.hash) : "";
   $("run-hash").hidden = !hash;
-  $("run-hash").textContent = hash ? `#${hash.slice(0, 10)}` : "";
+  setText($("run-hash"), hash ? `#${hash.slice(0, 10)}` : "");
   $("run-hash").title = hash ? `model hash ${hash}` : "";
   const status = (hd && hd.status) || "waiting";
   $("status").dataset.status = status;
   $("run-view").dataset.status = status;
-  $("status-text").textContent = STATUS_TEXT[status] || status;
+  setText($("status-text"), STATUS_TEXT[status] || status);
 
   // progress
   const done = state.records.length;
   const total = hd && isNum(hd.total_epochs) && hd.total_epochs > 0 ? hd.total_epochs : null;
-  $("epoch-count").textContent = `${done}/${total ?? "?"}`;
+  setText($("epoch-count"), `${done}/${total ?? "?"}`);
   const bar = $("progress-bar");
   const frac = total ? Math.min(1, done / total) : null;
   bar.classList.toggle("indeterminate", frac === null && status === "training");
   bar.style.width = frac === null ? (status === "training" ? "30%" : "0%") : `${(frac * 100).toFixed(1)}%`;
-  $("progress-pct").textContent = frac === null ? "" : `${Math.floor(frac * 100)}%`;
+  setText($("progress-pct"), frac === null ? "" : `${Math.floor(frac * 100)}%`);
   document.title = `${label || "rankboard"} · ${done}/${total ?? "?"} · rankboard`;
 
   // hardware: the exact string of the contract, one line, click to wrap
   const hw = $("hardware");
   const hwText = (hd && hd.hardware) || "";
-  hw.textContent = hwText;
+  setText(hw, hwText);
   hw.title = hwText;
   hw.hidden = !hwText;
 
@@ -512,9 +513,8 @@ function renderHeader() {
 function renderMetadata() {
   const pre = $("metadata");
   const md = state.header ? state.header.metadata : null;
-  if (md === null || md === undefined) pre.textContent = "no metadata sent";
-  else if (typeof md === "string") pre.textContent = md;
-  else pre.textContent = JSON.stringify(md, null, 2);
+  setText(pre, md === null || md === undefined ? "no metadata sent"
+    : typeof md === "string" ? md : JSON.stringify(md, null, 2));
   pre.classList.toggle("muted", md === null || md === undefined);
 }
 
@@ -526,7 +526,7 @@ function renderGraph() {
   state.graphKey = key;
   const box = $("graph");
   const open = $("graph-open");
-  $("graph-label").textContent = has && hd.label ? hd.label : "";
+  setText($("graph-label"), has && hd.label ? hd.label : "");
   if (!has) {
     box.replaceChildren(h("p", "muted", "no model graph sent"));
     open.hidden = true;
@@ -559,9 +559,9 @@ function renderLayout() {
   $("epoch-progress").hidden = epochless && !total;
   $("step-stat").hidden = !steps.hasSteps;
   if (steps.hasSteps) {
-    $("step-count").textContent = fmtInt(steps.lastStep);
+    setText($("step-count"), fmtInt(steps.lastStep));
     const rate = steps.stepsPerSecond();
-    $("step-rate").textContent = isNum(rate) && rate > 0 ? `${formatNumber(rate)}/s` : "";
+    setText($("step-rate"), isNum(rate) && rate > 0 ? `${formatNumber(rate)}/s` : "");
   }
 }
 
@@ -652,46 +652,46 @@ function renderKpis() {
   const d = $("kpi-loss-delta");
   if (useSteps) {
     const loss = steps.kpi.loss;
-    $("kpi-loss-label").textContent = "loss";
-    $("kpi-loss").textContent = fmtLoss(loss);
+    setText($("kpi-loss-label"), "loss");
+    setText($("kpi-loss"), fmtLoss(loss));
     $("kpi-loss").classList.toggle("bad", loss === null);
-    d.textContent = `step ${fmtInt(steps.lastStep)}${last && last.metrics && isNum(last.metrics.loss) ? ` · epoch ${last.epoch}: ${fmtLoss(last.metrics.loss)}` : ""}`;
+    setText(d, `step ${fmtInt(steps.lastStep)}${last && last.metrics && isNum(last.metrics.loss) ? ` · epoch ${last.epoch}: ${fmtLoss(last.metrics.loss)}` : ""}`);
     d.dataset.trend = "";
   } else {
     const loss = last && last.metrics ? last.metrics.loss : null;
-    $("kpi-loss").textContent = fmtLoss(loss);
+    setText($("kpi-loss"), fmtLoss(loss));
     $("kpi-loss").classList.toggle("bad", !!last && last.metrics && "loss" in last.metrics && !isNum(loss));
     const pl = prev && prev.metrics ? prev.metrics.loss : null;
     if (isNum(loss) && isNum(pl)) {
       const diff = loss - pl;
-      d.textContent = `${diff <= 0 ? "▼" : "▲"} ${fmtLoss(Math.abs(diff))} vs previous`;
+      setText(d, `${diff <= 0 ? "▼" : "▲"} ${fmtLoss(Math.abs(diff))} vs previous`);
       d.dataset.trend = diff <= 0 ? "good" : "bad";
     } else {
-      d.textContent = last ? `epoch ${last.epoch}` : "";
+      setText(d, last ? `epoch ${last.epoch}` : "");
       d.dataset.trend = "";
     }
   }
   if (useSteps && !last) {
-    $("kpi-time-label").textContent = "step time";
-    $("kpi-epoch-time").textContent = fmtMs(steps.kpi.step_ms);
+    setText($("kpi-time-label"), "step time");
+    setText($("kpi-epoch-time"), fmtMs(steps.kpi.step_ms));
     const rate = steps.stepsPerSecond();
-    $("kpi-epoch-time-sub").textContent = isNum(rate) && rate > 0 ? `${formatNumber(rate)} steps/s` : "mean over ranks";
+    setText($("kpi-epoch-time-sub"), isNum(rate) && rate > 0 ? `${formatNumber(rate)} steps/s` : "mean over ranks");
   } else {
-    $("kpi-time-label").textContent = "epoch time";
-    $("kpi-epoch-time").textContent = last ? fmtDur(last.duration_secs) : DASH;
+    setText($("kpi-time-label"), "epoch time");
+    setText($("kpi-epoch-time"), last ? fmtDur(last.duration_secs) : DASH);
     const lastFive = recs.slice(-5).map((r) => r.duration_secs).filter(isNum);
     $("kpi-epoch-time-sub").textContent = lastFive.length
       ? `mean of last ${lastFive.length}: ${fmtDur(lastFive.reduce((a, b) => a + b, 0) / lastFive.length)}`
       : "";
   }
   if (useSteps && isNum(steps.kpi.samples_per_s)) {
-    $("kpi-throughput").textContent = formatNumber(steps.kpi.samples_per_s);
+    setText($("kpi-throughput"), formatNumber(steps.kpi.samples_per_s));
     const tok = steps.kpi.tokens_per_s;
-    $("kpi-throughput-sub").textContent = isNum(tok) ? `samples/s · ${formatNumber(tok)} tokens/s` : "samples/s, last step";
+    setText($("kpi-throughput-sub"), isNum(tok) ? `samples/s · ${formatNumber(tok)} tokens/s` : "samples/s, last step");
   } else {
     const tp = last ? (last.gpu_metrics || []).map((g) => g.throughput).filter(isNum) : [];
-    $("kpi-throughput").textContent = tp.length ? formatNumber(tp.reduce((a, b) => a + b, 0) * 1000) : DASH;
-    $("kpi-throughput-sub").textContent = "samples/s, all ranks";
+    setText($("kpi-throughput"), tp.length ? formatNumber(tp.reduce((a, b) => a + b, 0) * 1000) : DASH);
+    setText($("kpi-throughput-sub"), "samples/s, all ranks");
   }
 }
 
@@ -802,19 +802,19 @@ function renderRanks() {
   renderTabs(rows, big);
 
   const hosts = (hd && hd.hosts) || [];
-  $("ranks-sub").textContent = `${fmtInt(hosts.length)} host${hosts.length === 1 ? "" : "s"} · ${fmtInt(rows.length)}${world ? ` of ${fmtInt(world)}` : ""} rank${(world ?? rows.length) === 1 ? "" : "s"}`;
+  setText($("ranks-sub"), `${fmtInt(hosts.length)} host${hosts.length === 1 ? "" : "s"} · ${fmtInt(rows.length)}${world ? ` of ${fmtInt(world)}` : ""} rank${(world ?? rows.length) === 1 ? "" : "s"}`);
 
   // health KPI and header count
   const counts = {};
   for (const r of state.ranks) counts[r.status] = (counts[r.status] || 0) + 1;
   const ok = counts.ok || 0;
   const denom = world ?? state.ranks.length;
-  $("kpi-ranks").textContent = denom ? `${fmtInt(ok)}/${fmtInt(denom)}` : DASH;
+  setText($("kpi-ranks"), denom ? `${fmtInt(ok)}/${fmtInt(denom)}` : DASH);
   $("kpi-ranks").classList.toggle("bad", !!(counts.stale || counts.error));
   const sub = ["stale", "error", "finished"].filter((k) => counts[k]).map((k) => `${fmtInt(counts[k])} ${k}`);
-  $("kpi-ranks-sub").textContent = sub.length ? sub.join(" · ") : denom ? "all reporting" : "";
+  setText($("kpi-ranks-sub"), sub.length ? sub.join(" · ") : denom ? "all reporting" : "");
   const live = !hd || hd.status === "training" || hd.status === "waiting";
-  $("rank-count").textContent = !denom ? DASH : live ? `${fmtInt(ok)}/${fmtInt(denom)} live` : fmtInt(denom);
+  setText($("rank-count"), !denom ? DASH : live ? `${fmtInt(ok)}/${fmtInt(denom)} live` : fmtInt(denom));
 
   renderResourceBars(rows, big);
   renderStragglers(rows);
@@ -1042,7 +1042,7 @@ function renderStragglers(rows) {
   if (!state.stepRanks) return;
   const n = worldSize();
   const thr = stragglerThreshold(n);
-  $("straggler-sub").textContent = `slowest rank per closed step over the last ≤1000 steps · even share 1/${fmtInt(n)} = ${fmtPct(100 / Math.max(1, n), 1)} · marked at ≥ ${fmtPct(thr * 100, 0)}`;
+  setText($("straggler-sub"), `slowest rank per closed step over the last ≤1000 steps · even share 1/${fmtInt(n)} = ${fmtPct(100 / Math.max(1, n), 1)} · marked at ≥ ${fmtPct(thr * 100, 0)}`);
   const marked = rows.filter((r) => r.marks.includes("straggler")).sort((a, b) => b.slowShare - a.slowShare);
   const top = marked.length ? marked : rows.filter((r) => isNum(r.slowShare)).sort((a, b) => b.slowShare - a.slowShare).slice(0, 1);
   const chips = top.slice(0, 6).map((r) => {
@@ -1063,7 +1063,7 @@ function renderStragglers(rows) {
     ? groups.flatMap((g) => g.ranks.map((r) => ({ label: `rank ${r}`, host: g.host, ranks: [r] })))
     : groups.map((g) => ({ label: g.host, host: g.host, ranks: g.ranks }));
   strip.setRows(stripRows);
-  $("strip-what").textContent = `${perRank ? "one row per rank" : `one row per host (its slowest rank) · ${fmtInt(groups.length)} hosts`} · one column per ranks update (~1/s, each rank's mean step time over its last ≤100 steps) · newest right`;
+  setText($("strip-what"), `${perRank ? "one row per rank" : `one row per host (its slowest rank) · ${fmtInt(groups.length)} hosts`} · one column per ranks update (~1/s, each rank's mean step time over its last ≤100 steps) · newest right`);
 }
 
 // ---------------------------------------------------------------- rank panel
@@ -1101,7 +1101,7 @@ function renderRankPanel() {
     if (label === "last seen") {
       v.classList.add("ago");
       v.dataset.at = r && isNum(r.last_seen) ? String(r.last_seen) : "";
-      v.textContent = r && isNum(r.last_seen) ? fmtAgo(serverNow() - r.last_seen) : DASH;
+      setText(v, r && isNum(r.last_seen) ? fmtAgo(serverNow() - r.last_seen) : DASH);
     }
     if (label === "status") {
       const dot = h("span", "dot");
@@ -1112,7 +1112,7 @@ function renderRankPanel() {
     k.append(h("span", "kpi-label", label), v);
     return k;
   }));
-  $("rank-hardware").textContent = (r && r.hardware) || "no hardware summary sent";
+  setText($("rank-hardware"), (r && r.hardware) || "no hardware summary sent");
 
   // utilisation over time: epoch records' per-rank GPU entries + live samples
   const started = state.header && isNum(state.header.started_at) ? state.header.started_at : null;
@@ -1173,7 +1173,7 @@ function renderTicking() {
     const end = live ? now : isNum(hd.updated_at) ? hd.updated_at : now;
     elapsed = Math.max(0, end - hd.started_at);
   }
-  $("elapsed").textContent = fmtDur(elapsed);
+  setText($("elapsed"), fmtDur(elapsed));
   const last = state.records[state.records.length - 1];
   let eta = DASH;
   if (hd && (hd.status === "complete" || hd.status === "failed")) eta = hd.status === "complete" ? "done" : DASH;
@@ -1184,14 +1184,14 @@ function renderTicking() {
     }
     eta = left > 0 ? fmtDur(left) : "any moment";
   }
-  $("eta").textContent = eta;
+  setText($("eta"), eta);
   for (const e of document.querySelectorAll(".ago[data-at]")) {
     const at = Number(e.dataset.at);
-    if (e.dataset.at && Number.isFinite(at)) e.textContent = fmtAgo(now - at);
+    if (e.dataset.at && Number.isFinite(at)) setText(e, fmtAgo(now - at));
   }
   for (const e of document.querySelectorAll(".alert-time[data-at]")) {
     const at = Number(e.dataset.at);
-    e.textContent = e.dataset.at && Number.isFinite(at) ? fmtAgo(now - at) : "";
+    setText(e, e.dataset.at && Number.isFinite(at) ? fmtAgo(now - at) : "");
   }
 }
 

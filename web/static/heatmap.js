@@ -9,6 +9,7 @@
 // Text from a training job (host names) only reaches the DOM through textContent.
 
 import { cssVar, el } from "./charts.js";
+import { onFrame } from "./frame.js";
 
 const isNum = (v) => typeof v === "number" && Number.isFinite(v);
 
@@ -28,6 +29,18 @@ function ramp(stops, t) {
 }
 
 const rgb = (c) => `rgb(${c[0]},${c[1]},${c[2]})`;
+
+const LUTS = new Map();
+/** The CSS colour of t in [0, 1] on `stops`, from 65 precomputed steps. */
+function shade(stops, t) {
+  let lut = LUTS.get(stops);
+  if (!lut) {
+    lut = Array.from({ length: 65 }, (_, i) => rgb(ramp(stops, i / 64)));
+    LUTS.set(stops, lut);
+  }
+  const k = t > 0 ? (t < 1 ? Math.round(t * 64) : 64) : 0;
+  return lut[k];
+}
 
 /** Low (bad) to high (good): a muted red, amber, then green. */
 export const GOOD_HIGH = [
@@ -49,12 +62,31 @@ function fitCanvas(canvas, w, h) {
   if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(h * dpr)) {
     canvas.width = Math.round(w * dpr);
     canvas.height = Math.round(h * dpr);
+    canvas.style.width = `${w}px`;
+    canvas.style.height = `${h}px`;
   }
-  canvas.style.width = `${w}px`;
-  canvas.style.height = `${h}px`;
   const ctx = canvas.getContext("2d");
   ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
   return ctx;
+}
+
+/** Size from a ResizeObserver (no layout reads in draws) and on-screen state. */
+function watch(obj, body) {
+  obj._ro = new ResizeObserver((entries) => {
+    const w = Math.floor(entries[entries.length - 1].contentRect.width);
+    obj._cw = w;
+    if (w !== obj._w) obj.render();
+  });
+  obj._ro.observe(body);
+  obj._io = new IntersectionObserver((entries) => {
+    for (const e of entries) obj._visible = e.isIntersecting;
+    if (obj._visible && obj._stale) obj.render();
+  });
+  obj._io.observe(body);
+}
+
+function widthOf(obj) {
+  return obj._cw > 0 ? obj._cw : Math.floor(obj.body.getBoundingClientRect().width);
 }
 
 function placeTip(tip, body, px, py) {
@@ -95,7 +127,6 @@ export class HostHeatmap {
     body.append(this.canvas, this.tip);
     host.append(body);
     this.body = body;
-    this._raf = 0;
     this._w = 0;
     this.canvas.addEventListener("pointermove", (e) => this._move(e));
     this.canvas.addEventListener("pointerleave", () => {
@@ -106,11 +137,7 @@ export class HostHeatmap {
       const hit = this._hit(e);
       if (hit && this.opts.onPick) this.opts.onPick(hit.rank);
     });
-    this._ro = new ResizeObserver(() => {
-      const w = Math.floor(this.body.getBoundingClientRect().width);
-      if (w !== this._w) this.render();
-    });
-    this._ro.observe(body);
+    watch(this, body);
   }
 
   setData(groups, layers, flags) {
@@ -121,9 +148,13 @@ export class HostHeatmap {
   }
 
   render() {
-    if (this._raf) return;
-    this._raf = requestAnimationFrame(() => {
-      this._raf = 0;
+    onFrame(this, () => {
+      if (this._visible === false && this._drewOnce) {
+        this._stale = true; // drawn when it scrolls back into view
+        return;
+      }
+      this._drewOnce = true;
+      this._stale = false;
       this.draw();
     });
   }
@@ -165,7 +196,7 @@ export class HostHeatmap {
   }
 
   draw() {
-    const w = Math.max(100, Math.floor(this.body.getBoundingClientRect().width));
+    const w = Math.max(100, widthOf(this));
     this._w = w;
     const n = this.groups.reduce((a, g) => a + g.ranks.length, 0);
     // two figures side by side when there is room, else one above the other
@@ -215,7 +246,7 @@ export class HostHeatmap {
         const py = y0 + pos[i + 1];
         const rank = pos[i + 2];
         const v = layer.value(rank);
-        ctx.fillStyle = isNum(v) ? rgb(ramp(layer.stops || GOOD_HIGH, layer.scale(v))) : none;
+        ctx.fillStyle = isNum(v) ? shade(layer.stops || GOOD_HIGH, layer.scale(v)) : none;
         ctx.fillRect(px, py, inner, inner);
         const flag = this.flags(rank);
         if (flag) {
@@ -300,7 +331,6 @@ export class StragglerStrip {
     host.append(body);
     this.body = body;
     this.off = document.createElement("canvas");
-    this._raf = 0;
     this._w = 0;
     this.canvas.addEventListener("pointermove", (e) => this._move(e));
     this.canvas.addEventListener("pointerleave", () => {
@@ -310,11 +340,7 @@ export class StragglerStrip {
       const hit = this._hit(e);
       if (hit && isNum(hit.rank) && this.opts.onPick) this.opts.onPick(hit.rank);
     });
-    this._ro = new ResizeObserver(() => {
-      const w = Math.floor(this.body.getBoundingClientRect().width);
-      if (w !== this._w) this.render();
-    });
-    this._ro.observe(body);
+    watch(this, body);
   }
 
   reset() {
@@ -362,9 +388,13 @@ export class StragglerStrip {
   }
 
   render() {
-    if (this._raf) return;
-    this._raf = requestAnimationFrame(() => {
-      this._raf = 0;
+    onFrame(this, () => {
+      if (this._visible === false && this._drewOnce) {
+        this._stale = true; // drawn when it scrolls back into view
+        return;
+      }
+      this._drewOnce = true;
+      this._stale = false;
       this.draw();
     });
   }
@@ -384,7 +414,7 @@ export class StragglerStrip {
   }
 
   draw() {
-    const w = Math.max(100, Math.floor(this.body.getBoundingClientRect().width));
+    const w = Math.max(100, widthOf(this));
     this._w = w;
     const rows = this.rows;
     const nr = rows.length;

@@ -20,7 +20,8 @@
 
 import { Buckets, BandChart, STEP_AXIS, formatStep } from "./bandchart.js";
 import { colorAt, formatNumber } from "./charts.js";
-import { api, button, enc, fmtMs, h, isNum } from "./util.js";
+import { cancelFrame, onFrame } from "./frame.js";
+import { api, button, enc, fmtMs, h, isNum, setText } from "./util.js";
 
 /** Series that are not metric names (PROTOCOL 4 `/steps?metric=`). */
 const BUILTIN = [
@@ -169,7 +170,7 @@ export class StepView {
     this.cutKnown = false;
     this.view = null;
     this.pending = [];
-    this._raf = 0;
+    cancelFrame(this);
     this.recent = []; // live records (ascending), at most RECENT
     this.slowest = new Map(); // step -> slowest_rank, recent live steps
     this.anchors = new Pairs(); // exact (step, time) of live records
@@ -186,7 +187,7 @@ export class StepView {
     this.section.hidden = true;
     this.firstDraw = null;
     if (run !== null) this.csv.href = `/api/runs/${enc(run)}/steps.csv`;
-    this.subEl.textContent = "";
+    setText(this.subEl, "");
   }
 
   get hasSteps() {
@@ -261,7 +262,7 @@ export class StepView {
     this.grid.replaceChildren(...first, ...builtins, ...rest);
     const more = metrics.length - FIRST_METRICS;
     this.more.hidden = more <= 0;
-    this.more.textContent = this.showAll ? "fewer step metrics" : `${more} more step metric${more === 1 ? "" : "s"}`;
+    setText(this.more, this.showAll ? "fewer step metrics" : `${more} more step metric${more === 1 ? "" : "s"}`);
     for (const e of this.charts.values()) if (!e.host.hidden) e.chart.render();
   }
 
@@ -309,11 +310,10 @@ export class StepView {
     const recs = data && Array.isArray(data.steps) ? data.steps : null;
     if (!recs || !this.cutKnown) return;
     for (const r of recs) if (r && isNum(r.step)) this.pending.push(r);
-    if (!this._raf) this._raf = requestAnimationFrame(() => this._flush());
+    onFrame(this, () => this._flush());
   }
 
   _flush() {
-    this._raf = 0;
     const recs = this.pending;
     this.pending = [];
     if (!recs.length) return;
@@ -598,11 +598,11 @@ export class StepView {
 
   _sub() {
     if (this.lastStep === null) {
-      this.subEl.textContent = "no step closed yet";
+      setText(this.subEl, "no step closed yet");
       return;
     }
     const rate = this.stepsPerSecond();
-    this.subEl.textContent = `step ${formatStep(this.lastStep)}${isNum(rate) && rate > 0 ? ` · ${formatNumber(rate)} steps/s` : ""}`;
+    setText(this.subEl, `step ${formatStep(this.lastStep)}${isNum(rate) && rate > 0 ? ` · ${formatNumber(rate)} steps/s` : ""}`);
   }
 
   /** What tests and benchmarks read: a chart's last draw (by metric name). */

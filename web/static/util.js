@@ -72,6 +72,12 @@ export function h(tag, cls, text) {
   return e;
 }
 
+/** Set an element's text only when it changed (a same-text write still invalidates style). */
+export function setText(el, text) {
+  const t = text === null || text === undefined ? "" : String(text);
+  if (el.textContent !== t) el.textContent = t;
+}
+
 /** A `<button type="button">`. */
 export function button(cls, text, onClick) {
   const b = h("button", cls, text);
