@@ -36,10 +36,17 @@ def pytest_report_header(config: Any) -> Optional[str]:
 
 
 if not MISSING:
-    from tests.integrations.support import TappedBroker
+    from tests.integrations.support import TappedBroker, Web
 
     @pytest.fixture
     def broker() -> Iterator[TappedBroker]:
         b = TappedBroker()
         yield b
         b.stop()
+
+    @pytest.fixture
+    def web(broker: TappedBroker) -> Iterator[Web]:
+        """A real ``rankboard web`` process on the ``broker``: the dashboard's HTTP API."""
+        w = Web(broker)
+        yield w
+        w.stop()

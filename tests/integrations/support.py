@@ -2,10 +2,16 @@
 way an examples/ script is run (its environment, torchrun's command line)."""
 from __future__ import annotations
 
+import csv
+import http.client
+import io
+import json
 import os
+import re
 import subprocess
 import sys
 import threading
+import urllib.parse
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -116,6 +122,106 @@ class TappedBroker:
         self.thread.join(10)
         self.server.close()
         self.ctx.term()
+
+
+class Web:
+    """A real ``rankboard web`` process fed by a broker; ``get(path)`` reads its HTTP API.
+
+    Its output is drained by a thread (a full pipe would stall it) and shown on failure."""
+
+    _DASHBOARD = re.compile(r"dashboard: http://[^:]+:(\d+)")
+
+    def __init__(self, broker: TappedBroker) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("RANKBOARD_TOKEN", None)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "broker.cli", "web", "--publish", broker.endpoints["publish"],
+             "--snapshot", broker.endpoints["snapshot"], "--port", "0", "--log-level", "WARNING"],
+            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        self.lines: List[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.port = 0
+        try:
+            polling.wait_for(self._ready, 30, "the web to serve /healthz", interval=0.05,
+                             retry_on=(OSError, http.client.HTTPException))
+        except BaseException:
+            self.stop()
+            raise
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError("web exited:\n" + "\n".join(self.lines[-30:]))
+        if not self.port:
+            found = [m for m in map(self._DASHBOARD.search, list(self.lines)) if m]
+            if not found:
+                return False
+            self.port = int(found[0].group(1))
+        return self._request("/healthz")[0] == 200
+
+    def _request(self, path: str) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def get(self, path: str) -> Any:
+        """GET ``path`` and decode its JSON (asserting 200)."""
+        status, body = self._request(path)
+        assert status == 200, f"GET {path}: {status} {body[:300]!r}"
+        return json.loads(body)
+
+    def run(self, run: str) -> Dict[str, Any]:
+        """``/api/runs/<run>``: the header plus ``ranks`` and ``records``."""
+        return self.get(f"/api/runs/{urllib.parse.quote(run, safe='')}")
+
+    def steps(self, run: str, metric: str, points: int = 10000) -> List[List[Any]]:
+        """``/api/runs/<run>/steps?metric=...``: the buckets (one per step up to ``points``)."""
+        query = urllib.parse.urlencode({"metric": metric, "points": points})
+        return self.get(f"/api/runs/{urllib.parse.quote(run, safe='')}/steps?{query}")["buckets"]
+
+    def steps_csv(self, run: str) -> List[Dict[str, str]]:
+        """``/api/runs/<run>/steps.csv``: every closed step at full resolution, as dicts
+        (``step``, ``n``, ``<metric>_mean``..., ``step_ms_mean``, ``samples``, ``tokens``...)."""
+        status, body = self._request(f"/api/runs/{urllib.parse.quote(run, safe='')}/steps.csv")
+        assert status == 200, f"steps.csv: {status}"
+        return list(csv.DictReader(io.StringIO(body.decode("utf-8"))))
+
+    def runs(self) -> List[str]:
+        """``/api/runs``: the run ids, oldest first."""
+        return [r["run"] for r in reversed(self.get("/api/runs"))]
+
+    def wait_ended(self, run: str, timeout: float = 30.0) -> Dict[str, Any]:
+        """``/api/runs/<run>`` once the run is ``complete`` or ``failed`` (the web is at most
+        a second behind the broker)."""
+        def ended() -> Optional[Dict[str, Any]]:
+            status, _ = self._request(f"/api/runs/{urllib.parse.quote(run, safe='')}")
+            if status != 200:
+                return None
+            state = self.run(run)
+            return state if state["status"] in ("complete", "failed") else None
+        return polling.wait_for(ended, timeout, f"the web to show run {run!r} ended")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._reader.join(5)
 
 
 def example_env(broker: Any, **extra: str) -> Dict[str, str]:

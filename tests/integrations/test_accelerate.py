@@ -12,51 +12,45 @@ from tests.integrations.support import EXAMPLES, REPO, example_env, run_script, 
 SCRIPT = str(EXAMPLES / "accelerate_example.py")
 
 
-def test_tracker_and_per_rank_recipe_in_a_two_process_job(broker) -> None:
+def test_tracker_and_per_rank_recipe_in_a_two_process_job(broker, web) -> None:
     job = uuid.uuid4().hex[:12]
     # 256 samples / 16 per batch / 2 processes = 8 steps per epoch, 2 epochs
     run_script([*torchrun(2, run_id=job), SCRIPT, "--epochs", "2"], example_env(broker), cwd=REPO)
-    assert sorted(broker.runs()) == sorted([f"accelerate-{job}", job])
+    assert sorted(web.runs()) == sorted([f"accelerate-{job}", job])
 
     # the tracker: the main process as a one-rank run, accelerator.log values as steps
-    tracked = broker.wait_ended(f"accelerate-{job}")
-    header = tracked["header"]
-    assert header["status"] == "complete"
-    assert header["world_size"] == 1
-    assert header["metadata"]["framework"] == "accelerate"
-    assert header["metadata"]["config"] == {"lr": 0.05, "batch_size": 16, "epochs": 2}
-    points = broker.step_points(f"accelerate-{job}")
-    assert list(points) == [0]
-    assert sorted(points[0]) == list(range(1, 17))
-    assert all(p["metrics"]["loss"] > 0 and p["metrics"]["lr"] == 0.05
-               for p in points[0].values())
-    assert header["steps_done"] == 16
-    assert header["step_metrics"] == ["loss", "lr"]
+    tracked = web.wait_ended(f"accelerate-{job}")
+    assert tracked["status"] == "complete"
+    assert tracked["world_size"] == 1
+    assert tracked["metadata"]["framework"] == "accelerate"
+    assert tracked["metadata"]["config"] == {"lr": 0.05, "batch_size": 16, "epochs": 2}
+    assert tracked["steps_done"] == 16
+    assert tracked["step_metrics"] == ["loss", "lr"]
+    loss = web.steps(f"accelerate-{job}", "loss")
+    assert [b[0] for b in loss] == list(range(1, 17)) and all(b[2] > 0 for b in loss)
     assert [f.status for f in broker.frames(f"accelerate-{job}", "finish")] == ["ok"]
 
     # the per-rank recipe: every process's step times, and the run completes
-    per_rank = broker.wait_ended(job)
-    assert per_rank["header"]["status"] == "complete"
-    assert per_rank["header"]["world_size"] == 2
-    points = broker.step_points(job)
-    assert sorted(points) == [0, 1]
-    for mine in points.values():
-        assert sorted(mine) == list(range(1, 17))
-        assert all(p["samples"] == 16 for p in mine.values())
-        assert all(mine[s]["step_ms"] > 0 for s in range(2, 17))
-    assert per_rank["header"]["steps_done"] == 16
-    assert all(r["step_ms"] is not None for r in per_rank["ranks"])
+    per_rank = web.wait_ended(job)
+    assert per_rank["status"] == "complete"
+    assert per_rank["world_size"] == 2
+    assert per_rank["steps_done"] == 16
+    assert all(r["step"] == 16 and r["step_ms"] > 0 for r in per_rank["ranks"])
+    rows = web.steps_csv(job)
+    assert [int(r["step"]) for r in rows] == list(range(1, 17))
+    assert all(int(r["n"]) == 2 and int(r["samples"]) == 32 for r in rows)
+    assert all(float(r["step_ms_max"]) > 0 for r in rows[1:])
 
 
-def test_log_with_rankboard_by_name(broker) -> None:
+def test_log_with_rankboard_by_name(broker, web) -> None:
     run_script([sys.executable, SCRIPT, "--epochs", "1", "--by-name"], example_env(broker),
                cwd=REPO)
-    (tracked,) = [r for r in broker.runs() if r.startswith("tiny-accelerate-")]
-    header = broker.wait_ended(tracked)["header"]
-    assert header["status"] == "complete"
-    assert header["world_size"] == 1
-    assert header["metadata"]["config"]["epochs"] == 1
-    assert sorted(broker.step_points(tracked)[0]) == list(range(1, 17))
+    (tracked,) = [r for r in web.runs() if r.startswith("tiny-accelerate-")]
+    state = web.wait_ended(tracked)
+    assert state["status"] == "complete"
+    assert state["world_size"] == 1
+    assert state["metadata"]["config"]["epochs"] == 1
+    assert [int(r["step"]) for r in web.steps_csv(tracked)] == list(range(1, 17))
 
 
 TRACKER_SCRIPT = """

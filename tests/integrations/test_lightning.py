@@ -1,5 +1,6 @@
 """Lightning: examples/lightning_example.py in 2 DDP processes (CPU, gloo) against a real
-broker, as a user runs it: the run the broker holds, its ranks, steps and epochs."""
+broker and a real web, as a user runs it: the run the dashboard's HTTP API shows, its ranks,
+steps and epochs; a failing fit; the zero-config entry point."""
 from __future__ import annotations
 
 import os
@@ -14,62 +15,67 @@ from tests.integrations.support import EXAMPLES, REPO, example_env, run_script
 SCRIPT = str(EXAMPLES / "lightning_example.py")
 
 
-def test_ddp_fit_reports_both_ranks_steps_epochs_and_completes(broker) -> None:
+def test_ddp_fit_reports_both_ranks_steps_epochs_and_completes(broker, web) -> None:
     run_script([sys.executable, SCRIPT, "--devices", "2", "--epochs", "2"],
                example_env(broker), cwd=REPO)
-    runs = broker.runs()
+    runs = web.runs()
     assert len(runs) == 1, f"the two ranks must agree on one run id, got {runs}"
     run = runs[0]
     assert run.startswith("TinyRegressor-")
-    snap = broker.wait_ended(run)
-    header = snap["header"]
-    assert header["status"] == "complete"
-    assert header["world_size"] == 2
-    assert header["total_epochs"] == 2
-    meta = header["metadata"]
+    state = web.wait_ended(run)
+    assert state["status"] == "complete"
+    assert state["world_size"] == 2
+    assert state["total_epochs"] == 2
+    meta = state["metadata"]
     assert meta["framework"] == "lightning"
     assert meta["hyperparameters"] == {"lr": 0.05, "hidden": 16, "fail_epoch": -1}
     assert meta["trainer"]["max_epochs"] == 2
-    assert sorted(r["rank"] for r in snap["ranks"]) == [0, 1]
-    assert all(r["status"] == "finished" for r in snap["ranks"])
+    assert meta["trainer"]["strategy"] == "DDPStrategy"
+    assert [r["rank"] for r in state["ranks"]] == [0, 1]
+    for rank in state["ranks"]:
+        assert rank["status"] == "finished"
+        assert rank["step"] == 16 and rank["step_ms"] > 0
     # RANKBOARD_BROKER is set, so the entry point adds a callback too; it steps aside for the
     # script's own: one register per rank, not two
     assert sorted(f.rank for f in broker.frames(run, "register")) == [0, 1]
 
-    records = [r for _, r in snap["records"]]
+    records = state["records"]
     assert [r["epoch"] for r in records] == [0, 1]
     for rec in records:
         assert rec["missing_ranks"] == []
         assert rec["metrics"]["loss"] > 0
-        assert "mae_epoch" in rec["metrics"]
+        assert "mae_epoch" in rec["metrics"]  # an epoch-level logged metric, as a scalar
         assert "mae_step" not in rec["metrics"]
+        assert [g["chunk_ratio"] for g in rec["gpu_metrics"]] == [0.5, 0.5]
 
     # 256 samples / 16 per batch / 2 ranks = 8 optimizer steps per epoch per rank
-    points = broker.step_points(run)
-    assert sorted(points) == [0, 1]
-    for rank, mine in points.items():
-        assert sorted(mine) == list(range(1, 17)), (rank, sorted(mine))
-        for step, p in mine.items():
-            assert p["metrics"]["loss"] > 0
-            assert "mae_step" in p["metrics"]
-            assert p["samples"] == 16
-            if step > 1:
-                assert p["step_ms"] is not None and p["step_ms"] > 0
-    assert header["steps_done"] == 16
-    assert "loss" in header["step_metrics"]
+    assert state["steps_done"] == 16
+    assert state["step_metrics"] == ["loss", "mae_step"]
+    rows = web.steps_csv(run)
+    assert [int(r["step"]) for r in rows] == list(range(1, 17))
+    for row in rows:
+        assert int(row["n"]) == 2, row  # both ranks reported every step
+        assert int(row["samples"]) == 32
+        assert float(row["loss_min"]) > 0 and float(row["mae_step_mean"]) > 0
+        if row["step"] != "1":
+            assert float(row["step_ms_min"]) > 0
+    loss = web.steps(run, "loss")
+    assert [b[0] for b in loss] == list(range(1, 17))
+    assert all(b[7] == 1 and b[5] <= b[2] <= b[6] for b in loss)  # per step: min <= mean <= max
 
 
-def test_a_fit_that_raises_in_epoch_1_ends_failed(broker) -> None:
+def test_a_fit_that_raises_in_epoch_1_ends_failed(broker, web) -> None:
     proc = run_script([sys.executable, SCRIPT, "--devices", "2", "--epochs", "2",
                        "--fail-epoch", "1"], example_env(broker), cwd=REPO, expect_ok=False)
     assert "failing on purpose in epoch 1" in proc.stderr
-    (run,) = broker.runs()
-    snap = broker.wait_ended(run)
-    assert snap["header"]["status"] == "failed"
-    assert [r["epoch"] for _, r in snap["records"]] == [0]
+    (run,) = web.runs()
+    state = web.wait_ended(run)
+    assert state["status"] == "failed"
+    assert [r["epoch"] for r in state["records"]] == [0]
+    assert [r["status"] for r in state["ranks"]] == ["error", "error"]
+    assert {a["kind"] for a in state["alerts"]} == {"rank_error"}
     finishes = {f.rank: f.status for f in broker.frames(run, "finish")}
     assert finishes == {0: "error", 1: "error"}
-    assert {a["kind"] for a in snap["header"]["alerts"]} == {"rank_error"}
 
 
 def test_zero_config_entry_point_adds_the_callback_when_rankboard_broker_is_set(broker) -> None:
