@@ -96,8 +96,11 @@ _ENTRY_HEAD = struct.Struct("<II")  # length of body, crc32 of body
 _FRAME_HEAD = struct.Struct("<Bd")  # kind, receive time
 _SEQ = struct.Struct("<BQ")
 _RECORD_SEQ = struct.Struct("<BIQ")
-#: Largest body a writer produces (a frame is at most 4 MiB); anything larger is corruption.
-MAX_ENTRY = protocol.MAX_FRAME_BYTES + 64
+#: Largest body a reader accepts: what the u32 length can say. A frame is at most 4 MiB, but
+#: a STEPS block of one row is not bounded by it (64 names per rank, each rank its own: a
+#: 1,700-rank step is 5 MB, and a row cannot be split); a bad length is caught as a short
+#: entry or by the CRC anyway.
+MAX_ENTRY = 2**32 - 1
 
 _SUFFIX = ".journal"
 _RUN_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}\Z")

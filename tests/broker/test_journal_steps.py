@@ -372,6 +372,43 @@ def test_many_steps_closed_at_once_go_in_several_blocks_and_a_torn_one_leaves_no
         b3.close()
 
 
+def test_one_closed_step_larger_than_a_frame_survives_the_reload(tmp_path: Path) -> None:
+    """One step can carry 64 names per rank, each rank its own (500 ranks x 64 names of
+    their own, ~100 characters each, is a 5 MB block for one row, which no chunking can
+    split): the reader must not take it for corruption and cut the run's journal there."""
+    data = tmp_path / "d"
+    b = Broker(data)
+    assert b.send(reg("wide", 0, 1))
+    assert b.send(stp("wide", 0, [0], t=b.now))
+    b.tick(2.0)
+    sink = b.sinks["wide"]
+    assert sink.steps.last_step == 0
+    names = {f"rank{r:05d}/{'m' * 100}-{i:02d}": [float(i), float(i), float(r)]
+             for r in range(500) for i in range(64)}
+    # what a publish of that step does: into the store, an id, then the journal's note
+    sink.steps.append([{"step": 1, "time": T0, "n": 500, "metrics": names,
+                        "step_ms": [1.0, 1.0, 1.0], "slowest_rank": 0, "samples": 0,
+                        "tokens": 0, "samples_per_s": None, "tokens_per_s": None}])
+    sink.seq += 1
+    b.journal.note_seq(sink)
+    b.journal.flush()
+    assert b.send(stp("wide", 0, [2, 3], t=b.now))  # the run goes on after it
+    assert b.send(Finish(run="wide", rank=0))
+    assert [int(x) for x in sink.steps.column("step")] == [0, 1, 2, 3]
+    path = journal_path(data, "wide")
+    assert max(len(p) for _, p in entries(path)) > protocol.MAX_FRAME_BYTES
+    state = enc(sink.steps.to_wire())
+    b.close()
+    b2 = Broker(data, now=b.now)
+    try:
+        s2 = b2.sinks["wide"]
+        assert enc(s2.steps.to_wire()) == state
+        assert s2.steps.metric_names() == sorted([*names, "acc", "loss"])
+        assert s2.status == "complete"
+    finally:
+        b2.close()
+
+
 def test_run_whose_first_frame_is_steps_restores_like_the_live_run(tmp_path: Path) -> None:
     data = tmp_path / "d"
     b = Broker(data)
