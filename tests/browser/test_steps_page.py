@@ -7,8 +7,12 @@ pixels, and the DOM. Never from the API.
 """
 from __future__ import annotations
 
+import json
+import math
+import random
 import socket
 import threading
+import time
 from typing import Any, Iterable, List
 
 import pytest
@@ -195,6 +199,27 @@ def test_step_charts_draw_history_then_live_steps(stack: Stack, page: Any) -> No
     snap = wait_chart(page, "loss", lambda s: s["range"][1] == 459, "live steps appended")
     live = page.evaluate("window.__rankboard.liveSteps()")
     assert live == list(range(400, 460))
+    # hover: step, mean, min/max and the slowest rank (exact for live steps; for history
+    # buckets, the rank most often slowest)
+    canvas = page.locator('[data-step-chart="step_ms"] canvas')
+    box = canvas.bounding_box()
+    assert box is not None
+    p = snap["plot"]
+    tip = page.locator('[data-step-chart="step_ms"] .chart-tip')
+    page.mouse.move(box["x"] + p["left"] + p["width"] * 455 / 459, box["y"] + p["top"] + p["height"] / 2)
+    expect(tip).to_contain_text("step 45")
+    expect(tip).to_contain_text("ranks ")
+    expect(tip).to_contain_text("slowest rank: 2")
+    page.mouse.move(box["x"] + p["left"] + p["width"] * 0.3, box["y"] + p["top"] + p["height"] / 2)
+    expect(tip).to_contain_text("most often slowest: rank 2")
+    page.mouse.move(0, 0)
+    # x axis: wall time and time since start map the same steps
+    page.locator("#step-x").select_option("time")
+    snap_t = wait_chart(page, "loss", lambda s: s["axis"] == "time", "a wall-time axis")
+    assert snap_t["range"] == [0, 459]
+    page.locator("#step-x").select_option("elapsed")
+    wait_chart(page, "loss", lambda s: s["axis"] == "elapsed", "an elapsed-time axis")
+    page.locator("#step-x").select_option("step")
     # a steps-only run: no empty epoch panel
     expect(page.locator("#metrics-card")).to_be_hidden()
     expect(page.locator("#log-card")).to_be_hidden()
@@ -556,4 +581,73 @@ def test_a_1024_rank_run_fits_in_about_three_screens(stack: Stack, page: Any) ->
     expect(tip).to_contain_text("rank 0 · node-000")
     page.mouse.click(box["x"] + 3, box["y"] + 22)
     expect(page.locator("#rank-kpis")).to_have_attribute("data-rank", "0")
+    page.errors.check()
+
+
+def realistic(s: int, rank: int, rng: random.Random) -> dict[str, float]:
+    warm = 200
+    lr = 3e-4 * (s + 1) / warm if s < warm else 3e-4 * 0.5 * (1 + math.cos(math.pi * (s - warm) / 9000))
+    loss = (2.6 * math.exp(-s / 900) + 1.9 + 0.25 * math.exp(-s / 6000)) * (1 + rng.gauss(0, 0.025))
+    grad = abs(0.9 * math.exp(-s / 1500) + 0.35 + rng.gauss(0, 0.06))
+    if s == 1700:
+        grad, loss = 9.5, loss * 1.4  # a bad batch
+    return {"loss": loss, "lr": lr, "grad_norm": grad}
+
+
+def send_realistic(stack: Stack, run: str, rank: int, steps: range, slow: int, rng: random.Random,
+                   t0: float) -> None:
+    ms = 420.0 * (1.22 if rank == slow else 1.0)
+    for i in range(0, len(steps), 1024):
+        chunk = list(steps[i:i + 1024])
+        vals = [realistic(s, rank, rng) for s in chunk]
+        stack.send(wire.Steps(
+            run=run, rank=rank, steps=chunk, times=[t0 + s * 0.42 for s in chunk],
+            step_ms=[ms * (1 + rng.gauss(0, 0.03)) for _ in chunk], samples=[32] * len(chunk),
+            tokens=[32 * 2048] * len(chunk),
+            metrics={k: [v[k] for v in vals] for k in ("loss", "lr", "grad_norm")}))
+
+
+def test_screenshots_of_a_realistic_step_run(stack: Stack, page: Any) -> None:
+    """An 8-rank LLM-style run mid-training (history + live steps, one slow rank), saved for
+    a human: artifacts/steps-overview.png, step-charts.png, straggler-board.png."""
+    run = "gpt2-medium-ddp-0412"
+    world, slow = 8, 6
+    rng = random.Random(11)
+    register(stack, run, world=world, per_host=4, total=3)
+    stack.send(wire.Metadata(run=run, rank=0, json=json.dumps(
+        {"model": "gpt2-medium", "seq_len": 2048, "micro_batch": 4, "grad_accum": 8,
+         "optimizer": {"name": "AdamW", "lr": 3e-4, "betas": [0.9, 0.95]}})))
+    for r in range(world):
+        stack.send(wire.Hardware(run=run, rank=r, summary="AMD EPYC 9654 96-Core | NVIDIA H100 80GB HBM3"),
+                   wire.Resources(run=run, rank=r, sample=sample(r, util=71.0 if r == slow else 96.0)))
+    t0 = time.time() - 2400 * 0.42
+    for r in range(world):
+        send_realistic(stack, run, r, range(0, 2400), slow, rng, t0)
+    wait_steps(stack, run, 2399, timeout=60)
+    for r in range(world):
+        stack.send(wire.Metrics(run=run, rank=r, epoch=0, avg_loss=2.9, batches=1200,
+                                samples=38400, epoch_ms=504000.0, scalars={"grad_norm": (0.8, 1)}))
+    page.set_viewport_size({"width": 1600, "height": 1000})
+    open_run(page, stack, run)
+    wait_chart(page, "loss", lambda s: s["range"][1] >= 2399, "history drawn")
+    # ~10 s live at 10 steps/s so the straggler strip fills a little
+    step = 2400
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for r in range(world):
+            send_realistic(stack, run, r, range(step, step + 3), slow, rng, t0)
+        for r in range(world):
+            stack.send(wire.Resources(run=run, rank=r, sample=sample(r, util=71.0 if r == slow else 96.0)))
+        step += 3
+        time.sleep(0.3)
+    wait_chart(page, "loss", lambda s: s["range"][1] >= step - 1, "live steps drawn")
+    expect(page.locator('#straggler-marks [data-mark="straggler"][data-rank="6"]')).to_be_visible()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "steps-overview.png"), full_page=True)
+    page.locator("#step-section").screenshot(path=str(ARTIFACTS / "step-charts.png"))
+    page.locator("#straggler-card").screenshot(path=str(ARTIFACTS / "straggler-board.png"))
+    # the same charts against wall time
+    page.locator("#step-x").select_option("time")
+    wait_chart(page, "loss", lambda s: s["axis"] == "time", "wall-time axis")
+    page.locator("#step-section").screenshot(path=str(ARTIFACTS / "step-charts-time.png"))
     page.errors.check()

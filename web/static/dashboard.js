@@ -300,7 +300,7 @@ function openRun(run, picked) {
     if (gen !== state.gen || !data) return;
     applyHeader(data, false);
     if (Array.isArray(data.records)) for (const r of data.records) addRecord(r);
-    if (Array.isArray(data.ranks)) applyRanks(data.ranks);
+    if (Array.isArray(data.ranks)) applyRanks(data.ranks, false);
   }).catch((err) => {
     if (gen !== state.gen) return;
     if (err.status === 404) {
@@ -338,7 +338,7 @@ function connect(gen) {
     applyHeader(d, first);
   });
   on("epoch", addRecord);
-  on("ranks", applyRanks);
+  on("ranks", (d) => applyRanks(d));
   on("steps", (d) => steps.onSteps(d));
   on("complete", (d) => {
     if (state.header && d && typeof d.status === "string") {
@@ -424,7 +424,8 @@ function addRecord(rec) {
   invalidate("records", "header");
 }
 
-function applyRanks(ranks) {
+/** A `ranks` array (from the stream, or the JSON snapshot: `sample` false, no strip column). */
+function applyRanks(ranks, sample = true) {
   if (!Array.isArray(ranks)) return;
   state.ranks = ranks.slice().sort((a, b) => a.rank - b.rank);
   state.rankMap = new Map();
@@ -439,7 +440,7 @@ function applyRanks(ranks) {
     if (isNum(r.step_ms)) stepMs.set(r.rank, r.step_ms);
   }
   if (anyStep) state.stepRanks = true;
-  if (stepMs.size) strip.push(serverNow(), stepMs);
+  if (stepMs.size && sample) strip.push(serverNow(), stepMs);
   invalidate("ranks");
 }
 
@@ -561,7 +562,7 @@ function renderLayout() {
   if (steps.hasSteps) {
     setText($("step-count"), fmtInt(steps.lastStep));
     const rate = steps.stepsPerSecond();
-    setText($("step-rate"), isNum(rate) && rate > 0 ? `${formatNumber(rate)}/s` : "");
+    setText($("step-rate"), isNum(rate) && rate > 0 ? `${rate.toFixed(1)}/s` : "");
   }
 }
 
@@ -675,7 +676,7 @@ function renderKpis() {
     setText($("kpi-time-label"), "step time");
     setText($("kpi-epoch-time"), fmtMs(steps.kpi.step_ms));
     const rate = steps.stepsPerSecond();
-    setText($("kpi-epoch-time-sub"), isNum(rate) && rate > 0 ? `${formatNumber(rate)} steps/s` : "mean over ranks");
+    setText($("kpi-epoch-time-sub"), isNum(rate) && rate > 0 ? `${rate.toFixed(1)} steps/s` : "mean over ranks");
   } else {
     setText($("kpi-time-label"), "epoch time");
     setText($("kpi-epoch-time"), last ? fmtDur(last.duration_secs) : DASH);

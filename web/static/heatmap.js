@@ -424,10 +424,12 @@ export class StragglerStrip {
     const ctx = fitCanvas(this.canvas, w, h);
     ctx.fillStyle = cssVar(this.body, "--panel", "#141821");
     ctx.fillRect(0, 0, w, h);
-    this._geom = { rowH, labelW, w, h, cw: (w - labelW) / this.max };
+    // the window grows with the samples (one minute at first, then up to `max`)
+    const nc = Math.min(this.max, Math.max(60, this.cols.length));
+    this._nc = nc;
+    this._geom = { rowH, labelW, w, h, cw: (w - labelW) / nc };
     if (!nr) return;
     // one pixel per (row, column) in an offscreen image, scaled up without smoothing
-    const nc = this.max;
     const img = new ImageData(nc, nr);
     const d = img.data;
     const first = nc - this.cols.length;
@@ -476,7 +478,7 @@ export class StragglerStrip {
     const ri = Math.floor(py / g.rowH);
     if (ri < 0 || ri >= this.rows.length || px < g.labelW) return null;
     const slot = Math.floor((px - g.labelW) / g.cw);
-    const ci = slot - (this.max - this.cols.length);
+    const ci = slot - ((this._nc || this.max) - this.cols.length);
     const row = this.rows[ri];
     if (ci < 0 || ci >= this.cols.length) return { row, rank: row.ranks.length === 1 ? row.ranks[0] : null, px, py };
     const [v, rank] = this._colRows(this.cols[ci])[ri];

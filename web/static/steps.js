@@ -602,7 +602,7 @@ export class StepView {
       return;
     }
     const rate = this.stepsPerSecond();
-    setText(this.subEl, `step ${formatStep(this.lastStep)}${isNum(rate) && rate > 0 ? ` · ${formatNumber(rate)} steps/s` : ""}`);
+    setText(this.subEl, `step ${formatStep(this.lastStep)}${isNum(rate) && rate > 0 ? ` · ${rate.toFixed(1)} steps/s` : ""}`);
   }
 
   /** What tests and benchmarks read: a chart's last draw (by metric name). */
