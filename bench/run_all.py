@@ -26,6 +26,7 @@ import common  # noqa: E402
 import epoch_close  # noqa: E402
 import ingest  # noqa: E402
 import page_bench  # noqa: E402
+import scaleout  # noqa: E402
 import steps_bench  # noqa: E402
 import web_bench  # noqa: E402
 
@@ -35,6 +36,7 @@ GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
     ("agent", agent_send.run),
     ("ingest", ingest.run),
     ("web", web_bench.run),
+    ("scaleout", scaleout.run),
     ("steps", steps_bench.run),
     ("page", page_bench.run),
 ]
@@ -48,6 +50,8 @@ TARGETS: dict[str, tuple[float, str]] = {
     "e2e_latency_p99_ms": (20.0, "<="),
     "fanout_1000_p99_ms": (200.0, "<="),
     "fanout_kib_per_client": (32.0, "<="),
+    "fanout_4000_workers2_p99_ms": (400.0, "<="),
+    "nginx_e2e_p99_ms": (25.0, "<="),
     "agent_send_p99_us": (20.0, "<="),
     "log_step_p99_us": (5.0, "<="),
     "sampler_sample_us": (200.0, "<="),
