@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from typing import Any, Iterable, List
+from urllib.parse import quote
 
 import pytest
 from playwright.sync_api import expect
@@ -491,6 +492,10 @@ def test_hostile_metric_names_render_as_text(stack: Stack, page: Any) -> None:
     page.locator("#compare-metric").select_option(HOSTILE)
     wait_until(lambda: (lambda s: s and s["metric"] == HOSTILE and s["series"][0]["columns"])(
         page.evaluate("window.__rankboard.compareChart()")), 10, "hostile metric compared")
+    # a hostile comparison link: run ids and metric from the hash are only ever text
+    page.goto(f"{stack.url}/#compare={quote(HOSTILE)},{run}&metric={quote(HOSTILE)}&x=epoch")
+    expect(page.locator("#compare-runs")).to_contain_text(HOSTILE)
+    expect(page.locator("#compare-metric")).to_have_value(HOSTILE)
     assert page.locator('img[src="x"], #step-section script, #compare-view script').count() == 0
     assert page.evaluate("typeof window.__pwned") == "undefined"
     page.errors.check()

@@ -13,6 +13,8 @@ import { api, button, enc, fmtInt, h, isNum } from "./util.js";
 const STEP_BUILTINS = ["step_ms", "samples_per_s", "tokens_per_s"];
 const EPOCH_AXIS = { kind: "epoch", label: "epoch", map: (s) => s, inv: (x) => x };
 const REFRESH_MS = 10000;
+/** PROTOCOL 2: a run id; anything else in a link is shown, never fetched. */
+const RUN_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 
 /** Parse `#compare=...` (null when the hash is not a comparison). */
 export function parseCompareHash(hash) {
@@ -170,10 +172,10 @@ export class CompareView {
     this.sub.textContent = runs.length ? `${runs.length} run${runs.length === 1 ? "" : "s"} · ${metric} by ${x}` : "tick two or more runs";
     this.chart.setTitle(`${metric} by ${x}`);
     this.chart.setAxis(x === "epoch" ? EPOCH_AXIS : STEP_AXIS);
-    const errors = [];
+    const errors = runs.filter((run) => !RUN_ID.test(run));
     if (x === "epoch") {
       await Promise.all(runs.map(async (run) => {
-        if (this.history.has(run) && !refresh) return;
+        if ((this.history.has(run) && !refresh) || !RUN_ID.test(run)) return;
         try {
           this.history.set(run, await api(`/api/runs/${enc(run)}/history`));
         } catch (err) {
@@ -187,6 +189,7 @@ export class CompareView {
       this.chart.setSeries(runs.map((run, i) => ({ name: run, color: colorAt(i), data: this._epochBuckets(run, metric) })));
     } else {
       await Promise.all(runs.map(async (run) => {
+        if (!RUN_ID.test(run)) return;
         try {
           if (!this.headers.has(run) || refresh) this.headers.set(run, await api(`/api/runs/${enc(run)}`));
         } catch {
@@ -199,7 +202,7 @@ export class CompareView {
       this._metrics([...names], STEP_BUILTINS);
       await this._fetchSteps(gen);
     }
-    if (gen === this.gen && errors.length) this.chart.setStatus(`could not load ${errors.join(", ")}`);
+    if (gen === this.gen && errors.length) this.chart.setStatus(`could not load ${errors.length} run${errors.length === 1 ? "" : "s"}`);
     else if (gen === this.gen) this.chart.setStatus("");
   }
 
@@ -208,6 +211,7 @@ export class CompareView {
     const points = this.chart.plotColumns();
     const range = this.view ? `&start=${this.view[0]}&end=${this.view[1]}` : "";
     const out = await Promise.all(runs.map(async (run) => {
+      if (!RUN_ID.test(run)) return new Buckets();
       try {
         const d = await api(`/api/runs/${enc(run)}/steps?metric=${enc(metric)}&points=${points}${range}`);
         return Buckets.fromApi(Array.isArray(d && d.buckets) ? d.buckets : []);
