@@ -10,7 +10,10 @@ are called here), so the figures compare with ``fanout_1000_p99_ms`` and
   two gevent processes of raw-socket clients; the kernel spreads the connections over the
   two workers). Per epoch, the latency of every client from the last rank's send to its
   receipt of the ``epoch`` event; p99 over clients and epochs. The web's CPU and memory
-  are summed over its processes (the supervisor and both workers).
+  are summed over its processes (the supervisor and both workers). A full run also
+  measures one web process (``--workers 1``) with the same 4,000 clients, in the details
+  (``workers1_p99_ms``): on a machine whose cores the clients share, that says what the
+  second worker buys there.
 * **nginx_e2e_p99_ms**: 64 ranks on 8 hosts; Debian's nginx with
   ``deploy/nginx/rankboard-proxy.conf`` in front of the pool; one SSE client reads through
   nginx. Per epoch the clock starts when the last rank's metrics go out and stops when the
@@ -210,6 +213,16 @@ def run(quick: bool) -> list[dict[str, Any]]:
             out += fanout(stack, 200 if quick else 4000, 3 if quick else 10)
         finally:
             stack.close()
+        if not quick:
+            stack = PoolStack(Path(tmp) / "data3", workers=1)
+            try:
+                one = fanout(stack, 4000, 10)[0]
+            finally:
+                stack.close()
+            out[-1]["_extra"].update(workers1_p99_ms=one["value"],
+                                     workers1_p50_ms=one["_extra"]["p50_ms"],
+                                     workers1_web_cpu_ms_per_event=one["_extra"][
+                                         "web_cpu_ms_per_event"])
     return out
 
 
