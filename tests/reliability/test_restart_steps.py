@@ -127,6 +127,14 @@ def test_broker_sigkill_keeps_every_published_step_and_closes_after_it(
         assert broker.proc.wait(10) == -9
         broker2, _ = start_broker(spawn, data, endpoints=eps)
 
+        # the SUB has reconnected once the new broker's heartbeats arrive (what the new
+        # broker publishes before that is lost to this subscriber, as to any)
+        first = watch.heartbeat
+        assert first is not None
+        watch.pump_until(lambda: watch.heartbeat is not None
+                         and watch.heartbeat.instance != first.instance,
+                         "a heartbeat of the restarted broker")
+
         after, snap2 = snapshot_store(client)
         assert wire_bytes(after) == wire_bytes(before)  # every step, identical
         assert answers(after) == answers(before)
