@@ -891,11 +891,11 @@ def _serve_pool(args: argparse.Namespace, prog: str) -> int:
             return _fail(prog, pool.failure)
         while not stopper.wait(0.5):
             pool.check(stopper)
-        return 0
     finally:
         pool.stop()
         stopper.close()
-        log.info("web stopped (%d workers)", len(pool.workers))
+    log.info("web stopped (%d workers)", len(pool.workers))
+    return 0
 
 
 def up_main(args: argparse.Namespace) -> int:

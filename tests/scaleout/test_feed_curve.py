@@ -5,6 +5,7 @@ a web with an unknown key, or none, gets nothing: ``/healthz`` stays 503, no run
 log says why. Real ``rankboard keys``, broker and web processes."""
 from __future__ import annotations
 
+import logging
 import shutil
 import signal
 import subprocess
@@ -143,3 +144,34 @@ def test_a_plain_feed_off_loopback_is_warned_about(
     warnings = [line for line in proc.lines["stderr"] if "reads every run" in line]
     assert len(warnings) == 1 and "publish tcp://0.0.0.0:" in warnings[0], warnings
     proc.close()
+
+
+def test_refused_handshakes_are_logged_at_most_once_a_minute(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """FeedPump's monitor handler alone (real monitor-event bytes, no sockets)."""
+    import struct
+
+    import zmq
+
+    from web.hub import FeedPump, Hub
+
+    pump = FeedPump(Hub(), "tcp://broker:5586", "tcp://broker:5587", curve={1: b"x"})
+
+    def event(kind: int, value: int) -> list[bytes]:
+        return [struct.pack("=hi", kind, value), b"tcp://broker:5586"]
+
+    with caplog.at_level(logging.INFO, logger="web.hub"):
+        for _ in range(3):
+            pump._on_monitor_event(event(zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400))
+        assert pump.handshake_failures == 3
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "refused this web's CURVE key (ZAP status 400)" in errors[0]
+        assert pump._failure_logged_at is not None
+        pump._failure_logged_at -= pump.REFUSAL_LOG_INTERVAL + 1  # a minute later
+        pump._on_monitor_event(event(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, 0x11000003))
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 2 and "(2 more since the last report)" in errors[1]
+        assert "is the broker started with --curve-secret-key" in errors[1]
+        pump._on_monitor_event(event(zmq.EVENT_HANDSHAKE_SUCCEEDED, 0))
+        assert pump.handshake_failures == 0
+        assert "handshake with the broker at tcp://broker:5586 succeeded" in caplog.text

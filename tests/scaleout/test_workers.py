@@ -7,6 +7,7 @@ any connection anywhere.
 """
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import time
@@ -155,6 +156,44 @@ def test_a_second_pool_on_the_same_port_is_refused(
     other.close()
     err = [line for line in other.lines["stderr"] if line.startswith("rankboard web:")]
     assert len(err) == 1 and "in use" in err[0] and str(pool.port) in err[0], other.lines
+
+
+def test_a_port_held_by_another_program_is_a_one_line_error(
+        spawn: Callable[..., Proc], broker: Any) -> None:
+    holder = socket.socket()  # no SO_REUSEPORT: nobody may share it
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        port = holder.getsockname()[1]
+        proc = spawn("web", "--publish", broker.publish, "--snapshot", broker.snapshot,
+                     "--port", str(port), "--workers", "2")
+        assert proc.proc.wait(30) == 1
+        proc.close()
+    finally:
+        holder.close()
+    err = [line for line in proc.lines["stderr"] if line.strip()]
+    assert len(err) == 1 and err[0].startswith("rankboard web: cannot bind the web to")
+    assert str(port) in err[0] and "in use" in err[0], err
+
+
+def test_a_worker_that_cannot_start_fails_the_command(
+        spawn: Callable[..., Proc], broker: Any) -> None:
+    holder = socket.socket()  # worker 2's metrics port is taken (worker 1's is the one below)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        taken = holder.getsockname()[1]
+        proc = spawn("web", "--publish", broker.publish, "--snapshot", broker.snapshot,
+                     "--port", "0", "--workers", "2", "--metrics-port", str(taken - 1))
+        assert proc.proc.wait(60) == 1
+        proc.close()
+    finally:
+        holder.close()
+    err = [line for line in proc.lines["stderr"] if line.startswith("rankboard web:")]
+    assert len(err) == 1, proc.lines["stderr"]
+    assert re.search(r"web worker \d failed to start: cannot bind the metrics listener", err[0])
+    assert not proc.lines["stdout"]  # never announced a dashboard
+    assert "Traceback" not in proc.output()
 
 
 def test_up_with_workers_binds_lazily_and_stops_everything(
