@@ -1,4 +1,9 @@
-"""ingest_ratio: broker frames/s over what a bare pyzmq PULL loop receives from the same senders.
+"""ingest_ratio: broker frames/s over what a bare pyzmq PULL loop receives from the same senders;
+ingest_floor_ratio: broker frames/s over a PULL loop that also decodes (resources frames).
+
+``ingest_floor_ratio`` (issue 11) compares with the floor of any broker that validates what it
+receives: the same senders pushing only ``resources`` frames (two per rank and round), received
+by a bare PULL loop that runs ``protocol.decode`` on each frame, and by the real broker.
 
 Senders: ``SENDERS`` separate processes (spawned), each playing a slice of the ranks of one
 run (8 ranks per host) and pushing a realistic mix, pre-encoded before the start so that
@@ -25,6 +30,7 @@ any fully decoding broker in this interpreter.
 from __future__ import annotations
 
 import multiprocessing as mp
+import statistics
 import tempfile
 import threading
 import time
@@ -53,8 +59,9 @@ def _sample(rank: int, i: int) -> ResourceSample:
                           vram_total_bytes=80 << 30, gpus=[gpu])
 
 
-def frames_for(sender: int, epochs: int) -> list[bytes]:
-    """The frames one sender pushes, in send order: per epoch, per rank, resources + metrics."""
+def frames_for(sender: int, epochs: int, resources_only: bool = False) -> list[bytes]:
+    """The frames one sender pushes, in send order: per epoch, per rank, resources + metrics
+    (``resources_only``: two resources frames instead, as a sampler-heavy cluster sends)."""
     enc = protocol.encoder.encode
     ranks = range(sender, RANKS, SENDERS)
     out = []
@@ -62,6 +69,9 @@ def frames_for(sender: int, epochs: int) -> list[bytes]:
         for r in ranks:
             sample = _sample(r, e)
             out.append(enc(Resources(run=RUN, rank=r, sample=sample)))
+            if resources_only:
+                out.append(enc(Resources(run=RUN, rank=r, sample=_sample(r, e + 1))))
+                continue
             out.append(enc(Metrics(run=RUN, rank=r, epoch=e, avg_loss=1.0 / (e + 1), batches=100,
                                    samples=6400, epoch_ms=1000.0 + r, share_complete_ms=900.0,
                                    scalars={"acc": (90.0, 100), "grad_norm": (1.5, 1), "lr": (1e-3, 1),
@@ -76,8 +86,9 @@ def registers() -> list[bytes]:
                          local_rank=r % RANKS_PER_HOST, total_epochs=100000)) for r in range(RANKS)]
 
 
-def _sender(endpoint: str, sender: int, epochs: int, ready: Any, go: Any) -> None:
-    frames = frames_for(sender, epochs)
+def _sender(endpoint: str, sender: int, epochs: int, ready: Any, go: Any,
+            resources_only: bool = False) -> None:
+    frames = frames_for(sender, epochs, resources_only)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.sndhwm = 10_000
@@ -92,11 +103,12 @@ def _sender(endpoint: str, sender: int, epochs: int, ready: Any, go: Any) -> Non
 
 
 class _Senders:
-    def __init__(self, endpoint: str, epochs: int) -> None:
+    def __init__(self, endpoint: str, epochs: int, resources_only: bool = False) -> None:
         ctx = mp.get_context("spawn")
         self.ready = ctx.Semaphore(0)
         self.go = ctx.Event()
-        self.procs = [ctx.Process(target=_sender, args=(endpoint, i, epochs, self.ready, self.go),
+        self.procs = [ctx.Process(target=_sender, args=(endpoint, i, epochs, self.ready, self.go,
+                                                        resources_only),
                                   daemon=True) for i in range(SENDERS)]
         for p in self.procs:
             p.start()
@@ -114,6 +126,30 @@ class _Senders:
             p.join(60)
             if p.is_alive():
                 p.kill()
+
+
+def floor_rate(epochs: int) -> float:
+    """The floor of any broker that validates what it receives: a bare PULL loop that runs
+    ``protocol.decode`` on each frame (resources frames, same senders as :func:`broker_rate`
+    with ``resources_only``)."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.linger = 0
+    sock.rcvhwm = 100_000
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    total = SENDERS * len(range(0, RANKS, SENDERS)) * epochs * 2
+    try:
+        senders = _Senders(f"tcp://127.0.0.1:{port}", epochs, resources_only=True)
+        recv, decode = sock.recv, protocol.decode
+        t0 = senders.start()
+        for _ in range(total):
+            decode(recv())
+        dt = time.perf_counter() - t0
+        senders.join()
+    finally:
+        sock.close(0)
+        ctx.term()
+    return total / dt
 
 
 def raw_rate(epochs: int) -> float:
@@ -137,7 +173,7 @@ def raw_rate(epochs: int) -> float:
     return total / dt
 
 
-def broker_rate(epochs: int) -> tuple[float, int]:
+def broker_rate(epochs: int, resources_only: bool = False) -> tuple[float, int]:
     with tempfile.TemporaryDirectory(prefix="rankboard-bench-") as tmp:
         server = BrokerServer("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*",
                               data_dir=Path(tmp) / "data")
@@ -159,7 +195,7 @@ def broker_rate(epochs: int) -> tuple[float, int]:
                 time.sleep(0.005)
             base = server.runs.accepted
             total = SENDERS * len(range(0, RANKS, SENDERS)) * epochs * 2
-            senders = _Senders(endpoints["ingest"], epochs)
+            senders = _Senders(endpoints["ingest"], epochs, resources_only)
             t0 = senders.start()
             deadline = time.monotonic() + 300
             while server.runs.accepted - base < total:
@@ -193,10 +229,21 @@ def decode_rate(epochs: int) -> float:
 
 def run(quick: bool) -> list[dict[str, Any]]:
     epochs = 40 if quick else 200
+    # Floor and broker alternate, three of each (one in --quick); the medians are compared:
+    # on 2 shared cores one pair alone swings by 2x either way.
+    floors, rates = [], []
+    for _ in range(1 if quick else 3):
+        floors.append(floor_rate(epochs))
+        rates.append(broker_rate(epochs, resources_only=True)[0])
+    floor, res_rate = statistics.median(floors), statistics.median(rates)
+    out = [result("ingest_floor_ratio", round(res_rate), "frames/s", baseline=round(floor),
+                  ratio=round(res_rate / floor, 3), frames=SENDERS * (RANKS // SENDERS) * epochs * 2,
+                  senders=SENDERS, ranks=RANKS, kind="resources",
+                  floors=[round(f) for f in floors], brokers=[round(r) for r in rates])]
     raw = raw_rate(epochs)
     rate, records = broker_rate(epochs)
     dec = decode_rate(epochs)
-    return [result("ingest_ratio", round(rate), "frames/s", baseline=round(raw), ratio=round(rate / raw, 3),
+    return out + [result("ingest_ratio", round(rate), "frames/s", baseline=round(raw), ratio=round(rate / raw, 3),
                    frames=SENDERS * (RANKS // SENDERS) * epochs * 2, senders=SENDERS, ranks=RANKS,
                    records=records, decode_only_fps=round(dec), decode_only_ratio=round(dec / raw, 3))]
 

@@ -19,7 +19,7 @@ import msgspec
 from broker.ratelimit import RateLimitedLog
 from broker.sink import Event, Rejected, RunSink
 from rank_agent import protocol
-from rank_agent.protocol import Frame
+from rank_agent.protocol import Frame, Register
 
 __all__ = ["Runs", "OnAccept", "Recorder"]
 
@@ -46,7 +46,8 @@ class Runs:
     the frame is rejected as ``too_many_runs``.
 
     Hooks (the server wires them to the journal): ``recorder(sink, raw, frame, now)``, then
-    ``on_accept(run, raw, frame, now)``, after every accepted frame; ``loader(run)`` when a
+    ``on_register(frame)`` for an accepted ``register`` and ``on_accept(run, raw, frame,
+    now)``, after every accepted frame; ``loader(run)`` when a
     frame names a run not in memory, to bring back one evicted earlier (None: a new run);
     ``on_evict(run)`` when a run leaves memory (also when a run brought back by ``loader``
     is dropped again because its frame was rejected).
@@ -61,6 +62,7 @@ class Runs:
         step_close_after: float = 10.0,
         sinks: dict[str, RunSink] | None = None,
         on_accept: OnAccept | None = None,
+        on_register: Callable[[Register], None] | None = None,
         recorder: Recorder | None = None,
         loader: Callable[[str], RunSink | None] | None = None,
         on_evict: Callable[[str], None] | None = None,
@@ -73,6 +75,7 @@ class Runs:
         self.ranks_interval = ranks_interval
         self.step_close_after = step_close_after
         self.on_accept = on_accept
+        self.on_register = on_register
         self.recorder = recorder
         self.loader = loader
         self.on_evict = on_evict
@@ -171,7 +174,22 @@ class Runs:
         if run != self._mru:  # most frames are of the run that sent the previous one
             self._sinks.move_to_end(run)
             self._mru = run
-        return self._accepted(sink, raw, frame, now, events)
+        # _accepted, inlined for the frames of runs already held (nearly all of them): the
+        # broker's per-frame cost is mostly calls like this one.
+        self.accepted += 1
+        recorder = self.recorder
+        if recorder is not None:
+            try:
+                recorder(sink, raw, frame, now)
+            except Exception:
+                self._rlog.error("recorder", "recording an accepted frame of run %r failed",
+                                 run, exc_info=True)
+        if self.on_accept is not None or (self.on_register is not None
+                                          and type(frame) is Register):
+            self._hooks(run, raw, frame, now)
+        if events:
+            return [(run, ev) for ev in events]
+        return []
 
     def _apply_new(self, frame: Frame, now: float, raw: bytes) -> list[tuple[str, Event]]:
         """A frame naming a run not in memory: bring it back or make it, within the cap."""
@@ -208,15 +226,24 @@ class Runs:
             except Exception:
                 self._rlog.error("recorder", "recording an accepted frame of run %r failed",
                                  run, exc_info=True)
+        self._hooks(run, raw, frame, now)
+        if events:
+            return [(run, ev) for ev in events]
+        return []
+
+    def _hooks(self, run: str, raw: bytes, frame: Frame, now: float) -> None:
+        if self.on_register is not None and type(frame) is Register:
+            try:
+                self.on_register(frame)  # type: ignore[arg-type]
+            except Exception:
+                self._rlog.error("on_register", "a register's hook for run %r failed",
+                                 run, exc_info=True)
         if self.on_accept is not None:
             try:
                 self.on_accept(run, raw, frame, now)
             except Exception:
                 self._rlog.error("on_accept", "an accepted frame's hook for run %r failed",
                                  run, exc_info=True)
-        if events:
-            return [(run, ev) for ev in events]
-        return []
 
     def _internal(self, run: str, frame: Frame) -> list[tuple[str, Event]]:
         """A bug in the sink, not bad input: keep the loop alive, but say where."""

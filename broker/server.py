@@ -33,7 +33,7 @@ from broker.ratelimit import RateLimitedLog
 from broker.runs import Runs
 from broker.sink import Event, RunSink
 from rank_agent import protocol
-from rank_agent.protocol import Frame, Register
+from rank_agent.protocol import Register
 
 __all__ = [
     "BrokerServer",
@@ -166,7 +166,7 @@ class BrokerServer:
         #: Random per start: a new one tells the web the broker restarted.
         self.instance = uuid.uuid4().hex
         # Runs checks max_runs (ValueError when < 1).
-        self.runs = Runs(stale_after=stale_after, max_runs=max_runs, on_accept=self._on_accept,
+        self.runs = Runs(stale_after=stale_after, max_runs=max_runs, on_register=self._on_register,
                          step_close_after=step_close_after)
         self.endpoints: dict[str, str] = {}
         self._context = context
@@ -388,10 +388,10 @@ class BrokerServer:
 
     # -- the loop's parts ------------------------------------------------------------------
 
-    def _on_accept(self, run: str, raw: bytes, frame: Frame, now: float) -> None:
+    def _on_register(self, frame: Register) -> None:
         # (The journal records the frame before this, as ``runs.recorder``.)
-        if type(frame) is Register and frame.port:
-            self._pending_ports.append((run, frame.rank, frame.port))
+        if frame.port:
+            self._pending_ports.append((frame.run, frame.rank, frame.port))
 
     def _drain_ingest(self) -> None:
         """Receive up to ``batch_limit`` messages, journal them, then publish their events.

