@@ -377,7 +377,9 @@ def test_straggler_board_marks_the_slow_rank(stack: Stack, page: Any) -> None:
         send_steps(stack, run, r, range(120, 140), step_ms=150.0 if r == 5 else 100.0)
     wait_js(page, "window.__rankboard.stripColumns() >= 1")
     row_h = 18
-    hot = page.evaluate(STRIP_PIXEL, [5, row_h])
+    # the strip is drawn on the next animation frame after its column arrived: poll the pixel
+    hot = wait_until(lambda: (lambda px: px if px[0] > 200 and px[0] - px[2] > 100 else None)(
+        page.evaluate(STRIP_PIXEL, [5, row_h])), 10, "rank 5's strip row hot")
     cool = page.evaluate(STRIP_PIXEL, [1, row_h])
     assert hot[0] > 200 and hot[0] - hot[2] > 100, hot
     assert cool[0] < 120, cool
