@@ -7,6 +7,8 @@ any connection anywhere.
 """
 from __future__ import annotations
 
+import os
+
 import re
 import signal
 import socket
@@ -120,7 +122,10 @@ def test_a_dead_worker_is_restarted_and_logged_and_sigterm_stops_all(
 
 def test_metrics_are_per_worker(spawn: Callable[..., Proc], broker: Any,
                                 pusher: Pusher) -> None:
-    pool = start_pool(spawn, broker, "--metrics-port", "0")
+    # Streams opened on worker 2 while looking for one on worker 1 are closed by the client;
+    # a worker notices a gone client only when it next writes (its ping): ping every 0.5 s.
+    pool = start_pool(spawn, broker, "--metrics-port", "0",
+                      env={**os.environ, "RANKBOARD_SSE_PING": "0.5"})
     assert pool.port is not None
     ports = metrics_ports(pool, 2)
     pusher.register(RUN, 0, 1)
