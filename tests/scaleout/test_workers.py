@@ -8,7 +8,6 @@ any connection anywhere.
 from __future__ import annotations
 
 import os
-
 import re
 import signal
 import socket
