@@ -474,6 +474,8 @@ class Reporter:
         self.clean_exit = clean_exit
         self.ended: str | None = None
         self._lock = threading.Lock()
+        # a step held back by hold_step(): [step, metrics, samples, tokens]
+        self._held: list[Any] | None = None
         atexit.register(self._at_exit)
 
     def start(self, *, total_epochs: int = 0, metadata: Any = None, port: int = 0,
@@ -489,7 +491,31 @@ class Reporter:
 
     def step(self, step: int, metrics: Mapping[str, Any] | None = None, samples: int = 0,
              tokens: int = 0) -> None:
+        """One step's point; metrics for the step being held (:meth:`hold_step`) join it."""
+        held = self._held
+        if held is not None and held[0] == step:
+            if metrics:
+                held[1].update(metrics)
+            held[2] += samples
+            held[3] += tokens
+            return
         self.steps.push(step, metrics, samples, tokens)
+
+    def hold_step(self, step: int, samples: int = 0, tokens: int = 0) -> None:
+        """Start the point of ``step`` but send it only at the next :meth:`hold_step` (or the
+        end): a framework that logs a step's numbers after its step-end event (the Trainer's
+        ``on_log``) gets one complete point per step. Sent straight away, the step-end point
+        could reach the broker first from every rank and close the step; the logged numbers
+        would then be late, dropped. Every point is one step late, so step times stay one
+        loop period each."""
+        self.release_step()
+        self._held = [step, {}, samples, tokens]
+
+    def release_step(self) -> None:
+        """Send the held step, if any."""
+        held, self._held = self._held, None
+        if held is not None:
+            self.steps.push(held[0], held[1] or None, held[2], held[3])
 
     def epoch(self, epoch: int, avg_loss: float, *, batches: int = 0, samples: int = 0,
               epoch_ms: float = 0.0, scalars: Mapping[str, Any] | None = None) -> None:
@@ -507,6 +533,7 @@ class Reporter:
         except Exception:  # pragma: no cover - interpreter teardown
             pass
         try:
+            self.release_step()
             self.steps.drain()
         except Exception as exc:
             log.warning("rankboard: could not send the last steps: %r", exc)

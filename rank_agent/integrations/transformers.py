@@ -11,14 +11,17 @@ What a ``trainer.train()`` sends (PROTOCOL.md section 5):
 * at ``on_train_begin``: ``register`` (``total_epochs`` = ``state.num_train_epochs``),
   metadata (``TrainingArguments.to_dict()``, which hides tokens, and the model's config),
   hardware, and resource sampling;
-* every optimizer step, at ``on_step_end``: ``log_step(global_step, samples=...,
-  tokens=...)``, so every process reports its own step time (the straggler board);
+* every optimizer step, at ``on_step_end``: a point for ``global_step`` with ``samples`` and
+  ``tokens``, sent (``log_step``) at the next ``on_step_end`` or at the end, so that the
+  numbers ``on_log`` gives for that step after ``on_step_end`` join it: sent at once, the
+  step could close on the broker before them and they would be dropped as late. Every
+  process reports its own step time (the straggler board), one step period each;
   ``samples`` is ``per_device_train_batch_size * gradient_accumulation_steps``, ``tokens``
   this process's share of the growth of ``state.num_input_tokens_seen`` (counted by the
   Trainer when ``include_num_input_tokens_seen`` is on; it is a job-wide count, so the
   shares add up to it);
 * every ``on_log``: its numbers (``loss``, ``learning_rate``, ``grad_norm``, eval metrics)
-  as metrics of the current step; the agent merges them into the step's point. The Trainer
+  as metrics of the current step, merged into its held point. The Trainer
   averages ``loss`` over processes before logging it, so every rank sends the same value.
   The end-of-training summary (``train_loss``, ``total_flos`` and friends) and the
   cumulative ``train_runtime`` and ``num_input_tokens_seen`` are not step metrics;
@@ -185,8 +188,10 @@ class RankboardCallback(TrainerCallback):
             delta = int(seen) - self._tokens_seen
             self._tokens_seen = int(seen)
             tokens = delta // self._world + (1 if self._rank < delta % self._world else 0)
-        reporter.step(int(state.global_step), None, samples=self._samples_per_step,
-                      tokens=tokens)
+        # held until the next step: the Trainer logs this step's numbers (on_log) after
+        # on_step_end, and both must arrive as one point (Reporter.hold_step)
+        reporter.hold_step(int(state.global_step), samples=self._samples_per_step,
+                           tokens=tokens)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Optional[Dict[str, Any]] = None,
                **kwargs: Any) -> None:

@@ -195,3 +195,30 @@ def test_accelerate_tracker_logs_device_values_without_a_sync() -> None:
     assert [s[0] for s in agent.steps] == list(range(1, 31))
     assert all(m == {"loss": float(s), "lr": 0.5} for s, m, _, _ in agent.steps)
     assert agent.finished == ["ok"]
+
+
+def test_trainer_callback_sends_a_step_only_with_the_numbers_logged_after_its_end() -> None:
+    """The Trainer calls on_log for a step after on_step_end (and once more after
+    on_epoch_end): the step's one point must carry them. Sent at on_step_end, every rank's
+    point could reach the broker first and close the step; the loss would arrive late and be
+    dropped (seen in CI: a step with no loss)."""
+    from rank_agent.integrations.transformers import RankboardCallback
+
+    agent = StubAgent()
+    cb = RankboardCallback()
+    cb.reporter = Reporter(agent)  # type: ignore[arg-type]
+    cb._samples_per_step, cb._world, cb._rank, cb._tokens_seen = 4, 1, 0, 0
+    args = SimpleNamespace()
+    for step in (1, 2, 3):
+        state = SimpleNamespace(global_step=step, epoch=1.0, num_input_tokens_seen=0)
+        cb.on_step_end(args, state, None)
+        assert [s[0] for s in agent.steps] == list(range(1, step))  # nothing of this step yet
+        cb.on_log(args, state, None, logs={"loss": 1.0 / step, "learning_rate": 0.1})
+    cb.on_log(args, state, None, logs={"grad_norm": 2.0})  # after on_epoch_end, same step
+    cb.reporter.end("ok")
+    assert [(s, m, n) for s, m, n, _ in agent.steps] == [
+        (1, {"loss": 1.0, "learning_rate": 0.1}, 4),
+        (2, {"loss": 0.5, "learning_rate": 0.1}, 4),
+        (3, {"loss": 1.0 / 3, "learning_rate": 0.1, "grad_norm": 2.0}, 4),
+    ]
+    assert agent.finished == ["ok"]
