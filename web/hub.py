@@ -638,6 +638,10 @@ class FeedPump:
         self.curve = dict(curve) if curve else None
         #: handshakes the broker refused (or that failed) on the SUB since start
         self.handshake_failures = 0
+        # a connection is up whose handshake has not succeeded yet: if it drops, that was a
+        # failed handshake too (a plain client meeting a CURVE server often sees only the
+        # server hanging up, not a protocol event, depending on who reads the greeting first)
+        self._handshaking = False
         self._unlogged_failures = 0
         self._failure_logged_at: float | None = None
         self._greenlet: gevent.Greenlet | None = None
@@ -670,7 +674,8 @@ class FeedPump:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         monitor = sub.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sub.connect(self.publish)
 
         def new_dealer() -> Any:
@@ -719,6 +724,14 @@ class FeedPump:
         event = parse_monitor_message(parts)
         kind = event["event"]
         value = int(event["value"])  # pyzmq hands it over as an Event flag; it is a number
+        if kind == zmq.EVENT_CONNECTED:
+            self._handshaking = True
+            return
+        if kind == zmq.EVENT_DISCONNECTED:
+            if not self._handshaking:
+                return  # a connection that had worked went away (a broker restart, say)
+            kind, value = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0
+        self._handshaking = False
         if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             if self.handshake_failures:
                 log.info("web feed: handshake with the broker at %s succeeded", self.publish)
