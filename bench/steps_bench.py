@@ -133,11 +133,21 @@ def floor_rate(rounds: int) -> float:
     return total / dt
 
 
-def broker_rate(rounds: int) -> tuple[float, int]:
+def broker_rate(rounds: int) -> tuple[float, int, float]:
+    """(frames/s, closed steps, CPU seconds of the broker's thread per frame)."""
+    cpu: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="rankboard-bench-") as tmp:
         server = BrokerServer(EPHEMERAL, EPHEMERAL, EPHEMERAL, data_dir=Path(tmp) / "data")
         endpoints = server.bind()
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
+
+        def serve() -> None:
+            server.serve_forever()
+            cpu["end"] = time.thread_time()
+
+        def mark() -> None:  # the broker thread's CPU clock when the flood starts
+            cpu["start"] = time.thread_time()
+        server.runs.on_register = lambda frame: mark() if frame.rank == RANKS - 1 else None
+        thread = threading.Thread(target=serve, daemon=True)
         thread.start()
         try:
             ctx = zmq.Context()
@@ -165,7 +175,7 @@ def broker_rate(rounds: int) -> tuple[float, int]:
             server.stop()
             thread.join(10)
             server.close()
-    return total / dt, closed
+    return total / dt, closed, (cpu["end"] - cpu["start"]) / total
 
 
 # ----------------------------------------------------------------- a million steps
@@ -405,10 +415,12 @@ def e2e(steps: int) -> list[dict[str, Any]]:
 def run(quick: bool) -> list[dict[str, Any]]:
     rounds = 5 if quick else 100
     floor = floor_rate(rounds)
-    rate, closed = broker_rate(rounds)
+    rate, closed, cpu = broker_rate(rounds)
     out = [result("steps_ingest_frames_per_s", round(rate), "frames/s", baseline=round(floor),
                   ratio=round(rate / floor, 3), frames=RANKS * rounds, ranks=RANKS,
-                  points_per_frame=3, metrics=len(METRICS), closed_steps=closed)]
+                  points_per_frame=3, metrics=len(METRICS), closed_steps=closed,
+                  broker_cpu_us_per_frame=round(cpu * 1e6, 2),
+                  one_core_frames_per_s=round(1 / cpu) if cpu else None)]
     out += million(20_000 if quick else 1_000_000, 20 if quick else 300)
     out += e2e(20 if quick else 200)
     return out
