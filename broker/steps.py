@@ -91,12 +91,12 @@ def step_record(step: int, reports: Dict[int, Steps]) -> Dict[str, Any]:
             slowest = list(reports)[ms_col.index(top)]
         else:
             slowest = min(r for r, v in zip(reports, ms_col) if v == top)
-    samples: int = sum(map(getitem, map(_samples_or_zeros, frames), idxs))  # type: ignore[arg-type]
-    tokens: int = sum(map(getitem, map(_tokens_or_zeros, frames), idxs))  # type: ignore[arg-type]
+    samples = _count_sum(list(map(_samples, frames)), idxs)
+    tokens = _count_sum(list(map(_tokens, frames)), idxs)
     dicts = list(map(_metrics, frames))
     metrics: Dict[str, List[Optional[float]]] = {}
     names = set().union(*dicts)
-    if len(names) * len(dicts) > 4 * sum(map(len, dicts)) + 256:
+    if len(names) > 8 and len(names) * len(dicts) > 4 * sum(map(len, dicts)) + 256:
         # The ranks log different names (a per-rank metric): column-wise would be
         # O(names x ranks) (1,024 ranks x 64 names of their own: ~30 s); per rank it is
         # O(values), with the values of a name in the same (report) order.
@@ -136,19 +136,22 @@ def step_record(step: int, reports: Dict[int, Steps]) -> Dict[str, Any]:
 
 #: Stand-ins for a list a frame did not send (indices are < 1024 points).
 _NO_COLUMN: List[Optional[float]] = [None] * 1024
-_ZEROS: List[int] = [0] * 1024
 _steps = attrgetter("steps")
 _times = attrgetter("times")
 _step_ms = attrgetter("step_ms")
 _metrics = attrgetter("metrics")
 
 
-def _samples_or_zeros(frame: Steps) -> List[int]:
-    return frame.samples or _ZEROS
+_samples = attrgetter("samples")
+_tokens = attrgetter("tokens")
 
 
-def _tokens_or_zeros(frame: Steps) -> List[int]:
-    return frame.tokens or _ZEROS
+def _count_sum(columns: List[List[int]], idxs: List[int]) -> int:
+    """Sum of ``columns[k][idxs[k]]``, an empty column (not sent) counting 0; C-level unless
+    some frames sent the list and others did not."""
+    if [] not in columns:
+        return sum(map(getitem, columns, idxs))
+    return sum(c[i] for c, i in zip(columns, idxs) if c)
 
 
 class RankSteps:

@@ -180,9 +180,10 @@ def check_steps(frame: Steps) -> None:
         raise BadSteps("steps: times/step_ms length differs from steps")
     if (frame.samples and len(frame.samples) != n) or (frame.tokens and len(frame.tokens) != n):
         raise BadSteps("steps: samples/tokens length differs from steps")
-    for name, values in frame.metrics.items():
-        if len(values) != n:
-            raise BadSteps(f"steps: metric {name[:40]!r} length differs from steps")
+    metrics = frame.metrics
+    if metrics and any(map(n.__ne__, map(len, metrics.values()))):  # C-level pass
+        name = next(k for k, v in metrics.items() if len(v) != n)
+        raise BadSteps(f"steps: metric {name[:40]!r} length differs from steps")
     if n > 1 and not all(map(_lt, steps, steps[1:])):  # C-level: no bytecode per step
         raise BadSteps("steps: not strictly increasing")
 
