@@ -369,7 +369,12 @@ class Journal:
         per_row = 40 + 28 * (len(store.metrics) + 1)
         chunk = max(1, _STEP_BLOCK_BYTES // per_row)
         for start in range(st.noted_steps, store.rows, chunk):
-            payload = _block_encoder.encode(store.to_wire(start, start + chunk))
+            block = store.to_wire(start, start + chunk)
+            # when they were published and the run's updated_at then: a restored header
+            # (and a non-finite loss alert's time) is what it was live
+            block["published_at"] = sink.steps_published_at
+            block["updated_at"] = sink.updated_at
+            payload = _block_encoder.encode(block)
             st.buf += _entry(bytes((KIND_STEPS,)), payload)
         st.noted_steps = store.rows
         self._dirty[st.run] = st

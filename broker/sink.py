@@ -358,6 +358,11 @@ class RunSink:
         }
 
     @property
+    def steps_published_at(self) -> float | None:
+        """When the last ``steps`` event was published (None: none yet)."""
+        return self._steps_sent_at
+
+    @property
     def late_steps(self) -> int:
         """Step points dropped because their step had already closed."""
         return self._closer.late
@@ -378,10 +383,17 @@ class RunSink:
         self._closer.restore_slowest(store.slowest_ranks(since=before)[-SHARE_WINDOW:])
         if self.status == "waiting":
             self.status = "training"
+        published = block.get("published_at")
+        updated = block.get("updated_at")
+        if isinstance(updated, float) and (self.updated_at is None or updated > self.updated_at):
+            self.updated_at = updated  # the steps frames behind it are not journaled
+        if isinstance(published, float):
+            self._steps_sent_at = published
         bad = store.last_nonfinite("loss", since=before)
         if bad is not None:
             step, value, at = bad
-            self._raise("nonfinite_loss", None, f"step {step}: loss is {value}", at)
+            self._raise("nonfinite_loss", None, f"step {step}: loss is {value}",
+                        published if isinstance(published, float) else at)
 
     # ------------------------------------------------------------------ validation
 

@@ -554,9 +554,6 @@ def test_restart_of_a_steps_only_run_raises_no_stale_alert(tmp_path: Path) -> No
         b2.close()
 
 
-@pytest.mark.xfail(strict=True, reason="the restored header has the time of the last "
-                   "journaled frame as updated_at, and a step's nonfinite_loss alert 'at' is "
-                   "the step's time instead of when the broker raised it")
 def test_restored_header_times_equal_the_live_ones(tmp_path: Path) -> None:
     b = Broker(tmp_path / "d")
     training(b, upto=40)
