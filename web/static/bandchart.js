@@ -12,7 +12,8 @@
 // Names from a training job reach the DOM only through textContent.
 
 import {
-  colorAt, cssVar, ema, el, formatClock, formatNumber, logTicks, niceTicks, timeTicks,
+  chartControls, chartTheme, colorAt, drawYGrid, ema, el, formatClock, formatNumber,
+  logTicks, niceTicks, timeTicks,
 } from "./charts.js";
 import { cancelFrame, onFrame } from "./frame.js";
 
@@ -204,47 +205,15 @@ export class BandChart {
     const head = el("div", "chart-head");
     this.titleEl = el("h3", "chart-title", o.title || "");
     head.append(this.titleEl);
-    const tools = el("div", "chart-tools");
+    const { tools, logBtn, resetBtn: reset } = chartControls(o, {
+      onSmooth: (weight) => { this.smooth = weight; this.render(); },
+      onLog: () => { this.logScale = !this._effectiveLog(); this.render(); },
+      onReset: () => this._zoom(null),
+      smoothTitle: "EMA smoothing of the mean line",
+    });
     this.status = el("span", "chart-status");
-    tools.append(this.status);
-    if (o.smoothing) {
-      const lab = el("label", "chart-smooth");
-      lab.title = "EMA smoothing of the mean line";
-      lab.append(el("span", "tool-label", "smooth"));
-      const range = el("input");
-      range.type = "range";
-      range.min = "0";
-      range.max = "0.99";
-      range.step = "0.01";
-      range.value = "0";
-      range.setAttribute("aria-label", "smoothing");
-      const val = el("span", "tool-value", "0.00");
-      range.addEventListener("input", () => {
-        this.smooth = Number(range.value);
-        val.textContent = this.smooth.toFixed(2);
-        this.render();
-      });
-      lab.append(range, val);
-      tools.append(lab);
-    }
-    if (o.log) {
-      const b = el("button", "tool-btn", "log");
-      b.type = "button";
-      b.title = "logarithmic y axis";
-      b.setAttribute("aria-pressed", "false");
-      b.dataset.action = "log";
-      b.addEventListener("click", () => {
-        this.logScale = !this._effectiveLog();
-        this.render();
-      });
-      tools.append(b);
-      this.logBtn = b;
-    }
-    const reset = el("button", "tool-btn", "reset zoom");
-    reset.type = "button";
-    reset.hidden = true;
-    reset.dataset.action = "reset-zoom";
-    reset.addEventListener("click", () => this._zoom(null));
+    tools.prepend(this.status);
+    if (logBtn) this.logBtn = logBtn;
     this.resetBtn = reset;
     tools.append(reset);
     head.append(tools);
@@ -471,14 +440,7 @@ export class BandChart {
     }
     const ctx = cv.getContext("2d");
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    const theme = this._theme || (this._theme = {
-      bg: cssVar(this.card, "--chart-bg", "#141821"),
-      grid: cssVar(this.card, "--chart-grid", "rgba(255,255,255,0.07)"),
-      axis: cssVar(this.card, "--chart-axis", "#8b95a7"),
-      cross: cssVar(this.card, "--chart-cross", "rgba(255,255,255,0.35)"),
-      sel: cssVar(this.card, "--chart-select", "rgba(87,148,242,0.18)"),
-      font: cssVar(this.card, "--chart-font", "11px system-ui, sans-serif"),
-    });
+    const theme = this._theme || (this._theme = chartTheme(this.card));
     ctx.fillStyle = theme.bg;
     ctx.fillRect(0, 0, w, h);
     const ext = this._extent();
@@ -523,21 +485,7 @@ export class BandChart {
     const cx = (c) => L + (c + 0.5) / dpr;
     this._geom = { L, T, pw, ph, a, b, X0, X1, cols, dpr, sy };
 
-    // grid + y labels
-    ctx.strokeStyle = theme.grid;
-    ctx.lineWidth = 1;
-    ctx.fillStyle = theme.axis;
-    ctx.textAlign = "right";
-    ctx.textBaseline = "middle";
-    yt.ticks.forEach((t, k) => {
-      const py = Math.round(sy(t)) + 0.5;
-      if (py < T - 1 || py > T + ph + 1) return;
-      ctx.beginPath();
-      ctx.moveTo(L, py);
-      ctx.lineTo(L + pw, py);
-      ctx.stroke();
-      ctx.fillText(yLabels[k], L - 6, py);
-    });
+    drawYGrid(ctx, theme, yt.ticks, yLabels, sy, L, T, pw, ph);
     this._xTicks(ctx, theme, L, T, pw, ph, X0, X1, w);
 
     ctx.save();

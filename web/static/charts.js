@@ -153,6 +153,85 @@ export function cssVar(node, name, fallback) {
  * xLabel, yFormat(v) -> string, yMin/yMax (fixed bounds; data may widen them), log (show
  * the log-scale toggle), smoothing (show the EMA slider), height (CSS px), filename.
  */
+/**
+ * The controls every chart's header carries: EMA smoothing (``o.smoothing``), a log y axis
+ * (``o.log``) and a reset-zoom button (hidden until a zoom), wired to the chart's callbacks.
+ * Returns the tools container (smoothing and log appended; the caller appends the reset
+ * button where it wants it) and the elements the chart keeps.
+ */
+export function chartControls(o, { onSmooth, onLog, onReset, smoothTitle = "EMA smoothing" }) {
+  const tools = el("div", "chart-tools");
+  let smoothInput = null;
+  let logBtn = null;
+  if (o.smoothing) {
+    const lab = el("label", "chart-smooth");
+    lab.title = smoothTitle;
+    lab.append(el("span", "tool-label", "smooth"));
+    const range = el("input");
+    range.type = "range";
+    range.min = "0";
+    range.max = "0.99";
+    range.step = "0.01";
+    range.value = "0";
+    range.setAttribute("aria-label", "smoothing");
+    const val = el("span", "tool-value", "0.00");
+    range.addEventListener("input", () => {
+      const weight = Number(range.value);
+      val.textContent = weight.toFixed(2);
+      onSmooth(weight);
+    });
+    lab.append(range, val);
+    tools.append(lab);
+    smoothInput = range;
+  }
+  if (o.log) {
+    const b = el("button", "tool-btn", "log");
+    b.type = "button";
+    b.title = "logarithmic y axis";
+    b.setAttribute("aria-pressed", "false");
+    b.dataset.action = "log";
+    b.addEventListener("click", onLog);
+    tools.append(b);
+    logBtn = b;
+  }
+  const resetBtn = el("button", "tool-btn", "reset zoom");
+  resetBtn.type = "button";
+  resetBtn.hidden = true;
+  resetBtn.dataset.action = "reset-zoom";
+  resetBtn.addEventListener("click", onReset);
+  return { tools, smoothInput, logBtn, resetBtn };
+}
+
+/** A chart's colours and font, read once from its card's CSS variables. */
+export function chartTheme(card) {
+  return {
+    bg: cssVar(card, "--chart-bg", "#141821"),
+    grid: cssVar(card, "--chart-grid", "rgba(255,255,255,0.07)"),
+    axis: cssVar(card, "--chart-axis", "#8b95a7"),
+    cross: cssVar(card, "--chart-cross", "rgba(255,255,255,0.35)"),
+    sel: cssVar(card, "--chart-select", "rgba(87,148,242,0.18)"),
+    font: cssVar(card, "--chart-font", "11px system-ui, sans-serif"),
+  };
+}
+
+/** Horizontal grid lines and their labels at the y ticks inside the plot area. */
+export function drawYGrid(ctx, theme, ticks, labels, sy, L, T, pw, ph) {
+  ctx.strokeStyle = theme.grid;
+  ctx.lineWidth = 1;
+  ctx.fillStyle = theme.axis;
+  ctx.textAlign = "right";
+  ctx.textBaseline = "middle";
+  ticks.forEach((t, k) => {
+    const py = Math.round(sy(t)) + 0.5;
+    if (py < T - 1 || py > T + ph + 1) return;
+    ctx.beginPath();
+    ctx.moveTo(L, py);
+    ctx.lineTo(L + pw, py);
+    ctx.stroke();
+    ctx.fillText(labels[k], L - 6, py);
+  });
+}
+
 export class LineChart {
   constructor(host, opts = {}) {
     this.opts = { xType: "linear", xInteger: false, yFormat: formatNumber, height: 240, ...opts };
@@ -174,47 +253,13 @@ export class LineChart {
     const head = el("div", "chart-head");
     this.titleEl = el("h3", "chart-title", o.title || "");
     head.append(this.titleEl);
-    const tools = el("div", "chart-tools");
-
-    if (o.smoothing) {
-      const lab = el("label", "chart-smooth");
-      lab.title = "EMA smoothing";
-      lab.append(el("span", "tool-label", "smooth"));
-      const range = el("input");
-      range.type = "range";
-      range.min = "0";
-      range.max = "0.99";
-      range.step = "0.01";
-      range.value = "0";
-      range.setAttribute("aria-label", "smoothing");
-      const val = el("span", "tool-value", "0.00");
-      range.addEventListener("input", () => {
-        this.smooth = Number(range.value);
-        val.textContent = this.smooth.toFixed(2);
-        this.render();
-      });
-      lab.append(range, val);
-      tools.append(lab);
-      this.smoothInput = range;
-    }
-    if (o.log) {
-      const b = el("button", "tool-btn", "log");
-      b.type = "button";
-      b.title = "logarithmic y axis";
-      b.setAttribute("aria-pressed", "false");
-      b.dataset.action = "log";
-      b.addEventListener("click", () => {
-        this.logScale = !this._effectiveLog();
-        this.render();
-      });
-      tools.append(b);
-      this.logBtn = b;
-    }
-    const reset = el("button", "tool-btn", "reset zoom");
-    reset.type = "button";
-    reset.hidden = true;
-    reset.dataset.action = "reset-zoom";
-    reset.addEventListener("click", () => this.resetZoom());
+    const { tools, smoothInput, logBtn, resetBtn: reset } = chartControls(o, {
+      onSmooth: (weight) => { this.smooth = weight; this.render(); },
+      onLog: () => { this.logScale = !this._effectiveLog(); this.render(); },
+      onReset: () => this.resetZoom(),
+    });
+    if (smoothInput) this.smoothInput = smoothInput;
+    if (logBtn) this.logBtn = logBtn;
     this.resetBtn = reset;
     const png = el("button", "tool-btn", "PNG");
     png.type = "button";
@@ -342,14 +387,7 @@ export class LineChart {
     }
     const ctx = cv.getContext("2d");
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    const theme = this._theme || (this._theme = {
-      bg: cssVar(this.card, "--chart-bg", "#141821"),
-      grid: cssVar(this.card, "--chart-grid", "rgba(255,255,255,0.07)"),
-      axis: cssVar(this.card, "--chart-axis", "#8b95a7"),
-      cross: cssVar(this.card, "--chart-cross", "rgba(255,255,255,0.35)"),
-      sel: cssVar(this.card, "--chart-select", "rgba(87,148,242,0.18)"),
-      font: cssVar(this.card, "--chart-font", "11px system-ui, sans-serif"),
-    });
+    const theme = this._theme || (this._theme = chartTheme(this.card));
     ctx.fillStyle = theme.bg;
     ctx.fillRect(0, 0, w, h);
 
@@ -446,21 +484,7 @@ export class LineChart {
     const sx = (v) => L + ((v - x0) / (x1 - x0)) * pw;
     this._geom = { L, T, pw, ph, x0, x1, sx, sy };
 
-    // grid + y labels
-    ctx.strokeStyle = theme.grid;
-    ctx.lineWidth = 1;
-    ctx.fillStyle = theme.axis;
-    ctx.textAlign = "right";
-    ctx.textBaseline = "middle";
-    yt.ticks.forEach((t, k) => {
-      const py = Math.round(sy(t)) + 0.5;
-      if (py < T - 1 || py > T + ph + 1) return;
-      ctx.beginPath();
-      ctx.moveTo(L, py);
-      ctx.lineTo(L + pw, py);
-      ctx.stroke();
-      ctx.fillText(yLabels[k], L - 6, py);
-    });
+    drawYGrid(ctx, theme, yt.ticks, yLabels, sy, L, T, pw, ph);
     // x ticks
     const xCount = Math.max(2, Math.floor(pw / 80));
     const xt = this.opts.xType === "time"
