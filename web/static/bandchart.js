@@ -12,8 +12,8 @@
 // Names from a training job reach the DOM only through textContent.
 
 import {
-  chartControls, chartTheme, colorAt, drawYGrid, ema, el, formatClock, formatNumber,
-  logTicks, niceTicks, timeTicks,
+  buildLegend, chartControls, chartTheme, colorAt, drawYGrid, ema, el, formatClock,
+  formatNumber, logTicks, niceTicks, syncLegend, timeTicks,
 } from "./charts.js";
 import { cancelFrame, onFrame } from "./frame.js";
 
@@ -296,30 +296,11 @@ export class BandChart {
   }
 
   _buildLegend() {
-    this.legendEl.replaceChildren();
-    for (const s of this.series) {
-      const b = el("button", "legend-item");
-      b.type = "button";
-      b.dataset.series = s.name;
-      b.title = "click to show only this series; click again to show all";
-      const sw = el("span", "swatch");
-      sw.style.background = s.color;
-      b.append(sw, el("span", "legend-name", s.name));
-      b.addEventListener("click", () => {
-        this.solo = this.solo === s.name ? null : s.name;
-        this._syncLegend();
-        this.render();
-      });
-      this.legendEl.append(b);
-    }
-    this._syncLegend();
+    buildLegend(this);
   }
 
   _syncLegend() {
-    for (const b of this.legendEl.children) {
-      b.classList.toggle("off", this.solo !== null && b.dataset.series !== this.solo);
-      b.setAttribute("aria-pressed", String(this.solo === b.dataset.series));
-    }
+    syncLegend(this);
   }
 
   _visibleSeries() {

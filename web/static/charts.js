@@ -232,6 +232,38 @@ export function drawYGrid(ctx, theme, ticks, labels, sy, L, T, pw, ph) {
   });
 }
 
+/**
+ * A chart's legend: one button per series (``chart.series``: ``{name, color}``) in
+ * ``chart.legendEl``; a click shows only that series (``chart.solo``), a second click all.
+ */
+export function buildLegend(chart) {
+  chart.legendEl.replaceChildren();
+  for (const s of chart.series) {
+    const b = el("button", "legend-item");
+    b.type = "button";
+    b.dataset.series = s.name;
+    b.title = "click to show only this series; click again to show all";
+    const sw = el("span", "swatch");
+    sw.style.background = s.color;
+    b.append(sw, el("span", "legend-name", s.name));
+    b.addEventListener("click", () => {
+      chart.solo = chart.solo === s.name ? null : s.name;
+      syncLegend(chart);
+      chart.render();
+    });
+    chart.legendEl.append(b);
+  }
+  syncLegend(chart);
+}
+
+/** Mark the legend's buttons after ``chart.solo`` changed. */
+export function syncLegend(chart) {
+  for (const b of chart.legendEl.children) {
+    b.classList.toggle("off", chart.solo !== null && b.dataset.series !== chart.solo);
+    b.setAttribute("aria-pressed", String(chart.solo === b.dataset.series));
+  }
+}
+
 export class LineChart {
   constructor(host, opts = {}) {
     this.opts = { xType: "linear", xInteger: false, yFormat: formatNumber, height: 240, ...opts };
@@ -324,31 +356,11 @@ export class LineChart {
   }
 
   _buildLegend() {
-    this.legendEl.replaceChildren();
-    for (const s of this.series) {
-      const b = el("button", "legend-item");
-      b.type = "button";
-      b.dataset.series = s.name;
-      b.title = "click to show only this series; click again to show all";
-      const sw = el("span", "swatch");
-      sw.style.background = s.color;
-      b.append(sw, el("span", "legend-name", s.name));
-      b.addEventListener("click", () => {
-        this.solo = this.solo === s.name ? null : s.name;
-        this._syncLegend();
-        this.render();
-      });
-      this.legendEl.append(b);
-    }
-    this._syncLegend();
+    buildLegend(this);
   }
 
   _syncLegend() {
-    for (const b of this.legendEl.children) {
-      const off = this.solo !== null && b.dataset.series !== this.solo;
-      b.classList.toggle("off", off);
-      b.setAttribute("aria-pressed", String(this.solo === b.dataset.series));
-    }
+    syncLegend(this);
   }
 
   _visible() {
