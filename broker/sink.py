@@ -274,9 +274,7 @@ class RunSink:
                 self._ranks_dirty = True
                 self._raise("stale", st.rank, f"rank {st.rank} silent for {self.stale_after:g}s", now)
         self._close_steps(now)
-        if self._steps_out and (self._steps_sent_at is None
-                                or now - self._steps_sent_at >= STEPS_INTERVAL):
-            self._publish_steps(now)
+        self._publish_steps_due(now)
         if self._header_changed or (self._header_pending and (
             self._header_sent_at is None or now - self._header_sent_at >= self.ranks_interval
         )):
@@ -523,15 +521,19 @@ class RunSink:
     def _on_steps(self, frame: Steps, st: _Rank, now: float) -> None:
         if self._closer.add(frame, now, not st.finished):
             self._close_steps(now)  # (grace and force close also run in tick)
-        if self._steps_out and (self._steps_sent_at is None
-                                or now - self._steps_sent_at >= STEPS_INTERVAL):
-            self._publish_steps(now)
+        self._publish_steps_due(now)
 
     def _close_steps(self, now: float) -> None:
         """Take what the closer lets close now (watermark, grace, force close)."""
         closed = self._closer.ready(now, self.world_size)
         if closed:
             self._steps_out.extend(closed)
+
+    def _publish_steps_due(self, now: float) -> None:
+        """Publish the closed steps waiting, if any, once STEPS_INTERVAL has passed."""
+        if self._steps_out and (self._steps_sent_at is None
+                                or now - self._steps_sent_at >= STEPS_INTERVAL):
+            self._publish_steps(now)
 
     def _publish_steps(self, now: float) -> None:
         """One ``steps`` event with every step closed since the last one (at most one per

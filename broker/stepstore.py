@@ -87,6 +87,19 @@ class Series:
     def nbytes(self) -> int:
         return self.row.nbytes + self.mean.nbytes + self.lo.nbytes + self.hi.nbytes
 
+    def span(self, r0: int, r1: int) -> tuple[int, int]:
+        """Positions ``[p0, p1)`` of this series' points on rows ``[r0, r1)``."""
+        srow = self.row[: self.n]
+        return (int(np.searchsorted(srow, r0, "left")), int(np.searchsorted(srow, r1, "left")))
+
+    def dense(self, arr: np.ndarray, r0: int, r1: int) -> np.ndarray:
+        """``arr`` (``mean``, ``lo`` or ``hi``) spread over rows ``[r0, r1)``: NaN where the
+        series has no point."""
+        p0, p1 = self.span(r0, r1)
+        out = np.full(r1 - r0, _NAN)
+        out[self.row[p0:p1] - r0] = arr[p0:p1]
+        return out
+
 
 class StepStore:
     """Every closed step of one run, columnar; append-only, ascending steps."""
@@ -134,7 +147,7 @@ class StepStore:
         s = self.metrics.get(metric)
         if s is None or not s.nonfinite:
             return None
-        p0 = int(np.searchsorted(s.row[: s.n], since, "left"))
+        p0 = s.span(since, self.rows)[0]
         mean = s.mean[p0: s.n]
         bad = np.flatnonzero(~np.isfinite(mean))
         if not len(bad):
@@ -262,34 +275,23 @@ class StepStore:
         series = self.step_ms if metric == STEP_MS else self.metrics.get(metric)
         if series is None or not series.n:
             return []
-        srow = series.row[: series.n]
-        p0 = int(np.searchsorted(srow, r0, "left"))
-        p1 = int(np.searchsorted(srow, r1, "left"))
+        p0, p1 = series.span(r0, r1)
         if p1 <= p0:
             return []
         mean = series.mean[p0:p1]
-        return _buckets(steps[srow[p0:p1]], mean, series.lo[p0:p1], series.hi[p0:p1],
+        return _buckets(steps[series.row[p0:p1]], mean, series.lo[p0:p1], series.hi[p0:p1],
                         series.nonfinite, points)
 
     def _rates(self, metric: str, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows in ``[r0, r1)`` with a ``samples_per_s``/``tokens_per_s`` and the rates."""
         count = self._cols["samples" if metric == SAMPLES_PER_S else "tokens"][r0:r1]
-        seconds = self._dense_ms_max(r0, r1) / 1000.0  # as step_record: a subnormal -> 0
+        # max step_ms per row, as step_record divides it (a subnormal -> 0)
+        seconds = self.step_ms.dense(self.step_ms.hi, r0, r1) / 1000.0
         ok = (count > 0) & np.isfinite(seconds) & (seconds != 0)
         idx = np.flatnonzero(ok)
         with np.errstate(over="ignore"):  # a tiny step time: an infinite rate (null)
             rates = count[idx] / seconds[idx]
         return idx + r0, rates
-
-    def _dense_ms_max(self, r0: int, r1: int) -> np.ndarray:
-        """Max step_ms per row of ``[r0, r1)`` (NaN where none)."""
-        top = np.full(r1 - r0, _NAN)
-        s = self.step_ms
-        srow = s.row[: s.n]
-        p0 = int(np.searchsorted(srow, r0, "left"))
-        p1 = int(np.searchsorted(srow, r1, "left"))
-        top[srow[p0:p1] - r0] = s.hi[p0:p1]
-        return top
 
     def records(self, r0: int, r1: Optional[int] = None) -> List[Dict[str, Any]]:
         """Rows ``[r0, r1)`` as closed step records (PROTOCOL 2.4 dicts; NaN for the
@@ -327,11 +329,9 @@ class StepStore:
     @staticmethod
     def _triples(s: Series, r0: int, r1: int) -> Dict[int, List[Optional[float]]]:
         """Offset from ``r0`` -> ``[mean, min, max]`` (None for NaN min/max) of a series."""
-        srow = s.row[: s.n]
-        p0 = int(np.searchsorted(srow, r0, "left"))
-        p1 = int(np.searchsorted(srow, r1, "left"))
+        p0, p1 = s.span(r0, r1)
         out: Dict[int, List[Optional[float]]] = {}
-        for row, mean, lo, hi in zip(srow[p0:p1].tolist(), s.mean[p0:p1].tolist(),
+        for row, mean, lo, hi in zip(s.row[p0:p1].tolist(), s.mean[p0:p1].tolist(),
                                      s.lo[p0:p1].tolist(), s.hi[p0:p1].tolist()):
             out[row - r0] = [mean, None if lo != lo else lo, None if hi != hi else hi]
         return out
@@ -359,16 +359,9 @@ class StepStore:
                 columns.append(_floats(dense))
             yield "".join(",".join(cells) + "\r\n" for cells in zip(*columns))
 
-    def _dense_cells(self, s: Series, r0: int, r1: int) -> List[List[str]]:
-        srow = s.row[: s.n]
-        p0 = int(np.searchsorted(srow, r0, "left"))
-        p1 = int(np.searchsorted(srow, r1, "left"))
-        out = []
-        for arr in (s.mean, s.lo, s.hi):
-            dense = np.full(r1 - r0, _NAN)
-            dense[srow[p0:p1] - r0] = arr[p0:p1]
-            out.append(_floats(dense))
-        return out
+    @staticmethod
+    def _dense_cells(s: Series, r0: int, r1: int) -> List[List[str]]:
+        return [_floats(s.dense(arr, r0, r1)) for arr in (s.mean, s.lo, s.hi)]
 
 
 def csv_header(metric_names: Sequence[str]) -> str:
@@ -403,9 +396,7 @@ def _extend(series: Series, rows: List[int], triples: List[List[Optional[float]]
 
 
 def _series_wire(s: Series, start: int, end: int) -> List[bytes]:
-    srow = s.row[: s.n]
-    p0 = int(np.searchsorted(srow, start, "left"))
-    p1 = int(np.searchsorted(srow, end, "left"))
+    p0, p1 = s.span(start, end)
     return [s.row[p0:p1].tobytes(), s.mean[p0:p1].tobytes(), s.lo[p0:p1].tobytes(),
             s.hi[p0:p1].tobytes()]
 
