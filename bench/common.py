@@ -322,3 +322,92 @@ def machine() -> dict[str, Any]:
         "libzmq": zmq.zmq_version(),
         "platform": platform.platform(),
     }
+
+
+# ------------------------------------------------------------------ sender processes
+
+
+def _push(endpoint: str, frames_for: Callable[[int, int], list[bytes]], sender: int, size: int,
+          ready: Any, go: Any) -> None:
+    """A sender process: build its frames first (so encoding is not timed), connect, say
+    ready, then push everything at ``go`` and deliver it all before exiting."""
+    import zmq
+
+    frames = frames_for(sender, size)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.sndhwm = 10_000
+    sock.connect(endpoint)
+    ready.release()
+    go.wait()
+    send = sock.send
+    for f in frames:
+        send(f)
+    sock.close(linger=-1)  # deliver everything
+    ctx.term()
+
+
+class Senders:
+    """``n`` spawned processes pushing ``frames_for(i, size)`` (a picklable module-level
+    function, or a ``functools.partial`` of one) to ``endpoint``, all released at once by
+    :meth:`start`, so a receiver's clock covers the same sender start-up in every run."""
+
+    def __init__(self, endpoint: str, frames_for: Callable[[int, int], list[bytes]], n: int,
+                 size: int) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.ready = ctx.Semaphore(0)
+        self.go = ctx.Event()
+        self.procs = [ctx.Process(target=_push, args=(endpoint, frames_for, i, size, self.ready,
+                                                      self.go), daemon=True)
+                      for i in range(n)]
+        for p in self.procs:
+            p.start()
+        for _ in self.procs:
+            if not self.ready.acquire(timeout=120):
+                raise RuntimeError("a sender did not start")
+
+    def start(self) -> float:
+        """Release the senders; returns the ``perf_counter`` time they were released."""
+        t0 = time.perf_counter()
+        self.go.set()
+        return t0
+
+    def join(self) -> None:
+        for p in self.procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+
+
+def pull_rate(senders: Callable[[str], Senders], total: int, decode: bool = False) -> float:
+    """Frames/s of a bare PULL loop in this process receiving ``total`` frames from the
+    senders ``senders(endpoint)`` starts; with ``decode`` it also runs ``protocol.decode``
+    on each (the floor of any broker that validates what it receives)."""
+    import zmq
+
+    from rank_agent import protocol
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.linger = 0
+    sock.rcvhwm = 100_000
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        pool = senders(f"tcp://127.0.0.1:{port}")
+        recv = sock.recv
+        t0 = pool.start()
+        if decode:
+            dec = protocol.decode
+            for _ in range(total):
+                dec(recv())
+        else:
+            for _ in range(total):
+                recv()
+        dt = time.perf_counter() - t0
+        pool.join()
+    finally:
+        sock.close(0)
+        ctx.term()
+    return total / dt

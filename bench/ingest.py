@@ -29,16 +29,16 @@ any fully decoding broker in this interpreter.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import statistics
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import zmq
-from common import result
+from common import Senders, pull_rate, result
 
 from broker.server import BrokerServer
 from rank_agent import protocol
@@ -86,91 +86,24 @@ def registers() -> list[bytes]:
                          local_rank=r % RANKS_PER_HOST, total_epochs=100000)) for r in range(RANKS)]
 
 
-def _sender(endpoint: str, sender: int, epochs: int, ready: Any, go: Any,
-            resources_only: bool = False) -> None:
-    frames = frames_for(sender, epochs, resources_only)
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
-    sock.sndhwm = 10_000
-    sock.connect(endpoint)
-    ready.release()
-    go.wait()
-    send = sock.send
-    for f in frames:
-        send(f)
-    sock.close(linger=-1)  # deliver everything
-    ctx.term()
+def _senders(endpoint: str, epochs: int, resources_only: bool = False) -> Senders:
+    return Senders(endpoint, partial(frames_for, resources_only=resources_only), SENDERS, epochs)
 
 
-class _Senders:
-    def __init__(self, endpoint: str, epochs: int, resources_only: bool = False) -> None:
-        ctx = mp.get_context("spawn")
-        self.ready = ctx.Semaphore(0)
-        self.go = ctx.Event()
-        self.procs = [ctx.Process(target=_sender, args=(endpoint, i, epochs, self.ready, self.go,
-                                                        resources_only),
-                                  daemon=True) for i in range(SENDERS)]
-        for p in self.procs:
-            p.start()
-        for _ in self.procs:
-            if not self.ready.acquire(timeout=60):
-                raise RuntimeError("a sender did not start")
-
-    def start(self) -> float:
-        t0 = time.perf_counter()
-        self.go.set()
-        return t0
-
-    def join(self) -> None:
-        for p in self.procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
+def _total(epochs: int) -> int:
+    return SENDERS * len(range(0, RANKS, SENDERS)) * epochs * 2
 
 
 def floor_rate(epochs: int) -> float:
     """The floor of any broker that validates what it receives: a bare PULL loop that runs
     ``protocol.decode`` on each frame (resources frames, same senders as :func:`broker_rate`
     with ``resources_only``)."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PULL)
-    sock.linger = 0
-    sock.rcvhwm = 100_000
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    total = SENDERS * len(range(0, RANKS, SENDERS)) * epochs * 2
-    try:
-        senders = _Senders(f"tcp://127.0.0.1:{port}", epochs, resources_only=True)
-        recv, decode = sock.recv, protocol.decode
-        t0 = senders.start()
-        for _ in range(total):
-            decode(recv())
-        dt = time.perf_counter() - t0
-        senders.join()
-    finally:
-        sock.close(0)
-        ctx.term()
-    return total / dt
+    return pull_rate(lambda ep: _senders(ep, epochs, resources_only=True), _total(epochs),
+                     decode=True)
 
 
 def raw_rate(epochs: int) -> float:
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PULL)
-    sock.linger = 0
-    sock.rcvhwm = 100_000
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    total = SENDERS * len(range(0, RANKS, SENDERS)) * epochs * 2
-    try:
-        senders = _Senders(f"tcp://127.0.0.1:{port}", epochs)
-        recv = sock.recv
-        t0 = senders.start()
-        for _ in range(total):
-            recv()
-        dt = time.perf_counter() - t0
-        senders.join()
-    finally:
-        sock.close(0)
-        ctx.term()
-    return total / dt
+    return pull_rate(lambda ep: _senders(ep, epochs), _total(epochs))
 
 
 def broker_rate(epochs: int, resources_only: bool = False) -> tuple[float, int]:
@@ -194,8 +127,8 @@ def broker_rate(epochs: int, resources_only: bool = False) -> tuple[float, int]:
                     raise RuntimeError("registers not applied")
                 time.sleep(0.005)
             base = server.runs.accepted
-            total = SENDERS * len(range(0, RANKS, SENDERS)) * epochs * 2
-            senders = _Senders(endpoints["ingest"], epochs, resources_only)
+            total = _total(epochs)
+            senders = _senders(endpoints["ingest"], epochs, resources_only)
             t0 = senders.start()
             deadline = time.monotonic() + 300
             while server.runs.accepted - base < total:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import multiprocessing as mp
 import os
 import random
 import signal
@@ -39,7 +38,17 @@ from typing import Any, Optional
 
 import numpy as np
 import zmq
-from common import EPHEMERAL, Proc, SseReader, http_get, percentile, result, wait_for
+from common import (
+    EPHEMERAL,
+    Proc,
+    Senders,
+    SseReader,
+    http_get,
+    percentile,
+    pull_rate,
+    result,
+    wait_for,
+)
 
 from broker.journal import Journal
 from broker.server import BrokerServer
@@ -76,61 +85,10 @@ def registers() -> list[bytes]:
                                   local_rank=r % 8)) for r in range(RANKS)]
 
 
-def _sender(endpoint: str, sender: int, rounds: int, ready: Any, go: Any) -> None:
-    frames = frames_for(sender, rounds)
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
-    sock.sndhwm = 10_000
-    sock.connect(endpoint)
-    ready.release()
-    go.wait()
-    for f in frames:
-        sock.send(f)
-    sock.close(linger=-1)
-    ctx.term()
-
-
-def _senders(endpoint: str, rounds: int) -> tuple[list[Any], Any]:
-    ctx = mp.get_context("spawn")
-    ready, go = ctx.Semaphore(0), ctx.Event()
-    procs = [ctx.Process(target=_sender, args=(endpoint, i, rounds, ready, go), daemon=True)
-             for i in range(SENDERS)]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        if not ready.acquire(timeout=120):
-            raise RuntimeError("a sender did not start")
-    return procs, go
-
-
-def _join(procs: list[Any]) -> None:
-    for p in procs:
-        p.join(60)
-        if p.is_alive():
-            p.kill()
-
-
 def floor_rate(rounds: int) -> float:
     """Frames/s of a bare PULL loop that decodes every frame (no sink, no journal)."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PULL)
-    sock.linger = 0
-    sock.rcvhwm = 100_000
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    total = RANKS * rounds
-    try:
-        procs, go = _senders(f"tcp://127.0.0.1:{port}", rounds)
-        recv, decode = sock.recv, protocol.decode
-        t0 = time.perf_counter()
-        go.set()
-        for _ in range(total):
-            decode(recv())
-        dt = time.perf_counter() - t0
-        _join(procs)
-    finally:
-        sock.close(0)
-        ctx.term()
-    return total / dt
+    return pull_rate(lambda ep: Senders(ep, frames_for, SENDERS, rounds), RANKS * rounds,
+                     decode=True)
 
 
 def broker_rate(rounds: int) -> tuple[float, int, float]:
@@ -160,13 +118,12 @@ def broker_rate(rounds: int) -> tuple[float, int, float]:
             wait_for(lambda: server.runs.accepted >= RANKS, 30, "registers")
             base = server.runs.accepted
             total = RANKS * rounds
-            procs, go = _senders(endpoints["ingest"], rounds)
-            t0 = time.perf_counter()
-            go.set()
+            senders = Senders(endpoints["ingest"], frames_for, SENDERS, rounds)
+            t0 = senders.start()
             wait_for(lambda: server.runs.accepted - base >= total, 300, "every steps frame",
                      interval=0.002)
             dt = time.perf_counter() - t0
-            _join(procs)
+            senders.join()
             if server.runs.rejected_total:
                 raise RuntimeError(f"rejected: {dict(server.runs.rejected)}")
             sink = server.runs.get(RUN)
