@@ -85,6 +85,20 @@ function watch(obj, body) {
   obj._io.observe(body);
 }
 
+/** Draw `obj` on the next animation frame, or only mark it stale while it is out of view
+ * (`watch` redraws it when it scrolls back). */
+function drawOnFrame(obj) {
+  onFrame(obj, () => {
+    if (obj._visible === false && obj._drewOnce) {
+      obj._stale = true;
+      return;
+    }
+    obj._drewOnce = true;
+    obj._stale = false;
+    obj.draw();
+  });
+}
+
 function widthOf(obj) {
   return obj._cw > 0 ? obj._cw : Math.floor(obj.body.getBoundingClientRect().width);
 }
@@ -148,15 +162,7 @@ export class HostHeatmap {
   }
 
   render() {
-    onFrame(this, () => {
-      if (this._visible === false && this._drewOnce) {
-        this._stale = true; // drawn when it scrolls back into view
-        return;
-      }
-      this._drewOnce = true;
-      this._stale = false;
-      this.draw();
-    });
+    drawOnFrame(this);
   }
 
   /** Cell size: the largest that keeps one section within about 130 px. */
@@ -388,15 +394,7 @@ export class StragglerStrip {
   }
 
   render() {
-    onFrame(this, () => {
-      if (this._visible === false && this._drewOnce) {
-        this._stale = true; // drawn when it scrolls back into view
-        return;
-      }
-      this._drewOnce = true;
-      this._stale = false;
-      this.draw();
-    });
+    drawOnFrame(this);
   }
 
   /** The row's figure in column `col`: its slowest rank's ratio, and that rank. */
