@@ -15,8 +15,9 @@ from typing import Any, Callable, Iterator, List
 
 import pytest
 
-from rank_agent.agent import MAX_PENDING_STEPS, step_frames
+from rank_agent.agent import MAX_PENDING_STEPS
 from rank_agent.protocol import Finish, Steps
+from rank_agent.stepframes import step_frames
 
 from ..polling import wait_for
 from .test_guest import _fork, _wait_child
