@@ -1,7 +1,7 @@
 """Shared pieces of the benchmarks: result lines, real broker/web processes, a raw SSE client.
 
 Everything here is plain I/O plumbing for measurement; nothing is a test. The processes are
-the real ones (``python -m broker.cli broker|web``) on ephemeral loopback ports with a
+the real ones (``python -m rankboard broker|web``) on ephemeral loopback ports with a
 temporary data dir, started the way ``rankboard up`` starts its broker child: the bound
 endpoints and the dashboard port are learned from the processes' own log lines.
 """
@@ -76,14 +76,14 @@ def raise_nofile(limit: int = 8192) -> None:
 
 
 class Proc:
-    """A ``python -m broker.cli ...`` child; its output lines are collected by a thread."""
+    """A ``python -m rankboard ...`` child; its output lines are collected by a thread."""
 
     def __init__(self, args: list[str]) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("RANKBOARD_TOKEN", None)
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", *args], cwd=str(REPO), env=env,
+            [sys.executable, "-m", "rankboard", *args], cwd=str(REPO), env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             preexec_fn=raise_nofile,
         )

@@ -35,7 +35,7 @@ BOUND = re.compile(r"broker (ingest|publish|snapshot) bound at (\S+)")
 def start_broker(data_dir: str, max_runs: int) -> tuple[subprocess.Popen[str], dict[str, str]]:
     any_port = "tcp://127.0.0.1:*"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "broker", "--ingest", any_port, "--publish",
+        [sys.executable, "-m", "rankboard", "broker", "--ingest", any_port, "--publish",
          any_port, "--snapshot", any_port, "--data-dir", data_dir, "--max-runs", str(max_runs),
          "--log-level", "INFO"],
         cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,

@@ -1,7 +1,7 @@
 """lightning_step_overhead_us: what ``RankboardCallback`` costs a Lightning training step.
 
 A tiny model (8 -> 32 -> 1 MLP, batches of 32, one CPU thread) is fitted on the CPU in one
-process, reporting to a real broker process (``python -m broker.cli broker`` on ephemeral
+process, reporting to a real broker process (``python -m rankboard broker`` on ephemeral
 ports). Within each fit the callback's per-step hook runs on alternate blocks of 10 steps
 (with, without, with, ...), and every step period (one batch start to the next) is timed;
 the figure is the median period with the hook minus the median period without, in

@@ -1,6 +1,6 @@
 """e2e_latency_*, fanout_* and late_join_*: the whole pipe, with real processes.
 
-Every figure here runs a real broker process and a real web process (``python -m broker.cli
+Every figure here runs a real broker process and a real web process (``python -m rankboard
 broker|web``, ephemeral loopback ports, tmp data dir) and sends real wire frames from this
 process over one PUSH socket, playing the ranks.
 

@@ -23,7 +23,6 @@ its publish and snapshot sockets demand CURVE with the same authorized directory
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
@@ -133,11 +132,10 @@ def client_options(server_key: Path, client_key: Path, *,
             zmq.CURVE_SECRETKEY: secret}
 
 
-def keys_main(args: argparse.Namespace) -> int:
-    """``rankboard keys DIR [--clients N]``: prints what it wrote and how to use it."""
-    directory = Path(args.dir)
-    clients = int(getattr(args, "clients", 1) or 1)
-    webs = int(getattr(args, "webs", 1))
+def keys_main(directory: Path, clients: int = 1, webs: int = 1) -> int:
+    """``rankboard keys DIR [--clients N] [--webs N]``: prints what it wrote and how to use
+    it."""
+    directory = Path(directory)
     try:
         written = create_keys(directory, clients, webs)
     except RuntimeError as exc:

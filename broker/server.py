@@ -48,9 +48,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INGEST = "tcp://127.0.0.1:5585"
-DEFAULT_PUBLISH = "tcp://127.0.0.1:5586"
-DEFAULT_SNAPSHOT = "tcp://127.0.0.1:5587"
+# re-exported: the one definition is the protocol module's, which the agent shares
+DEFAULT_INGEST = protocol.DEFAULT_INGEST
+DEFAULT_PUBLISH = protocol.DEFAULT_PUBLISH
+DEFAULT_SNAPSHOT = protocol.DEFAULT_SNAPSHOT
 
 #: The transport-level cap on an ingest message. Twice the protocol limit on purpose: a
 #: message between the two reaches :class:`Runs` and is rejected *and counted* as

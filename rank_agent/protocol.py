@@ -20,6 +20,13 @@ from typing import Annotated, Any, Callable, Literal, Optional, Union
 import msgspec
 from msgspec import Meta
 
+#: The default endpoints (PROTOCOL 1), defined here once because this is the one module both
+#: sides of the wire import: the agent pushes to ingest, the broker binds all three, the web
+#: reads publish and snapshot.
+DEFAULT_INGEST = "tcp://127.0.0.1:5585"
+DEFAULT_PUBLISH = "tcp://127.0.0.1:5586"
+DEFAULT_SNAPSHOT = "tcp://127.0.0.1:5587"
+
 #: Largest ZeroMQ message the broker accepts (``ZMQ_MAXMSGSIZE``).
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 #: Largest ``svg`` payload, in UTF-8 bytes.

@@ -1,4 +1,4 @@
-"""``rankboard broker`` in real subprocesses (``python -m broker.cli``), and the parser."""
+"""``rankboard broker`` in real subprocesses (``python -m rankboard``), and the parser."""
 from __future__ import annotations
 
 import os
@@ -15,7 +15,7 @@ from typing import Iterator
 import pytest
 import zmq
 
-from broker import cli
+from rankboard import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 ANY = "tcp://127.0.0.1:*"
@@ -30,7 +30,7 @@ def _env() -> dict[str, str]:
 
 
 def rankboard(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.cli", *args], cwd=ROOT, env=_env(),
+    return subprocess.run([sys.executable, "-m", "rankboard", *args], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -39,7 +39,7 @@ class Broker:
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", "broker", *args], cwd=ROOT, env=_env(),
+            [sys.executable, "-m", "rankboard", "broker", *args], cwd=ROOT, env=_env(),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []

@@ -1,6 +1,6 @@
 """Fixtures for the browser tests: the real stack and a real headless Chromium.
 
-``stack`` runs ``python -m broker.cli up`` as a subprocess on ephemeral ports (ZeroMQ
+``stack`` runs ``python -m rankboard up`` as a subprocess on ephemeral ports (ZeroMQ
 ``tcp://127.0.0.1:*`` endpoints and ``--port 0`` for the web), learns the addresses it bound
 from its own output, and hands out a ZeroMQ PUSH socket that sends wire frames exactly as a
 training rank does. ``page`` is a fresh Chromium page that records page errors and console
@@ -48,7 +48,7 @@ class Stack:
 
     def __init__(self, data_dir: Path, command: List[str] | None = None) -> None:
         """``command``: other ``rankboard`` arguments (e.g. ``demo ...``) instead of ``up``."""
-        cmd = [sys.executable, "-m", "broker.cli"]
+        cmd = [sys.executable, "-m", "rankboard"]
         cmd += command if command is not None else [
             "up", "--port", "0", "--ingest", "tcp://127.0.0.1:*",
             "--publish", "tcp://127.0.0.1:*", "--snapshot", "tcp://127.0.0.1:*",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import build_parser
+from rankboard.cli import build_parser
 
 from .conftest import DEPLOY, tool
 

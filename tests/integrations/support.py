@@ -135,7 +135,7 @@ class Web:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("RANKBOARD_TOKEN", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", "web", "--publish", broker.endpoints["publish"],
+            [sys.executable, "-m", "rankboard", "web", "--publish", broker.endpoints["publish"],
              "--snapshot", broker.endpoints["snapshot"], "--port", "0", "--log-level", "WARNING"],
             cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True)

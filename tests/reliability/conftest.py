@@ -2,7 +2,7 @@
 web, killed and restarted with real signals), real sockets on 127.0.0.1 ephemeral ports.
 
 The process, HTTP and SSE helpers are the web tests' (``tests/web/conftest.py``); this file
-adds a broker *subprocess* (``python -m broker.cli broker``) whose endpoints are learnt from
+adds a broker *subprocess* (``python -m rankboard broker``) whose endpoints are learnt from
 its "bound at" log lines, so that it can be SIGKILLed and restarted on the same ports.
 """
 from __future__ import annotations

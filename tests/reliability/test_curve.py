@@ -28,7 +28,7 @@ from .conftest import start_broker
 
 
 def keys(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.cli", "keys", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "rankboard", "keys", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
 
 

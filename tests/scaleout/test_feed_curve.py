@@ -25,7 +25,7 @@ from .conftest import Proc, fetch, start_pool, wait_for
 @pytest.fixture
 def keydir(tmp_path: Path) -> Path:
     d = tmp_path / "keys"
-    done = subprocess.run([sys.executable, "-m", "broker.cli", "keys", str(d), "--webs", "2"],
+    done = subprocess.run([sys.executable, "-m", "rankboard", "keys", str(d), "--webs", "2"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "--curve-client-key" in done.stdout  # it says how a web uses its key

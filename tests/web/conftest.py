@@ -136,7 +136,7 @@ def pusher(broker: Broker) -> Iterator[Pusher]:
 
 # -------------------------------------------------------------------- processes
 class Proc:
-    """A ``python -m broker.cli ...`` subprocess whose stdout/stderr lines are collected."""
+    """A ``python -m rankboard ...`` subprocess whose stdout/stderr lines are collected."""
 
     def __init__(self, args: list[str], env: Optional[dict[str, str]] = None) -> None:
         full_env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -144,7 +144,7 @@ class Proc:
         full_env.update(env or {})
         self.args = args
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", *args], cwd=REPO, env=full_env,
+            [sys.executable, "-m", "rankboard", *args], cwd=REPO, env=full_env,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}

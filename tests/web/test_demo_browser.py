@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from web.cli import redact_token
+from web.serve import redact_token
 
 from .conftest import fetch, wait_for
 

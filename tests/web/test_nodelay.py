@@ -8,18 +8,18 @@ hub) and reads the option off the accepted socket while a request is being serve
 """
 from __future__ import annotations
 
-import argparse
 import socket
 
 import gevent
 from gevent import socket as gsocket
 
-from web.cli import Web, nodelay_handler_class
+from web.config import WebConfig
+from web.serve import Web, nodelay_handler_class
 
 
 def test_accepted_connections_have_tcp_nodelay() -> None:
-    args = argparse.Namespace(host="127.0.0.1", token=None)
-    web = Web(args, "tcp://127.0.0.1:9", "tcp://127.0.0.1:9")  # feed never started: no I/O
+    cfg = WebConfig(publish="tcp://127.0.0.1:9", snapshot="tcp://127.0.0.1:9", host="127.0.0.1")
+    web = Web(cfg)  # feed never started: no I/O
     seen: list[int] = []
     try:
         web.bind(0)

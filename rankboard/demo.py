@@ -4,7 +4,7 @@
 each ``--ranks`` processes spread over ``--hosts`` simulated hosts (``node-a``, ``node-b``,
 ...), run after run (a pause between runs) until stopped:
 
-* the **epoch job**: each process runs :func:`main` (``python -m web.demo ...``): it
+* the **epoch job**: each process runs :func:`main` (``python -m rankboard.demo ...``): it
   registers the web's port and the epoch count, rank 0 sends the model graph and the
   hyperparameters, every rank sends its hardware, samples resources with the real sampler,
   and logs plausible loss/accuracy curves with noise per epoch (the last rank is a bit
@@ -14,7 +14,8 @@ each ``--ranks`` processes spread over ``--hosts`` simulated hosts (``node-a``, 
   tokens); the last rank, on the last host, is deliberately slower, so the straggler board
   has someone to point at. Its steps take as long as the epoch job's epochs in all.
 
-This module imports nothing heavy at import time: rank processes load only rank_agent.
+This module imports nothing heavy at import time: rank processes load only rank_agent. It
+sits in ``rankboard/`` beside ``up`` because it drives the whole stack (agents, broker, web).
 """
 from __future__ import annotations
 
@@ -22,12 +23,15 @@ import argparse
 import hashlib
 import logging
 import math
+import os
 import random
 import signal
 import string
 import sys
 import time
 from typing import Any, Sequence
+
+from rankboard.process import child_command, terminate
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +186,9 @@ def run_steps(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of one simulated rank (``python -m web.demo``)."""
-    p = argparse.ArgumentParser(prog="python -m web.demo", description="one simulated rank")
+    """Entry point of one simulated rank (``python -m rankboard.demo``)."""
+    p = argparse.ArgumentParser(prog="python -m rankboard.demo",
+                                description="one simulated rank")
     p.add_argument("--broker", required=True)
     p.add_argument("--run", required=True)
     p.add_argument("--rank", type=int, required=True)
@@ -213,6 +218,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit)
     signal.signal(signal.SIGINT, _exit)
     return run_steps(ns) if ns.mode == "steps" else run_rank(ns)
+
+
+def open_browser(url: str) -> bool:
+    """Open ``url`` in the user's browser when there is a screen to show it on.
+
+    On a headless cluster node (no ``DISPLAY``/``WAYLAND_DISPLAY``) this does nothing: the
+    printed URL and ssh hint are the way in. ``$BROWSER`` is honoured (``webbrowser``)."""
+    graphical = (sys.platform in ("darwin", "win32") or bool(os.environ.get("DISPLAY"))
+                 or bool(os.environ.get("WAYLAND_DISPLAY")) or bool(os.environ.get("BROWSER")))
+    if not graphical:
+        return False
+    import webbrowser
+
+    try:
+        return bool(webbrowser.open(url, new=2))
+    except Exception as exc:  # a broken browser setup must not stop the demo
+        log.warning("could not open a browser: %s", exc)
+        return False
 
 
 # -------------------------------------------------------- the cluster (web process)
@@ -254,15 +277,16 @@ class Cluster:
         log.info("demo: starting run %s (%d ranks on %d hosts, %s)", run, self.ranks, self.hosts,
                  f"{self.epochs} epochs" if job == "epochs" else f"{self.steps} steps")
         for rank, (host, local_rank) in enumerate(layout(self.ranks, self.hosts)):
-            cmd = [sys.executable, "-m", "web.demo", "--broker", self.ingest, "--run", run,
-                   "--rank", str(rank), "--world-size", str(self.ranks),
-                   "--local-rank", str(local_rank), "--host", host, "--hosts", str(self.hosts),
-                   "--port", str(self.port), "--mode", job]
+            args = ["--broker", self.ingest, "--run", run, "--rank", str(rank),
+                    "--world-size", str(self.ranks),
+                    "--local-rank", str(local_rank), "--host", host, "--hosts", str(self.hosts),
+                    "--port", str(self.port), "--mode", job]
             if job == "epochs":
-                cmd += ["--epochs", str(self.epochs), "--epoch-seconds", repr(self.epoch_seconds)]
+                args += ["--epochs", str(self.epochs), "--epoch-seconds", repr(self.epoch_seconds)]
             else:
-                cmd += ["--steps", str(self.steps)]
-            self.procs[job].append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
+                args += ["--steps", str(self.steps)]
+            cmd, env = child_command("rankboard.demo", args)
+            self.procs[job].append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env))
         return run
 
     def _loop(self, job: str) -> None:
@@ -283,8 +307,6 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop starting runs and terminate the rank processes (SIGTERM, then SIGKILL)."""
-        from web.cli import terminate
-
         self._stopping = True
         procs = [p for job in self.jobs for p in self.procs[job]]
         self.procs = {job: [] for job in self.jobs}

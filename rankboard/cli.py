@@ -1,8 +1,10 @@
 """``rankboard`` entry point: argparse for every subcommand, dispatch, logging setup.
 
 All flags of all subcommands are defined here, in one place, so ``broker``, ``web``, ``up``
-and ``demo`` cannot drift apart. The web commands (``web``, ``up``, ``demo``) and ``keys``
-are imported lazily: ``rankboard broker`` never imports gevent or Flask.
+and ``demo`` cannot drift apart. The parsed flags become typed configs once
+(:func:`rankboard.config.from_args`); nothing below reads an ``argparse.Namespace``. The
+commands that serve a web (``web``, ``up``, ``demo``: ``rankboard/up.py``) and ``keys`` are
+imported lazily: ``rankboard broker`` never imports gevent or Flask.
 
 Errors a user can cause (bad flags, an address in use, an unreadable data dir) end in one
 line on stderr naming the problem and a non-zero exit (2 for usage, 1 otherwise), never a
@@ -19,15 +21,14 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
-__all__ = ["main", "build_parser", "build_server", "default_data_dir", "run_broker"]
+from broker.config import BrokerConfig, default_data_dir
+from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
+from rankboard.config import KeysConfig, from_args, log_level
+from web.config import DEFAULT_WEB_HOST, DEFAULT_WEB_PORT
+
+__all__ = ["main", "build_parser", "run_broker"]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_INGEST = "tcp://127.0.0.1:5585"
-DEFAULT_PUBLISH = "tcp://127.0.0.1:5586"
-DEFAULT_SNAPSHOT = "tcp://127.0.0.1:5587"
-DEFAULT_WEB_HOST = "127.0.0.1"
-DEFAULT_WEB_PORT = 8585
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,13 +36,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
-
-
-def default_data_dir() -> Path:
-    """``$XDG_STATE_HOME/rankboard``, else ``~/.local/state/rankboard``."""
-    state = os.environ.get("XDG_STATE_HOME")
-    base = Path(state) if state else Path.home() / ".local" / "state"
-    return base / "rankboard"
 
 
 def _positive_float(text: str) -> float:
@@ -197,27 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(args: argparse.Namespace) -> None:
-    level = args.log_level or ("DEBUG" if args.verbose else "INFO")
+def _configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level, stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-
-
-def build_server(args: argparse.Namespace) -> Any:
-    """A :class:`broker.server.BrokerServer` from broker flags (also used by ``up``/``demo``)."""
-    from broker.server import BrokerServer
-
-    return BrokerServer(
-        args.ingest, args.publish, args.snapshot,
-        stale_after=args.stale_after,
-        step_close_after=args.step_close_after,
-        data_dir=args.data_dir if args.data_dir is not None else default_data_dir(),
-        curve_secret_key=args.curve_secret_key,
-        curve_authorized=args.curve_authorized,
-        max_runs=args.max_runs,
-        retention_days=getattr(args, "retention_days", None),
     )
 
 
@@ -229,9 +206,9 @@ def _install_stop_handlers(stop: Callable[[], None]) -> None:
         signal.signal(sig, lambda *_: stop())
 
 
-def run_broker(args: argparse.Namespace) -> int:
+def run_broker(cfg: BrokerConfig) -> int:
     """``rankboard broker``: bind, serve until SIGINT/SIGTERM, close."""
-    server = build_server(args)
+    server = cfg.build_server()
     try:
         server.bind()
         _install_stop_handlers(server.stop)
@@ -242,27 +219,36 @@ def run_broker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _web_command(name: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        from web import cli as web_cli  # lazy: gevent is patched only in there
+def _web(cfg: Any) -> int:
+    from rankboard import up  # lazy: gevent is patched only by the web's commands
 
-        return int(getattr(web_cli, f"{name}_main")(args) or 0)
-
-    return run
+    return up.web_main(cfg)
 
 
-def _keys_command(args: argparse.Namespace) -> int:
+def _up(cfg: Any) -> int:
+    from rankboard import up
+
+    return up.up_main(cfg)
+
+
+def _demo(cfg: Any) -> int:
+    from rankboard import up
+
+    return up.demo_main(cfg)
+
+
+def _keys(cfg: KeysConfig) -> int:
     from broker.keys import keys_main
 
-    return int(keys_main(args) or 0)
+    return keys_main(cfg.dir, cfg.clients, cfg.webs)
 
 
-_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+_COMMANDS: dict[str, Callable[[Any], int]] = {
     "broker": run_broker,
-    "web": _web_command("web"),
-    "up": _web_command("up"),
-    "demo": _web_command("demo"),
-    "keys": _keys_command,
+    "web": _web,
+    "up": _up,
+    "demo": _demo,
+    "keys": _keys,
 }
 
 
@@ -283,9 +269,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(f"{prog}: {problem}", file=sys.stderr)
         return 2
-    _configure_logging(args)
+    _configure_logging(log_level(args))
+    cfg = from_args(args)
     try:
-        return _COMMANDS[args.command](args)
+        return int(_COMMANDS[args.command](cfg) or 0)
     except KeyboardInterrupt:
         return 0
     except ImportError as exc:
@@ -328,7 +315,3 @@ def _one_line(exc: OSError) -> str:
     if exc.strerror and exc.filename:
         return f"{exc.strerror}: {exc.filename}"
     return " ".join(str(exc).split())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,73 @@
+"""What a broker process is told: :class:`BrokerConfig`, built once from the command line.
+
+The command line itself lives above (``rankboard/cli.py``); this layer only knows the values.
+A config can give back its own ``rankboard broker ...`` arguments (:meth:`BrokerConfig.argv`)
+because ``rankboard up`` runs its broker as a child process: the flags are written out from
+the typed values in this one place instead of by hand at each spawn.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
+
+__all__ = ["BrokerConfig", "default_data_dir"]
+
+
+def default_data_dir() -> Path:
+    """``$XDG_STATE_HOME/rankboard``, else ``~/.local/state/rankboard``."""
+    state = os.environ.get("XDG_STATE_HOME")
+    base = Path(state) if state else Path.home() / ".local" / "state"
+    return base / "rankboard"
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Every setting of ``rankboard broker`` (defaults are the command line's)."""
+
+    ingest: str = DEFAULT_INGEST
+    publish: str = DEFAULT_PUBLISH
+    snapshot: str = DEFAULT_SNAPSHOT
+    #: None: :func:`default_data_dir` (resolved when the server is built, not at parse time)
+    data_dir: Path | None = None
+    stale_after: float = 30.0
+    step_close_after: float = 10.0
+    max_runs: int = 1000
+    retention_days: float | None = None
+    curve_secret_key: Path | None = None
+    curve_authorized: Path | None = None
+    log_level: str = "INFO"
+
+    def argv(self) -> list[str]:
+        """``broker --ingest ...``: the arguments that make a child process this broker."""
+        cmd = ["broker", "--ingest", self.ingest, "--publish", self.publish,
+               "--snapshot", self.snapshot, "--stale-after", repr(float(self.stale_after)),
+               "--step-close-after", repr(float(self.step_close_after)),
+               "--max-runs", str(self.max_runs)]
+        if self.data_dir is not None:
+            cmd += ["--data-dir", str(self.data_dir)]
+        if self.retention_days is not None:
+            cmd += ["--retention-days", repr(float(self.retention_days))]
+        if self.curve_secret_key is not None:
+            cmd += ["--curve-secret-key", str(self.curve_secret_key)]
+        if self.curve_authorized is not None:
+            cmd += ["--curve-authorized", str(self.curve_authorized)]
+        return cmd + ["--log-level", self.log_level]
+
+    def build_server(self) -> Any:
+        """The :class:`broker.server.BrokerServer` this config describes (not yet bound)."""
+        from broker.server import BrokerServer
+
+        return BrokerServer(
+            self.ingest, self.publish, self.snapshot,
+            stale_after=self.stale_after,
+            step_close_after=self.step_close_after,
+            data_dir=self.data_dir if self.data_dir is not None else default_data_dir(),
+            curve_secret_key=self.curve_secret_key,
+            curve_authorized=self.curve_authorized,
+            max_runs=self.max_runs,
+            retention_days=self.retention_days,
+        )

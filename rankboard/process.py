@@ -1,0 +1,71 @@
+"""Starting and stopping rankboard's own child processes.
+
+Every child (``up``'s broker, a ``--workers`` web worker, a ``demo`` rank) is a fresh
+interpreter running one of rankboard's modules, started by :func:`child_command` alone. A
+plain ``python -m rankboard`` would put the current directory first on the child's
+``sys.path``, so a user who runs ``rankboard up`` in a project holding its own ``broker/``
+or ``web/`` package would have the child import *that* instead of ours. The child therefore
+starts without the current directory on its path (``-P`` from Python 3.11; before it a
+``-c`` bootstrap that drops ``sys.path[0]`` and runs the module with :mod:`runpy`) and finds
+rankboard where this process found it: the directory holding our packages goes first on
+``PYTHONPATH`` unless it is a site directory the child searches anyway.
+"""
+from __future__ import annotations
+
+import os
+import site
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+__all__ = ["ROOT", "child_command", "terminate"]
+
+#: the directory holding rankboard's packages (rankboard, broker, web, rank_agent)
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Python < 3.11 (no ``-P``): drop the script directory (the cwd for ``-c``) from the path,
+#: then run the module named by the first argument as ``python -m`` would
+_BOOTSTRAP = ("import runpy, sys; del sys.path[0]; "
+              "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+
+
+def _site_dirs() -> set[str]:
+    dirs = set(site.getsitepackages()) if hasattr(site, "getsitepackages") else set()
+    if site.ENABLE_USER_SITE:
+        dirs.add(site.getusersitepackages())
+    return {os.path.realpath(d) for d in dirs}
+
+
+def child_command(module: str, args: Sequence[str], env: Mapping[str, str] | None = None, *,
+                  safe_path_flag: bool | None = None) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run ``python -m module *args`` safely.
+
+    ``env``: the child's environment before our change (default: ours).
+    ``safe_path_flag``: use ``-P`` (default: on Python >= 3.11); False forces the
+    bootstrap, which tests exercise on any version.
+    """
+    if safe_path_flag is None:
+        safe_path_flag = sys.version_info >= (3, 11)
+    if safe_path_flag:
+        cmd = [sys.executable, "-P", "-m", module, *args]
+    else:
+        cmd = [sys.executable, "-c", _BOOTSTRAP, module, *args]
+    child_env = dict(os.environ if env is None else env)
+    root = str(ROOT)
+    paths = [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if os.path.realpath(root) not in _site_dirs() and root not in paths:
+        child_env["PYTHONPATH"] = os.pathsep.join([root, *paths])
+    return cmd, child_env
+
+
+def terminate(proc: Any, timeout: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``; reaps the child (a ``subprocess.Popen``,
+    gevent's or the standard one)."""
+    if proc.poll() is None:
+        try:
+            proc.terminate()
+            proc.wait(timeout=timeout)
+        except Exception:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
