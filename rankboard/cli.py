@@ -163,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     _feed_flags(p)
     _web_flags(p, port_default=None)
     _scale_flags(p, worker_id=False)
+    p.set_defaults(worker_id=None)
     _common(p)
 
     p = sub.add_parser("demo", help="everything plus a simulated cluster of real agents")
@@ -177,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-browser", action="store_true",
                    help="do not open the dashboard in a browser (it opens only where there "
                         "is a display)")
+    p.set_defaults(workers=1, metrics_port=None, metrics_host=None, worker_id=None)
     _common(p)
 
     p = sub.add_parser("keys", help="create CURVE key pairs in DIR")

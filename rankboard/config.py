@@ -79,10 +79,8 @@ def _web(args: argparse.Namespace, *, with_broker: bool) -> WebConfig:
         token=args.token, insecure_no_auth=args.insecure_no_auth,
         curve_server_key=server, curve_client_key=args.curve_client_key,
         curve_server_flag=flag,
-        workers=getattr(args, "workers", 1),
-        metrics_port=getattr(args, "metrics_port", None),
-        metrics_host=getattr(args, "metrics_host", None),
-        worker_id=getattr(args, "worker_id", None), log_level=log_level(args))
+        workers=args.workers, metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host, worker_id=args.worker_id, log_level=log_level(args))
 
 
 def from_args(args: argparse.Namespace) -> Config:

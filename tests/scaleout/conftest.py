@@ -95,7 +95,7 @@ def worker_pids(proc: Proc) -> dict[int, int]:
 
 def metrics_ports(proc: Proc, workers: int) -> dict[int, int]:
     """``{slot: port}`` of the workers' ``--metrics-port 0`` listeners, from their logs."""
-    rx = re.compile(r"web\[(\d+)\] web\.cli: web metrics on http://[^:]+:(\d+)/metrics")
+    rx = re.compile(r"web\[(\d+)\] web\.serve: web metrics on http://[^:]+:(\d+)/metrics")
 
     def found() -> Optional[dict[int, int]]:
         ports = {int(m.group(1)): int(m.group(2))

@@ -1,0 +1,213 @@
+"""The import graph of rankboard's packages: no cycle, and each layer imports only below it.
+
+The layers, bottom up: ``rank_agent`` (inside training processes: it must never pull in the
+broker or the web), ``broker``, ``web``, ``rankboard`` (the command line, which runs both).
+Every ``import`` counts, at module level or inside a function (a lazy import is still a
+dependency: it only moves the moment it fails), so a circle cannot hide behind laziness as
+``broker/cli -> web/cli -> broker/cli`` once did. The graph is read from the source with
+:mod:`ast`, nothing is imported. The checker itself is tested on small synthetic trees,
+including one with a cycle, so that the real tree passing means something.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: bottom to top: a package may import its own layer and those before it
+LAYERS = ("rank_agent", "broker", "web", "rankboard")
+
+Graph = Mapping[str, "set[str]"]
+
+
+def module_names(root: Path, packages: Iterable[str]) -> dict[str, Path]:
+    """``dotted.name -> file`` of every module under ``packages`` (``pkg/__init__.py`` is
+    ``pkg``)."""
+    found: dict[str, Path] = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _resolve(module: str, is_package: bool, level: int, target: str | None) -> str:
+    """The absolute name of ``from <level dots><target> import ...`` inside ``module``."""
+    if level == 0:
+        return target or ""
+    base = module.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (level - 1)] if level > 1 else base
+    return ".".join([*base, target] if target else base)
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``module`` imports anywhere in its file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    wanted: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, is_package, node.level, node.module)
+            # ``from pkg import sub`` depends on the module pkg.sub when there is one (as
+            # import-linter counts it), on pkg itself for any other name
+            subs = [f"{base}.{alias.name}" for alias in node.names]
+            names = [sub for sub in subs if sub in known]
+            if len(names) < len(subs):
+                names.append(base)
+        else:
+            continue
+        for name in names:
+            # ``import a.b.c`` depends on a.b.c: the nearest known module at or above it
+            parts = name.split(".")
+            while parts and ".".join(parts) not in known:
+                parts.pop()
+            if parts:
+                wanted.add(".".join(parts))
+    wanted.discard(module)
+    return wanted
+
+
+def import_graph(root: Path, packages: Iterable[str]) -> dict[str, set[str]]:
+    modules = module_names(root, packages)
+    known = set(modules)
+    return {name: imports_of(name, path, known) for name, path in modules.items()}
+
+
+def find_cycle(graph: Graph) -> list[str] | None:
+    """One import cycle (``[a, b, ..., a]``), or None: an iterative depth-first search."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    colour = {node: WHITE for node in graph}
+    for start in sorted(graph):
+        if colour[start] != WHITE:
+            continue
+        path = [start]
+        stack = [iter(sorted(graph[start]))]
+        colour[start] = GREY
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                colour[path.pop()] = BLACK
+                stack.pop()
+                continue
+            if nxt not in colour:
+                continue
+            if colour[nxt] == GREY:
+                return [*path[path.index(nxt):], nxt]
+            if colour[nxt] == WHITE:
+                colour[nxt] = GREY
+                path.append(nxt)
+                stack.append(iter(sorted(graph.get(nxt, ()))))
+    return None
+
+
+def layer_violations(graph: Graph, layers: tuple[str, ...] = LAYERS) -> list[str]:
+    """``a imports b`` for every import of a layer above the importer's."""
+    rank = {name: i for i, name in enumerate(layers)}
+    bad = []
+    for module, targets in sorted(graph.items()):
+        mine = rank[module.split(".")[0]]
+        for target in sorted(targets):
+            if rank[target.split(".")[0]] > mine:
+                bad.append(f"{module} imports {target}")
+    return bad
+
+
+# ------------------------------------------------------------------- the real tree
+def test_the_tree_has_no_import_cycle() -> None:
+    graph = import_graph(ROOT, LAYERS)
+    assert len(graph) > 30 and "rankboard.cli" in graph  # it read the tree
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_each_layer_imports_only_the_layers_below() -> None:
+    assert layer_violations(import_graph(ROOT, LAYERS)) == []
+
+
+def test_the_graph_sees_lazy_imports_of_the_real_tree() -> None:
+    """The command line's lazy import of the web commands is an edge like any other."""
+    graph = import_graph(ROOT, LAYERS)
+    assert "rankboard.up" in graph["rankboard.cli"]
+    assert "web.serve" in graph["web.workers"]
+
+
+# ---------------------------------------------------------------- the checker itself
+def test_find_cycle_on_small_graphs() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None  # a diamond
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"b", "c"}, "c": set()}) == ["b", "b"]
+    assert find_cycle({"x": set(), "a": {"b"}, "b": {"d"}, "d": {"b"}}) == ["b", "d", "b"]
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def test_a_lazy_import_cycle_between_layers_is_caught(tmp_path: Path) -> None:
+    """The shape this test exists for: a low layer's function importing a high one that
+    imports it back (``from . import`` and ``import a.b`` forms alike)."""
+    _write(tmp_path, {
+        "rank_agent/__init__.py": "",
+        "broker/__init__.py": "",
+        "broker/cli.py": "def run():\n    from web import cli\n    return cli\n",
+        "broker/server.py": "from .cli import run\n",
+        "web/__init__.py": "",
+        "web/cli.py": "import broker.cli\n",
+        "rankboard/__init__.py": "",
+    })
+    graph = import_graph(tmp_path, LAYERS)
+    assert graph["broker.cli"] == {"web.cli"}
+    assert graph["broker.server"] == {"broker.cli"}
+    assert graph["web.cli"] == {"broker.cli"}
+    assert find_cycle(graph) == ["broker.cli", "web.cli", "broker.cli"]
+    assert layer_violations(graph) == ["broker.cli imports web.cli"]
+
+
+def test_a_clean_synthetic_tree_passes(tmp_path: Path) -> None:
+    _write(tmp_path, {
+        "rank_agent/__init__.py": "from rank_agent.agent import Agent\n",
+        "rank_agent/agent.py": "import os\n",
+        "broker/__init__.py": "",
+        "broker/server.py": "from rank_agent import agent\n",
+        "web/__init__.py": "",
+        "web/serve.py": "from broker.server import x\nfrom . import config\n",
+        "web/config.py": "",
+        "rankboard/__init__.py": "",
+        "rankboard/cli.py": "def main():\n    from web import serve\n",
+    })
+    graph = import_graph(tmp_path, LAYERS)
+    assert graph["broker.server"] == {"rank_agent.agent"}
+    assert graph["web.serve"] == {"broker.server", "web.config"}
+    assert graph["rankboard.cli"] == {"web.serve"}
+    assert find_cycle(graph) is None and layer_violations(graph) == []
+
+
+@pytest.mark.parametrize("importer, imported", [
+    ("rank_agent/agent.py", "broker.server"),
+    ("rank_agent/agent.py", "rankboard.cli"),
+    ("broker/server.py", "web.serve"),
+    ("web/serve.py", "rankboard.cli"),
+])
+def test_an_upward_import_is_a_violation(tmp_path: Path, importer: str,
+                                         imported: str) -> None:
+    _write(tmp_path, {
+        "rank_agent/__init__.py": "", "rank_agent/agent.py": "",
+        "broker/__init__.py": "", "broker/server.py": "",
+        "web/__init__.py": "", "web/serve.py": "",
+        "rankboard/__init__.py": "", "rankboard/cli.py": "",
+    })
+    (tmp_path / importer).write_text(f"def late():\n    import {imported}\n", encoding="utf-8")
+    module = importer[:-3].replace("/", ".")
+    assert layer_violations(import_graph(tmp_path, LAYERS)) == [f"{module} imports {imported}"]
