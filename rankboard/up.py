@@ -31,7 +31,7 @@ from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHO
 from rankboard.config import DemoConfig, UpConfig
 from rankboard.process import child_command, terminate
 from web.config import WebConfig
-from web.serve import LazyBinder, Stopper, Web, bind_refusal, fail, feed_curve, patch
+from web.serve import LazyBinder, Stopper, Web, bind_refusal, fail, feed_curve, patch, run_web
 from web.workers import WorkerPool, pool_refusal, run_pool
 
 log = logging.getLogger(__name__)
@@ -62,8 +62,6 @@ def web_main(cfg: WebConfig) -> int:
 
     With ``--workers N`` (N > 1) this process supervises N workers instead; a worker
     (``--worker-id``) is this same command, told by its supervisor to share the port."""
-    from web.serve import run_web
-
     patch()
     prog = "rankboard web"
     code, curve = _check(cfg, prog)

@@ -69,3 +69,20 @@ def test_up_and_demo_share_the_flags_and_their_web_reads_the_brokers_key() -> No
     assert isinstance(demo, DemoConfig)
     assert (demo.ranks, demo.no_browser, demo.up.web.port, demo.up.web.workers) == (
         3, True, 8585, 1)
+
+
+def test_the_command_line_imports_no_web_stack_and_patches_nothing_at_import() -> None:
+    """``rankboard broker`` never loads gevent or Flask; gevent patches only when a web
+    command starts (``web.serve.patch``), never because a module was imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import rankboard.cli as c; c.build_parser(); "
+            "bad = [m for m in ('gevent', 'flask', 'web.serve', 'web.app') if m in sys.modules]; "
+            "import rankboard.up, rankboard.demo, web.workers; "
+            "from gevent import monkey; "
+            "bad += ['patched'] if monkey.is_module_patched('socket') else []; "
+            "sys.exit(repr(bad) if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert result.returncode == 0, result.stderr
