@@ -30,8 +30,9 @@ from werkzeug.exceptions import HTTPException
 
 from broker.stepstore import csv_header
 from web import sse
-from web.hub import Hub, RunState, Subscriber, parse_position
+from web.hub import Hub, parse_position
 from web.metrics import make_registry
+from web.runstate import RunState, Subscriber
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,9 @@ from prometheus_client import generate_latest
 from broker import feed
 from web import sse
 from web.app import COALESCE_BYTES, _replay, history_csv
-from web.hub import Hub, Subscriber, parse_position
+from web.hub import Hub, parse_position
 from web.metrics import make_registry
+from web.runstate import Subscriber
 
 RUN = "r1"
 
