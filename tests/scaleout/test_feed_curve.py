@@ -16,10 +16,11 @@ from typing import Callable
 import pytest
 
 from rank_agent import RankAgent, curve
-from tests.reliability.conftest import Endpoints, start_broker
-from tests.web.conftest import REPO, get_json, start_web
-
-from .conftest import Proc, fetch, start_pool, wait_for
+from tests.support import REPO
+from tests.support.http import fetch, get_json
+from tests.support.polling import wait_for
+from tests.support.pool import start_pool
+from tests.support.procs import Endpoints, Proc, start_broker, start_web
 
 
 @pytest.fixture

@@ -16,21 +16,21 @@ from typing import Any, Callable
 
 import psutil
 
-from .conftest import (
-    Proc,
-    Pusher,
+from tests.support.brokers import Pusher
+from tests.support.http import fetch
+from tests.support.polling import wait_for
+from tests.support.pool import (
     assert_increasing_ids,
     epoch_events,
-    fetch,
     metric,
     metrics_ports,
     sse_on_worker,
     start_pool,
-    wait_for,
     wait_healthy_workers,
     worker_of,
     worker_pids,
 )
+from tests.support.procs import Proc
 
 RUN = "pool"
 
