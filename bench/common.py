@@ -24,6 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tests.support.polling import wait_for  # noqa: E402  (the one poll-with-deadline)
+
 EPHEMERAL = "tcp://127.0.0.1:*"
 T = TypeVar("T")
 
@@ -48,23 +50,6 @@ def percentile(values: list[float], p: float) -> float:
     s = sorted(values)
     k = min(len(s) - 1, max(0, int(round(p / 100.0 * (len(s) - 1)))))
     return s[k]
-
-
-def wait_for(predicate: Callable[[], Optional[T]], timeout: float = 30.0, what: str = "condition",
-             interval: float = 0.01) -> T:
-    """Poll ``predicate`` until truthy; RuntimeError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last: Optional[BaseException] = None
-    while True:
-        try:
-            value = predicate()
-        except (OSError, http.client.HTTPException, ValueError, KeyError) as exc:
-            value, last = None, exc
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}" + (f" ({last!r})" if last else ""))
-        time.sleep(interval)
 
 
 def raise_nofile(limit: int = 8192) -> None:

@@ -257,7 +257,8 @@ def _up_pool(cfg: WebConfig, prog: str, broker: BrokerChild, stopper: Stopper,
     here, keeps N workers from ever picking N different ports. (That hub holds a copy of
     the runs, as a worker does: the price of reusing the one implementation of the rule.)
     """
-    from web.hub import FeedPump, Hub
+    from web.hub import Hub
+    from web.pump import FeedPump
 
     pool = WorkerPool(cfg, launch_worker)
     pump: FeedPump | None = None

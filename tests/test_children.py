@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from rankboard.process import child_command
-from tests.polling import wait_for
+from tests.support.polling import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = ("broker", "web", "rank_agent")

@@ -1,8 +1,14 @@
 """The Flask app: ``create_app(hub, config)`` and the routes of PROTOCOL.md section 4.
 
+The routes are module-level views on one Blueprint (:data:`bp`); ``create_app`` builds the
+app, keeps this app's hub, token and ping interval as a :class:`Board` in
+``app.extensions``, and registers the Blueprint. Every route with a ``<run>`` in its path
+gets the run from one lookup (:func:`_find_run`), which answers an unknown or malformed run
+with 404 after authorisation, exactly as each route used to on its own.
+
 The app only reads the :class:`~web.hub.Hub` (it never touches sockets), so it works under
 any WSGI server; the SSE stream relies on gevent to block in its queue cheaply, which is why
-``web/cli.py`` serves it with gevent's pywsgi.
+``web/serve.py`` serves it with gevent's pywsgi.
 
 Config keys (all optional):
 
@@ -18,20 +24,20 @@ import hmac
 import io
 import logging
 import re
-import time
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 import gevent
-import gevent.queue
 import msgspec
-from flask import Flask, Response, g, render_template, request
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from flask import Blueprint, Flask, Response, current_app, g, render_template, request
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from werkzeug.exceptions import HTTPException
 
 from broker.stepstore import csv_header
-from web import sse
-from web.hub import Hub, RunState, Subscriber, parse_position
+from web.hub import Hub, parse_position
 from web.metrics import make_registry
+from web.runstate import RunState
+from web.stream import client_stream
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +155,218 @@ def _same(supplied: str | None, expected: str) -> bool:
         supplied.encode("utf-8", "surrogateescape"), expected.encode("utf-8"))
 
 
+@dataclass(frozen=True)
+class Board:
+    """What the views need of one app, built once by :func:`create_app`."""
+
+    hub: Hub
+    #: the bearer token; None: no auth
+    token: str | None
+    ping_interval: float
+    registry: CollectorRegistry
+
+
+def _board() -> Board:
+    board: Board = current_app.extensions["rankboard"]
+    return board
+
+
+bp = Blueprint("rankboard", __name__)
+
+
+# --------------------------------------------------------------- app-wide hooks
+@bp.before_app_request
+def _authorise() -> Response | None:
+    token = _board().token
+    if token is None or request.path == "/healthz":
+        return None
+    auth = request.headers.get("Authorization", "")
+    scheme, _, credentials = auth.partition(" ")
+    if scheme.lower() == "bearer" and _same(credentials.strip(), token):
+        return None
+    if _same(request.args.get("token"), token):
+        g.set_session_cookie = True
+        return None
+    if _same(request.cookies.get(COOKIE_NAME), _session_value(token)):
+        return None
+    response = error(401, "unauthorized: pass Authorization: Bearer <token> or ?token=<token>")
+    response.headers["WWW-Authenticate"] = 'Bearer realm="rankboard"'
+    return response
+
+
+@bp.after_app_request
+def _headers(response: Response) -> Response:
+    response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
+    for name, value in SECURITY_HEADERS.items():
+        response.headers[name] = value
+    token = _board().token
+    if token is not None and g.get("set_session_cookie"):
+        response.set_cookie(COOKIE_NAME, _session_value(token), httponly=True,
+                            samesite="Strict", secure=request.is_secure, path="/")
+    return response
+
+
+@bp.app_errorhandler(HTTPException)
+def _http_error(exc: HTTPException) -> Response:
+    response = error(exc.code or 500, (exc.description or exc.name).strip())
+    if exc.code == 405 and exc.response is None:
+        allowed = getattr(exc, "valid_methods", None)
+        if allowed:
+            response.headers["Allow"] = ", ".join(allowed)
+    return response
+
+
+@bp.app_errorhandler(Exception)
+def _internal_error(exc: Exception) -> Response:
+    log.exception("request %s %s failed", request.method, request.path)
+    return error(500, "internal error")
+
+
+# ------------------------------------------------------------------ the run lookup
+def unknown_run(run: str) -> Response:
+    return error(404, "unknown run" if RUN_ID.match(run) else "not a valid run id")
+
+
+@bp.before_request
+def _find_run() -> Response | None:
+    """The one run lookup of every ``<run>`` route: 404 for a run this web does not have (or
+    a malformed id), else the run's state in ``g.run_state`` (read by :func:`_run`).
+
+    A Blueprint ``before_request`` runs after the app-wide :func:`_authorise` (a URL value
+    preprocessor would run before it and leak which runs exist to a caller without the
+    token), and not at all when routing failed (405 stays 405). ``OPTIONS`` is answered by
+    Flask itself without a lookup, as it was when each view looked the run up."""
+    run = (request.view_args or {}).get("run")
+    if run is None:
+        return None
+    rule = request.url_rule
+    if request.method == "OPTIONS" and getattr(rule, "provide_automatic_options", False):
+        return None
+    state = _board().hub.runs.get(run) if RUN_ID.match(run) else None
+    if state is None:
+        return unknown_run(run)
+    g.run_state = state
+    return None
+
+
+def _run() -> RunState:
+    """The current request's run, found by :func:`_find_run`."""
+    state: RunState = g.run_state
+    return state
+
+
+# -------------------------------------------------------------------------- views
+@bp.get("/")
+def index() -> str:
+    return render_template("index.html")
+
+
+@bp.get("/healthz")
+def healthz() -> Response:
+    ok = _board().hub.connected
+    return json_response({"ok": ok}, 200 if ok else 503)
+
+
+@bp.get("/api/runs")
+def runs() -> Response:
+    out = []
+    for state in _board().hub.runs_newest_first():
+        header = state.public_header()
+        out.append({
+            "run": state.run, "status": header["status"],
+            "world_size": header["world_size"], "total_epochs": header["total_epochs"],
+            "epochs_done": len(state.records), "label": header["label"],
+            "started_at": header["started_at"], "updated_at": header["updated_at"],
+        })
+    return json_response(out)
+
+
+@bp.get("/api/runs/<run>")
+def run_detail(run: str) -> Response:
+    state = _run()
+    body = state.public_header()
+    body["ranks"] = state.ranks
+    body["records"] = [record for _, record in state.records]
+    return json_response(body)
+
+
+@bp.get("/api/runs/<run>/history")
+def history(run: str) -> Response:
+    return json_response([record for _, record in _run().records])
+
+
+@bp.get("/api/runs/<run>/history.csv")
+def history_export(run: str) -> Response:
+    body = history_csv([record for _, record in _run().records])
+    response = Response(body, mimetype="text/csv")
+    response.headers["Content-Disposition"] = f'attachment; filename="{run}-history.csv"'
+    return response
+
+
+@bp.get("/api/runs/<run>/steps")
+def steps(run: str) -> Response:
+    state = _run()
+    try:
+        metric, start, end, points = steps_query(request.args)
+    except BadQuery as exc:
+        return error(400, str(exc))
+    buckets = state.steps.series(metric, start, end, points)
+    return json_response({"metric": metric, "start": start, "end": end,
+                          "buckets": buckets})
+
+
+@bp.get("/api/runs/<run>/steps.csv")
+def steps_export(run: str) -> Response:
+    store = _run().steps
+
+    def body() -> Iterator[str]:
+        # Streamed a few thousand rows at a time: a million-row export is never built
+        # in memory, and the server's other greenlets run between chunks.
+        yield csv_header(store.metric_names())
+        for chunk in store.csv_rows():
+            yield chunk
+            gevent.sleep(0)
+
+    response = Response(body(), mimetype="text/csv")
+    response.headers["Content-Disposition"] = f'attachment; filename="{run}-steps.csv"'
+    return response
+
+
+@bp.get("/api/runs/<run>/graph.svg")
+def graph(run: str) -> Response:
+    state = _run()
+    if not state.svg:
+        return error(404, "this run has no graph")
+    response = Response(state.svg, content_type="image/svg+xml")
+    response.headers["Content-Security-Policy"] = SVG_CSP
+    return response
+
+
+@bp.get("/api/runs/<run>/events")
+def events(run: str) -> Response:
+    board = _board()
+    hub = board.hub
+    position = parse_position([request.headers.get("Last-Event-ID")])
+    subscribed = hub.subscribe(run, position)
+    if subscribed is None:
+        return unknown_run(run)
+    sub, initial, last = subscribed
+    response = Response(
+        client_stream(hub, sub, initial, last, board.ping_interval),
+        content_type="text/event-stream",
+    )
+    response.call_on_close(lambda: hub.unsubscribe(sub))
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["X-Accel-Buffering"] = "no"
+    return response
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    return Response(generate_latest(_board().registry), content_type=CONTENT_TYPE_LATEST)
+
+
+# ------------------------------------------------------------------ the factory
 def create_app(hub: Hub, config: Mapping[str, Any] | None = None) -> Flask:
     """The dashboard app over ``hub``; see the module docstring for ``config``."""
     config = dict(config or {})
@@ -157,235 +375,12 @@ def create_app(hub: Hub, config: Mapping[str, Any] | None = None) -> Flask:
         if config.get(key):
             kwargs[key] = config[key]
     app = Flask(__name__, **kwargs)
-    token: str | None = config.get("token") or None
-    ping_interval = float(config.get("ping_interval") or DEFAULT_PING_INTERVAL)
-    registry = make_registry(hub)
+    app.extensions["rankboard"] = Board(
+        hub=hub,
+        token=config.get("token") or None,
+        ping_interval=float(config.get("ping_interval") or DEFAULT_PING_INTERVAL),
+        registry=make_registry(hub),
+    )
     app.config["RANKBOARD_HUB"] = hub
-
-    @app.before_request
-    def _authorise() -> Response | None:
-        if token is None or request.path == "/healthz":
-            return None
-        auth = request.headers.get("Authorization", "")
-        scheme, _, credentials = auth.partition(" ")
-        if scheme.lower() == "bearer" and _same(credentials.strip(), token):
-            return None
-        if _same(request.args.get("token"), token):
-            g.set_session_cookie = True
-            return None
-        if _same(request.cookies.get(COOKIE_NAME), _session_value(token)):
-            return None
-        response = error(401, "unauthorized: pass Authorization: Bearer <token> or ?token=<token>")
-        response.headers["WWW-Authenticate"] = 'Bearer realm="rankboard"'
-        return response
-
-    @app.after_request
-    def _headers(response: Response) -> Response:
-        response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
-        for name, value in SECURITY_HEADERS.items():
-            response.headers[name] = value
-        if token is not None and g.get("set_session_cookie"):
-            response.set_cookie(COOKIE_NAME, _session_value(token), httponly=True,
-                                samesite="Strict", secure=request.is_secure, path="/")
-        return response
-
-    @app.errorhandler(HTTPException)
-    def _http_error(exc: HTTPException) -> Response:
-        response = error(exc.code or 500, (exc.description or exc.name).strip())
-        if exc.code == 405 and exc.response is None:
-            allowed = getattr(exc, "valid_methods", None)
-            if allowed:
-                response.headers["Allow"] = ", ".join(allowed)
-        return response
-
-    @app.errorhandler(Exception)
-    def _internal_error(exc: Exception) -> Response:
-        log.exception("request %s %s failed", request.method, request.path)
-        return error(500, "internal error")
-
-    def run_state(run: str) -> RunState | None:
-        if not RUN_ID.match(run):
-            return None
-        return hub.runs.get(run)
-
-    def unknown_run(run: str) -> Response:
-        return error(404, "unknown run" if RUN_ID.match(run) else "not a valid run id")
-
-    @app.get("/")
-    def index() -> str:
-        return render_template("index.html")
-
-    @app.get("/healthz")
-    def healthz() -> Response:
-        ok = hub.connected
-        return json_response({"ok": ok}, 200 if ok else 503)
-
-    @app.get("/api/runs")
-    def runs() -> Response:
-        out = []
-        for state in hub.runs_newest_first():
-            header = state.public_header()
-            out.append({
-                "run": state.run, "status": header["status"],
-                "world_size": header["world_size"], "total_epochs": header["total_epochs"],
-                "epochs_done": len(state.records), "label": header["label"],
-                "started_at": header["started_at"], "updated_at": header["updated_at"],
-            })
-        return json_response(out)
-
-    @app.get("/api/runs/<run>")
-    def run_detail(run: str) -> Response:
-        state = run_state(run)
-        if state is None:
-            return unknown_run(run)
-        body = state.public_header()
-        body["ranks"] = state.ranks
-        body["records"] = [record for _, record in state.records]
-        return json_response(body)
-
-    @app.get("/api/runs/<run>/history")
-    def history(run: str) -> Response:
-        state = run_state(run)
-        if state is None:
-            return unknown_run(run)
-        return json_response([record for _, record in state.records])
-
-    @app.get("/api/runs/<run>/history.csv")
-    def history_export(run: str) -> Response:
-        state = run_state(run)
-        if state is None:
-            return unknown_run(run)
-        body = history_csv([record for _, record in state.records])
-        response = Response(body, mimetype="text/csv")
-        response.headers["Content-Disposition"] = f'attachment; filename="{run}-history.csv"'
-        return response
-
-    @app.get("/api/runs/<run>/steps")
-    def steps(run: str) -> Response:
-        state = run_state(run)
-        if state is None:
-            return unknown_run(run)
-        try:
-            metric, start, end, points = steps_query(request.args)
-        except BadQuery as exc:
-            return error(400, str(exc))
-        buckets = state.steps.series(metric, start, end, points)
-        return json_response({"metric": metric, "start": start, "end": end,
-                              "buckets": buckets})
-
-    @app.get("/api/runs/<run>/steps.csv")
-    def steps_export(run: str) -> Response:
-        state = run_state(run)
-        if state is None:
-            return unknown_run(run)
-        store = state.steps
-
-        def body() -> Iterator[str]:
-            # Streamed a few thousand rows at a time: a million-row export is never built
-            # in memory, and the server's other greenlets run between chunks.
-            yield csv_header(store.metric_names())
-            for chunk in store.csv_rows():
-                yield chunk
-                gevent.sleep(0)
-
-        response = Response(body(), mimetype="text/csv")
-        response.headers["Content-Disposition"] = f'attachment; filename="{run}-steps.csv"'
-        return response
-
-    @app.get("/api/runs/<run>/graph.svg")
-    def graph(run: str) -> Response:
-        state = run_state(run)
-        if state is None:
-            return unknown_run(run)
-        if not state.svg:
-            return error(404, "this run has no graph")
-        response = Response(state.svg, content_type="image/svg+xml")
-        response.headers["Content-Security-Policy"] = SVG_CSP
-        return response
-
-    @app.get("/api/runs/<run>/events")
-    def events(run: str) -> Response:
-        state = run_state(run)
-        if state is None:
-            return unknown_run(run)
-        position = parse_position([request.headers.get("Last-Event-ID")])
-        subscribed = hub.subscribe(run, position)
-        if subscribed is None:
-            return unknown_run(run)
-        sub, initial, last = subscribed
-        response = Response(
-            _stream(hub, sub, initial, last, ping_interval),
-            content_type="text/event-stream",
-        )
-        response.call_on_close(lambda: hub.unsubscribe(sub))
-        response.headers["Cache-Control"] = "no-store"
-        response.headers["X-Accel-Buffering"] = "no"
-        return response
-
-    @app.get("/metrics")
-    def metrics() -> Response:
-        return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
-
+    app.register_blueprint(bp)
     return app
-
-
-#: Replay chunks under this size are joined into one write; bigger ones are written as they
-#: are. See :func:`_replay`.
-COALESCE_BYTES = 4096
-
-
-def _replay(chunks: list[bytes]) -> Iterator[bytes]:
-    """The replay as writes: each big chunk (an epoch record, encoded once in the hub and
-    shared by every client) is yielded itself, never copied; runs of small chunks (``retry``,
-    the header, small records) are joined, so a client costs a few writes rather than one
-    per chunk. The per-client copy is bounded by about ``COALESCE_BYTES`` (joining the whole
-    replay was a copy of every record per client, most of the web's memory per client). The
-    list is emptied as it goes, so nothing of the replay stays referenced by the stream."""
-    small: list[bytes] = []
-    size = 0
-    chunks.reverse()
-    while chunks:
-        chunk = chunks.pop()
-        if len(chunk) >= COALESCE_BYTES:
-            if small:
-                yield small[0] if len(small) == 1 else b"".join(small)
-                small, size = [], 0
-            yield chunk
-            continue
-        small.append(chunk)
-        size += len(chunk)
-        if size >= COALESCE_BYTES:
-            yield b"".join(small)
-            small, size = [], 0
-    if small:
-        yield small[0] if len(small) == 1 else b"".join(small)
-
-
-def _stream(hub: Hub, sub: Subscriber, initial: list[bytes], last: int,
-            ping_interval: float) -> Iterator[bytes]:
-    """One client's SSE body: the replay, then live items with ids above ``last``, with a
-    ``: ping`` whenever ``ping_interval`` has passed since the previous one."""
-    current = gevent.getcurrent()
-    if isinstance(current, gevent.Greenlet):  # pywsgi's handler: killed if the client is dropped
-        sub.greenlet = current
-    try:
-        yield from _replay(initial)
-        next_ping = time.monotonic() + ping_interval
-        while True:
-            now = time.monotonic()
-            if now >= next_ping:
-                yield sse.PING
-                next_ping = now + ping_interval
-            try:
-                item = sub.queue.get(timeout=max(0.001, next_ping - time.monotonic()))
-            except gevent.queue.Empty:
-                continue
-            if item is None:  # closed by the hub: dropped, run gone, or shutdown
-                return
-            seq, data = item
-            if seq > last:
-                last = seq
-                yield data
-    finally:
-        sub.greenlet = None
-        hub.unsubscribe(sub)

@@ -1,14 +1,14 @@
 """The web's view of the broker: SUB + snapshot (Clone pattern) -> per-run state -> SSE clients.
 
-Two layers, kept apart so the rules are unit-testable without sockets (STYLE "receive loop
-apart from the handler"):
+Two layers, kept apart so the rules are unit-testable without sockets (the receive loop
+apart from the handler, docs/DESIGN.md "The feed"):
 
 * :class:`Hub` is the state machine. It is fed decoded feed messages
   (:meth:`Hub.handle_pub`, :meth:`Hub.handle_snapshot`) with an injected clock, keeps every
   run's header, ranks, epoch records and completion with their sequence numbers, decides
   when a snapshot must be (re)requested (:meth:`Hub.next_request`), and fans each event out
   to the run's subscribers as SSE bytes encoded exactly once.
-* :class:`FeedPump` is the I/O shell: one greenlet per broker connection owning a
+* :class:`web.pump.FeedPump` is the I/O shell: one greenlet per broker connection owning a
   ``zmq.green`` SUB and DEALER, which only moves messages between the sockets and the hub.
 
 Snapshot protocol (docs/DESIGN.md "The feed"): subscribe first, then ask ``[SNAP]``; while a
@@ -24,17 +24,15 @@ leave a hole.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import deque
 from typing import Any, Callable, Iterable
 
 import gevent
-import gevent.queue
 
 from broker import feed
-from broker.stepstore import StepStore
 from web import sse
+from web.runstate import RunState, Subscriber, finite
 
 log = logging.getLogger(__name__)
 
@@ -51,164 +49,14 @@ MAX_BUFFERED = 100_000
 
 ENDED = ("complete", "failed")
 
-#: Sentinel the hub puts into a client's queue to end its stream.
-_CLOSE = None
 #: The first chunk of every stream (shared, like every other chunk of a replay).
 _RETRY = sse.retry(RETRY_MS)
-
-
-class Subscriber:
-    """One SSE connection: a bounded queue of ``(seq, sse_bytes)`` items.
-
-    The hub never blocks on a subscriber: a full queue means the client is too slow (or not
-    reading at all), so it is dropped: its queue is replaced by the close sentinel, and the
-    greenlet serving it (which may be stuck in a socket write to a client that never reads)
-    is killed so the connection is released.
-    """
-
-    __slots__ = ("run", "queue", "greenlet", "dropped", "closed")
-
-    def __init__(self, run: str, maxsize: int) -> None:
-        self.run = run
-        self.queue: gevent.queue.Queue = gevent.queue.Queue(maxsize)
-        #: the gevent greenlet serving this client, set by the app; killed on drop
-        self.greenlet: gevent.Greenlet | None = None
-        self.dropped = False
-        self.closed = False
-
-    def offer(self, item: tuple[int, bytes]) -> bool:
-        """Queue ``item`` without blocking; False when the queue is full."""
-        try:
-            self.queue.put_nowait(item)
-        except gevent.queue.Full:
-            return False
-        return True
-
-    def close(self) -> None:
-        """End the stream: empty the queue and leave only the close sentinel."""
-        if self.closed:
-            return
-        self.closed = True
-        while True:
-            try:
-                self.queue.get_nowait()
-            except gevent.queue.Empty:
-                break
-        self.queue.put_nowait(_CLOSE)
-
-
-class RunState:
-    """What the web knows of one run, with the sequence number of each piece."""
-
-    __slots__ = ("run", "seq", "header", "ranks", "ranks_full", "records", "complete", "svg",
-                 "steps", "subscribers", "_record_bytes", "_header_event")
-
-    def __init__(self, run: str) -> None:
-        self.run = run
-        #: the last sequence number applied
-        self.seq = 0
-        self.header: dict[str, Any] = {}
-        #: the public ranks array (the feed's extra "loss" stripped)
-        self.ranks: list[dict[str, Any]] = []
-        #: the feed's ranks array as received (with "loss", for /metrics)
-        self.ranks_full: list[dict[str, Any]] = []
-        #: (seq, record) in ascending epoch order
-        self.records: list[tuple[int, dict[str, Any]]] = []
-        #: (seq, status) of the "complete" event while the run is ended
-        self.complete: tuple[int, str] | None = None
-        #: the model graph (only run snapshots carry it; a live header only says has_svg)
-        self.svg: str | None = None
-        #: closed steps, as published (``steps`` events; snapshots carry them columnar)
-        self.steps = StepStore()
-        self.subscribers: set[Subscriber] = set()
-        #: seq -> the record's "epoch" event bytes, encoded once (replays reuse them)
-        self._record_bytes: dict[int, bytes] = {}
-        #: (id, closed steps, bytes) of the last replayed ``run`` header event: a burst of
-        #: connecting clients (all at the same position) shares one encoding; reset with the
-        #: header
-        self._header_event: tuple[int, int, bytes] | None = None
-
-    def public_header(self) -> dict[str, Any]:
-        """The run header of PROTOCOL 4 with every key present, even before the broker's
-        first ``run`` event (absent = null). ``steps_done``/``step_metrics`` are this web's
-        own closed steps (the broker's header is only as fresh as its last ``run`` event):
-        the no-gap, no-overlap rule of ``steps`` events is kept against them."""
-        header: dict[str, Any] = {
-            "run": self.run, "status": "waiting", "world_size": None, "total_epochs": None,
-            "label": None, "hash": None, "port": None, "metadata": None, "hardware": "",
-            "has_svg": False, "hosts": [], "alerts": [], "started_at": None, "updated_at": None,
-        }
-        header.update(self.header)
-        header["steps_done"] = self.steps.last_step
-        header["step_metrics"] = self.steps.metric_names()
-        return header
-
-    def record_event(self, seq: int, record: dict[str, Any]) -> bytes:
-        data = self._record_bytes.get(seq)
-        if data is None:
-            data = self._record_bytes[seq] = sse.json_event("epoch", seq, record)
-        return data
-
-    def header_event(self, position: int) -> bytes:
-        """The replay's ``run`` event (the public header with id ``position``), encoded once
-        per header and position however many clients subscribe."""
-        cached = self._header_event
-        rows = self.steps.rows
-        if cached is None or cached[0] != position or cached[1] != rows:
-            cached = self._header_event = (position, rows, sse.json_event(
-                "run", position, self.public_header()))
-        return cached[2]
-
-    def set_header(self, header: Any) -> None:
-        self._header_event = None
-        header = dict(header) if isinstance(header, dict) else {}
-        svg = header.pop("svg", None)  # tolerated, never published: the header shape is exact
-        if isinstance(svg, str) and svg:
-            self.svg = svg
-        self.header = header
-
-    def set_ranks(self, ranks: Any) -> None:
-        self.ranks_full = ranks if isinstance(ranks, list) else []
-        self.ranks = [public_rank(r) for r in self.ranks_full]
-
-    @classmethod
-    def from_snapshot(cls, snap: dict[str, Any]) -> RunState:
-        """Build from a broker run snapshot (``RunSink.snapshot()``); KeyError/TypeError if malformed."""
-        state = cls(str(snap["run"]))
-        state.seq = int(snap["seq"])
-        state.set_header(snap["header"])
-        svg = snap.get("svg")
-        if isinstance(svg, str) and svg:
-            state.svg = svg
-        state.set_ranks(snap.get("ranks") or [])
-        state.records = [(int(seq), rec) for seq, rec in snap.get("records") or []]
-        complete = snap.get("complete")
-        state.complete = (int(complete[0]), str(complete[1])) if complete else None
-        steps = snap.get("steps")
-        if steps:
-            state.steps.extend_wire(steps)
-        return state
-
-
-def public_rank(entry: Any) -> Any:
-    """A feed ranks entry without the feed-only ``loss`` key (PROTOCOL 4's shape is exact)."""
-    if isinstance(entry, dict) and "loss" in entry:
-        return {k: v for k, v in entry.items() if k != "loss"}
-    return entry
-
-
-def finite(value: Any) -> float | None:
-    """``value`` as a float if it is a finite number, else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    f = float(value)
-    return f if math.isfinite(f) else None
 
 
 class Hub:
     """Per-run state built from the broker feed, and the SSE subscribers of each run.
 
-    Pure apart from gevent queues: no sockets, an injectable clock. The :class:`FeedPump`
+    Pure apart from gevent queues: no sockets, an injectable clock. The :class:`~web.pump.FeedPump`
     calls :meth:`handle_pub` / :meth:`handle_snapshot` and sends what :meth:`next_request`
     returns; the app calls :meth:`subscribe` and reads :attr:`runs`.
     """
@@ -610,168 +458,3 @@ def parse_position(values: Iterable[str | None]) -> int:
         return 0
     return 0
 
-
-class FeedPump:
-    """One greenlet per broker connection: SUB + DEALER (``zmq.green``) <-> :class:`Hub`.
-
-    Constructing it does no I/O; :meth:`start` spawns the greenlet, :meth:`stop` ends it and
-    closes the sockets with ``linger=0`` (a green context with pending messages can otherwise
-    freeze every greenlet, pyzmq#809).
-
-    ``curve``: ZeroMQ options that make both sockets CURVE clients
-    (:func:`broker.keys.client_options`), for a broker started with ``--curve-secret-key``.
-    A broker that refuses the handshake (a key it does not authorize, or CURVE on one side
-    only) lets nothing through, so the hub never connects and ``/healthz`` stays 503; a
-    monitor on the SUB turns refusals into a log line (the first at once, then at most one
-    per ``REFUSAL_LOG_INTERVAL``), since otherwise nothing would say why.
-    """
-
-    #: seconds between two log lines about refused handshakes
-    REFUSAL_LOG_INTERVAL = 60.0
-
-    def __init__(self, hub: Hub, publish: str, snapshot: str, *, poll_ms: int = 250,
-                 curve: dict[int, bytes] | None = None) -> None:
-        self.hub = hub
-        self.publish = publish
-        self.snapshot = snapshot
-        self.poll_ms = poll_ms
-        self.curve = dict(curve) if curve else None
-        #: handshakes the broker refused (or that failed) on the SUB since start
-        self.handshake_failures = 0
-        # a connection is up whose handshake has not succeeded yet: if it drops, that was a
-        # failed handshake too (a plain client meeting a CURVE server often sees only the
-        # server hanging up, not a protocol event, depending on who reads the greeting first)
-        self._handshaking = False
-        self._unlogged_failures = 0
-        self._failure_logged_at: float | None = None
-        self._greenlet: gevent.Greenlet | None = None
-        self._stopping = False
-
-    def start(self) -> None:
-        self._greenlet = gevent.spawn(self._run)
-
-    def stop(self, timeout: float = 2.0) -> None:
-        self._stopping = True
-        if self._greenlet is not None:
-            self._greenlet.join(timeout)
-            if not self._greenlet.dead:
-                self._greenlet.kill(block=True, timeout=timeout)
-
-    def _run(self) -> None:
-        import zmq.green as zmq
-
-        ctx = zmq.Context()
-
-        def client(kind: int) -> Any:
-            sock = ctx.socket(kind)
-            sock.setsockopt(zmq.LINGER, 0)
-            for option, value in (self.curve or {}).items():  # before connect, or it is plain
-                sock.setsockopt(option, value)
-            return sock
-
-        sub = client(zmq.SUB)
-        sub.setsockopt(zmq.RCVHWM, 100_000)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        monitor = sub.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-            | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        sub.connect(self.publish)
-
-        def new_dealer() -> Any:
-            dealer = client(zmq.DEALER)
-            dealer.connect(self.snapshot)
-            return dealer
-
-        dealer = new_dealer()
-        poller = zmq.Poller()
-        poller.register(sub, zmq.POLLIN)
-        poller.register(dealer, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
-        log.info("web feed: SUB %s, snapshot %s%s", self.publish, self.snapshot,
-                 " (CURVE)" if self.curve else "")
-        try:
-            while not self._stopping:
-                if self.hub.take_socket_reset():
-                    poller.unregister(dealer)
-                    dealer.close(linger=0)
-                    dealer = new_dealer()
-                    poller.register(dealer, zmq.POLLIN)
-                request = self.hub.next_request()
-                if request is not None:
-                    dealer.send_multipart(request)
-                ready = dict(poller.poll(self.poll_ms))
-                if sub in ready:
-                    self._drain(sub, self.hub.handle_pub, zmq)
-                if dealer in ready:
-                    self._drain(dealer, self.hub.handle_snapshot, zmq)
-                if monitor in ready:
-                    self._drain(monitor, self._on_monitor_event, zmq)
-        finally:
-            for sock in (sub, dealer, monitor):
-                poller.unregister(sock)
-            sub.disable_monitor()
-            monitor.close(linger=0)
-            sub.close(linger=0)
-            dealer.close(linger=0)
-            ctx.term()
-
-    def _on_monitor_event(self, parts: list[bytes]) -> None:
-        """Log handshake refusals: the first at once, then at most one per interval."""
-        import zmq
-        from zmq.utils.monitor import parse_monitor_message
-
-        event = parse_monitor_message(parts)
-        kind = event["event"]
-        value = int(event["value"])  # pyzmq hands it over as an Event flag; it is a number
-        if kind == zmq.EVENT_CONNECTED:
-            self._handshaking = True
-            return
-        if kind == zmq.EVENT_DISCONNECTED:
-            if not self._handshaking:
-                return  # a connection that had worked went away (a broker restart, say)
-            kind, value = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0
-        self._handshaking = False
-        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            if self.handshake_failures:
-                log.info("web feed: handshake with the broker at %s succeeded", self.publish)
-                self.handshake_failures = self._unlogged_failures = 0
-                self._failure_logged_at = None
-            return
-        self.handshake_failures += 1
-        now = time.monotonic()
-        if (self._failure_logged_at is not None
-                and now - self._failure_logged_at < self.REFUSAL_LOG_INTERVAL):
-            self._unlogged_failures += 1
-            return
-        self._failure_logged_at = now
-        more = (f" ({self._unlogged_failures} more since the last report)"
-                if self._unlogged_failures else "")
-        self._unlogged_failures = 0
-        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            log.error("the broker at %s refused this web's CURVE key (ZAP status %s): is its "
-                      "public key in the broker's --curve-authorized directory?%s",
-                      self.publish, value, more)
-        elif self.curve:
-            log.error("CURVE handshake with the broker at %s failed (error %#x): is the "
-                      "broker started with --curve-secret-key, and is --curve-server-key "
-                      "its public key?%s", self.publish, value, more)
-        else:
-            log.error("handshake with the broker at %s failed (error %#x): a broker started "
-                      "with --curve-secret-key needs --curve-server-key and "
-                      "--curve-client-key%s", self.publish, value, more)
-
-    @staticmethod
-    def _drain(sock: Any, handler: Callable[[list[bytes]], None], zmq: Any) -> None:
-        """Handle what is queued on ``sock`` now, yielding to other greenlets now and then."""
-        for n in range(1, 100_000):
-            try:
-                parts = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                handler(parts)
-            except Exception:  # one bad message never kills the pump
-                log.exception("feed message handling failed")
-            if n % 100 == 0:
-                gevent.sleep(0)

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from web.hub import Hub, finite
+from web.hub import Hub
+from web.runstate import finite
 
 RANK_LABELS = ["run", "rank", "host"]
 

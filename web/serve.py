@@ -259,7 +259,8 @@ class Web:
 
     def __init__(self, cfg: WebConfig, *, curve: dict[int, bytes] | None = None) -> None:
         from web.app import create_app
-        from web.hub import DEFAULT_QUEUE_SIZE, FeedPump, Hub
+        from web.hub import DEFAULT_QUEUE_SIZE, Hub
+        from web.pump import FeedPump
 
         self.host: str = cfg.host
         #: this process's slot in a ``--workers`` pool (None: a web on its own)

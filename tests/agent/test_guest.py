@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-import warnings
 
 import pytest
 import zmq
 
 from rank_agent import RankAgent
 from rank_agent.protocol import Finish, Metrics, Register, decode
+from tests.support.forking import fork as _fork
+from tests.support.forking import wait_child as _wait_child
 
 
 def test_no_broker_50k_epochs_return_promptly_and_count_drops(make_agent, dead_endpoint):
@@ -103,26 +104,6 @@ def test_sampler_and_training_thread_send_concurrently(receiver, make_agent):
     frames = receiver.wait_for(lambda fs: sum(isinstance(f, Metrics) for f in fs) >= 6000)
     assert len({f.epoch for f in frames if isinstance(f, Metrics)}) == 6000
     assert agent.errors == 0 and agent.dropped == 0
-
-
-def _fork() -> int:
-    with warnings.catch_warnings():
-        # Python 3.12+ warns about fork() in a process with threads (ZeroMQ's I/O thread):
-        # forking such a process is exactly what this test is about.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return os.fork()
-
-
-def _wait_child(pid: int, timeout: float = 15.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)  # polling a child's exit, not synchronising on it
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    raise AssertionError("forked child hung")
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")

@@ -18,9 +18,9 @@ import pytest
 from rank_agent.agent import MAX_PENDING_STEPS
 from rank_agent.protocol import Finish, Steps
 from rank_agent.stepframes import step_frames
-
-from ..polling import wait_for
-from .test_guest import _fork, _wait_child
+from tests.support.forking import fork as _fork
+from tests.support.forking import wait_child as _wait_child
+from tests.support.polling import wait_for
 
 ASLEEP = 3600.0  # a step_flush that never fires during a test: only finish()/close() flush
 

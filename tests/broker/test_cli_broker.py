@@ -196,7 +196,8 @@ def test_parser_defaults_per_command(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_sigkill_restart_on_same_data_dir_keeps_records_and_raises_ids(
         tmp_path: Path, spawn: list[Broker]) -> None:
     from broker import feed
-    from tests.broker.conftest import FeedClient, enc, metrics, register
+    from tests.support.brokers import FeedClient
+    from tests.support.frames import enc, metrics, register
 
     n = 1500  # one batch can hold more events than half a journal seq block
     b = Broker("--ingest", ANY, "--publish", ANY, "--snapshot", ANY, "--data-dir", str(tmp_path))

@@ -12,16 +12,9 @@ import zmq
 from broker import feed
 from broker.server import BindError, BrokerServer, DataDirError, is_loopback_endpoint
 from rank_agent import protocol
-from tests.broker.conftest import (
-    LOOPBACK_ANY,
-    FeedClient,
-    RunningBroker,
-    enc,
-    finish,
-    metrics,
-    register,
-    wait_for,
-)
+from tests.support.brokers import LOOPBACK_ANY, FeedClient, RunningBroker
+from tests.support.frames import enc, finish, metrics, register
+from tests.support.polling import wait_for
 
 
 def _heartbeat(pred: Callable[[feed.Heartbeat], bool]) -> Callable[[feed.Update], bool]:

@@ -17,12 +17,10 @@ import pytest
 from playwright.sync_api import expect
 
 from rank_agent import protocol as wire
-
-from .conftest import ARTIFACTS, Stack, wait_until
+from tests.support.browser import ARTIFACTS, HOSTILE, Stack, coloured, sample, wait_drawn, wait_js
 
 pytestmark = pytest.mark.browser
 
-HOSTILE = "<img src=x onerror=window.__pwned=1>"
 HOSTILE_SVG = ('<svg xmlns="http://www.w3.org/2000/svg" width="120" height="40">'
                "<script>window.__pwned=1</script>"
                '<rect onload="window.__pwned=1" width="100" height="30" fill="#5794f2"/></svg>')
@@ -35,34 +33,6 @@ GRAPH_SVG = ('<svg xmlns="http://www.w3.org/2000/svg" width="360" height="120" '
              '<rect x="260" y="40" width="90" height="36" rx="6" fill="#d5f5d5" stroke="#345"/>'
              '<text x="305" y="63" text-anchor="middle">head</text>'
              '<path d="M100 58H135M225 58H260" stroke="#345" stroke-width="2"/></svg>')
-
-# Counts strongly coloured pixels of a canvas: the grey background, grid and axis text do
-# not count; a drawn series (every palette colour is saturated) does.
-COLOURED_PIXELS = """(sel) => {
-  const c = document.querySelector(sel);
-  if (!c || !c.width || !c.height) return 0;
-  const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-  let n = 0;
-  for (let i = 0; i < d.length; i += 4) {
-    const mx = Math.max(d[i], d[i + 1], d[i + 2]), mn = Math.min(d[i], d[i + 1], d[i + 2]);
-    if (mx - mn > 80) n++;
-  }
-  return n;
-}"""
-
-
-def sample(rank: int, util: float = 90.0, vram_gb: float = 60.0) -> wire.ResourceSample:
-    """A plausible resource sample of one rank on an 80 GB GPU."""
-    gib = 2**30
-    return wire.ResourceSample(
-        cpu_percent=35.0 + rank, ram_used_bytes=180 * gib, ram_total_bytes=512 * gib,
-        gpu_util_percent=util, vram_allocated_bytes=int(vram_gb * gib),
-        vram_total_bytes=80 * gib,
-        gpus=[wire.GpuSample(device_index=rank % 4, name="NVIDIA H100 80GB HBM3",
-                             util_percent=util, vram_allocated_bytes=int(vram_gb * gib),
-                             vram_total_bytes=80 * gib, temperature_c=61.0, power_w=520.0)],
-    )
-
 
 def register(stack: Stack, run: str, world: int, total: int, hosts: List[str] | None = None,
              per_host: int = 4) -> None:
@@ -86,20 +56,6 @@ def epoch(stack: Stack, run: str, e: int, ranks: range, loss: float = 1.0,
 def open_run(page: Any, stack: Stack, run: str) -> None:
     page.goto(f"{stack.url}/#run={run}")
     expect(page.locator("#run-picker")).to_have_value(run)
-
-
-def coloured(page: Any, selector: str) -> int:
-    return int(page.evaluate(COLOURED_PIXELS, selector))
-
-
-def wait_drawn(page: Any, selector: str) -> None:
-    """Wait until the canvas shows at least one drawn series."""
-    wait_until(lambda: coloured(page, selector) > 30, 10.0, f"a series drawn on {selector}")
-
-
-def wait_js(page: Any, expression: str, timeout: float = 10.0) -> None:
-    """Poll a JS expression (evaluated as a function, so CSP does not object)."""
-    wait_until(lambda: page.evaluate(f"() => Boolean({expression})"), timeout, expression)
 
 
 # --------------------------------------------------------------------------------- tests

@@ -9,8 +9,8 @@ from typing import Any, Iterator
 import pytest
 from playwright.sync_api import expect
 
-from .conftest import ARTIFACTS, Stack, wait_until
-from .test_dashboard import coloured, wait_drawn
+from tests.support.browser import ARTIFACTS, Stack, coloured, wait_drawn
+from tests.support.polling import wait_for as wait_until
 
 pytestmark = pytest.mark.browser
 

@@ -20,9 +20,8 @@ import pytest
 from playwright.sync_api import expect
 
 from rank_agent import protocol as wire
-
-from .conftest import ARTIFACTS, Stack, wait_until
-from .test_dashboard import HOSTILE, coloured, sample, wait_js
+from tests.support.browser import ARTIFACTS, HOSTILE, Stack, coloured, sample, wait_js
+from tests.support.polling import wait_for as wait_until
 
 pytestmark = pytest.mark.browser
 

@@ -19,10 +19,12 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from tests.scaleout.conftest import start_pool
-from tests.web.conftest import Proc, Pusher, SSEClient, fetch, wait_for
-
-from .conftest import DEPLOY, tool
+from tests.support.brokers import Pusher
+from tests.support.deploy import DEPLOY, tool
+from tests.support.http import SSEClient, fetch
+from tests.support.polling import wait_for
+from tests.support.pool import start_pool
+from tests.support.procs import Proc
 
 TOKEN = "nginx-t0ken"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}

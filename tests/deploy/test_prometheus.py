@@ -9,7 +9,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .conftest import DEPLOY, REPO, tool
+from tests.support import REPO
+from tests.support.deploy import DEPLOY, tool
 
 PROM = DEPLOY / "prometheus"
 

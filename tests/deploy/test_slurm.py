@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .conftest import DEPLOY, REPO, tool
+from tests.support import REPO
+from tests.support.deploy import DEPLOY, tool
 
 SBATCH = DEPLOY / "slurm" / "train.sbatch"
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from rankboard.cli import build_parser
-
-from .conftest import DEPLOY, tool
+from tests.support.deploy import DEPLOY, tool
 
 UNITS = ["rankboard-broker.service", "rankboard-web.service"]
 INSTALLED = "/opt/rankboard/bin/rankboard"

@@ -19,7 +19,7 @@ import zmq
 
 from broker import feed
 from broker.server import BrokerServer
-from tests import polling
+from tests.support import polling
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

@@ -21,10 +21,9 @@ from broker import feed
 from broker.keys import client_options
 from rank_agent import RankAgent, curve
 from rank_agent.protocol import Register, encoder
-from tests.broker.conftest import FeedClient
-from tests.web.conftest import REPO, Proc
-
-from .conftest import start_broker
+from tests.support import REPO
+from tests.support.brokers import FeedClient
+from tests.support.procs import Proc, start_broker
 
 
 def keys(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,5 @@
 """Hostile input through the REAL PULL socket of a real ``rankboard broker`` process: random
-and malformed frames interleaved with a checkable valid run (tests/reliability/fuzzgen.py).
+and malformed frames interleaved with a checkable valid run (tests/support/fuzzgen.py).
 Zero crashes, every valid frame applied, every frame counted by reason, and the counts on the
 web's /metrics. The long run is ``python bench/fuzz_ingest.py`` (>= 100 000 frames)."""
 from __future__ import annotations
@@ -14,10 +14,11 @@ from broker import feed
 from broker.runs import Runs
 from broker.server import _msgpack_ints
 from rank_agent import protocol as P
-from tests.web.conftest import Proc, Pusher, fetch, start_web, wait_for
-
-from . import fuzzgen
-from .conftest import no_traceback, start_broker
+from tests.support import fuzzgen
+from tests.support.brokers import Pusher
+from tests.support.http import fetch
+from tests.support.polling import wait_for
+from tests.support.procs import Proc, no_traceback, start_broker, start_web
 
 FRAMES = 5000
 SEED = 20261129

@@ -13,9 +13,10 @@ from typing import Callable, Iterator
 
 import pytest
 
-from tests.web.conftest import REPO, Proc, fetch, start_web, wait_for
-
-from .conftest import no_traceback, start_broker
+from tests.support import REPO
+from tests.support.http import fetch
+from tests.support.polling import wait_for
+from tests.support.procs import Proc, no_traceback, start_broker, start_web
 
 STALE_AFTER = 1.0
 

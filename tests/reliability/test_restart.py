@@ -15,10 +15,10 @@ from zmq.utils.monitor import recv_monitor_message
 
 from rank_agent import RankAgent
 from rank_agent.protocol import Metrics
-from tests.broker.conftest import FeedClient
-from tests.web.conftest import Proc, Pusher, SSEClient, fetch, get_json, start_web, wait_for
-
-from .conftest import no_traceback, start_broker
+from tests.support.brokers import FeedClient, Pusher
+from tests.support.http import SSEClient, fetch, get_json
+from tests.support.polling import wait_for
+from tests.support.procs import Proc, no_traceback, start_broker, start_web
 
 
 def epochs(events: list[dict[str, Any]]) -> list[int]:

@@ -20,10 +20,8 @@ import zmq
 from broker import feed
 from broker.stepstore import SAMPLES_PER_S, STEP_MS, StepStore
 from rank_agent.protocol import Register, Steps
-from tests.broker.conftest import FeedClient
-from tests.web.conftest import Proc, Pusher
-
-from .conftest import no_traceback, start_broker
+from tests.support.brokers import FeedClient, Pusher
+from tests.support.procs import Proc, no_traceback, start_broker
 
 RUN = "steps-crash"
 WORLD = 2

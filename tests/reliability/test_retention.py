@@ -12,10 +12,8 @@ import zmq
 from broker.journal import Journal
 from broker.runs import Runs
 from rank_agent import protocol as P
-from tests.broker.conftest import FeedClient
-from tests.web.conftest import Proc
-
-from .conftest import start_broker
+from tests.support.brokers import FeedClient
+from tests.support.procs import Proc, start_broker
 
 DAY = 86400.0
 

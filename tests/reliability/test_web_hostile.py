@@ -13,9 +13,10 @@ from typing import Any, Callable
 import pytest
 
 from rank_agent import protocol
-from tests.web.conftest import Proc, Pusher, SSEClient, fetch, start_web, wait_for
-
-from .conftest import no_traceback, start_broker
+from tests.support.brokers import Pusher
+from tests.support.http import SSEClient, fetch
+from tests.support.polling import wait_for
+from tests.support.procs import Proc, no_traceback, start_broker, start_web
 
 TOKEN = "tok-\u00e9-0123456789abcdef"  # non-ASCII on purpose: compared as UTF-8 bytes
 ASCII_TOKEN = "s3cr3t-0123456789abcdef"

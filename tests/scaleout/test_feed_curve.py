@@ -16,10 +16,11 @@ from typing import Callable
 import pytest
 
 from rank_agent import RankAgent, curve
-from tests.reliability.conftest import Endpoints, start_broker
-from tests.web.conftest import REPO, get_json, start_web
-
-from .conftest import Proc, fetch, start_pool, wait_for
+from tests.support import REPO
+from tests.support.http import fetch, get_json
+from tests.support.polling import wait_for
+from tests.support.pool import start_pool
+from tests.support.procs import Endpoints, Proc, start_broker, start_web
 
 
 @pytest.fixture
@@ -153,14 +154,15 @@ def test_refused_handshakes_are_logged_at_most_once_a_minute(
 
     import zmq
 
-    from web.hub import FeedPump, Hub
+    from web.hub import Hub
+    from web.pump import FeedPump
 
     pump = FeedPump(Hub(), "tcp://broker:5586", "tcp://broker:5587", curve={1: b"x"})
 
     def event(kind: int, value: int) -> list[bytes]:
         return [struct.pack("=hi", kind, value), b"tcp://broker:5586"]
 
-    with caplog.at_level(logging.INFO, logger="web.hub"):
+    with caplog.at_level(logging.INFO, logger="web.pump"):
         for _ in range(3):
             pump._on_monitor_event(event(zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400))
         assert pump.handshake_failures == 3

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from tests.web.conftest import SSEClient, get_json, start_web
-
-from .conftest import Proc, Pusher, assert_increasing_ids, epoch_events, fetch, wait_for
+from tests.support.brokers import Pusher
+from tests.support.http import SSEClient, fetch, get_json
+from tests.support.polling import wait_for
+from tests.support.pool import assert_increasing_ids, epoch_events
+from tests.support.procs import Proc, start_web
 
 
 def test_two_webs_on_one_broker_serve_identical_streams(

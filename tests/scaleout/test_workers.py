@@ -16,21 +16,21 @@ from typing import Any, Callable
 
 import psutil
 
-from .conftest import (
-    Proc,
-    Pusher,
+from tests.support.brokers import Pusher
+from tests.support.http import fetch
+from tests.support.polling import wait_for
+from tests.support.pool import (
     assert_increasing_ids,
     epoch_events,
-    fetch,
     metric,
     metrics_ports,
     sse_on_worker,
     start_pool,
-    wait_for,
     wait_healthy_workers,
     worker_of,
     worker_pids,
 )
+from tests.support.procs import Proc
 
 RUN = "pool"
 
@@ -130,6 +130,10 @@ def test_metrics_are_per_worker(spawn: Callable[..., Proc], broker: Any,
     pusher.register(RUN, 0, 1)
     pusher.epoch(RUN, 0, 1)
     _records_everywhere(pool.port, RUN, 1)
+    rank_epoch = 'rankboard_rank_epoch{host="node-a",rank="0",run="pool"} 0.0'
+    # the broker publishes ranks at most once a second, so they may trail the record
+    wait_for(lambda: all(rank_epoch in fetch(ports[k], "/metrics").text for k in (1, 2)),
+             what="the rank's epoch in both workers' /metrics")
     with sse_on_worker(pool.port, f"/api/runs/{RUN}/events", 1) as client:
         assert client.next_event() is not None
 
@@ -143,7 +147,7 @@ def test_metrics_are_per_worker(spawn: Callable[..., Proc], broker: Any,
         texts = [fetch(ports[k], "/metrics").text for k in (1, 2)]
     for text in texts:  # what comes from the broker is the same in every worker
         assert metric(text, "rankboard_web_connected") == 1
-        assert 'rankboard_rank_epoch{host="node-a",rank="0",run="pool"} 0.0' in text
+        assert rank_epoch in text
     for k in (1, 2):
         assert worker_of(fetch(ports[k], "/healthz")) == k
         assert fetch(ports[k], "/healthz").status == 200

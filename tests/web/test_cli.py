@@ -9,7 +9,10 @@ from typing import Any
 
 import psutil
 
-from .conftest import Pusher, SSEClient, fetch, get_json, start_web, wait_for
+from tests.support.brokers import Pusher
+from tests.support.http import SSEClient, fetch, get_json
+from tests.support.polling import wait_for
+from tests.support.procs import start_web
 
 TOKEN = "s3cret-token"
 

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support.http import fetch
+from tests.support.polling import wait_for
 from web.serve import redact_token
-
-from .conftest import fetch, wait_for
 
 
 def _browser_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
@@ -49,7 +49,7 @@ def test_token_is_redacted_from_access_log_lines() -> None:
 
 
 def test_access_log_of_a_real_server_has_no_token(spawn: Any, broker: Any) -> None:
-    from .conftest import start_web
+    from tests.support.procs import start_web
 
     web = start_web(spawn, broker, "--token", "s3cret-token", "-v")
     assert fetch(web.port, "/api/runs?token=s3cret-token").status == 200

@@ -7,8 +7,9 @@ import math
 from typing import Any
 
 from rank_agent import protocol
-
-from .conftest import Pusher, fetch, get_json, wait_for
+from tests.support.brokers import Pusher
+from tests.support.http import fetch, get_json
+from tests.support.polling import wait_for
 
 HEADER_KEYS = {"run", "status", "world_size", "total_epochs", "label", "hash", "port", "metadata",
                "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
@@ -157,7 +158,8 @@ def test_healthz_and_metrics(web: Any, pusher: Pusher) -> None:
 
 
 def test_healthz_503_until_a_late_broker_comes_up(spawn: Any, tmp_path: Any) -> None:
-    from .conftest import Broker, start_web
+    from tests.support.brokers import Broker
+    from tests.support.procs import start_web
 
     class Nowhere:  # endpoints nobody binds yet (ipc in an empty tmp dir)
         publish = f"ipc://{tmp_path}/pub"
@@ -182,7 +184,7 @@ def test_healthz_503_until_a_late_broker_comes_up(spawn: Any, tmp_path: Any) -> 
 
 def test_web_restart_restores_history_from_the_broker(spawn: Any, broker: Any,
                                                       pusher: Pusher) -> None:
-    from .conftest import start_web
+    from tests.support.procs import start_web
 
     first = start_web(spawn, broker)
     full_run(pusher, "kept", epochs=4)

@@ -11,9 +11,11 @@ from prometheus_client import generate_latest
 
 from broker import feed
 from web import sse
-from web.app import COALESCE_BYTES, _replay, history_csv
-from web.hub import Hub, Subscriber, parse_position
+from web.app import history_csv
+from web.hub import Hub, parse_position
 from web.metrics import make_registry
+from web.runstate import Subscriber
+from web.stream import COALESCE_BYTES, replay
 
 RUN = "r1"
 
@@ -252,16 +254,16 @@ def test_replay_writes_big_chunks_uncopied_and_joins_small_ones() -> None:
     small = [b"retry: 2000\n\n", b"x" * 100, b"y" * 200]
     chunks = [small[0], small[1], big1, small[2], big2, b"z" * 10]
     expected = b"".join(chunks)
-    writes = list(_replay(list(chunks)))
+    writes = list(replay(list(chunks)))
     assert b"".join(writes) == expected
     assert writes[1] is big1 and writes[3] is big2  # shared bytes, not per-client copies
     assert len(writes) == 5  # the two leading small chunks went out as one write
     many = [b"s" * 100] * 100  # 10 KB of small chunks: a few writes, each bounded
-    writes = list(_replay(list(many)))
+    writes = list(replay(list(many)))
     assert b"".join(writes) == b"".join(many)
     assert 2 <= len(writes) <= 4 and all(len(w) < 2 * COALESCE_BYTES for w in writes)
     source = list(chunks)
-    list(_replay(source))
+    list(replay(source))
     assert source == []  # the stream keeps nothing of the replay once written
 
 

@@ -7,8 +7,10 @@ import socket
 from typing import Any
 
 from rank_agent import protocol
-
-from .conftest import Pusher, SSEClient, fetch, start_web, wait_for
+from tests.support.brokers import Pusher
+from tests.support.http import SSEClient, fetch
+from tests.support.polling import wait_for
+from tests.support.procs import start_web
 
 
 def epochs(events: list[dict[str, Any]]) -> list[int]:

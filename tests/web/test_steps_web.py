@@ -11,8 +11,10 @@ import time
 from typing import Any, Callable, Optional
 
 from rank_agent import protocol
-
-from .conftest import Proc, Pusher, SSEClient, fetch, get_json, start_web, wait_for
+from tests.support.brokers import Pusher
+from tests.support.http import SSEClient, fetch, get_json
+from tests.support.polling import wait_for
+from tests.support.procs import Proc, start_web
 
 
 def steps_frame(run: str, rank: int, steps: list[int], *, loss: Optional[list[Optional[float]]] = None,

@@ -1,0 +1,185 @@
+"""The web's I/O shell on the broker feed: one greenlet with a ``zmq.green`` SUB and DEALER.
+
+:class:`FeedPump` only moves messages between the sockets and a :class:`web.hub.Hub`, which
+holds every rule (docs/DESIGN.md "The feed"); keeping the loop apart from the handler lets
+the hub's rules be unit-tested without sockets. It also watches the SUB's handshakes, so a
+CURVE key the broker refuses is a log line rather than a silent 503.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import gevent
+
+if TYPE_CHECKING:
+    from web.hub import Hub
+
+log = logging.getLogger(__name__)
+
+
+class FeedPump:
+    """One greenlet per broker connection: SUB + DEALER (``zmq.green``) <-> :class:`Hub`.
+
+    Constructing it does no I/O; :meth:`start` spawns the greenlet, :meth:`stop` ends it and
+    closes the sockets with ``linger=0`` (a green context with pending messages can otherwise
+    freeze every greenlet, pyzmq#809).
+
+    ``curve``: ZeroMQ options that make both sockets CURVE clients
+    (:func:`broker.keys.client_options`), for a broker started with ``--curve-secret-key``.
+    A broker that refuses the handshake (a key it does not authorize, or CURVE on one side
+    only) lets nothing through, so the hub never connects and ``/healthz`` stays 503; a
+    monitor on the SUB turns refusals into a log line (the first at once, then at most one
+    per ``REFUSAL_LOG_INTERVAL``), since otherwise nothing would say why.
+    """
+
+    #: seconds between two log lines about refused handshakes
+    REFUSAL_LOG_INTERVAL = 60.0
+
+    def __init__(self, hub: Hub, publish: str, snapshot: str, *, poll_ms: int = 250,
+                 curve: dict[int, bytes] | None = None) -> None:
+        self.hub = hub
+        self.publish = publish
+        self.snapshot = snapshot
+        self.poll_ms = poll_ms
+        self.curve = dict(curve) if curve else None
+        #: handshakes the broker refused (or that failed) on the SUB since start
+        self.handshake_failures = 0
+        # a connection is up whose handshake has not succeeded yet: if it drops, that was a
+        # failed handshake too (a plain client meeting a CURVE server often sees only the
+        # server hanging up, not a protocol event, depending on who reads the greeting first)
+        self._handshaking = False
+        self._unlogged_failures = 0
+        self._failure_logged_at: float | None = None
+        self._greenlet: gevent.Greenlet | None = None
+        self._stopping = False
+
+    def start(self) -> None:
+        self._greenlet = gevent.spawn(self._run)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stopping = True
+        if self._greenlet is not None:
+            self._greenlet.join(timeout)
+            if not self._greenlet.dead:
+                self._greenlet.kill(block=True, timeout=timeout)
+
+    def _run(self) -> None:
+        import zmq.green as zmq
+
+        ctx = zmq.Context()
+
+        def client(kind: int) -> Any:
+            sock = ctx.socket(kind)
+            sock.setsockopt(zmq.LINGER, 0)
+            for option, value in (self.curve or {}).items():  # before connect, or it is plain
+                sock.setsockopt(option, value)
+            return sock
+
+        sub = client(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        monitor = sub.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        sub.connect(self.publish)
+
+        def new_dealer() -> Any:
+            dealer = client(zmq.DEALER)
+            dealer.connect(self.snapshot)
+            return dealer
+
+        dealer = new_dealer()
+        poller = zmq.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(dealer, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        log.info("web feed: SUB %s, snapshot %s%s", self.publish, self.snapshot,
+                 " (CURVE)" if self.curve else "")
+        try:
+            while not self._stopping:
+                if self.hub.take_socket_reset():
+                    poller.unregister(dealer)
+                    dealer.close(linger=0)
+                    dealer = new_dealer()
+                    poller.register(dealer, zmq.POLLIN)
+                request = self.hub.next_request()
+                if request is not None:
+                    dealer.send_multipart(request)
+                ready = dict(poller.poll(self.poll_ms))
+                if sub in ready:
+                    self._drain(sub, self.hub.handle_pub, zmq)
+                if dealer in ready:
+                    self._drain(dealer, self.hub.handle_snapshot, zmq)
+                if monitor in ready:
+                    self._drain(monitor, self._on_monitor_event, zmq)
+        finally:
+            for sock in (sub, dealer, monitor):
+                poller.unregister(sock)
+            sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+            dealer.close(linger=0)
+            ctx.term()
+
+    def _on_monitor_event(self, parts: list[bytes]) -> None:
+        """Log handshake refusals: the first at once, then at most one per interval."""
+        import zmq
+        from zmq.utils.monitor import parse_monitor_message
+
+        event = parse_monitor_message(parts)
+        kind = event["event"]
+        value = int(event["value"])  # pyzmq hands it over as an Event flag; it is a number
+        if kind == zmq.EVENT_CONNECTED:
+            self._handshaking = True
+            return
+        if kind == zmq.EVENT_DISCONNECTED:
+            if not self._handshaking:
+                return  # a connection that had worked went away (a broker restart, say)
+            kind, value = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0
+        self._handshaking = False
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if self.handshake_failures:
+                log.info("web feed: handshake with the broker at %s succeeded", self.publish)
+                self.handshake_failures = self._unlogged_failures = 0
+                self._failure_logged_at = None
+            return
+        self.handshake_failures += 1
+        now = time.monotonic()
+        if (self._failure_logged_at is not None
+                and now - self._failure_logged_at < self.REFUSAL_LOG_INTERVAL):
+            self._unlogged_failures += 1
+            return
+        self._failure_logged_at = now
+        more = (f" ({self._unlogged_failures} more since the last report)"
+                if self._unlogged_failures else "")
+        self._unlogged_failures = 0
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            log.error("the broker at %s refused this web's CURVE key (ZAP status %s): is its "
+                      "public key in the broker's --curve-authorized directory?%s",
+                      self.publish, value, more)
+        elif self.curve:
+            log.error("CURVE handshake with the broker at %s failed (error %#x): is the "
+                      "broker started with --curve-secret-key, and is --curve-server-key "
+                      "its public key?%s", self.publish, value, more)
+        else:
+            log.error("handshake with the broker at %s failed (error %#x): a broker started "
+                      "with --curve-secret-key needs --curve-server-key and "
+                      "--curve-client-key%s", self.publish, value, more)
+
+    @staticmethod
+    def _drain(sock: Any, handler: Callable[[list[bytes]], None], zmq: Any) -> None:
+        """Handle what is queued on ``sock`` now, yielding to other greenlets now and then."""
+        for n in range(1, 100_000):
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                handler(parts)
+            except Exception:  # one bad message never kills the pump
+                log.exception("feed message handling failed")
+            if n % 100 == 0:
+                gevent.sleep(0)

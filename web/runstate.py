@@ -1,0 +1,169 @@
+"""What the web holds of one run, and one SSE client of it.
+
+:class:`RunState` keeps a run's header, ranks, epoch records, completion and closed steps
+with the sequence number of each, and the SSE bytes of its records encoded once for every
+replay; :class:`Subscriber` is one client's bounded queue. Both are plain data that
+:class:`web.hub.Hub` mutates while it follows the feed; neither touches a socket.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import gevent
+import gevent.queue
+
+from broker.stepstore import StepStore
+from web import sse
+
+#: Sentinel the hub puts into a client's queue to end its stream.
+_CLOSE = None
+
+
+class Subscriber:
+    """One SSE connection: a bounded queue of ``(seq, sse_bytes)`` items.
+
+    The hub never blocks on a subscriber: a full queue means the client is too slow (or not
+    reading at all), so it is dropped: its queue is replaced by the close sentinel, and the
+    greenlet serving it (which may be stuck in a socket write to a client that never reads)
+    is killed so the connection is released.
+    """
+
+    __slots__ = ("run", "queue", "greenlet", "dropped", "closed")
+
+    def __init__(self, run: str, maxsize: int) -> None:
+        self.run = run
+        self.queue: gevent.queue.Queue = gevent.queue.Queue(maxsize)
+        #: the gevent greenlet serving this client, set by the app; killed on drop
+        self.greenlet: gevent.Greenlet | None = None
+        self.dropped = False
+        self.closed = False
+
+    def offer(self, item: tuple[int, bytes]) -> bool:
+        """Queue ``item`` without blocking; False when the queue is full."""
+        try:
+            self.queue.put_nowait(item)
+        except gevent.queue.Full:
+            return False
+        return True
+
+    def close(self) -> None:
+        """End the stream: empty the queue and leave only the close sentinel."""
+        if self.closed:
+            return
+        self.closed = True
+        while True:
+            try:
+                self.queue.get_nowait()
+            except gevent.queue.Empty:
+                break
+        self.queue.put_nowait(_CLOSE)
+
+
+class RunState:
+    """What the web knows of one run, with the sequence number of each piece."""
+
+    __slots__ = ("run", "seq", "header", "ranks", "ranks_full", "records", "complete", "svg",
+                 "steps", "subscribers", "_record_bytes", "_header_event")
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        #: the last sequence number applied
+        self.seq = 0
+        self.header: dict[str, Any] = {}
+        #: the public ranks array (the feed's extra "loss" stripped)
+        self.ranks: list[dict[str, Any]] = []
+        #: the feed's ranks array as received (with "loss", for /metrics)
+        self.ranks_full: list[dict[str, Any]] = []
+        #: (seq, record) in ascending epoch order
+        self.records: list[tuple[int, dict[str, Any]]] = []
+        #: (seq, status) of the "complete" event while the run is ended
+        self.complete: tuple[int, str] | None = None
+        #: the model graph (only run snapshots carry it; a live header only says has_svg)
+        self.svg: str | None = None
+        #: closed steps, as published (``steps`` events; snapshots carry them columnar)
+        self.steps = StepStore()
+        self.subscribers: set[Subscriber] = set()
+        #: seq -> the record's "epoch" event bytes, encoded once (replays reuse them)
+        self._record_bytes: dict[int, bytes] = {}
+        #: (id, closed steps, bytes) of the last replayed ``run`` header event: a burst of
+        #: connecting clients (all at the same position) shares one encoding; reset with the
+        #: header
+        self._header_event: tuple[int, int, bytes] | None = None
+
+    def public_header(self) -> dict[str, Any]:
+        """The run header of PROTOCOL 4 with every key present, even before the broker's
+        first ``run`` event (absent = null). ``steps_done``/``step_metrics`` are this web's
+        own closed steps (the broker's header is only as fresh as its last ``run`` event):
+        the no-gap, no-overlap rule of ``steps`` events is kept against them."""
+        header: dict[str, Any] = {
+            "run": self.run, "status": "waiting", "world_size": None, "total_epochs": None,
+            "label": None, "hash": None, "port": None, "metadata": None, "hardware": "",
+            "has_svg": False, "hosts": [], "alerts": [], "started_at": None, "updated_at": None,
+        }
+        header.update(self.header)
+        header["steps_done"] = self.steps.last_step
+        header["step_metrics"] = self.steps.metric_names()
+        return header
+
+    def record_event(self, seq: int, record: dict[str, Any]) -> bytes:
+        data = self._record_bytes.get(seq)
+        if data is None:
+            data = self._record_bytes[seq] = sse.json_event("epoch", seq, record)
+        return data
+
+    def header_event(self, position: int) -> bytes:
+        """The replay's ``run`` event (the public header with id ``position``), encoded once
+        per header and position however many clients subscribe."""
+        cached = self._header_event
+        rows = self.steps.rows
+        if cached is None or cached[0] != position or cached[1] != rows:
+            cached = self._header_event = (position, rows, sse.json_event(
+                "run", position, self.public_header()))
+        return cached[2]
+
+    def set_header(self, header: Any) -> None:
+        self._header_event = None
+        header = dict(header) if isinstance(header, dict) else {}
+        svg = header.pop("svg", None)  # tolerated, never published: the header shape is exact
+        if isinstance(svg, str) and svg:
+            self.svg = svg
+        self.header = header
+
+    def set_ranks(self, ranks: Any) -> None:
+        self.ranks_full = ranks if isinstance(ranks, list) else []
+        self.ranks = [public_rank(r) for r in self.ranks_full]
+
+    @classmethod
+    def from_snapshot(cls, snap: dict[str, Any]) -> RunState:
+        """Build from a broker run snapshot (``RunSink.snapshot()``); KeyError/TypeError if malformed."""
+        state = cls(str(snap["run"]))
+        state.seq = int(snap["seq"])
+        state.set_header(snap["header"])
+        svg = snap.get("svg")
+        if isinstance(svg, str) and svg:
+            state.svg = svg
+        state.set_ranks(snap.get("ranks") or [])
+        state.records = [(int(seq), rec) for seq, rec in snap.get("records") or []]
+        complete = snap.get("complete")
+        state.complete = (int(complete[0]), str(complete[1])) if complete else None
+        steps = snap.get("steps")
+        if steps:
+            state.steps.extend_wire(steps)
+        return state
+
+
+def public_rank(entry: Any) -> Any:
+    """A feed ranks entry without the feed-only ``loss`` key (PROTOCOL 4's shape is exact)."""
+    if isinstance(entry, dict) and "loss" in entry:
+        return {k: v for k, v in entry.items() if k != "loss"}
+    return entry
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a float if it is a finite number, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    f = float(value)
+    return f if math.isfinite(f) else None
+
