@@ -16,16 +16,10 @@ File layout (``<data_dir>``)::
     LOCK                  flock()ed while a broker holds the dir (one broker per dir)
     runs/<run>.journal    HEADER, then entries
 
-An entry is ``<u32 length><u32 crc32(body)><body>`` (little endian), ``body = <u8 kind>
-payload``; ``kind`` is one of:
-
-====  ===============  ====================================================================
- 1    FRAME            ``<f64 receive time>`` + the frame's raw MessagePack bytes
- 2    SEQ_HI           ``<u64 seq_hi>``: every id issued so far (and until the next one) <= it
- 3    RECORD_SEQ       ``<u32 index><u64 seq>``: ``sink.record_seqs[index]``
- 4    COMPLETE_SEQ     ``<u64 seq>``: seq of the run's ``complete`` event (0: reopened)
- 5    STEPS            MessagePack of a :meth:`StepStore.to_wire` block: published closed steps
-====  ===============  ====================================================================
+Entries and their kinds are in ``broker/journal_codec.py``; the replay that rebuilds a run
+from them is ``broker/journal_rebuild.py``; the dir's lock, version and setting files aside
+are ``broker/journal_files.py``. This module is the writer (buffers, handles, fsync) and
+decides what to do with each file at start.
 
 ``steps`` frames are *not* journaled (a run whose first frame is one gets an empty
 ``svg`` frame of that rank in its place, which carries the run's ``started_at``): the
@@ -37,8 +31,7 @@ at a SIGKILL are lost, as are the ranks' ``step``/``step_ms`` until they report 
 
 A reader stops at the first entry that is short, over :data:`MAX_ENTRY`, or fails its CRC
 (a torn write at SIGKILL, or garbage), warns once for the file, and truncates the file there
-so later appends stay readable. Unknown kinds with a good CRC are skipped (room for
-additions without a version bump).
+so later appends stay readable.
 
 ``resources`` frames are coalesced: the latest one per rank is held in memory and written
 only right before the next non-``resources`` frame of the run (the frames that can close an
@@ -52,64 +45,52 @@ Not thread-safe: the broker's single I/O loop owns it.
 """
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import re
-import struct
 import time
-import zlib
 from collections import OrderedDict
 from typing import Union
 
-import msgspec
-
-from broker.sink import Rejected, RunSink
+from broker.journal_codec import (
+    FORMAT_VERSION,
+    HEADER,
+    HEADER_PREFIX,
+    KIND_COMPLETE_SEQ,
+    KIND_RECORD_SEQ,
+    KIND_SEQ_HI,
+    KIND_STEPS,
+    MAX_ENTRY,
+    RECORD_SEQ,
+    SEQ,
+    STEP_BLOCK_BYTES,
+    append_frame,
+    block_encoder,
+    entry,
+    read_entries,
+)
+from broker.journal_files import (
+    JournalError,
+    check_version,
+    remove,
+    set_aside,
+    take_lock,
+    write_all,
+)
+from broker.journal_rebuild import replay
+from broker.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Frame, Metrics, Resources, Steps, Svg
 
-__all__ = ["Journal", "JournalError", "FORMAT_VERSION", "HEADER", "read_entries"]
+__all__ = ["Journal", "JournalError", "FORMAT_VERSION", "HEADER", "MAX_ENTRY", "read_entries"]
 
 log = logging.getLogger(__name__)
-
-#: Bumped on any change a v1 reader could not follow.
-FORMAT_VERSION = 1
-_VERSION_TEXT = b"rankboard-journal %d\n" % FORMAT_VERSION
-_VERSION_PREFIX = b"rankboard-journal "
-#: First bytes of every journal file (self-describing even when copied out of its dir).
-HEADER = b"rankboard journal v1\n"
-_HEADER_PREFIX = b"rankboard journal v"
-
-KIND_FRAME = 1
-KIND_SEQ_HI = 2
-KIND_RECORD_SEQ = 3
-KIND_COMPLETE_SEQ = 4
-KIND_STEPS = 5
-
-#: Bytes of step blocks per journal entry at most (an entry is at most MAX_ENTRY).
-_STEP_BLOCK_BYTES = 2 * 1024 * 1024
-_block_encoder = msgspec.msgpack.Encoder()
-_block_decoder = msgspec.msgpack.Decoder(dict)
-
-_ENTRY_HEAD = struct.Struct("<II")  # length of body, crc32 of body
-_FRAME_HEAD = struct.Struct("<Bd")  # kind, receive time
-_SEQ = struct.Struct("<BQ")
-_RECORD_SEQ = struct.Struct("<BIQ")
-#: Largest body a reader accepts: what the u32 length can say. A frame is at most 4 MiB, but
-#: a STEPS block of one row is not bounded by it (64 names per rank, each rank its own: a
-#: 1,700-rank step is 5 MB, and a row cannot be split); a bad length is caught as a short
-#: entry or by the CRC anyway.
-MAX_ENTRY = 2**32 - 1
 
 _SUFFIX = ".journal"
 _RUN_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}\Z")
 #: Keep a buffer this large after write errors before giving up on it (bounded memory).
 _MAX_BUFFER = 64 * 1024 * 1024
 
-
-class JournalError(RuntimeError):
-    """The data dir cannot be used at all (another broker holds it, or a newer format)."""
 
 
 class _RunFile:
@@ -146,45 +127,6 @@ class _RunFile:
 def _time_of(item: tuple[float, bytes]) -> float:
     return item[0]
 
-
-def _entry(body_head: bytes, payload: bytes = b"") -> bytes:
-    crc = zlib.crc32(payload, zlib.crc32(body_head)) if payload else zlib.crc32(body_head)
-    return _ENTRY_HEAD.pack(len(body_head) + len(payload), crc) + body_head + payload
-
-
-def _append_frame(buf: bytearray, t: float, raw: bytes) -> None:
-    """Append a FRAME entry to ``buf`` (as :func:`_entry` would, without first copying the
-    frame's bytes into a temporary)."""
-    head = _FRAME_HEAD.pack(KIND_FRAME, t)
-    buf += _ENTRY_HEAD.pack(len(head) + len(raw), zlib.crc32(raw, zlib.crc32(head)))
-    buf += head
-    buf += raw
-
-
-def read_entries(data: bytes) -> tuple[list[tuple[int, memoryview]], int, str | None]:
-    """Split a journal file's bytes (after the header) into ``(kind, payload)`` entries.
-
-    Returns the entries, the byte offset just past the last good one, and why reading
-    stopped early (None when every byte was consumed).
-    """
-    view = memoryview(data)
-    entries: list[tuple[int, memoryview]] = []
-    pos, end = 0, len(view)
-    head = _ENTRY_HEAD.size
-    while pos < end:
-        if end - pos < head:
-            return entries, pos, "truncated entry header"
-        length, crc = _ENTRY_HEAD.unpack_from(view, pos)
-        if length < 1 or length > MAX_ENTRY:
-            return entries, pos, f"bad entry length {length}"
-        if end - pos - head < length:
-            return entries, pos, f"truncated entry ({end - pos - head} of {length} bytes)"
-        body = view[pos + head:pos + head + length]
-        if zlib.crc32(body) != crc:
-            return entries, pos, "checksum mismatch"
-        entries.append((body[0], body[1:]))
-        pos += head + length
-    return entries, pos, None
 
 
 class Journal:
@@ -245,8 +187,14 @@ class Journal:
         a warning. Never raises for a bad file.
         """
         os.makedirs(self.runs_dir, exist_ok=True)
-        self._take_lock()
-        self._check_version()
+        if self._lock_fd is None:
+            self._lock_fd = take_lock(self.data_dir)
+        try:
+            check_version(self.data_dir)
+        except JournalError:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise
         wall = time.time() if now is None else now
         horizon = None if self.retention_days is None else wall - self.retention_days * 86400.0
         sinks: dict[str, RunSink] = {}
@@ -327,7 +275,7 @@ class Journal:
                 st.pending.pop(frame.rank, None)
             self._write_pending(st)
         st.started = True
-        _append_frame(st.buf, now, raw)
+        append_frame(st.buf, now, raw)
         self._dirty[st.run] = st
 
     def note_seq(self, sink: RunSink) -> None:
@@ -348,13 +296,13 @@ class Journal:
             if n != st.noted_records:
                 if n > st.noted_records:
                     for i in range(st.noted_records, n):
-                        st.buf += _entry(_RECORD_SEQ.pack(KIND_RECORD_SEQ, i, seqs[i]))
+                        st.buf += entry(RECORD_SEQ.pack(KIND_RECORD_SEQ, i, seqs[i]))
                 st.noted_records = n
                 self._dirty[st.run] = st
             complete = sink.complete
             cseq = complete[0] if complete is not None else 0
             if cseq != st.noted_complete:
-                st.buf += _entry(_SEQ.pack(KIND_COMPLETE_SEQ, cseq))
+                st.buf += entry(SEQ.pack(KIND_COMPLETE_SEQ, cseq))
                 st.noted_complete = cseq
                 self._dirty[st.run] = st
             if sink.steps.rows > st.noted_steps:
@@ -367,15 +315,15 @@ class Journal:
         """Journal the published closed steps not yet written, in blocks of bounded size."""
         store = sink.steps
         per_row = 40 + 28 * (len(store.metrics) + 1)
-        chunk = max(1, _STEP_BLOCK_BYTES // per_row)
+        chunk = max(1, STEP_BLOCK_BYTES // per_row)
         for start in range(st.noted_steps, store.rows, chunk):
             block = store.to_wire(start, start + chunk)
             # when they were published and the run's updated_at then: a restored header
             # (and a non-finite loss alert's time) is what it was live
             block["published_at"] = sink.steps_published_at
             block["updated_at"] = sink.updated_at
-            payload = _block_encoder.encode(block)
-            st.buf += _entry(bytes((KIND_STEPS,)), payload)
+            payload = block_encoder.encode(block)
+            st.buf += entry(bytes((KIND_STEPS,)), payload)
         st.noted_steps = store.rows
         self._dirty[st.run] = st
 
@@ -463,13 +411,13 @@ class Journal:
         held = list(pending.values()) if len(pending) == 1 else sorted(pending.values(), key=_time_of)
         pending.clear()
         for t, raw in held:
-            _append_frame(st.buf, t, raw)
+            append_frame(st.buf, t, raw)
         st.started = True
         self._dirty[st.run] = st
 
     def _reserve(self, st: _RunFile, seq: int) -> None:
         st.seq_hi = seq + self.seq_block
-        st.buf += _entry(_SEQ.pack(KIND_SEQ_HI, st.seq_hi))
+        st.buf += entry(SEQ.pack(KIND_SEQ_HI, st.seq_hi))
         self._dirty[st.run] = st
 
     def _fd(self, st: _RunFile) -> int:
@@ -489,7 +437,7 @@ class Journal:
             if st.size < len(HEADER):
                 # New (or torn at creation): start the file over with its header.
                 os.ftruncate(fd, 0)
-                _write_all(fd, HEADER, 0)
+                write_all(fd, HEADER, 0)
                 st.size = len(HEADER)
         except OSError:
             os.close(fd)
@@ -509,7 +457,7 @@ class Journal:
         try:
             fd = self._fd(st)
             assert st.size is not None
-            _write_all(fd, st.buf, st.size)
+            write_all(fd, st.buf, st.size)
         except OSError as exc:
             if not st.write_failed:
                 log.error("journal: cannot write %s: %s (will retry)", st.path, exc)
@@ -556,54 +504,6 @@ class Journal:
 
     # -- internals: loading ------------------------------------------------------------
 
-    def _take_lock(self) -> None:
-        if self._lock_fd is not None:
-            return
-        fd = os.open(os.path.join(self.data_dir, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise JournalError(
-                    f"data dir {self.data_dir} is in use by another broker") from None
-            raise
-        self._lock_fd = fd
-
-    def _check_version(self) -> None:
-        path = os.path.join(self.data_dir, "VERSION")
-        try:
-            with open(path, "rb") as f:
-                text = f.read(256)
-        except FileNotFoundError:
-            with open(path, "wb") as f:
-                f.write(_VERSION_TEXT)
-            return
-        if text == _VERSION_TEXT:
-            return
-        if text.startswith(_VERSION_PREFIX):
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
-            found = text.strip().decode("ascii", "replace")
-            raise JournalError(f"data dir {self.data_dir} holds journal format {found!r}; "
-                               f"this broker reads {FORMAT_VERSION}")
-        log.warning("journal: %s is unreadable (%r); rewriting it", path, text[:40])
-        with open(path, "wb") as f:
-            f.write(_VERSION_TEXT)
-
-    def _set_aside(self, path: str, why: str) -> bool:
-        """Move an unusable journal out of the way (keeping its bytes) so the run can
-        start a new one; False when even that fails."""
-        dest = f"{path}.unreadable-{int(time.time())}"
-        try:
-            os.replace(path, dest)
-        except OSError as exc:
-            log.warning("journal: skipping %s (%s); cannot move it aside: %s", path, why, exc)
-            return False
-        log.warning("journal: skipping %s (%s); moved to %s", path, why, dest)
-        return True
-
     def _load_file(self, run: str, stale_after: float, horizon: float | None,
                    step_close_after: float = 10.0, now: float | None = None) -> RunSink | None:
         path = self._path(run)
@@ -619,9 +519,9 @@ class Journal:
             if len(data) < len(HEADER) and HEADER.startswith(data):
                 return None  # torn at creation: nothing was ever recorded; rewritten on use
             found = data[:len(HEADER)].strip().decode("ascii", "replace")
-            why = (f"journal format {found!r}" if data.startswith(_HEADER_PREFIX)
+            why = (f"journal format {found!r}" if data.startswith(HEADER_PREFIX)
                    else "not a rankboard journal")
-            self._set_aside(path, why)
+            set_aside(path, why)
             return None
 
         entries, good, problem = read_entries(data[len(HEADER):])
@@ -630,95 +530,28 @@ class Journal:
             log.warning("journal: %s: %s at byte %d; dropping the last %d bytes and keeping the "
                         "%d entries before", path, problem, len(HEADER) + good, dropped,
                         len(entries))
-        sink = RunSink(run, stale_after=stale_after, step_close_after=step_close_after)
-        step_failures = 0
-        seq_hi = 0
-        record_seqs: dict[int, int] = {}
-        complete_seq = 0
-        last_time: float | None = None
-        frames = applied = failures = 0
-        for kind, payload in entries:
-            if kind == KIND_FRAME:
-                (t,) = struct.unpack_from("<d", payload)
-                frames += 1
-                try:
-                    sink.apply(protocol.decode(bytes(payload[8:])), t)
-                    applied += 1
-                except Rejected:
-                    pass  # accepted then, rejected now: the sink's rules changed; skip it
-                except Exception as exc:  # undecodable or a sink bug: never fatal at start
-                    if not failures:
-                        log.warning("journal: %s: replaying a frame failed (%s: %s); "
-                                    "skipping such frames", path, type(exc).__name__, exc)
-                    failures += 1
-                    continue
-                last_time = t if last_time is None else max(last_time, t)
-            elif kind == KIND_SEQ_HI:
-                seq_hi = max(seq_hi, struct.unpack_from("<Q", payload)[0])
-            elif kind == KIND_RECORD_SEQ:
-                index, seq = struct.unpack_from("<IQ", payload)
-                record_seqs[index] = seq
-            elif kind == KIND_COMPLETE_SEQ:
-                complete_seq = struct.unpack_from("<Q", payload)[0]
-            elif kind == KIND_STEPS:
-                try:
-                    sink.restore_steps(_block_decoder.decode(payload))
-                except (ValueError, KeyError, TypeError, msgspec.DecodeError) as exc:
-                    if not step_failures:
-                        log.warning("journal: %s: a block of closed steps cannot be restored "
-                                    "(%s); skipping such blocks", path, exc)
-                    step_failures += 1
-            # other kinds: written by a newer minor version; nothing to do with them
-        if failures > 1:
-            log.warning("journal: %s: %d frames could not be replayed", path, failures)
-
-        if frames == 0:
+        got = replay(run, path, entries, stale_after=stale_after,
+                     step_close_after=step_close_after, now=now)
+        sink = got.sink
+        if got.frames == 0:
             # Nothing (readable) in it: no run. Its first frame is gone, so is everything.
-            self._remove(path)
+            remove(path)
             return None
-        if applied == 0:
-            self._set_aside(path, "none of its frames can be replayed")
+        if got.applied == 0:
+            set_aside(path, "none of its frames can be replayed")
             return None
-        if (horizon is not None and sink.complete is not None and last_time is not None
-                and last_time < horizon):
+        if (horizon is not None and sink.complete is not None and got.last_time is not None
+                and got.last_time < horizon):
             log.info("journal: deleting finished run %r (last frame %.0f s ago)", run,
-                     time.time() - last_time)
-            self._remove(path)
+                     time.time() - got.last_time)
+            remove(path)
             return None
-
-        # Ids after the restart start above everything issued before it.
-        base = max(sink.seq, seq_hi, complete_seq, max(record_seqs.values(), default=0))
-        seqs: list[int] = []
-        known = 0  # records whose id is in the journal (a prefix)
-        prev = 0
-        for i in range(len(sink.records)):
-            seq = record_seqs.get(i)
-            if seq is None or seq <= prev or known < i:
-                # Unknown (its note was lost with a torn tail): a fresh id above all before.
-                base += 1
-                seq = base
-            else:
-                known += 1
-            seqs.append(seq)
-            prev = seq
-        sink.record_seqs[:] = seqs
-        noted_complete = 0
-        if sink.complete is not None:
-            if complete_seq > prev:
-                cseq = noted_complete = complete_seq
-            else:
-                base += 1
-                cseq = base
-            sink.complete = (cseq, sink.complete[1])
-        sink.seq = base
-        if now is not None:
-            sink.liveness_floor = now
 
         st = _RunFile(run, path)
         st.size = len(HEADER) + good
-        st.started = frames > 0
-        st.noted_records = known
-        st.noted_complete = noted_complete
+        st.started = True
+        st.noted_records = got.noted_records
+        st.noted_complete = got.noted_complete
         st.noted_steps = sink.steps.rows
         if problem is not None:
             self._truncate(st)
@@ -736,19 +569,3 @@ class Journal:
             os.ftruncate(fd, st.size)
         except OSError as exc:
             log.warning("journal: cannot cut the bad tail of %s: %s", st.path, exc)
-
-    @staticmethod
-    def _remove(path: str) -> None:
-        try:
-            os.unlink(path)
-        except OSError as exc:
-            log.warning("journal: cannot delete %s: %s", path, exc)
-
-
-def _write_all(fd: int, data: Union[bytes, bytearray], offset: int) -> None:
-    """pwrite ``data`` at ``offset``, looping over short writes."""
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n

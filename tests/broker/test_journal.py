@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from broker import journal as jmod
+from broker import journal_codec as jmod
 from broker.journal import HEADER, Journal, JournalError, read_entries
 from broker.sink import Rejected, RunSink
 from rank_agent import protocol
