@@ -29,9 +29,12 @@ written when their ``steps`` event is, so a restart loads a million-step run wit
 docs/DESIGN.md: points of steps that had not closed (or closed but not yet been published)
 at a SIGKILL are lost, as are the ranks' ``step``/``step_ms`` until they report again.
 
-A reader stops at the first entry that is short, over :data:`MAX_ENTRY`, or fails its CRC
-(a torn write at SIGKILL, or garbage), warns once for the file, and truncates the file there
-so later appends stay readable.
+An entry that is short, over :data:`MAX_ENTRY` or fails its CRC, with good entries after
+it (damage in the middle, PROTOCOL 6), costs only its bytes: they are moved to
+``<run>.journal.damaged-<time>`` beside the journal, the journal is rewritten without them
+and every good entry is replayed. With no good entry after it (a torn write at SIGKILL, or
+garbage at the end) the reader warns once for the file and truncates the file there so
+later appends stay readable.
 
 ``resources`` frames are coalesced: the latest one per rank is held in memory and written
 only right before the next non-``resources`` frame of the run (the frames that can close an
@@ -68,10 +71,12 @@ from broker.journal_codec import (
     block_encoder,
     entry,
     read_entries,
+    scan_entries,
 )
 from broker.journal_files import (
     JournalError,
     check_version,
+    cut_damage,
     remove,
     set_aside,
     take_lock,
@@ -172,6 +177,8 @@ class Journal:
         self._last_sync = time.monotonic()
         self._lock_fd: int | None = None
         self._closed = False
+        #: damaged ranges found in the middle of journals and set aside (PROTOCOL 6)
+        self.damaged_entries = 0
 
     # -- start -------------------------------------------------------------------------
 
@@ -524,12 +531,24 @@ class Journal:
             set_aside(path, why)
             return None
 
-        entries, good, problem = read_entries(data[len(HEADER):])
+        body = data[len(HEADER):]
+        scan = scan_entries(body)
+        entries, good, problem = scan.entries, scan.end, scan.problem
         if problem is not None:
-            dropped = len(data) - len(HEADER) - good
+            dropped = len(body) - good
             log.warning("journal: %s: %s at byte %d; dropping the last %d bytes and keeping the "
                         "%d entries before", path, problem, len(HEADER) + good, dropped,
                         len(entries))
+        size = len(HEADER) + good
+        if scan.damaged:
+            # Damage in the middle (PROTOCOL 6): only the damaged bytes go, and they go aside.
+            self.damaged_entries += len(scan.damaged)
+            a, b = scan.damaged[0]
+            log.warning("journal: %s: %s at byte %d; skipping %d bytes to the next good entry",
+                        path, scan.damage_reason, len(HEADER) + a, b - a)
+            cut = cut_damage(path, HEADER, body, scan.damaged, good)
+            if cut is not None:
+                size, problem = cut, None  # the rewrite cut the torn tail too
         got = replay(run, path, entries, stale_after=stale_after,
                      step_close_after=step_close_after, now=now)
         sink = got.sink
@@ -548,7 +567,7 @@ class Journal:
             return None
 
         st = _RunFile(run, path)
-        st.size = len(HEADER) + good
+        st.size = size
         st.started = True
         st.noted_records = got.noted_records
         st.noted_complete = got.noted_complete

@@ -88,3 +88,48 @@ def write_all(fd: int, data: Union[bytes, bytearray], offset: int) -> None:
         n = os.pwrite(fd, view, offset)
         view = view[n:]
         offset += n
+
+
+def cut_damage(path: str, header: bytes, body: bytes, damaged: list[tuple[int, int]],
+               end: int) -> int | None:
+    """Set the ``damaged`` byte ranges of a journal's ``body`` (the bytes after ``header``)
+    aside in ``<path>.damaged-<time>`` and rewrite the journal without them, and without
+    anything past ``end`` (a torn tail). Returns the journal's new size; None when a write
+    failed, and then the journal is as it was (a later start finds the same damage).
+
+    The set-aside file is written and synced before the journal is replaced, and the
+    journal is replaced by rename, so a crash in between loses no byte."""
+    aside = f"{path}.damaged-{int(time.time())}"
+    tmp = f"{path}.rewrite"
+    view = memoryview(body)
+    keep: list[memoryview] = []
+    pos = 0
+    for start, stop in damaged:
+        keep.append(view[pos:start])
+        pos = stop
+    keep.append(view[pos:end])
+    try:
+        with open(aside, "ab") as f:  # (a second damage within the same second: appended)
+            for start, stop in damaged:
+                f.write(view[start:stop])
+            f.flush()
+            os.fsync(f.fileno())
+        with open(tmp, "wb") as f:
+            f.write(header)
+            for part in keep:
+                f.write(part)
+            f.flush()
+            os.fsync(f.fileno())
+            size = f.tell()
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("journal: cannot set the damaged bytes of %s aside: %s; leaving the file "
+                    "as it is", path, exc)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return None
+    log.warning("journal: %s: %d damaged bytes in %d places moved to %s; the entries after "
+                "them are kept", path, sum(b - a for a, b in damaged), len(damaged), aside)
+    return size
