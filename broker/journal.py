@@ -3,9 +3,9 @@
 PROTOCOL.md section 6 ("Persistence") asks that a broker restarted on the same data dir,
 even after SIGKILL, serves the same records, keeps every run's state and issues event ids
 above any it issued before. The sink is pure and deterministic, so the journal does not
-store state: it stores what the sink was fed (accepted frames, as raw wire bytes, with their
-receive time) and rebuilds the state by feeding the same frames to a fresh
-:class:`~broker.sink.RunSink`. Besides frames it stores sequence numbers, which the sink
+store state: it stores what the sink was fed (accepted frames that changed something, as
+their known fields, with their receive time) and rebuilds the state by feeding the same
+frames to a fresh :class:`~broker.sink.RunSink`. Besides frames it stores sequence numbers, which the sink
 cannot recompute (ticks are not replayed): a reservation ``seq_hi`` that every issued id
 stays below, and the id of each closed epoch record, so that a web client's
 ``Last-Event-ID`` keeps meaning the same record across a broker restart.
@@ -82,6 +82,7 @@ from broker.journal_files import (
     take_lock,
     write_all,
 )
+from broker.journal_filter import Unchanged
 from broker.journal_rebuild import replay
 from broker.sink import RunSink
 from rank_agent import protocol
@@ -104,7 +105,7 @@ class _RunFile:
     __slots__ = (
         "run", "path", "fd", "buf", "size", "pending", "started", "seq_hi",
         "noted_records", "noted_complete", "noted_seq", "track_records", "write_failed",
-        "noted_steps",
+        "noted_steps", "unchanged",
     )
 
     def __init__(self, run: str, path: str) -> None:
@@ -113,8 +114,8 @@ class _RunFile:
         self.fd: int | None = None
         self.buf = bytearray()
         self.size: int | None = None  # bytes on disk at a known entry boundary; None: unknown
-        # rank -> (receive time, raw bytes) of the newest resources frame not yet written
-        self.pending: dict[int, tuple[float, bytes]] = {}
+        # rank -> (receive time, frame) of the newest resources frame not yet written
+        self.pending: dict[int, tuple[float, Resources]] = {}
         self.started = False  # has a frame been written (or buffered) for this run?
         self.seq_hi = 0
         self.noted_records = 0
@@ -127,9 +128,10 @@ class _RunFile:
         self.track_records = True
         self.write_failed = False
         self.noted_steps = 0  # rows of sink.steps already journaled
+        self.unchanged = Unchanged()  # what the file holds of frames whose repeats are no-ops
 
 
-def _time_of(item: tuple[float, bytes]) -> float:
+def _time_of(item: tuple[float, Resources]) -> float:
     return item[0]
 
 
@@ -239,11 +241,17 @@ class Journal:
     # -- the hot path ------------------------------------------------------------------
 
     def record(self, run: str, raw: bytes, frame: Frame, now: float) -> None:
-        """Journal one accepted frame (the sink already applied it). Buffers only."""
+        """Journal one accepted frame (the sink already applied it). Buffers only.
+
+        What is journaled is the frame's known fields (the decoded Struct, encoded again),
+        never ``raw``: unknown keys a sender added are ignored by the sink, so they are not
+        kept either (PROTOCOL 2, "Limits"). A frame that changed nothing is not journaled
+        at all (:mod:`broker.journal_filter`). ``raw`` stays in the signature for
+        :data:`broker.runs.Recorder`."""
         st = self._files.get(run)
         if st is None:
             st = self._new_state(run)
-        self._record(st, raw, frame, now)
+        self._record(st, frame, now)
 
     def accept(self, sink: RunSink, raw: bytes, frame: Frame, now: float) -> None:
         """:meth:`record` then :meth:`note_seq`, for the frame the sink just applied: the
@@ -253,20 +261,18 @@ class Journal:
         if st is None:
             st = self._new_state(sink.run)
         tp = type(frame)
-        if raw and st.started and (tp is Resources or tp is Steps):
+        if st.started and (tp is Resources or tp is Steps):
             if tp is Resources:
-                st.pending[frame.rank] = (now, raw)
+                st.pending[frame.rank] = (now, frame)  # type: ignore[assignment]
         else:
-            self._record(st, raw, frame, now)
+            self._record(st, frame, now)
         if sink.seq != st.noted_seq:
             self._note_seq(st, sink)
 
-    def _record(self, st: _RunFile, raw: bytes, frame: Frame, now: float) -> None:
-        if not raw:  # applied without its wire bytes (tests, internal callers)
-            raw = protocol.encoder.encode(frame)
+    def _record(self, st: _RunFile, frame: Frame, now: float) -> None:
         if type(frame) is Resources:
             if st.started:
-                st.pending[frame.rank] = (now, raw)
+                st.pending[frame.rank] = (now, frame)  # type: ignore[assignment]
                 return
         elif type(frame) is Steps:
             if st.started:
@@ -275,14 +281,16 @@ class Journal:
             # (they would close again next to the STEPS blocks): an empty svg stands in (it
             # does not latch, so it changes nothing but the rank's liveness; an empty
             # sample would show as the rank's resources).
-            raw = protocol.encoder.encode(Svg(run=frame.run, rank=frame.rank, svg=""))
+            frame = Svg(run=frame.run, rank=frame.rank, svg="")
+        elif not st.unchanged.keep(frame, st.started):
+            return  # a repeat that changed nothing (PROTOCOL 2: not journaled)
         elif st.pending:
             if type(frame) is Metrics and frame.resources is not None:  # type: ignore[union-attr]
                 # The frame's own sample replaces the rank's held one as it is applied.
                 st.pending.pop(frame.rank, None)
             self._write_pending(st)
         st.started = True
-        append_frame(st.buf, now, raw)
+        append_frame(st.buf, now, protocol.encoder.encode(frame))
         self._dirty[st.run] = st
 
     def note_seq(self, sink: RunSink) -> None:
@@ -417,8 +425,9 @@ class Journal:
         pending = st.pending
         held = list(pending.values()) if len(pending) == 1 else sorted(pending.values(), key=_time_of)
         pending.clear()
-        for t, raw in held:
-            append_frame(st.buf, t, raw)
+        encode = protocol.encoder.encode
+        for t, frame in held:
+            append_frame(st.buf, t, encode(frame))
         st.started = True
         self._dirty[st.run] = st
 
@@ -572,6 +581,7 @@ class Journal:
         st.noted_records = got.noted_records
         st.noted_complete = got.noted_complete
         st.noted_steps = sink.steps.rows
+        st.unchanged = got.unchanged
         if problem is not None:
             self._truncate(st)
         self._files[run] = st

@@ -23,6 +23,7 @@ from broker.journal_codec import (
     KIND_STEPS,
     block_decoder,
 )
+from broker.journal_filter import Unchanged
 from broker.sink import Rejected, RunSink
 from rank_agent import protocol
 
@@ -41,6 +42,7 @@ class Replayed:
     last_time: float | None  # receive time of the newest applied frame
     noted_records: int  # records whose id is in the journal (a prefix)
     noted_complete: int  # the completion id in the journal (0: none)
+    unchanged: Unchanged  # what the file holds of the frames whose repeats are no-ops
 
 
 def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
@@ -55,13 +57,16 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
     complete_seq = 0
     last_time: float | None = None
     frames = applied = failures = 0
+    unchanged = Unchanged()
     for kind, payload in entries:
         if kind == KIND_FRAME:
             (t,) = struct.unpack_from("<d", payload)
             frames += 1
             try:
-                sink.apply(protocol.decode(bytes(payload[8:])), t)
+                frame = protocol.decode(bytes(payload[8:]))
+                sink.apply(frame, t)
                 applied += 1
+                unchanged.keep(frame, True)
             except Rejected:
                 pass  # accepted then, rejected now: the sink's rules changed; skip it
             except Exception as exc:  # undecodable or a sink bug: never fatal at start
@@ -117,4 +122,4 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
     sink.seq = base
     if now is not None:
         sink.liveness_floor = now
-    return Replayed(sink, frames, applied, last_time, known, noted_complete)
+    return Replayed(sink, frames, applied, last_time, known, noted_complete, unchanged)

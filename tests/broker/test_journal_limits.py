@@ -1,0 +1,166 @@
+"""The journal's byte bounds (PROTOCOL 2 "Limits", issue 19): it keeps a frame's known
+fields only, no frame that changed nothing, a bounded write buffer, STEPS blocks that cost
+what they hold, and a restart that loads the ``--max-runs`` most recently active runs.
+
+Frames go through :class:`broker.runs.Runs` with the journal wired as the server wires it
+(``recorder=journal.accept``, one ``flush`` per batch), so what is measured is what the
+broker writes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from broker.journal import Journal
+from broker.runs import Runs
+from rank_agent import protocol
+from rank_agent.protocol import Finish, Frame, Hardware, Metadata, Metrics, Register, Svg
+
+T0 = 1_800_000_000.0
+
+
+class Broker:
+    """Runs + Journal as the server wires them, without sockets, on a fake clock."""
+
+    def __init__(self, data_dir: Path, *, now: float = T0, max_runs: int = 1000,
+                 **kw: Any) -> None:
+        self.journal = Journal(data_dir, **kw)
+        self.runs = Runs(max_runs=max_runs)
+        self.runs.restore(self.journal.load(now=now))
+        self.runs.recorder = self.journal.accept
+        self.runs.loader = self.journal.load_run
+        self.runs.on_evict = self.journal.forget
+        self.now = now
+
+    def send(self, frame: Frame | dict[str, Any], dt: float = 0.5) -> None:
+        self.now += dt
+        raw = (msgspec.msgpack.encode(frame) if isinstance(frame, dict)
+               else protocol.encoder.encode(frame))
+        before = self.runs.accepted
+        self.runs.ingest(raw, self.now)
+        assert self.runs.accepted == before + 1, self.runs.rejected
+        self.journal.flush()
+
+    def close(self) -> None:
+        self.journal.close()
+
+
+def journal_size(data_dir: Path, run: str) -> int:
+    return (data_dir / "runs" / f"{run}.journal").stat().st_size
+
+
+def started(b: Broker, run: str = "r", ranks: int = 2) -> None:
+    for r in range(ranks):
+        b.send(Register(run=run, rank=r, world_size=ranks, host="h", local_rank=r, port=8600))
+        b.send(Hardware(run=run, rank=r, summary=f"cpu | gpu{r}"))
+    b.send(Svg(run=run, rank=0, svg="<svg/>", label="net", hash="abc"))
+    b.send(Metadata(run=run, rank=0, json='{"lr": 0.1}'))
+
+
+# -- known fields only -------------------------------------------------------------------
+
+
+def test_unknown_keys_are_not_journaled(tmp_path: Path) -> None:
+    b = Broker(tmp_path)
+    started(b)
+    before = journal_size(tmp_path, "r")
+    junk = "J" * 65536
+    b.send({"type": "metadata", "run": "r", "rank": 0, "json": '{"lr": 0.2}', "junk": junk})
+    b.send({"type": "metrics", "run": "r", "rank": 0, "epoch": 0, "avg_loss": 1.0,
+            "extra": junk})
+    b.close()
+    grown = journal_size(tmp_path, "r") - before
+    assert grown < 1024, grown
+    assert b"JJJJ" not in (tmp_path / "runs" / "r.journal").read_bytes()
+    # ... and what was kept is what the sink used.
+    j = Journal(tmp_path)
+    try:
+        sink = j.load()["r"]
+        assert sink.metadata == {"lr": 0.2}
+    finally:
+        j.close()
+
+
+# -- no frame that changed nothing -------------------------------------------------------
+
+
+def noop_frames(run: str = "r") -> list[Frame]:
+    """Repeats of what :func:`started` sent: each changes nothing."""
+    return [
+        Metadata(run=run, rank=0, json='{"lr": 0.1}'),
+        Svg(run=run, rank=0, svg="<svg/>", label="net", hash="abc"),
+        Svg(run=run, rank=1, svg="<svg>other</svg>"),  # first non-empty already won
+        Svg(run=run, rank=1, svg=""),
+        Register(run=run, rank=0, world_size=2, host="h", local_rank=0, port=8600),
+        Register(run=run, rank=1, world_size=2, host="h", local_rank=1, port=8600),
+        Hardware(run=run, rank=1, summary="cpu | gpu1"),
+    ]
+
+
+def test_frames_that_change_nothing_cost_no_journal_bytes(tmp_path: Path) -> None:
+    b = Broker(tmp_path)
+    started(b)
+    before = journal_size(tmp_path, "r")
+    for _ in range(50):
+        for f in noop_frames():
+            b.send(f)
+    assert journal_size(tmp_path, "r") == before
+    # A frame that does change something is still kept.
+    b.send(Metadata(run="r", rank=0, json='{"lr": 0.3}'))
+    assert journal_size(tmp_path, "r") > before
+    b.close()
+
+
+def test_noop_memory_survives_a_restart(tmp_path: Path) -> None:
+    b = Broker(tmp_path)
+    started(b)
+    b.close()
+    b = Broker(tmp_path, now=b.now + 60)
+    size = journal_size(tmp_path, "r")  # (the restart wrote its id reservation)
+    for f in noop_frames():
+        b.send(f)
+    assert journal_size(tmp_path, "r") == size
+    b.close()
+
+
+def test_register_after_finish_is_kept_and_a_repeated_finish_is_not(tmp_path: Path) -> None:
+    """A register reactivates a finished rank (PROTOCOL 2): not a no-op, even if identical."""
+    b = Broker(tmp_path)
+    started(b)
+    b.send(Finish(run="r", rank=0))
+    size = journal_size(tmp_path, "r")
+    b.send(Finish(run="r", rank=0))
+    assert journal_size(tmp_path, "r") == size
+    b.send(Register(run="r", rank=0, world_size=2, host="h", local_rank=0, port=8600))
+    assert journal_size(tmp_path, "r") > size
+    live = b.runs.get("r")
+    assert live is not None
+    live_ranks = [r["status"] for r in live.ranks()]
+    b.close()
+    j = Journal(tmp_path)
+    try:
+        sink = j.load()["r"]
+        assert [r["status"] for r in sink.ranks()] == live_ranks
+        assert live_ranks[0] != "finished"
+    finally:
+        j.close()
+
+
+def test_metrics_frames_are_all_kept(tmp_path: Path) -> None:
+    """Only the rules that make repeats no-ops filter: per-epoch results are never dropped."""
+    b = Broker(tmp_path)
+    started(b)
+    for e in range(3):
+        for r in range(2):
+            b.send(Metrics(run="r", rank=r, epoch=e, avg_loss=1.0 / (e + 1)))
+    live = b.runs.get("r")
+    assert live is not None
+    records = live.records
+    b.close()
+    j = Journal(tmp_path)
+    try:
+        assert j.load()["r"].records == records and len(records) == 3
+    finally:
+        j.close()
