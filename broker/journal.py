@@ -44,6 +44,12 @@ with the sampling rate. The run's very first frame is always written (it is the 
 ``started_at``, which ``elapsed_secs`` counts from). What is lost at a SIGKILL is at most the
 samples newer than a rank's last epoch, and the frames since the last :meth:`Journal.flush`.
 
+Buffers are written once per batch (:meth:`Journal.flush`), or at once when all runs'
+buffers together pass :data:`WRITE_BUFFER_BYTES` (PROTOCOL 2: bounded in bytes; counted in
+``counters()["early_flushes"]``). STEPS blocks are built from the series the run's
+``steps`` frames named since the last block (``broker/journal_steps.py``), so a block costs
+what it holds, not the run's series count.
+
 Not thread-safe: the broker's single I/O loop owns it.
 """
 from __future__ import annotations
@@ -84,17 +90,24 @@ from broker.journal_files import (
 )
 from broker.journal_filter import Unchanged
 from broker.journal_rebuild import replay
+from broker.journal_steps import InFlight, wire_block
 from broker.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Frame, Metrics, Resources, Steps, Svg
 
-__all__ = ["Journal", "JournalError", "FORMAT_VERSION", "HEADER", "MAX_ENTRY", "read_entries"]
+__all__ = ["Journal", "JournalError", "FORMAT_VERSION", "HEADER", "MAX_ENTRY", "WRITE_BUFFER_BYTES",
+           "read_entries"]
 
 log = logging.getLogger(__name__)
 
 _SUFFIX = ".journal"
 _RUN_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}\Z")
-#: Keep a buffer this large after write errors before giving up on it (bounded memory).
+#: Bytes the journal holds for writing, over all runs, before it writes them out at once
+#: instead of at the end of the batch (PROTOCOL 2: the journal's write buffer is bounded in
+#: bytes). Counted in :attr:`Journal.early_flushes` each time it bites.
+WRITE_BUFFER_BYTES = 16 * 1024 * 1024
+#: While writes fail, a run's buffer is dropped (logged) once it, or all runs' buffers
+#: together, hold more than this (bounded memory on a full or read-only disk).
 _MAX_BUFFER = 64 * 1024 * 1024
 
 
@@ -105,7 +118,7 @@ class _RunFile:
     __slots__ = (
         "run", "path", "fd", "buf", "size", "pending", "started", "seq_hi",
         "noted_records", "noted_complete", "noted_seq", "track_records", "write_failed",
-        "noted_steps", "unchanged",
+        "noted_steps", "unchanged", "flight",
     )
 
     def __init__(self, run: str, path: str) -> None:
@@ -129,6 +142,7 @@ class _RunFile:
         self.write_failed = False
         self.noted_steps = 0  # rows of sink.steps already journaled
         self.unchanged = Unchanged()  # what the file holds of frames whose repeats are no-ops
+        self.flight = InFlight()  # metric names of steps not yet in a STEPS block
 
 
 def _time_of(item: tuple[float, Resources]) -> float:
@@ -181,6 +195,15 @@ class Journal:
         self._closed = False
         #: damaged ranges found in the middle of journals and set aside (PROTOCOL 6)
         self.damaged_entries = 0
+        #: bytes buffered since the last flush (over all runs), and the mark at which the
+        #: buffers are written at once (WRITE_BUFFER_BYTES above what failed writes hold)
+        self._buffered = 0
+        self._flush_at = WRITE_BUFFER_BYTES
+        #: times the write buffer reached WRITE_BUFFER_BYTES within a batch
+        self.early_flushes = 0
+        #: runs left on disk at load beyond ``max_runs`` (PROTOCOL 6)
+        self.runs_not_loaded = 0
+        self._visited_gone = 0  # step_series_visited of runs no longer held
 
     # -- start -------------------------------------------------------------------------
 
@@ -251,7 +274,11 @@ class Journal:
         st = self._files.get(run)
         if st is None:
             st = self._new_state(run)
+        if type(frame) is Steps:
+            st.flight.saw(frame)  # type: ignore[arg-type]
+        n = len(st.buf)
         self._record(st, frame, now)
+        self._grew(len(st.buf) - n)
 
     def accept(self, sink: RunSink, raw: bytes, frame: Frame, now: float) -> None:
         """:meth:`record` then :meth:`note_seq`, for the frame the sink just applied: the
@@ -261,13 +288,20 @@ class Journal:
         if st is None:
             st = self._new_state(sink.run)
         tp = type(frame)
+        n = len(st.buf)
         if st.started and (tp is Resources or tp is Steps):
             if tp is Resources:
                 st.pending[frame.rank] = (now, frame)  # type: ignore[assignment]
+            else:
+                st.flight.saw(frame)  # type: ignore[arg-type]
         else:
+            if tp is Steps:
+                st.flight.saw(frame)  # type: ignore[arg-type]
             self._record(st, frame, now)
         if sink.seq != st.noted_seq:
             self._note_seq(st, sink)
+        if len(st.buf) != n:
+            self._grew(len(st.buf) - n)
 
     def _record(self, st: _RunFile, frame: Frame, now: float) -> None:
         if type(frame) is Resources:
@@ -302,7 +336,33 @@ class Journal:
         if st is None:
             st = self._new_state(sink.run)
         if sink.seq != st.noted_seq:
+            n = len(st.buf)
             self._note_seq(st, sink)
+            self._grew(len(st.buf) - n)
+
+    def counters(self) -> dict[str, int]:
+        """Totals since start of the journal's limits and repairs (for the heartbeat):
+        ``early_flushes`` (the write buffer reached WRITE_BUFFER_BYTES within a batch),
+        ``damaged_entries`` (damaged ranges set aside at load), ``runs_not_loaded`` (runs
+        left on disk at load beyond ``max_runs``), ``step_series_visited`` (series looked
+        at to write STEPS blocks: work, for tests and benchmarks)."""
+        return {
+            "early_flushes": self.early_flushes,
+            "damaged_entries": self.damaged_entries,
+            "runs_not_loaded": self.runs_not_loaded,
+            "step_series_visited": self._visited_gone + sum(
+                st.flight.visited for st in self._files.values()),
+        }
+
+    def _grew(self, n: int) -> None:
+        """``n`` more bytes are buffered: write everything at once when the buffers pass
+        their bound (WRITE_BUFFER_BYTES), not at the end of the batch."""
+        self._buffered += n
+        if self._buffered > self._flush_at:
+            self.early_flushes += 1
+            log.debug("journal: %d bytes buffered; writing them before the batch ends",
+                      self._buffered)
+            self.flush()
 
     def _note_seq(self, st: _RunFile, sink: RunSink) -> None:
         if st.track_records:
@@ -329,10 +389,12 @@ class Journal:
     def _note_steps(self, st: _RunFile, sink: RunSink) -> None:
         """Journal the published closed steps not yet written, in blocks of bounded size."""
         store = sink.steps
-        per_row = 40 + 28 * (len(store.metrics) + 1)
+        flight = st.flight
+        names = flight.candidates(store, int(store.column("step")[st.noted_steps]))
+        per_row = 40 + 28 * (len(names) + 1)
         chunk = max(1, STEP_BLOCK_BYTES // per_row)
         for start in range(st.noted_steps, store.rows, chunk):
-            block = store.to_wire(start, start + chunk)
+            block = wire_block(store, start, start + chunk, names, flight)
             # when they were published and the run's updated_at then: a restored header
             # (and a non-finite loss alert's time) is what it was live
             block["published_at"] = sink.steps_published_at
@@ -340,6 +402,7 @@ class Journal:
             payload = block_encoder.encode(block)
             st.buf += entry(bytes((KIND_STEPS,)), payload)
         st.noted_steps = store.rows
+        flight.written_through(store.last_step)  # type: ignore[arg-type]
         self._dirty[st.run] = st
 
     def flush(self) -> None:
@@ -352,6 +415,8 @@ class Journal:
                     self._write(st)
                     if st.buf:  # failed: keep it for the next flush
                         self._dirty[st.run] = st
+        self._buffered = sum(len(st.buf) for st in self._dirty.values())
+        self._flush_at = self._buffered + WRITE_BUFFER_BYTES
         if self.fsync_interval is not None and self._unsynced:
             mono = time.monotonic()
             if mono - self._last_sync >= self.fsync_interval:
@@ -364,6 +429,7 @@ class Journal:
         st = self._files.pop(run, None)
         if st is None:
             return
+        self._visited_gone += st.flight.visited
         self._write_pending(st)
         self._dirty.pop(run, None)
         if st.buf:
@@ -483,7 +549,7 @@ class Journal:
                     os.ftruncate(st.fd, st.size)
                 except OSError:
                     pass
-            if len(st.buf) > _MAX_BUFFER:
+            if len(st.buf) > _MAX_BUFFER or self._buffered > _MAX_BUFFER:
                 log.error("journal: dropping %d buffered bytes of run %r", len(st.buf), st.run)
                 st.buf.clear()
             return

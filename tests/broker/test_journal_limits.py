@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
-from broker.journal import Journal
+from broker import stepstore
+from broker.journal import WRITE_BUFFER_BYTES, Journal
 from broker.runs import Runs
 from rank_agent import protocol
-from rank_agent.protocol import Finish, Frame, Hardware, Metadata, Metrics, Register, Svg
+from rank_agent.protocol import Finish, Frame, Hardware, Metadata, Metrics, Register, Steps, Svg
 
 T0 = 1_800_000_000.0
 
@@ -34,14 +36,15 @@ class Broker:
         self.runs.on_evict = self.journal.forget
         self.now = now
 
-    def send(self, frame: Frame | dict[str, Any], dt: float = 0.5) -> None:
+    def send(self, frame: Frame | dict[str, Any], dt: float = 0.5, flush: bool = True) -> None:
         self.now += dt
         raw = (msgspec.msgpack.encode(frame) if isinstance(frame, dict)
                else protocol.encoder.encode(frame))
         before = self.runs.accepted
         self.runs.ingest(raw, self.now)
         assert self.runs.accepted == before + 1, self.runs.rejected
-        self.journal.flush()
+        if flush:
+            self.journal.flush()
 
     def close(self) -> None:
         self.journal.close()
@@ -164,3 +167,113 @@ def test_metrics_frames_are_all_kept(tmp_path: Path) -> None:
         assert j.load()["r"].records == records and len(records) == 3
     finally:
         j.close()
+
+
+# -- STEPS blocks cost what they hold ----------------------------------------------------
+
+
+class CountingSeries(stepstore.Series):
+    """A Series that counts how often its point count is read: every visit of a series
+    (``to_wire``'s filter, ``span``, ``extend``) reads it, so the count is the work."""
+
+    __slots__ = ("_n",)
+    reads = 0
+
+    @property  # type: ignore[override]
+    def n(self) -> int:
+        CountingSeries.reads += 1
+        return self._n
+
+    @n.setter
+    def n(self, value: int) -> None:
+        self._n = value
+
+
+def _wide_then_narrow(tmp_path: Path, names: int, blocks: int) -> tuple[Broker, int]:
+    """A 1-rank run that names ``names`` metrics in its first steps (64 a frame), then
+    ``blocks`` steps of ``loss`` alone, each published in a block of its own. Returns the
+    broker and the series visits (reads of a series' point count) while the narrow steps
+    were closed, published and journaled."""
+    b = Broker(tmp_path)
+    b.send(Register(run="s", rank=0, world_size=1, host="h"))
+    step = 0
+    for first in range(0, names, 64):
+        metrics: dict[str, list[float | None]] = {
+            f"m{i:05d}/{'x' * 40}": [float(i)] for i in range(first, min(first + 64, names))}
+        b.send(Steps(run="s", rank=0, steps=[step], times=[b.now], step_ms=[10.0],
+                     metrics=metrics))
+        step += 1
+    b.send(Steps(run="s", rank=0, steps=[step], times=[b.now], step_ms=[10.0],
+                 metrics={"loss": [1.0]}))
+    step += 1
+    sink = b.runs.get("s")
+    assert sink is not None and len(sink.steps.metrics) == names + 1
+    reads = CountingSeries.reads
+    rows = sink.steps.rows
+    for _ in range(blocks):
+        b.send(Steps(run="s", rank=0, steps=[step], times=[b.now], step_ms=[10.0],
+                     metrics={"loss": [1.0 / step]}))
+        step += 1
+    assert sink.steps.rows == rows + blocks  # one more closed step per frame: one block each
+    return b, CountingSeries.reads - reads
+
+
+def test_a_steps_block_visits_what_it_holds_not_every_series(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19 finding 3: writing a STEPS block visited every series of the run (blocks x
+    names). The work per block must not grow with the run's series count."""
+    monkeypatch.setattr(stepstore, "Series", CountingSeries)
+    small, few = _wide_then_narrow(tmp_path / "small", names=64, blocks=40)
+    small.close()
+    big, many = _wide_then_narrow(tmp_path / "big", names=1024, blocks=40)
+    live = big.runs.get("s")
+    assert live is not None
+    assert isinstance(live.steps.step_ms, CountingSeries)  # (the count is real)
+    state = msgspec.msgpack.encode(live.steps.to_wire())
+    big.close()
+    assert many == few, (few, many)
+    # ... and the blocks still hold everything: the store comes back whole.
+    j = Journal(tmp_path / "big")
+    try:
+        assert msgspec.msgpack.encode(j.load()["s"].steps.to_wire()) == state
+    finally:
+        j.close()
+
+
+def test_a_steps_block_is_what_to_wire_gives(tmp_path: Path) -> None:
+    """The journal builds STEPS blocks itself (journal_steps.wire_block): they hold what
+    StepStore.to_wire holds for the same rows (series without a point there aside)."""
+    from broker.journal_steps import InFlight, wire_block
+    b, _ = _wide_then_narrow(tmp_path, names=200, blocks=5)
+    sink = b.runs.get("s")
+    assert sink is not None
+    store = sink.steps
+    for start, end in [(0, store.rows), (1, 3), (store.rows - 2, store.rows), (2, 2)]:
+        want = store.to_wire(start, end)
+        want["metrics"] = {k: v for k, v in want["metrics"].items() if v[0]}
+        got = wire_block(store, start, end, list(store.metrics), InFlight())
+        assert got == want
+    b.close()
+
+
+# -- the write buffer is bounded in bytes ------------------------------------------------
+
+
+def test_the_write_buffer_is_bounded_in_bytes_within_a_batch(tmp_path: Path) -> None:
+    """Issue 19 finding 2: a batch of big frames was buffered whole before one write. Past
+    WRITE_BUFFER_BYTES the journal writes at once, and counts it."""
+    b = Broker(tmp_path)
+    started(b)
+    base = journal_size(tmp_path, "r")
+    blob = "x" * (1024 * 1024 - 64)
+    sent = 0
+    for i in range(40):  # one batch: no flush between the frames
+        text = f'{{"i": {i}, "blob": "{blob}"}}'
+        b.send(Metadata(run="r", rank=0, json=text), flush=False)
+        sent += len(text)
+        held = base + sent - journal_size(tmp_path, "r")
+        assert held <= WRITE_BUFFER_BYTES + 2 * len(text), held
+    assert b.journal.counters()["early_flushes"] >= 2
+    b.journal.flush()
+    b.close()
+    assert journal_size(tmp_path, "r") >= base + sent
