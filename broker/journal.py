@@ -18,8 +18,9 @@ File layout (``<data_dir>``)::
 
 Entries and their kinds are in ``broker/journal_codec.py``; the replay that rebuilds a run
 from them is ``broker/journal_rebuild.py``; the dir's lock, version and setting files aside
-are ``broker/journal_files.py``. This module is the writer (buffers, handles, fsync) and
-decides what to do with each file at start.
+are ``broker/journal_files.py``; open files and their descriptors are
+``broker/journal_writer.py``. This module decides what is written when (buffering,
+coalescing, ids, STEPS blocks) and what to do with each file at start.
 
 ``steps`` frames are *not* journaled (a run whose first frame is one gets an empty
 ``svg`` frame of that rank in its place, which carries the run's ``started_at``): the
@@ -58,7 +59,6 @@ import logging
 import os
 import re
 import time
-from collections import OrderedDict
 from typing import Union
 
 from broker.journal_codec import (
@@ -86,11 +86,10 @@ from broker.journal_files import (
     remove,
     set_aside,
     take_lock,
-    write_all,
 )
-from broker.journal_filter import Unchanged
 from broker.journal_rebuild import replay
-from broker.journal_steps import InFlight, wire_block
+from broker.journal_steps import wire_block
+from broker.journal_writer import Handles, RunFile
 from broker.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Frame, Metrics, Resources, Steps, Svg
@@ -106,43 +105,8 @@ _RUN_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}\Z")
 #: instead of at the end of the batch (PROTOCOL 2: the journal's write buffer is bounded in
 #: bytes). Counted in :attr:`Journal.early_flushes` each time it bites.
 WRITE_BUFFER_BYTES = 16 * 1024 * 1024
-#: While writes fail, a run's buffer is dropped (logged) once it, or all runs' buffers
-#: together, hold more than this (bounded memory on a full or read-only disk).
-_MAX_BUFFER = 64 * 1024 * 1024
 
 
-
-class _RunFile:
-    """The journal of one run: its write buffer, open handle and bookkeeping."""
-
-    __slots__ = (
-        "run", "path", "fd", "buf", "size", "pending", "started", "seq_hi",
-        "noted_records", "noted_complete", "noted_seq", "track_records", "write_failed",
-        "noted_steps", "unchanged", "flight",
-    )
-
-    def __init__(self, run: str, path: str) -> None:
-        self.run = run
-        self.path = path
-        self.fd: int | None = None
-        self.buf = bytearray()
-        self.size: int | None = None  # bytes on disk at a known entry boundary; None: unknown
-        # rank -> (receive time, frame) of the newest resources frame not yet written
-        self.pending: dict[int, tuple[float, Resources]] = {}
-        self.started = False  # has a frame been written (or buffered) for this run?
-        self.seq_hi = 0
-        self.noted_records = 0
-        self.noted_complete = 0
-        # sink.seq at the last full note_seq (-1: none yet). Records and completions are
-        # numbered, so while sink.seq stays the same there is nothing new to note.
-        self.noted_seq = -1
-        # False when the file holds a history the live sink does not (a run created afresh
-        # over an existing file): its record indices would not match, so do not note them.
-        self.track_records = True
-        self.write_failed = False
-        self.noted_steps = 0  # rows of sink.steps already journaled
-        self.unchanged = Unchanged()  # what the file holds of frames whose repeats are no-ops
-        self.flight = InFlight()  # metric names of steps not yet in a STEPS block
 
 
 def _time_of(item: tuple[float, Resources]) -> float:
@@ -186,11 +150,10 @@ class Journal:
         self.retention_days = retention_days
         self.fsync_interval = fsync_interval
         self.max_open_files = max_open_files
-        self._files: dict[str, _RunFile] = {}
-        self._dirty: dict[str, _RunFile] = {}
-        self._open: OrderedDict[str, _RunFile] = OrderedDict()  # LRU of open handles
-        self._unsynced: set[str] = set()
-        self._last_sync = time.monotonic()
+        self._files: dict[str, RunFile] = {}
+        self._dirty: dict[str, RunFile] = {}
+        self._handles = Handles(self.runs_dir, max_open_files=max_open_files,
+                                fsync_interval=fsync_interval)
         self._lock_fd: int | None = None
         self._closed = False
         #: damaged ranges found in the middle of journals and set aside (PROTOCOL 6)
@@ -303,7 +266,7 @@ class Journal:
         if len(st.buf) != n:
             self._grew(len(st.buf) - n)
 
-    def _record(self, st: _RunFile, frame: Frame, now: float) -> None:
+    def _record(self, st: RunFile, frame: Frame, now: float) -> None:
         if type(frame) is Resources:
             if st.started:
                 st.pending[frame.rank] = (now, frame)  # type: ignore[assignment]
@@ -364,7 +327,7 @@ class Journal:
                       self._buffered)
             self.flush()
 
-    def _note_seq(self, st: _RunFile, sink: RunSink) -> None:
+    def _note_seq(self, st: RunFile, sink: RunSink) -> None:
         if st.track_records:
             seqs = sink.record_seqs
             n = len(seqs)
@@ -386,7 +349,7 @@ class Journal:
             self._reserve(st, sink.seq)
         st.noted_seq = sink.seq
 
-    def _note_steps(self, st: _RunFile, sink: RunSink) -> None:
+    def _note_steps(self, st: RunFile, sink: RunSink) -> None:
         """Journal the published closed steps not yet written, in blocks of bounded size."""
         store = sink.steps
         flight = st.flight
@@ -412,16 +375,12 @@ class Journal:
             dirty, self._dirty = self._dirty, {}
             for st in dirty.values():
                 if st.buf:
-                    self._write(st)
+                    self._handles.write(st, self._buffered)
                     if st.buf:  # failed: keep it for the next flush
                         self._dirty[st.run] = st
         self._buffered = sum(len(st.buf) for st in self._dirty.values())
         self._flush_at = self._buffered + WRITE_BUFFER_BYTES
-        if self.fsync_interval is not None and self._unsynced:
-            mono = time.monotonic()
-            if mono - self._last_sync >= self.fsync_interval:
-                self._last_sync = mono
-                self._sync_all()
+        self._handles.sync_due()
 
     def forget(self, run: str) -> None:
         """The run left memory: write what is held for it and close its handle (the file
@@ -433,11 +392,11 @@ class Journal:
         self._write_pending(st)
         self._dirty.pop(run, None)
         if st.buf:
-            self._write(st)
+            self._handles.write(st)
             if st.buf:
                 log.error("journal: run %r left memory with %d bytes unwritten", run,
                           len(st.buf))
-        self._close_fd(st, sync=self.fsync_interval is not None and run in self._unsynced)
+        self._handles.close(st)
 
     def close(self) -> None:
         """Write everything held (coalesced samples included), fsync, close, unlock."""
@@ -449,8 +408,7 @@ class Journal:
             if st.buf:
                 self._dirty[st.run] = st
         self.flush()
-        for st in list(self._open.values()):
-            self._close_fd(st, sync=True)
+        self._handles.close_all()
         self._files.clear()
         self._dirty.clear()
         if self._lock_fd is not None:
@@ -468,8 +426,8 @@ class Journal:
     def _path(self, run: str) -> str:
         return os.path.join(self.runs_dir, run + _SUFFIX)
 
-    def _new_state(self, run: str) -> _RunFile:
-        st = _RunFile(run, self._path(run))
+    def _new_state(self, run: str) -> RunFile:
+        st = RunFile(run, self._path(run))
         try:
             existing = os.stat(st.path).st_size
         except OSError:
@@ -484,7 +442,7 @@ class Journal:
         self._files[run] = st
         return st
 
-    def _write_pending(self, st: _RunFile) -> None:
+    def _write_pending(self, st: RunFile) -> None:
         """Buffer the held ``resources`` frames of a run, oldest first."""
         if not st.pending:
             return
@@ -497,92 +455,10 @@ class Journal:
         st.started = True
         self._dirty[st.run] = st
 
-    def _reserve(self, st: _RunFile, seq: int) -> None:
+    def _reserve(self, st: RunFile, seq: int) -> None:
         st.seq_hi = seq + self.seq_block
         st.buf += entry(SEQ.pack(KIND_SEQ_HI, st.seq_hi))
         self._dirty[st.run] = st
-
-    def _fd(self, st: _RunFile) -> int:
-        if st.fd is not None:
-            self._open.move_to_end(st.run)
-            return st.fd
-        flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-        try:
-            fd = os.open(st.path, flags, 0o644)
-        except FileNotFoundError:
-            os.makedirs(self.runs_dir, exist_ok=True)
-            fd = os.open(st.path, flags, 0o644)
-        try:
-            size = os.fstat(fd).st_size
-            if st.size is None or st.size > size:
-                st.size = size
-            if st.size < len(HEADER):
-                # New (or torn at creation): start the file over with its header.
-                os.ftruncate(fd, 0)
-                write_all(fd, HEADER, 0)
-                st.size = len(HEADER)
-        except OSError:
-            os.close(fd)
-            raise
-        st.fd = fd
-        self._open[st.run] = st
-        while len(self._open) > self.max_open_files:
-            _, oldest = self._open.popitem(last=False)
-            if oldest is not st:
-                self._close_fd(oldest, sync=self.fsync_interval is not None
-                               and oldest.run in self._unsynced)
-        return fd
-
-    def _write(self, st: _RunFile) -> None:
-        """Write the run's buffer at its known end. A failed write is cut back to the last
-        entry boundary so that the file never holds a torn entry followed by good ones."""
-        try:
-            fd = self._fd(st)
-            assert st.size is not None
-            write_all(fd, st.buf, st.size)
-        except OSError as exc:
-            if not st.write_failed:
-                log.error("journal: cannot write %s: %s (will retry)", st.path, exc)
-            st.write_failed = True
-            if st.fd is not None and st.size is not None:
-                try:
-                    os.ftruncate(st.fd, st.size)
-                except OSError:
-                    pass
-            if len(st.buf) > _MAX_BUFFER or self._buffered > _MAX_BUFFER:
-                log.error("journal: dropping %d buffered bytes of run %r", len(st.buf), st.run)
-                st.buf.clear()
-            return
-        if st.write_failed:
-            log.warning("journal: writing %s works again", st.path)
-            st.write_failed = False
-        st.size += len(st.buf)
-        st.buf.clear()
-        self._unsynced.add(st.run)
-
-    def _close_fd(self, st: _RunFile, *, sync: bool) -> None:
-        self._open.pop(st.run, None)
-        if st.fd is None:
-            return
-        fd, st.fd = st.fd, None
-        try:
-            if sync:
-                os.fsync(fd)
-        except OSError as exc:
-            log.warning("journal: fsync of %s failed: %s", st.path, exc)
-        finally:
-            os.close(fd)
-            self._unsynced.discard(st.run)
-
-    def _sync_all(self) -> None:
-        for run in list(self._unsynced):
-            st = self._files.get(run)
-            if st is not None and st.fd is not None:
-                try:
-                    os.fsync(st.fd)
-                except OSError as exc:
-                    log.warning("journal: fsync of %s failed: %s", st.path, exc)
-        self._unsynced.clear()
 
     # -- internals: loading ------------------------------------------------------------
 
@@ -641,7 +517,7 @@ class Journal:
             remove(path)
             return None
 
-        st = _RunFile(run, path)
+        st = RunFile(run, path)
         st.size = size
         st.started = True
         st.noted_records = got.noted_records
@@ -649,18 +525,10 @@ class Journal:
         st.noted_steps = sink.steps.rows
         st.unchanged = got.unchanged
         if problem is not None:
-            self._truncate(st)
+            self._handles.truncate(st)
         self._files[run] = st
         # Reserve first: note_seq would otherwise reserve too (seq_hi is still 0), and the
         # block would be written twice.
         self._reserve(st, sink.seq)
         self._note_seq(st, sink)  # notes any fresh ids above
         return sink
-
-    def _truncate(self, st: _RunFile) -> None:
-        assert st.size is not None
-        try:
-            fd = self._fd(st)
-            os.ftruncate(fd, st.size)
-        except OSError as exc:
-            log.warning("journal: cannot cut the bad tail of %s: %s", st.path, exc)

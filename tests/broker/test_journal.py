@@ -624,7 +624,7 @@ def test_more_runs_than_open_handles(tmp_path: Path) -> None:
         for n in range(10):
             training(srv, f"run{n}", ranks=1, epochs=1) if i == 0 else srv.send(
                 Metrics(run=f"run{n}", rank=0, epoch=i, avg_loss=float(n), batches=1))
-    assert len(srv.journal._open) <= 3
+    assert len(srv.journal._handles.open) <= 3
     expect = {run: s.records for run, s in srv.sinks.items()}
     srv.close()
     j, sinks = reload(tmp_path)
