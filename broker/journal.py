@@ -171,16 +171,23 @@ class Journal:
     # -- start -------------------------------------------------------------------------
 
     def load(self, *, stale_after: float = 30.0, now: float | None = None,
-             step_close_after: float = 10.0) -> dict[str, RunSink]:
-        """Rebuild every run from disk: ``{run: sink}`` with each sink's ``seq`` above any id
-        issued before, and a fresh reservation already written.
+             step_close_after: float = 10.0, max_runs: int | None = None) -> dict[str, RunSink]:
+        """Rebuild the runs on disk: ``{run: sink}``, least recently active first, with each
+        sink's ``seq`` above any id issued before, and a fresh reservation already written.
+
+        ``max_runs`` (the broker's ``--max-runs``; None: no bound): only the runs whose
+        journals were written to most recently (file mtime) are rebuilt, up to that many
+        (PROTOCOL 6); the others stay on disk, where a new frame (:meth:`load_run`) or
+        ``rankboard export`` reaches them, and are counted in ``runs_not_loaded``.
 
         Creates the dirs, takes the dir's lock (:class:`JournalError` if another broker
         holds it or the dir is of a newer format), deletes finished runs whose last frame is
-        older than ``retention_days`` (``now`` defaults to the wall clock). A corrupt or
-        truncated tail is cut off with a warning; a file that cannot be read is skipped with
-        a warning. Never raises for a bad file.
+        older than ``retention_days`` (``now`` defaults to the wall clock) among those it
+        reads. Damage is handled as the module docstring says; a file that cannot be read is
+        skipped with a warning. Never raises for a bad file.
         """
+        if max_runs is not None and max_runs < 1:
+            raise ValueError("max_runs must be >= 1")
         os.makedirs(self.runs_dir, exist_ok=True)
         if self._lock_fd is None:
             self._lock_fd = take_lock(self.data_dir)
@@ -194,10 +201,11 @@ class Journal:
         horizon = None if self.retention_days is None else wall - self.retention_days * 86400.0
         sinks: dict[str, RunSink] = {}
         try:
-            names = sorted(os.listdir(self.runs_dir))
+            names = os.listdir(self.runs_dir)
         except OSError as exc:
             log.warning("journal: cannot list %s: %s; starting with no runs", self.runs_dir, exc)
             return sinks
+        found: list[tuple[int, str]] = []  # (mtime, run)
         for name in names:
             if not name.endswith(_SUFFIX):
                 continue
@@ -205,9 +213,25 @@ class Journal:
             if not _RUN_ID.match(run):
                 log.warning("journal: ignoring %s (not a run id)", name)
                 continue
-            loaded = self._load_file(run, stale_after, horizon, step_close_after, wall)
-            if loaded is not None:
-                sinks[run] = loaded
+            try:
+                mtime = os.stat(os.path.join(self.runs_dir, name)).st_mtime_ns
+            except OSError:
+                mtime = 0  # (reading it will say what is wrong)
+            found.append((mtime, run))
+        found.sort(reverse=True)  # most recently written first; ties by name
+        loaded: list[tuple[str, RunSink]] = []
+        for i, (_, run) in enumerate(found):
+            if max_runs is not None and len(loaded) >= max_runs:
+                self.runs_not_loaded += len(found) - i
+                log.info("journal: %d runs left on disk beyond --max-runs %d (the least "
+                         "recently active; a new frame brings one back)", len(found) - i,
+                         max_runs)
+                break
+            sink = self._load_file(run, stale_after, horizon, step_close_after, wall)
+            if sink is not None:
+                loaded.append((run, sink))
+        for run, sink in reversed(loaded):  # least recently active first, as Runs keeps them
+            sinks[run] = sink
         self.flush()
         log.info("journal: %d runs rebuilt from %s", len(sinks), self.runs_dir)
         return sinks

@@ -8,6 +8,7 @@ broker writes.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ class Broker:
                  **kw: Any) -> None:
         self.journal = Journal(data_dir, **kw)
         self.runs = Runs(max_runs=max_runs)
-        self.runs.restore(self.journal.load(now=now))
+        self.runs.restore(self.journal.load(now=now, max_runs=max_runs))
         self.runs.recorder = self.journal.accept
         self.runs.loader = self.journal.load_run
         self.runs.on_evict = self.journal.forget
@@ -277,3 +278,56 @@ def test_the_write_buffer_is_bounded_in_bytes_within_a_batch(tmp_path: Path) -> 
     b.journal.flush()
     b.close()
     assert journal_size(tmp_path, "r") >= base + sent
+
+
+# -- a restart loads the --max-runs most recently active runs ----------------------------
+
+
+def _runs_on_disk(data_dir: Path, order: list[str]) -> None:
+    """One finished run per name; ``order`` from least to most recently active (file
+    mtimes set apart by a minute each, so the order does not hang on timer resolution)."""
+    b = Broker(data_dir)
+    for run in order:
+        b.send(Register(run=run, rank=0, world_size=1, host="h"))
+        b.send(Metrics(run=run, rank=0, epoch=0, avg_loss=1.0))
+        b.send(Finish(run=run, rank=0))
+    b.close()
+    for i, run in enumerate(order):
+        t = T0 - 3600 + 60 * i
+        os.utime(data_dir / "runs" / f"{run}.journal", (t, t))
+
+
+def test_a_restart_loads_only_the_max_runs_most_recently_active(tmp_path: Path) -> None:
+    """PROTOCOL 6 / issue 19 finding 5: a broker started on a data dir holding more runs
+    than --max-runs loads the N most recently active, not every run in the journal."""
+    order = ["e", "a", "d", "b", "c"]  # least recently active first; not name order
+    _runs_on_disk(tmp_path, order)
+    j = Journal(tmp_path)
+    try:
+        sinks = j.load(max_runs=2)
+        assert list(sinks) == ["b", "c"]  # least recently active first, as Runs keeps them
+        assert j.counters()["runs_not_loaded"] == 3
+        # The others stay on disk, and a frame for one brings it back whole.
+        assert {p.name for p in (tmp_path / "runs").glob("*.journal")} == {
+            f"{r}.journal" for r in order}
+        back = j.load_run("e")
+        assert back is not None and len(back.records) == 1 and back.complete is not None
+    finally:
+        j.close()
+    j = Journal(tmp_path)
+    try:
+        assert set(j.load()) == set(order)  # no bound: every run
+    finally:
+        j.close()
+
+
+def test_max_runs_skips_runs_that_cannot_be_loaded(tmp_path: Path) -> None:
+    """A most recent file that turns out unreadable does not take a slot."""
+    _runs_on_disk(tmp_path, ["a", "b", "c"])
+    bad = tmp_path / "runs" / "z.journal"
+    bad.write_bytes(b"not a journal")
+    j = Journal(tmp_path)
+    try:
+        assert list(j.load(max_runs=2)) == ["b", "c"]
+    finally:
+        j.close()
