@@ -377,7 +377,12 @@ class Journal:
         """Journal the published closed steps not yet written, in blocks of bounded size."""
         store = sink.steps
         flight = st.flight
-        names = flight.candidates(store, int(store.column("step")[st.noted_steps]))
+        own = sink.steps_published - flight.published  # rows the sink published itself
+        flight.published = sink.steps_published
+        if own >= store.rows - st.noted_steps:
+            names = flight.candidates(int(store.column("step")[st.noted_steps]))
+        else:  # rows with no frames behind them (restored, appended directly): every series
+            names = list(store.metrics)
         per_row = 40 + 28 * (len(names) + 1)
         chunk = max(1, STEP_BLOCK_BYTES // per_row)
         for start in range(st.noted_steps, store.rows, chunk):
@@ -548,6 +553,7 @@ class Journal:
         st.noted_complete = got.noted_complete
         st.noted_steps = sink.steps.rows
         st.unchanged = got.unchanged
+        st.flight.published = sink.steps_published
         if problem is not None:
             self._handles.truncate(st)
         self._files[run] = st

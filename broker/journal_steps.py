@@ -7,9 +7,10 @@ it remembers which metric names the run's ``steps`` frames named, with the highe
 each was named for (:class:`InFlight`, fed by every ``steps`` frame the journal sees, at a
 cost of the frame's own names), and builds the block from those series alone
 (:func:`wire_block`). A name whose highest step is already written is dropped, so what a
-block visits is the names of steps not yet written, not every name the run ever had. A
-store holding a name no frame brought (restored at start) is noticed by a count and adopted
-once (:meth:`InFlight.adopt`).
+block visits is the names of steps not yet written, not every name the run ever had. Rows
+that did not come from the sink's own publishing (``RunSink.steps_published`` did not grow
+with them: restored or appended directly) have no frames behind them; the journal then
+visits every series for those rows (``InFlight.published`` is how it tells).
 
 :func:`wire_block` writes what ``to_wire`` writes for the same rows (a test holds them
 equal); it reads only the store's public parts (``column``, ``step_ms``, ``metrics`` and
@@ -17,7 +18,7 @@ each :class:`~broker.stepstore.Series`' arrays).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Set
+from typing import Any, Dict, Iterable, List
 
 from broker.stepstore import Series, StepStore
 from rank_agent.protocol import Steps
@@ -31,11 +32,12 @@ COLUMNS = ("step", "time", "n", "slowest", "samples", "tokens")
 class InFlight:
     """Metric names of one run's ``steps`` frames whose steps may not be written yet."""
 
-    __slots__ = ("names", "known", "visited")
+    __slots__ = ("names", "published", "visited")
 
-    def __init__(self) -> None:
+    def __init__(self, published: int = 0) -> None:
         self.names: Dict[str, int] = {}  # name -> highest step a frame named it for
-        self.known: Set[str] = set()  # every name seen (to notice series it did not see)
+        #: the sink's ``steps_published`` when the journal last wrote its steps
+        self.published = published
         #: series looked at while building blocks (work done, for tests and benchmarks)
         self.visited = 0
 
@@ -46,31 +48,11 @@ class InFlight:
         last = frame.steps[-1]  # (steps ascend: PROTOCOL 2)
         names = self.names
         for name in frame.metrics:
-            prev = names.get(name)
-            if prev is None:
-                self.known.add(name)
-                names[name] = last
-            elif prev < last:
+            if names.get(name, -1) < last:
                 names[name] = last
 
-    def adopt(self, store: StepStore) -> None:
-        """Take the store's series this has not seen in a frame (restored from the journal,
-        or appended without a frame) as candidates for the next block: one visit of every
-        series, only when the store holds more names than were seen."""
-        last = store.last_step
-        if last is None:
-            return
-        for name in store.metrics:
-            if name not in self.known:
-                self.known.add(name)
-                if self.names.get(name, -1) < last:
-                    self.names[name] = last
-        self.visited += len(store.metrics)
-
-    def candidates(self, store: StepStore, first_step: int) -> List[str]:
+    def candidates(self, first_step: int) -> List[str]:
         """Names that may have a point at ``first_step`` or later."""
-        if len(store.metrics) > len(self.known):
-            self.adopt(store)
         return [name for name, last in self.names.items() if last >= first_step]
 
     def written_through(self, step: int) -> None:

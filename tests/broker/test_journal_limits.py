@@ -331,3 +331,35 @@ def test_max_runs_skips_runs_that_cannot_be_loaded(tmp_path: Path) -> None:
         assert list(j.load(max_runs=2)) == ["b", "c"]
     finally:
         j.close()
+
+
+def test_steps_rows_without_frames_behind_them_are_written_whole(tmp_path: Path) -> None:
+    """Rows that did not come from the sink's own publishing (restored blocks, as
+    bench/steps_bench.py builds a million-step run) have no frames to name their series:
+    the journal writes every series for them, block after block."""
+    from broker.sink import RunSink
+    from broker.stepstore import StepStore
+
+    j = Journal(tmp_path)
+    j.load()
+    sink = RunSink("w")
+    reg = Register(run="w", rank=0, world_size=1, host="h")
+    sink.apply(reg, T0)
+    j.accept(sink, b"", reg, T0)
+    source = StepStore()
+    source.append([{"step": k, "time": T0 + k, "n": 1, "slowest_rank": None,
+                    "samples": 0, "tokens": 0, "step_ms": [1.0, 1.0, 1.0],
+                    "metrics": {f"m{k % 7}": [float(k), float(k), float(k)]}}
+                   for k in range(60)])
+    for base in range(0, 60, 10):
+        sink.restore_steps(source.to_wire(base, base + 10))
+        sink.seq += 1  # as a steps event would
+        j.note_seq(sink)
+        j.flush()
+    state = msgspec.msgpack.encode(sink.steps.to_wire())
+    j.close()
+    j = Journal(tmp_path)
+    try:
+        assert msgspec.msgpack.encode(j.load()["w"].steps.to_wire()) == state
+    finally:
+        j.close()
