@@ -43,12 +43,14 @@ class InFlight:
 
     def saw(self, frame: Steps) -> None:
         """A ``steps`` frame of the run arrived (the sink accepted it)."""
-        if not frame.metrics or not frame.steps:
+        metrics = frame.metrics
+        if not metrics or not frame.steps:
             return
         last = frame.steps[-1]  # (steps ascend: PROTOCOL 2)
         names = self.names
-        for name in frame.metrics:
-            if names.get(name, -1) < last:
+        get = names.get
+        for name in metrics:
+            if get(name, -1) < last:
                 names[name] = last
 
     def candidates(self, first_step: int) -> List[str]:
