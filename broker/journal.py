@@ -331,12 +331,14 @@ class Journal:
         """Totals since start of the journal's limits and repairs (for the heartbeat):
         ``early_flushes`` (the write buffer reached WRITE_BUFFER_BYTES within a batch),
         ``damaged_entries`` (damaged ranges set aside at load), ``runs_not_loaded`` (runs
-        left on disk at load beyond ``max_runs``), ``step_series_visited`` (series looked
-        at to write STEPS blocks: work, for tests and benchmarks)."""
+        left on disk at load beyond ``max_runs``), ``dropped_bytes`` (buffered bytes given
+        up while writes failed), ``step_series_visited`` (series looked at to write STEPS
+        blocks: work, for tests and benchmarks)."""
         return {
             "early_flushes": self.early_flushes,
             "damaged_entries": self.damaged_entries,
             "runs_not_loaded": self.runs_not_loaded,
+            "dropped_bytes": self._handles.dropped_bytes,
             "step_series_visited": self._visited_gone + sum(
                 st.flight.visited for st in self._files.values()),
         }

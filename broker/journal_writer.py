@@ -72,6 +72,8 @@ class Handles:
         self.open: OrderedDict[str, RunFile] = OrderedDict()  # LRU of open handles
         self._unsynced: dict[str, RunFile] = {}
         self._last_sync = time.monotonic()
+        #: bytes dropped unwritten while writes failed (_MAX_BUFFER bit)
+        self.dropped_bytes = 0
 
     def fd(self, st: RunFile) -> int:
         if st.fd is not None:
@@ -121,6 +123,7 @@ class Handles:
                     pass
             if len(st.buf) > _MAX_BUFFER or total_buffered > _MAX_BUFFER:
                 log.error("journal: dropping %d buffered bytes of run %r", len(st.buf), st.run)
+                self.dropped_bytes += len(st.buf)
                 st.buf.clear()
             return
         if st.write_failed:

@@ -363,3 +363,26 @@ def test_steps_rows_without_frames_behind_them_are_written_whole(tmp_path: Path)
         assert msgspec.msgpack.encode(j.load()["w"].steps.to_wire()) == state
     finally:
         j.close()
+
+
+def test_while_writes_fail_the_buffers_stay_bounded_and_drops_are_counted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk that refuses writes (here: runs/ replaced by a file) must not grow the
+    broker: past the bound a buffer is given up, logged and counted."""
+    import shutil
+
+    from broker import journal_writer
+    monkeypatch.setattr(journal_writer, "_MAX_BUFFER", 64 * 1024)
+    b = Broker(tmp_path)
+    started(b)
+    b.journal.forget("r")  # its handle is closed: the next write must open the file again
+    runs = tmp_path / "runs"
+    shutil.move(runs, tmp_path / "runs-away")
+    runs.write_text("a file where the dir was")
+    for i in range(40):
+        b.send(Metadata(run="r", rank=0, json=f'{{"i": {i}, "pad": "{"p" * 8000}"}}'))
+    assert b.journal.counters()["dropped_bytes"] > 0
+    assert b.journal._buffered <= 64 * 1024 + 16 * 1024
+    runs.unlink()
+    shutil.move(tmp_path / "runs-away", runs)
+    b.close()
