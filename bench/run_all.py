@@ -25,6 +25,7 @@ import agent_send  # noqa: E402
 import common  # noqa: E402
 import epoch_close  # noqa: E402
 import ingest  # noqa: E402
+import journal_bench  # noqa: E402
 import page_bench  # noqa: E402
 import scaleout  # noqa: E402
 import steps_bench  # noqa: E402
@@ -35,6 +36,7 @@ GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
     ("epoch_close", epoch_close.run),
     ("agent", agent_send.run),
     ("ingest", ingest.run),
+    ("journal", journal_bench.run),
     ("web", web_bench.run),
     ("scaleout", scaleout.run),
     ("steps", steps_bench.run),
@@ -65,6 +67,7 @@ TARGETS: dict[str, tuple[float, str]] = {
     "page_first_draw_1m_steps_s": (1.5, "<="),
     "page_live_cpu_ms_per_s": (100.0, "<="),
     "page_1024_ranks_update_ms": (50.0, "<="),
+    "journal_bytes_per_noop_frame": (0.0, "<="),
 }
 NAMES = list(TARGETS)
 

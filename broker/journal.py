@@ -3,9 +3,9 @@
 PROTOCOL.md section 6 ("Persistence") asks that a broker restarted on the same data dir,
 even after SIGKILL, serves the same records, keeps every run's state and issues event ids
 above any it issued before. The sink is pure and deterministic, so the journal does not
-store state: it stores what the sink was fed (accepted frames, as raw wire bytes, with their
-receive time) and rebuilds the state by feeding the same frames to a fresh
-:class:`~broker.sink.RunSink`. Besides frames it stores sequence numbers, which the sink
+store state: it stores what the sink was fed (accepted frames that changed something, as
+their known fields, with their receive time) and rebuilds the state by feeding the same
+frames to a fresh :class:`~broker.sink.RunSink`. Besides frames it stores sequence numbers, which the sink
 cannot recompute (ticks are not replayed): a reservation ``seq_hi`` that every issued id
 stays below, and the id of each closed epoch record, so that a web client's
 ``Last-Event-ID`` keeps meaning the same record across a broker restart.
@@ -16,16 +16,11 @@ File layout (``<data_dir>``)::
     LOCK                  flock()ed while a broker holds the dir (one broker per dir)
     runs/<run>.journal    HEADER, then entries
 
-An entry is ``<u32 length><u32 crc32(body)><body>`` (little endian), ``body = <u8 kind>
-payload``; ``kind`` is one of:
-
-====  ===============  ====================================================================
- 1    FRAME            ``<f64 receive time>`` + the frame's raw MessagePack bytes
- 2    SEQ_HI           ``<u64 seq_hi>``: every id issued so far (and until the next one) <= it
- 3    RECORD_SEQ       ``<u32 index><u64 seq>``: ``sink.record_seqs[index]``
- 4    COMPLETE_SEQ     ``<u64 seq>``: seq of the run's ``complete`` event (0: reopened)
- 5    STEPS            MessagePack of a :meth:`StepStore.to_wire` block: published closed steps
-====  ===============  ====================================================================
+Entries and their kinds are in ``broker/journal_codec.py``; the replay that rebuilds a run
+from them is ``broker/journal_rebuild.py``; the dir's lock, version and setting files aside
+are ``broker/journal_files.py``; open files and their descriptors are
+``broker/journal_writer.py``. This module decides what is written when (buffering,
+coalescing, ids, STEPS blocks) and what to do with each file at start.
 
 ``steps`` frames are *not* journaled (a run whose first frame is one gets an empty
 ``svg`` frame of that rank in its place, which carries the run's ``started_at``): the
@@ -35,10 +30,12 @@ written when their ``steps`` event is, so a restart loads a million-step run wit
 docs/DESIGN.md: points of steps that had not closed (or closed but not yet been published)
 at a SIGKILL are lost, as are the ranks' ``step``/``step_ms`` until they report again.
 
-A reader stops at the first entry that is short, over :data:`MAX_ENTRY`, or fails its CRC
-(a torn write at SIGKILL, or garbage), warns once for the file, and truncates the file there
-so later appends stay readable. Unknown kinds with a good CRC are skipped (room for
-additions without a version bump).
+An entry that is short, over :data:`MAX_ENTRY` or fails its CRC, with good entries after
+it (damage in the middle, PROTOCOL 6), costs only its bytes: they are moved to
+``<run>.journal.damaged-<time>`` beside the journal, the journal is rewritten without them
+and every good entry is replayed. With no good entry after it (a torn write at SIGKILL, or
+garbage at the end) the reader warns once for the file and truncates the file there so
+later appends stay readable.
 
 ``resources`` frames are coalesced: the latest one per rank is held in memory and written
 only right before the next non-``resources`` frame of the run (the frames that can close an
@@ -48,143 +45,73 @@ with the sampling rate. The run's very first frame is always written (it is the 
 ``started_at``, which ``elapsed_secs`` counts from). What is lost at a SIGKILL is at most the
 samples newer than a rank's last epoch, and the frames since the last :meth:`Journal.flush`.
 
+Buffers are written once per batch (:meth:`Journal.flush`), or at once when all runs'
+buffers together pass :data:`WRITE_BUFFER_BYTES` (PROTOCOL 2: bounded in bytes; counted in
+``counters()["early_flushes"]``). STEPS blocks are built from the series the run's
+``steps`` frames named since the last block (``broker/journal_steps.py``), so a block costs
+what it holds, not the run's series count.
+
 Not thread-safe: the broker's single I/O loop owns it.
 """
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import re
-import struct
 import time
-import zlib
-from collections import OrderedDict
 from typing import Union
 
-import msgspec
-
-from broker.sink import Rejected, RunSink
+from broker.journal_codec import (
+    FORMAT_VERSION,
+    HEADER,
+    HEADER_PREFIX,
+    KIND_COMPLETE_SEQ,
+    KIND_RECORD_SEQ,
+    KIND_SEQ_HI,
+    KIND_STEPS,
+    MAX_ENTRY,
+    RECORD_SEQ,
+    SEQ,
+    STEP_BLOCK_BYTES,
+    append_frame,
+    block_encoder,
+    entry,
+    read_entries,
+    scan_entries,
+)
+from broker.journal_files import (
+    JournalError,
+    check_version,
+    cut_damage,
+    remove,
+    set_aside,
+    take_lock,
+)
+from broker.journal_rebuild import replay
+from broker.journal_steps import wire_block
+from broker.journal_writer import Handles, RunFile
+from broker.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Frame, Metrics, Resources, Steps, Svg
 
-__all__ = ["Journal", "JournalError", "FORMAT_VERSION", "HEADER", "read_entries"]
+__all__ = ["Journal", "JournalError", "FORMAT_VERSION", "HEADER", "MAX_ENTRY", "WRITE_BUFFER_BYTES",
+           "read_entries"]
 
 log = logging.getLogger(__name__)
 
-#: Bumped on any change a v1 reader could not follow.
-FORMAT_VERSION = 1
-_VERSION_TEXT = b"rankboard-journal %d\n" % FORMAT_VERSION
-_VERSION_PREFIX = b"rankboard-journal "
-#: First bytes of every journal file (self-describing even when copied out of its dir).
-HEADER = b"rankboard journal v1\n"
-_HEADER_PREFIX = b"rankboard journal v"
-
-KIND_FRAME = 1
-KIND_SEQ_HI = 2
-KIND_RECORD_SEQ = 3
-KIND_COMPLETE_SEQ = 4
-KIND_STEPS = 5
-
-#: Bytes of step blocks per journal entry at most (an entry is at most MAX_ENTRY).
-_STEP_BLOCK_BYTES = 2 * 1024 * 1024
-_block_encoder = msgspec.msgpack.Encoder()
-_block_decoder = msgspec.msgpack.Decoder(dict)
-
-_ENTRY_HEAD = struct.Struct("<II")  # length of body, crc32 of body
-_FRAME_HEAD = struct.Struct("<Bd")  # kind, receive time
-_SEQ = struct.Struct("<BQ")
-_RECORD_SEQ = struct.Struct("<BIQ")
-#: Largest body a reader accepts: what the u32 length can say. A frame is at most 4 MiB, but
-#: a STEPS block of one row is not bounded by it (64 names per rank, each rank its own: a
-#: 1,700-rank step is 5 MB, and a row cannot be split); a bad length is caught as a short
-#: entry or by the CRC anyway.
-MAX_ENTRY = 2**32 - 1
-
 _SUFFIX = ".journal"
 _RUN_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}\Z")
-#: Keep a buffer this large after write errors before giving up on it (bounded memory).
-_MAX_BUFFER = 64 * 1024 * 1024
+#: Bytes the journal holds for writing, over all runs, before it writes them out at once
+#: instead of at the end of the batch (PROTOCOL 2: the journal's write buffer is bounded in
+#: bytes). Counted in :attr:`Journal.early_flushes` each time it bites.
+WRITE_BUFFER_BYTES = 16 * 1024 * 1024
 
 
-class JournalError(RuntimeError):
-    """The data dir cannot be used at all (another broker holds it, or a newer format)."""
 
 
-class _RunFile:
-    """The journal of one run: its write buffer, open handle and bookkeeping."""
-
-    __slots__ = (
-        "run", "path", "fd", "buf", "size", "pending", "started", "seq_hi",
-        "noted_records", "noted_complete", "noted_seq", "track_records", "write_failed",
-        "noted_steps",
-    )
-
-    def __init__(self, run: str, path: str) -> None:
-        self.run = run
-        self.path = path
-        self.fd: int | None = None
-        self.buf = bytearray()
-        self.size: int | None = None  # bytes on disk at a known entry boundary; None: unknown
-        # rank -> (receive time, raw bytes) of the newest resources frame not yet written
-        self.pending: dict[int, tuple[float, bytes]] = {}
-        self.started = False  # has a frame been written (or buffered) for this run?
-        self.seq_hi = 0
-        self.noted_records = 0
-        self.noted_complete = 0
-        # sink.seq at the last full note_seq (-1: none yet). Records and completions are
-        # numbered, so while sink.seq stays the same there is nothing new to note.
-        self.noted_seq = -1
-        # False when the file holds a history the live sink does not (a run created afresh
-        # over an existing file): its record indices would not match, so do not note them.
-        self.track_records = True
-        self.write_failed = False
-        self.noted_steps = 0  # rows of sink.steps already journaled
-
-
-def _time_of(item: tuple[float, bytes]) -> float:
+def _time_of(item: tuple[float, Resources]) -> float:
     return item[0]
 
-
-def _entry(body_head: bytes, payload: bytes = b"") -> bytes:
-    crc = zlib.crc32(payload, zlib.crc32(body_head)) if payload else zlib.crc32(body_head)
-    return _ENTRY_HEAD.pack(len(body_head) + len(payload), crc) + body_head + payload
-
-
-def _append_frame(buf: bytearray, t: float, raw: bytes) -> None:
-    """Append a FRAME entry to ``buf`` (as :func:`_entry` would, without first copying the
-    frame's bytes into a temporary)."""
-    head = _FRAME_HEAD.pack(KIND_FRAME, t)
-    buf += _ENTRY_HEAD.pack(len(head) + len(raw), zlib.crc32(raw, zlib.crc32(head)))
-    buf += head
-    buf += raw
-
-
-def read_entries(data: bytes) -> tuple[list[tuple[int, memoryview]], int, str | None]:
-    """Split a journal file's bytes (after the header) into ``(kind, payload)`` entries.
-
-    Returns the entries, the byte offset just past the last good one, and why reading
-    stopped early (None when every byte was consumed).
-    """
-    view = memoryview(data)
-    entries: list[tuple[int, memoryview]] = []
-    pos, end = 0, len(view)
-    head = _ENTRY_HEAD.size
-    while pos < end:
-        if end - pos < head:
-            return entries, pos, "truncated entry header"
-        length, crc = _ENTRY_HEAD.unpack_from(view, pos)
-        if length < 1 or length > MAX_ENTRY:
-            return entries, pos, f"bad entry length {length}"
-        if end - pos - head < length:
-            return entries, pos, f"truncated entry ({end - pos - head} of {length} bytes)"
-        body = view[pos + head:pos + head + length]
-        if zlib.crc32(body) != crc:
-            return entries, pos, "checksum mismatch"
-        entries.append((body[0], body[1:]))
-        pos += head + length
-    return entries, pos, None
 
 
 class Journal:
@@ -223,38 +150,62 @@ class Journal:
         self.retention_days = retention_days
         self.fsync_interval = fsync_interval
         self.max_open_files = max_open_files
-        self._files: dict[str, _RunFile] = {}
-        self._dirty: dict[str, _RunFile] = {}
-        self._open: OrderedDict[str, _RunFile] = OrderedDict()  # LRU of open handles
-        self._unsynced: set[str] = set()
-        self._last_sync = time.monotonic()
+        self._files: dict[str, RunFile] = {}
+        self._dirty: dict[str, RunFile] = {}
+        self._handles = Handles(self.runs_dir, max_open_files=max_open_files,
+                                fsync_interval=fsync_interval)
         self._lock_fd: int | None = None
         self._closed = False
+        #: damaged ranges found in the middle of journals and set aside (PROTOCOL 6)
+        self.damaged_entries = 0
+        #: bytes buffered since the last flush (over all runs), and the mark at which the
+        #: buffers are written at once (WRITE_BUFFER_BYTES above what failed writes hold)
+        self._buffered = 0
+        self._flush_at = WRITE_BUFFER_BYTES
+        #: times the write buffer reached WRITE_BUFFER_BYTES within a batch
+        self.early_flushes = 0
+        #: runs left on disk at load beyond ``max_runs`` (PROTOCOL 6)
+        self.runs_not_loaded = 0
+        self._visited_gone = 0  # step_series_visited of runs no longer held
 
     # -- start -------------------------------------------------------------------------
 
     def load(self, *, stale_after: float = 30.0, now: float | None = None,
-             step_close_after: float = 10.0) -> dict[str, RunSink]:
-        """Rebuild every run from disk: ``{run: sink}`` with each sink's ``seq`` above any id
-        issued before, and a fresh reservation already written.
+             step_close_after: float = 10.0, max_runs: int | None = None) -> dict[str, RunSink]:
+        """Rebuild the runs on disk: ``{run: sink}``, least recently active first, with each
+        sink's ``seq`` above any id issued before, and a fresh reservation already written.
+
+        ``max_runs`` (the broker's ``--max-runs``; None: no bound): only the runs whose
+        journals were written to most recently (file mtime) are rebuilt, up to that many
+        (PROTOCOL 6); the others stay on disk, where a new frame (:meth:`load_run`) or
+        ``rankboard export`` reaches them, and are counted in ``runs_not_loaded``.
 
         Creates the dirs, takes the dir's lock (:class:`JournalError` if another broker
         holds it or the dir is of a newer format), deletes finished runs whose last frame is
-        older than ``retention_days`` (``now`` defaults to the wall clock). A corrupt or
-        truncated tail is cut off with a warning; a file that cannot be read is skipped with
-        a warning. Never raises for a bad file.
+        older than ``retention_days`` (``now`` defaults to the wall clock) among those it
+        reads. Damage is handled as the module docstring says; a file that cannot be read is
+        skipped with a warning. Never raises for a bad file.
         """
+        if max_runs is not None and max_runs < 1:
+            raise ValueError("max_runs must be >= 1")
         os.makedirs(self.runs_dir, exist_ok=True)
-        self._take_lock()
-        self._check_version()
+        if self._lock_fd is None:
+            self._lock_fd = take_lock(self.data_dir)
+        try:
+            check_version(self.data_dir)
+        except JournalError:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise
         wall = time.time() if now is None else now
         horizon = None if self.retention_days is None else wall - self.retention_days * 86400.0
         sinks: dict[str, RunSink] = {}
         try:
-            names = sorted(os.listdir(self.runs_dir))
+            names = os.listdir(self.runs_dir)
         except OSError as exc:
             log.warning("journal: cannot list %s: %s; starting with no runs", self.runs_dir, exc)
             return sinks
+        found: list[tuple[int, str]] = []  # (mtime, run)
         for name in names:
             if not name.endswith(_SUFFIX):
                 continue
@@ -262,9 +213,25 @@ class Journal:
             if not _RUN_ID.match(run):
                 log.warning("journal: ignoring %s (not a run id)", name)
                 continue
-            loaded = self._load_file(run, stale_after, horizon, step_close_after, wall)
-            if loaded is not None:
-                sinks[run] = loaded
+            try:
+                mtime = os.stat(os.path.join(self.runs_dir, name)).st_mtime_ns
+            except OSError:
+                mtime = 0  # (reading it will say what is wrong)
+            found.append((mtime, run))
+        found.sort(reverse=True)  # most recently written first; ties by name
+        loaded: list[tuple[str, RunSink]] = []
+        for i, (_, run) in enumerate(found):
+            if max_runs is not None and len(loaded) >= max_runs:
+                self.runs_not_loaded += len(found) - i
+                log.info("journal: %d runs left on disk beyond --max-runs %d (the least "
+                         "recently active; a new frame brings one back)", len(found) - i,
+                         max_runs)
+                break
+            sink = self._load_file(run, stale_after, horizon, step_close_after, wall)
+            if sink is not None:
+                loaded.append((run, sink))
+        for run, sink in reversed(loaded):  # least recently active first, as Runs keeps them
+            sinks[run] = sink
         self.flush()
         log.info("journal: %d runs rebuilt from %s", len(sinks), self.runs_dir)
         return sinks
@@ -284,11 +251,21 @@ class Journal:
     # -- the hot path ------------------------------------------------------------------
 
     def record(self, run: str, raw: bytes, frame: Frame, now: float) -> None:
-        """Journal one accepted frame (the sink already applied it). Buffers only."""
+        """Journal one accepted frame (the sink already applied it). Buffers only.
+
+        What is journaled is the frame's known fields (the decoded Struct, encoded again),
+        never ``raw``: unknown keys a sender added are ignored by the sink, so they are not
+        kept either (PROTOCOL 2, "Limits"). A frame that changed nothing is not journaled
+        at all (:mod:`broker.journal_filter`). ``raw`` stays in the signature for
+        :data:`broker.runs.Recorder`."""
         st = self._files.get(run)
         if st is None:
             st = self._new_state(run)
-        self._record(st, raw, frame, now)
+        if type(frame) is Steps:
+            st.flight.saw(frame)  # type: ignore[arg-type]
+        n = len(st.buf)
+        self._record(st, frame, now)
+        self._grew(len(st.buf) - n)
 
     def accept(self, sink: RunSink, raw: bytes, frame: Frame, now: float) -> None:
         """:meth:`record` then :meth:`note_seq`, for the frame the sink just applied: the
@@ -298,20 +275,25 @@ class Journal:
         if st is None:
             st = self._new_state(sink.run)
         tp = type(frame)
-        if raw and st.started and (tp is Resources or tp is Steps):
+        n = len(st.buf)
+        if st.started and (tp is Resources or tp is Steps):
             if tp is Resources:
-                st.pending[frame.rank] = (now, raw)
+                st.pending[frame.rank] = (now, frame)  # type: ignore[assignment]
+            else:
+                st.flight.saw(frame)  # type: ignore[arg-type]
         else:
-            self._record(st, raw, frame, now)
+            if tp is Steps:
+                st.flight.saw(frame)  # type: ignore[arg-type]
+            self._record(st, frame, now)
         if sink.seq != st.noted_seq:
             self._note_seq(st, sink)
+        if len(st.buf) != n:
+            self._grew(len(st.buf) - n)
 
-    def _record(self, st: _RunFile, raw: bytes, frame: Frame, now: float) -> None:
-        if not raw:  # applied without its wire bytes (tests, internal callers)
-            raw = protocol.encoder.encode(frame)
+    def _record(self, st: RunFile, frame: Frame, now: float) -> None:
         if type(frame) is Resources:
             if st.started:
-                st.pending[frame.rank] = (now, raw)
+                st.pending[frame.rank] = (now, frame)  # type: ignore[assignment]
                 return
         elif type(frame) is Steps:
             if st.started:
@@ -320,14 +302,16 @@ class Journal:
             # (they would close again next to the STEPS blocks): an empty svg stands in (it
             # does not latch, so it changes nothing but the rank's liveness; an empty
             # sample would show as the rank's resources).
-            raw = protocol.encoder.encode(Svg(run=frame.run, rank=frame.rank, svg=""))
+            frame = Svg(run=frame.run, rank=frame.rank, svg="")
+        elif not st.unchanged.keep(frame, st.started):
+            return  # a repeat that changed nothing (PROTOCOL 2: not journaled)
         elif st.pending:
             if type(frame) is Metrics and frame.resources is not None:  # type: ignore[union-attr]
                 # The frame's own sample replaces the rank's held one as it is applied.
                 st.pending.pop(frame.rank, None)
             self._write_pending(st)
         st.started = True
-        _append_frame(st.buf, now, raw)
+        append_frame(st.buf, now, protocol.encoder.encode(frame))
         self._dirty[st.run] = st
 
     def note_seq(self, sink: RunSink) -> None:
@@ -339,22 +323,50 @@ class Journal:
         if st is None:
             st = self._new_state(sink.run)
         if sink.seq != st.noted_seq:
+            n = len(st.buf)
             self._note_seq(st, sink)
+            self._grew(len(st.buf) - n)
 
-    def _note_seq(self, st: _RunFile, sink: RunSink) -> None:
+    def counters(self) -> dict[str, int]:
+        """Totals since start of the journal's limits and repairs (for the heartbeat):
+        ``early_flushes`` (the write buffer reached WRITE_BUFFER_BYTES within a batch),
+        ``damaged_entries`` (damaged ranges set aside at load), ``runs_not_loaded`` (runs
+        left on disk at load beyond ``max_runs``), ``dropped_bytes`` (buffered bytes given
+        up while writes failed), ``step_series_visited`` (series looked at to write STEPS
+        blocks: work, for tests and benchmarks)."""
+        return {
+            "early_flushes": self.early_flushes,
+            "damaged_entries": self.damaged_entries,
+            "runs_not_loaded": self.runs_not_loaded,
+            "dropped_bytes": self._handles.dropped_bytes,
+            "step_series_visited": self._visited_gone + sum(
+                st.flight.visited for st in self._files.values()),
+        }
+
+    def _grew(self, n: int) -> None:
+        """``n`` more bytes are buffered: write everything at once when the buffers pass
+        their bound (WRITE_BUFFER_BYTES), not at the end of the batch."""
+        self._buffered += n
+        if self._buffered > self._flush_at:
+            self.early_flushes += 1
+            log.debug("journal: %d bytes buffered; writing them before the batch ends",
+                      self._buffered)
+            self.flush()
+
+    def _note_seq(self, st: RunFile, sink: RunSink) -> None:
         if st.track_records:
             seqs = sink.record_seqs
             n = len(seqs)
             if n != st.noted_records:
                 if n > st.noted_records:
                     for i in range(st.noted_records, n):
-                        st.buf += _entry(_RECORD_SEQ.pack(KIND_RECORD_SEQ, i, seqs[i]))
+                        st.buf += entry(RECORD_SEQ.pack(KIND_RECORD_SEQ, i, seqs[i]))
                 st.noted_records = n
                 self._dirty[st.run] = st
             complete = sink.complete
             cseq = complete[0] if complete is not None else 0
             if cseq != st.noted_complete:
-                st.buf += _entry(_SEQ.pack(KIND_COMPLETE_SEQ, cseq))
+                st.buf += entry(SEQ.pack(KIND_COMPLETE_SEQ, cseq))
                 st.noted_complete = cseq
                 self._dirty[st.run] = st
             if sink.steps.rows > st.noted_steps:
@@ -363,20 +375,28 @@ class Journal:
             self._reserve(st, sink.seq)
         st.noted_seq = sink.seq
 
-    def _note_steps(self, st: _RunFile, sink: RunSink) -> None:
+    def _note_steps(self, st: RunFile, sink: RunSink) -> None:
         """Journal the published closed steps not yet written, in blocks of bounded size."""
         store = sink.steps
-        per_row = 40 + 28 * (len(store.metrics) + 1)
-        chunk = max(1, _STEP_BLOCK_BYTES // per_row)
+        flight = st.flight
+        own = sink.steps_published - flight.published  # rows the sink published itself
+        flight.published = sink.steps_published
+        if own >= store.rows - st.noted_steps:
+            names = flight.candidates(int(store.column("step")[st.noted_steps]))
+        else:  # rows with no frames behind them (restored, appended directly): every series
+            names = list(store.metrics)
+        per_row = 40 + 28 * (len(names) + 1)
+        chunk = max(1, STEP_BLOCK_BYTES // per_row)
         for start in range(st.noted_steps, store.rows, chunk):
-            block = store.to_wire(start, start + chunk)
+            block = wire_block(store, start, start + chunk, names, flight)
             # when they were published and the run's updated_at then: a restored header
             # (and a non-finite loss alert's time) is what it was live
             block["published_at"] = sink.steps_published_at
             block["updated_at"] = sink.updated_at
-            payload = _block_encoder.encode(block)
-            st.buf += _entry(bytes((KIND_STEPS,)), payload)
+            payload = block_encoder.encode(block)
+            st.buf += entry(bytes((KIND_STEPS,)), payload)
         st.noted_steps = store.rows
+        flight.written_through(store.last_step)  # type: ignore[arg-type]
         self._dirty[st.run] = st
 
     def flush(self) -> None:
@@ -386,14 +406,12 @@ class Journal:
             dirty, self._dirty = self._dirty, {}
             for st in dirty.values():
                 if st.buf:
-                    self._write(st)
+                    self._handles.write(st, self._buffered)
                     if st.buf:  # failed: keep it for the next flush
                         self._dirty[st.run] = st
-        if self.fsync_interval is not None and self._unsynced:
-            mono = time.monotonic()
-            if mono - self._last_sync >= self.fsync_interval:
-                self._last_sync = mono
-                self._sync_all()
+        self._buffered = sum(len(st.buf) for st in self._dirty.values())
+        self._flush_at = self._buffered + WRITE_BUFFER_BYTES
+        self._handles.sync_due()
 
     def forget(self, run: str) -> None:
         """The run left memory: write what is held for it and close its handle (the file
@@ -401,14 +419,15 @@ class Journal:
         st = self._files.pop(run, None)
         if st is None:
             return
+        self._visited_gone += st.flight.visited
         self._write_pending(st)
         self._dirty.pop(run, None)
         if st.buf:
-            self._write(st)
+            self._handles.write(st)
             if st.buf:
                 log.error("journal: run %r left memory with %d bytes unwritten", run,
                           len(st.buf))
-        self._close_fd(st, sync=self.fsync_interval is not None and run in self._unsynced)
+        self._handles.close(st)
 
     def close(self) -> None:
         """Write everything held (coalesced samples included), fsync, close, unlock."""
@@ -420,8 +439,7 @@ class Journal:
             if st.buf:
                 self._dirty[st.run] = st
         self.flush()
-        for st in list(self._open.values()):
-            self._close_fd(st, sync=True)
+        self._handles.close_all()
         self._files.clear()
         self._dirty.clear()
         if self._lock_fd is not None:
@@ -439,8 +457,8 @@ class Journal:
     def _path(self, run: str) -> str:
         return os.path.join(self.runs_dir, run + _SUFFIX)
 
-    def _new_state(self, run: str) -> _RunFile:
-        st = _RunFile(run, self._path(run))
+    def _new_state(self, run: str) -> RunFile:
+        st = RunFile(run, self._path(run))
         try:
             existing = os.stat(st.path).st_size
         except OSError:
@@ -455,154 +473,25 @@ class Journal:
         self._files[run] = st
         return st
 
-    def _write_pending(self, st: _RunFile) -> None:
+    def _write_pending(self, st: RunFile) -> None:
         """Buffer the held ``resources`` frames of a run, oldest first."""
         if not st.pending:
             return
         pending = st.pending
         held = list(pending.values()) if len(pending) == 1 else sorted(pending.values(), key=_time_of)
         pending.clear()
-        for t, raw in held:
-            _append_frame(st.buf, t, raw)
+        encode = protocol.encoder.encode
+        for t, frame in held:
+            append_frame(st.buf, t, encode(frame))
         st.started = True
         self._dirty[st.run] = st
 
-    def _reserve(self, st: _RunFile, seq: int) -> None:
+    def _reserve(self, st: RunFile, seq: int) -> None:
         st.seq_hi = seq + self.seq_block
-        st.buf += _entry(_SEQ.pack(KIND_SEQ_HI, st.seq_hi))
+        st.buf += entry(SEQ.pack(KIND_SEQ_HI, st.seq_hi))
         self._dirty[st.run] = st
 
-    def _fd(self, st: _RunFile) -> int:
-        if st.fd is not None:
-            self._open.move_to_end(st.run)
-            return st.fd
-        flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-        try:
-            fd = os.open(st.path, flags, 0o644)
-        except FileNotFoundError:
-            os.makedirs(self.runs_dir, exist_ok=True)
-            fd = os.open(st.path, flags, 0o644)
-        try:
-            size = os.fstat(fd).st_size
-            if st.size is None or st.size > size:
-                st.size = size
-            if st.size < len(HEADER):
-                # New (or torn at creation): start the file over with its header.
-                os.ftruncate(fd, 0)
-                _write_all(fd, HEADER, 0)
-                st.size = len(HEADER)
-        except OSError:
-            os.close(fd)
-            raise
-        st.fd = fd
-        self._open[st.run] = st
-        while len(self._open) > self.max_open_files:
-            _, oldest = self._open.popitem(last=False)
-            if oldest is not st:
-                self._close_fd(oldest, sync=self.fsync_interval is not None
-                               and oldest.run in self._unsynced)
-        return fd
-
-    def _write(self, st: _RunFile) -> None:
-        """Write the run's buffer at its known end. A failed write is cut back to the last
-        entry boundary so that the file never holds a torn entry followed by good ones."""
-        try:
-            fd = self._fd(st)
-            assert st.size is not None
-            _write_all(fd, st.buf, st.size)
-        except OSError as exc:
-            if not st.write_failed:
-                log.error("journal: cannot write %s: %s (will retry)", st.path, exc)
-            st.write_failed = True
-            if st.fd is not None and st.size is not None:
-                try:
-                    os.ftruncate(st.fd, st.size)
-                except OSError:
-                    pass
-            if len(st.buf) > _MAX_BUFFER:
-                log.error("journal: dropping %d buffered bytes of run %r", len(st.buf), st.run)
-                st.buf.clear()
-            return
-        if st.write_failed:
-            log.warning("journal: writing %s works again", st.path)
-            st.write_failed = False
-        st.size += len(st.buf)
-        st.buf.clear()
-        self._unsynced.add(st.run)
-
-    def _close_fd(self, st: _RunFile, *, sync: bool) -> None:
-        self._open.pop(st.run, None)
-        if st.fd is None:
-            return
-        fd, st.fd = st.fd, None
-        try:
-            if sync:
-                os.fsync(fd)
-        except OSError as exc:
-            log.warning("journal: fsync of %s failed: %s", st.path, exc)
-        finally:
-            os.close(fd)
-            self._unsynced.discard(st.run)
-
-    def _sync_all(self) -> None:
-        for run in list(self._unsynced):
-            st = self._files.get(run)
-            if st is not None and st.fd is not None:
-                try:
-                    os.fsync(st.fd)
-                except OSError as exc:
-                    log.warning("journal: fsync of %s failed: %s", st.path, exc)
-        self._unsynced.clear()
-
     # -- internals: loading ------------------------------------------------------------
-
-    def _take_lock(self) -> None:
-        if self._lock_fd is not None:
-            return
-        fd = os.open(os.path.join(self.data_dir, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise JournalError(
-                    f"data dir {self.data_dir} is in use by another broker") from None
-            raise
-        self._lock_fd = fd
-
-    def _check_version(self) -> None:
-        path = os.path.join(self.data_dir, "VERSION")
-        try:
-            with open(path, "rb") as f:
-                text = f.read(256)
-        except FileNotFoundError:
-            with open(path, "wb") as f:
-                f.write(_VERSION_TEXT)
-            return
-        if text == _VERSION_TEXT:
-            return
-        if text.startswith(_VERSION_PREFIX):
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
-            found = text.strip().decode("ascii", "replace")
-            raise JournalError(f"data dir {self.data_dir} holds journal format {found!r}; "
-                               f"this broker reads {FORMAT_VERSION}")
-        log.warning("journal: %s is unreadable (%r); rewriting it", path, text[:40])
-        with open(path, "wb") as f:
-            f.write(_VERSION_TEXT)
-
-    def _set_aside(self, path: str, why: str) -> bool:
-        """Move an unusable journal out of the way (keeping its bytes) so the run can
-        start a new one; False when even that fails."""
-        dest = f"{path}.unreadable-{int(time.time())}"
-        try:
-            os.replace(path, dest)
-        except OSError as exc:
-            log.warning("journal: skipping %s (%s); cannot move it aside: %s", path, why, exc)
-            return False
-        log.warning("journal: skipping %s (%s); moved to %s", path, why, dest)
-        return True
 
     def _load_file(self, run: str, stale_after: float, horizon: float | None,
                    step_close_after: float = 10.0, now: float | None = None) -> RunSink | None:
@@ -619,136 +508,59 @@ class Journal:
             if len(data) < len(HEADER) and HEADER.startswith(data):
                 return None  # torn at creation: nothing was ever recorded; rewritten on use
             found = data[:len(HEADER)].strip().decode("ascii", "replace")
-            why = (f"journal format {found!r}" if data.startswith(_HEADER_PREFIX)
+            why = (f"journal format {found!r}" if data.startswith(HEADER_PREFIX)
                    else "not a rankboard journal")
-            self._set_aside(path, why)
+            set_aside(path, why)
             return None
 
-        entries, good, problem = read_entries(data[len(HEADER):])
+        body = data[len(HEADER):]
+        scan = scan_entries(body)
+        entries, good, problem = scan.entries, scan.end, scan.problem
         if problem is not None:
-            dropped = len(data) - len(HEADER) - good
+            dropped = len(body) - good
             log.warning("journal: %s: %s at byte %d; dropping the last %d bytes and keeping the "
                         "%d entries before", path, problem, len(HEADER) + good, dropped,
                         len(entries))
-        sink = RunSink(run, stale_after=stale_after, step_close_after=step_close_after)
-        step_failures = 0
-        seq_hi = 0
-        record_seqs: dict[int, int] = {}
-        complete_seq = 0
-        last_time: float | None = None
-        frames = applied = failures = 0
-        for kind, payload in entries:
-            if kind == KIND_FRAME:
-                (t,) = struct.unpack_from("<d", payload)
-                frames += 1
-                try:
-                    sink.apply(protocol.decode(bytes(payload[8:])), t)
-                    applied += 1
-                except Rejected:
-                    pass  # accepted then, rejected now: the sink's rules changed; skip it
-                except Exception as exc:  # undecodable or a sink bug: never fatal at start
-                    if not failures:
-                        log.warning("journal: %s: replaying a frame failed (%s: %s); "
-                                    "skipping such frames", path, type(exc).__name__, exc)
-                    failures += 1
-                    continue
-                last_time = t if last_time is None else max(last_time, t)
-            elif kind == KIND_SEQ_HI:
-                seq_hi = max(seq_hi, struct.unpack_from("<Q", payload)[0])
-            elif kind == KIND_RECORD_SEQ:
-                index, seq = struct.unpack_from("<IQ", payload)
-                record_seqs[index] = seq
-            elif kind == KIND_COMPLETE_SEQ:
-                complete_seq = struct.unpack_from("<Q", payload)[0]
-            elif kind == KIND_STEPS:
-                try:
-                    sink.restore_steps(_block_decoder.decode(payload))
-                except (ValueError, KeyError, TypeError, msgspec.DecodeError) as exc:
-                    if not step_failures:
-                        log.warning("journal: %s: a block of closed steps cannot be restored "
-                                    "(%s); skipping such blocks", path, exc)
-                    step_failures += 1
-            # other kinds: written by a newer minor version; nothing to do with them
-        if failures > 1:
-            log.warning("journal: %s: %d frames could not be replayed", path, failures)
-
-        if frames == 0:
+        size = len(HEADER) + good
+        if scan.damaged:
+            # Damage in the middle (PROTOCOL 6): only the damaged bytes go, and they go aside.
+            self.damaged_entries += len(scan.damaged)
+            a, b = scan.damaged[0]
+            log.warning("journal: %s: %s at byte %d; skipping %d bytes to the next good entry",
+                        path, scan.damage_reason, len(HEADER) + a, b - a)
+            cut = cut_damage(path, HEADER, body, scan.damaged, good)
+            if cut is not None:
+                size, problem = cut, None  # the rewrite cut the torn tail too
+        got = replay(run, path, entries, stale_after=stale_after,
+                     step_close_after=step_close_after, now=now)
+        sink = got.sink
+        if got.frames == 0:
             # Nothing (readable) in it: no run. Its first frame is gone, so is everything.
-            self._remove(path)
+            remove(path)
             return None
-        if applied == 0:
-            self._set_aside(path, "none of its frames can be replayed")
+        if got.applied == 0:
+            set_aside(path, "none of its frames can be replayed")
             return None
-        if (horizon is not None and sink.complete is not None and last_time is not None
-                and last_time < horizon):
+        if (horizon is not None and sink.complete is not None and got.last_time is not None
+                and got.last_time < horizon):
             log.info("journal: deleting finished run %r (last frame %.0f s ago)", run,
-                     time.time() - last_time)
-            self._remove(path)
+                     time.time() - got.last_time)
+            remove(path)
             return None
 
-        # Ids after the restart start above everything issued before it.
-        base = max(sink.seq, seq_hi, complete_seq, max(record_seqs.values(), default=0))
-        seqs: list[int] = []
-        known = 0  # records whose id is in the journal (a prefix)
-        prev = 0
-        for i in range(len(sink.records)):
-            seq = record_seqs.get(i)
-            if seq is None or seq <= prev or known < i:
-                # Unknown (its note was lost with a torn tail): a fresh id above all before.
-                base += 1
-                seq = base
-            else:
-                known += 1
-            seqs.append(seq)
-            prev = seq
-        sink.record_seqs[:] = seqs
-        noted_complete = 0
-        if sink.complete is not None:
-            if complete_seq > prev:
-                cseq = noted_complete = complete_seq
-            else:
-                base += 1
-                cseq = base
-            sink.complete = (cseq, sink.complete[1])
-        sink.seq = base
-        if now is not None:
-            sink.liveness_floor = now
-
-        st = _RunFile(run, path)
-        st.size = len(HEADER) + good
-        st.started = frames > 0
-        st.noted_records = known
-        st.noted_complete = noted_complete
+        st = RunFile(run, path)
+        st.size = size
+        st.started = True
+        st.noted_records = got.noted_records
+        st.noted_complete = got.noted_complete
         st.noted_steps = sink.steps.rows
+        st.unchanged = got.unchanged
+        st.flight.published = sink.steps_published
         if problem is not None:
-            self._truncate(st)
+            self._handles.truncate(st)
         self._files[run] = st
         # Reserve first: note_seq would otherwise reserve too (seq_hi is still 0), and the
         # block would be written twice.
         self._reserve(st, sink.seq)
         self._note_seq(st, sink)  # notes any fresh ids above
         return sink
-
-    def _truncate(self, st: _RunFile) -> None:
-        assert st.size is not None
-        try:
-            fd = self._fd(st)
-            os.ftruncate(fd, st.size)
-        except OSError as exc:
-            log.warning("journal: cannot cut the bad tail of %s: %s", st.path, exc)
-
-    @staticmethod
-    def _remove(path: str) -> None:
-        try:
-            os.unlink(path)
-        except OSError as exc:
-            log.warning("journal: cannot delete %s: %s", path, exc)
-
-
-def _write_all(fd: int, data: Union[bytes, bytearray], offset: int) -> None:
-    """pwrite ``data`` at ``offset``, looping over short writes."""
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n

@@ -297,7 +297,8 @@ class BrokerServer:
         journal = self._journal = Journal(self.data_dir, retention_days=self.retention_days)
         try:
             sinks: dict[str, RunSink] = journal.load(stale_after=self.stale_after,
-                                                     step_close_after=self.step_close_after)
+                                                     step_close_after=self.step_close_after,
+                                                     max_runs=self.max_runs)
         except (OSError, JournalError) as exc:
             self._journal = None
             journal.close()

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from broker import journal as jmod
+from broker import journal_codec as jmod
 from broker.journal import HEADER, Journal, JournalError, read_entries
 from broker.sink import Rejected, RunSink
 from rank_agent import protocol
@@ -410,25 +410,70 @@ def test_garbage_tail_is_skipped_with_one_warning(tmp_path: Path, garbage: bytes
         j.close()
 
 
-def test_corrupt_entry_in_the_middle_keeps_what_is_before(tmp_path: Path,
-                                                          caplog: pytest.LogCaptureFixture
-                                                          ) -> None:
+def test_damage_in_the_middle_costs_only_the_damaged_entry(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """PROTOCOL 6: one flipped byte in the middle loses that entry alone; its bytes are set
+    aside beside the journal and every entry after it is kept (issue 19 finding 11)."""
     data_dir = tmp_path / "d"
-    srv, frames, sizes = _journal_with_sizes(data_dir)
+    srv, frames, sizes = _journal_with_sizes(data_dir, n_epochs=12)
     issued = srv.issued["r"]
     srv.close()
     path = journal_path(data_dir, "r")
     data = bytearray(path.read_bytes())
-    data[sizes[5] + 12] ^= 0xFF  # inside the 7th frame's entry
+    at = sizes[5]  # the 7th frame's entry starts here
+    (length,) = jmod.ENTRY_HEAD.unpack_from(data, at)[:1]
+    data[at + 12] ^= 0xFF  # inside its body: the CRC no longer matches
+    damaged = bytes(data[at:at + jmod.ENTRY_HEAD.size + length])
     path.write_bytes(bytes(data))
+
     caplog.set_level(logging.WARNING, logger="broker.journal")
     j, sinks = reload(data_dir)
     try:
-        assert "checksum" in caplog.records[0].getMessage()
-        assert same(sinks["r"].records, _reference(frames[:6]).records)
-        assert sinks["r"].seq > issued  # reservations are lost with the tail: still above
+        assert "checksum" in caplog.text and "damaged" in caplog.text
+        kept = [(f, T0 + 0.5 * (i + 1)) for i, f in enumerate(frames) if i != 6]
+        ref = RunSink("r")
+        for f, t in kept:
+            ref.apply(f, t)
+        assert same(sinks["r"].records, ref.records)
+        assert sinks["r"].records[-1]["epoch"] == 11  # the second half is back
+        assert sinks["r"].seq > issued
+        assert j.damaged_entries == 1
     finally:
         j.close()
+    asides = sorted((data_dir / "runs").glob("r.journal.damaged-*"))
+    assert len(asides) == 1 and asides[0].read_bytes() == damaged
+    # The journal itself no longer holds the damage: the next start reads it cleanly.
+    assert len(frame_entries(path)) == len(frames) - 1
+    caplog.clear()
+    j, sinks = reload(data_dir)
+    try:
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert same(sinks["r"].records, ref.records)
+    finally:
+        j.close()
+    assert len(list((data_dir / "runs").glob("r.journal.damaged-*"))) == 1
+
+
+def test_damage_in_the_middle_and_a_torn_tail(tmp_path: Path) -> None:
+    """Damage in the middle, then good entries, then a torn tail: the good ones in between
+    are kept, the tail is cut as before."""
+    data_dir = tmp_path / "d"
+    srv, frames, sizes = _journal_with_sizes(data_dir, n_epochs=8)
+    srv.close()
+    path = journal_path(data_dir, "r")
+    data = bytearray(path.read_bytes())
+    data[sizes[3] + 20] ^= 0x01  # inside the 5th frame's entry
+    path.write_bytes(bytes(data[:sizes[12] + 13]))  # the 14th entry is torn
+    j, sinks = reload(data_dir)
+    try:
+        ref = RunSink("r")
+        for i, f in enumerate(frames[:13]):
+            if i != 4:
+                ref.apply(f, T0 + 0.5 * (i + 1))
+        assert same(sinks["r"].records, ref.records) and len(ref.records) >= 4
+    finally:
+        j.close()
+    assert len(frame_entries(path)) == 12  # frames 0-12 less the damaged one
 
 
 def test_unreadable_files_are_skipped_and_moved_aside(tmp_path: Path,
@@ -579,7 +624,7 @@ def test_more_runs_than_open_handles(tmp_path: Path) -> None:
         for n in range(10):
             training(srv, f"run{n}", ranks=1, epochs=1) if i == 0 else srv.send(
                 Metrics(run=f"run{n}", rank=0, epoch=i, avg_loss=float(n), batches=1))
-    assert len(srv.journal._open) <= 3
+    assert len(srv.journal._handles.open) <= 3
     expect = {run: s.records for run, s in srv.sinks.items()}
     srv.close()
     j, sinks = reload(tmp_path)

@@ -20,7 +20,7 @@ from typing import Any, Optional
 import msgspec
 import pytest
 
-from broker import journal as jmod
+from broker import journal_codec as jmod
 from broker.journal import HEADER, Journal, read_entries
 from broker.sink import Event, Rejected, RunSink
 from broker.stepstore import SAMPLES_PER_S, STEP_MS, StepStore
@@ -492,8 +492,8 @@ def test_a_steps_block_that_does_not_follow_is_skipped_with_one_warning(
     path = journal_path(data, "r")
     (first_block,) = [p for k, p in entries(path) if k == jmod.KIND_STEPS][:1]
     with open(path, "ab") as f:
-        f.write(jmod._entry(bytes((jmod.KIND_STEPS,)), first_block))
-        f.write(jmod._entry(bytes((jmod.KIND_STEPS,)), first_block))
+        f.write(jmod.entry(bytes((jmod.KIND_STEPS,)), first_block))
+        f.write(jmod.entry(bytes((jmod.KIND_STEPS,)), first_block))
     caplog.set_level(logging.WARNING, logger="broker.journal")
     b2 = Broker(data, now=b.now)
     try:

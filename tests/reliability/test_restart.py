@@ -6,6 +6,7 @@ wait polls against a deadline.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -14,7 +15,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from rank_agent import RankAgent
-from rank_agent.protocol import Metrics
+from rank_agent.protocol import Finish, Metrics
 from tests.support.brokers import FeedClient, Pusher
 from tests.support.http import SSEClient, fetch, get_json
 from tests.support.polling import wait_for
@@ -235,3 +236,49 @@ def test_agent_queues_to_its_hwm_through_a_broker_outage_then_drops_and_counts(
                 agent._sock.disable_monitor()
             monitor.close(linger=0)
         agent.close()
+
+
+def _snapshot_runs(ctx: zmq.Context, eps: Any) -> dict[str, dict[str, Any]]:
+    client = FeedClient(ctx, eps.publish, eps.snapshot)
+    try:
+        snaps, _ = client.snapshot()
+    finally:
+        client.close()
+    return {s["run"]: s for s in snaps}
+
+
+def test_broker_restart_loads_only_the_max_runs_most_recently_active(
+        spawn: Callable[..., Proc], tmp_path: Path, ctx: zmq.Context) -> None:
+    """PROTOCOL 6 (issue 19 finding 5): a broker started on a data dir holding more runs
+    than ``--max-runs`` loads the N most recently active; a frame for another brings it
+    back from its journal."""
+    data = tmp_path / "data"
+    broker, eps = start_broker(spawn, data)
+    pusher = Pusher(eps.ingest)
+    order = ["old", "older-name-newer", "mid", "new"]  # least recently active first
+    try:
+        for run in order:
+            pusher.register(run, 0, 1)
+            pusher.epoch(run, 0, 1, loss=0.5)
+            pusher.send(Finish(run=run, rank=0))
+        wait_for(lambda: all(s["complete"] for s in _snapshot_runs(ctx, eps).values())
+                 and len(_snapshot_runs(ctx, eps)) == 4, what="4 finished runs")
+    finally:
+        pusher.close()
+    assert broker.stop() == 0
+    for i, run in enumerate(order):  # activity a minute apart (mtime is what load reads)
+        t = time.time() - 3600 + 60 * i
+        os.utime(data / "runs" / f"{run}.journal", (t, t))
+
+    broker2, eps2 = start_broker(spawn, data, "--max-runs", "2")
+    held = _snapshot_runs(ctx, eps2)
+    assert set(held) == {"mid", "new"}
+    pusher = Pusher(eps2.ingest)
+    try:
+        pusher.register("old", 0, 1)  # a frame for a run left on disk brings it back
+        wait_for(lambda: "old" in _snapshot_runs(ctx, eps2), what="run 'old' back")
+    finally:
+        pusher.close()
+    back = _snapshot_runs(ctx, eps2)
+    assert len(back) == 2 and [r["epoch"] for _, r in back["old"]["records"]] == [0]
+    no_traceback(broker, broker2)

@@ -1,0 +1,125 @@
+"""Rebuilding a run from its journal entries: replay the frames into a fresh sink, restore
+the closed-step blocks, and give the sink ids above any issued before the restart.
+
+The sink is pure and deterministic, so the journal does not store state: it stores what the
+sink was fed and replays it here. Ids cannot be recomputed (ticks are not replayed), so they
+come from the SEQ_HI, RECORD_SEQ and COMPLETE_SEQ entries. This module does no file I/O:
+``broker/journal.py`` reads the file, decides what to do with a bad one, and writes.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+from dataclasses import dataclass
+from typing import Iterable
+
+import msgspec
+
+from broker.journal_codec import (
+    KIND_COMPLETE_SEQ,
+    KIND_FRAME,
+    KIND_RECORD_SEQ,
+    KIND_SEQ_HI,
+    KIND_STEPS,
+    block_decoder,
+)
+from broker.journal_filter import Unchanged
+from broker.sink import Rejected, RunSink
+from rank_agent import protocol
+
+__all__ = ["Replayed", "replay"]
+
+log = logging.getLogger("broker.journal")
+
+
+@dataclass
+class Replayed:
+    """A run rebuilt from its entries, and what the writer needs to carry on appending."""
+
+    sink: RunSink
+    frames: int  # FRAME entries read
+    applied: int  # of which the sink accepted
+    last_time: float | None  # receive time of the newest applied frame
+    noted_records: int  # records whose id is in the journal (a prefix)
+    noted_complete: int  # the completion id in the journal (0: none)
+    unchanged: Unchanged  # what the file holds of the frames whose repeats are no-ops
+
+
+def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
+           stale_after: float, step_close_after: float, now: float | None) -> Replayed:
+    """Feed ``entries`` to a fresh sink and number it: ``sink.seq`` ends above every id
+    issued before (records and completion keep theirs where the journal has them). ``path``
+    is for log lines only. Never raises for a bad entry (logged once per kind of trouble)."""
+    sink = RunSink(run, stale_after=stale_after, step_close_after=step_close_after)
+    step_failures = 0
+    seq_hi = 0
+    record_seqs: dict[int, int] = {}
+    complete_seq = 0
+    last_time: float | None = None
+    frames = applied = failures = 0
+    unchanged = Unchanged()
+    for kind, payload in entries:
+        if kind == KIND_FRAME:
+            (t,) = struct.unpack_from("<d", payload)
+            frames += 1
+            try:
+                frame = protocol.decode(bytes(payload[8:]))
+                sink.apply(frame, t)
+                applied += 1
+                unchanged.keep(frame, True)
+            except Rejected:
+                pass  # accepted then, rejected now: the sink's rules changed; skip it
+            except Exception as exc:  # undecodable or a sink bug: never fatal at start
+                if not failures:
+                    log.warning("journal: %s: replaying a frame failed (%s: %s); "
+                                "skipping such frames", path, type(exc).__name__, exc)
+                failures += 1
+                continue
+            last_time = t if last_time is None else max(last_time, t)
+        elif kind == KIND_SEQ_HI:
+            seq_hi = max(seq_hi, struct.unpack_from("<Q", payload)[0])
+        elif kind == KIND_RECORD_SEQ:
+            index, seq = struct.unpack_from("<IQ", payload)
+            record_seqs[index] = seq
+        elif kind == KIND_COMPLETE_SEQ:
+            complete_seq = struct.unpack_from("<Q", payload)[0]
+        elif kind == KIND_STEPS:
+            try:
+                sink.restore_steps(block_decoder.decode(payload))
+            except (ValueError, KeyError, TypeError, msgspec.DecodeError) as exc:
+                if not step_failures:
+                    log.warning("journal: %s: a block of closed steps cannot be restored "
+                                "(%s); skipping such blocks", path, exc)
+                step_failures += 1
+        # other kinds: written by a newer minor version; nothing to do with them
+    if failures > 1:
+        log.warning("journal: %s: %d frames could not be replayed", path, failures)
+
+    # Ids after the restart start above everything issued before it.
+    base = max(sink.seq, seq_hi, complete_seq, max(record_seqs.values(), default=0))
+    seqs: list[int] = []
+    known = 0  # records whose id is in the journal (a prefix)
+    prev = 0
+    for i in range(len(sink.records)):
+        seq = record_seqs.get(i)
+        if seq is None or seq <= prev or known < i:
+            # Unknown (its note was lost with a torn tail): a fresh id above all before.
+            base += 1
+            seq = base
+        else:
+            known += 1
+        seqs.append(seq)
+        prev = seq
+    sink.record_seqs[:] = seqs
+    noted_complete = 0
+    if sink.complete is not None:
+        if complete_seq > prev:
+            cseq = noted_complete = complete_seq
+        else:
+            base += 1
+            cseq = base
+        sink.complete = (cseq, sink.complete[1])
+    sink.seq = base
+    if now is not None:
+        sink.liveness_floor = now
+    return Replayed(sink, frames, applied, last_time, known, noted_complete, unchanged)

@@ -1,0 +1,183 @@
+"""The journal's open files: one :class:`RunFile` per run held (its write buffer and
+bookkeeping), and :class:`Handles`, the bounded set of open descriptors they write through.
+
+Writes are positioned (``pwrite`` at the run's known end), so a failed or partial write is
+cut back to the last entry boundary and the file never holds a torn entry followed by good
+ones. At most ``max_open_files`` descriptors are open (least recently written closed
+first); fsync happens at most once per ``fsync_interval`` (None: only at close).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import OrderedDict
+
+from broker.journal_codec import HEADER
+from broker.journal_files import write_all
+from broker.journal_filter import Unchanged
+from broker.journal_steps import InFlight
+from rank_agent.protocol import Resources
+
+__all__ = ["RunFile", "Handles"]
+
+log = logging.getLogger("broker.journal")
+
+#: While writes fail, a run's buffer is dropped (logged) once it, or all runs' buffers
+#: together, hold more than this (bounded memory on a full or read-only disk).
+_MAX_BUFFER = 64 * 1024 * 1024
+
+
+class RunFile:
+    """The journal of one run: its write buffer, open handle and bookkeeping."""
+
+    __slots__ = (
+        "run", "path", "fd", "buf", "size", "pending", "started", "seq_hi",
+        "noted_records", "noted_complete", "noted_seq", "track_records", "write_failed",
+        "noted_steps", "unchanged", "flight",
+    )
+
+    def __init__(self, run: str, path: str) -> None:
+        self.run = run
+        self.path = path
+        self.fd: int | None = None
+        self.buf = bytearray()
+        self.size: int | None = None  # bytes on disk at a known entry boundary; None: unknown
+        # rank -> (receive time, frame) of the newest resources frame not yet written
+        self.pending: dict[int, tuple[float, Resources]] = {}
+        self.started = False  # has a frame been written (or buffered) for this run?
+        self.seq_hi = 0
+        self.noted_records = 0
+        self.noted_complete = 0
+        # sink.seq at the last full note_seq (-1: none yet). Records and completions are
+        # numbered, so while sink.seq stays the same there is nothing new to note.
+        self.noted_seq = -1
+        # False when the file holds a history the live sink does not (a run created afresh
+        # over an existing file): its record indices would not match, so do not note them.
+        self.track_records = True
+        self.write_failed = False
+        self.noted_steps = 0  # rows of sink.steps already journaled
+        self.unchanged = Unchanged()  # what the file holds of frames whose repeats are no-ops
+        self.flight = InFlight()  # metric names of steps not yet in a STEPS block
+
+
+class Handles:
+    """Open descriptors of run files (an LRU bounded by ``max_open_files``) and their fsync."""
+
+    def __init__(self, runs_dir: str, *, max_open_files: int,
+                 fsync_interval: float | None) -> None:
+        self.runs_dir = runs_dir
+        self.max_open_files = max_open_files
+        self.fsync_interval = fsync_interval
+        self.open: OrderedDict[str, RunFile] = OrderedDict()  # LRU of open handles
+        self._unsynced: dict[str, RunFile] = {}
+        self._last_sync = time.monotonic()
+        #: bytes dropped unwritten while writes failed (_MAX_BUFFER bit)
+        self.dropped_bytes = 0
+
+    def fd(self, st: RunFile) -> int:
+        if st.fd is not None:
+            self.open.move_to_end(st.run)
+            return st.fd
+        flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(st.path, flags, 0o644)
+        except FileNotFoundError:
+            os.makedirs(self.runs_dir, exist_ok=True)
+            fd = os.open(st.path, flags, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if st.size is None or st.size > size:
+                st.size = size
+            if st.size < len(HEADER):
+                # New (or torn at creation): start the file over with its header.
+                os.ftruncate(fd, 0)
+                write_all(fd, HEADER, 0)
+                st.size = len(HEADER)
+        except OSError:
+            os.close(fd)
+            raise
+        st.fd = fd
+        self.open[st.run] = st
+        while len(self.open) > self.max_open_files:
+            _, oldest = self.open.popitem(last=False)
+            if oldest is not st:
+                self.close(oldest)
+        return fd
+
+    def write(self, st: RunFile, total_buffered: int = 0) -> None:
+        """Write the run's buffer at its known end. A failed write is cut back to the last
+        entry boundary so that the file never holds a torn entry followed by good ones."""
+        try:
+            fd = self.fd(st)
+            assert st.size is not None
+            write_all(fd, st.buf, st.size)
+        except OSError as exc:
+            if not st.write_failed:
+                log.error("journal: cannot write %s: %s (will retry)", st.path, exc)
+            st.write_failed = True
+            if st.fd is not None and st.size is not None:
+                try:
+                    os.ftruncate(st.fd, st.size)
+                except OSError:
+                    pass
+            if len(st.buf) > _MAX_BUFFER or total_buffered > _MAX_BUFFER:
+                log.error("journal: dropping %d buffered bytes of run %r", len(st.buf), st.run)
+                self.dropped_bytes += len(st.buf)
+                st.buf.clear()
+            return
+        if st.write_failed:
+            log.warning("journal: writing %s works again", st.path)
+            st.write_failed = False
+        st.size += len(st.buf)
+        st.buf.clear()
+        self._unsynced[st.run] = st
+
+    def close(self, st: RunFile, *, sync: bool | None = None) -> None:
+        """Close the run's handle; ``sync`` None: fsync if fsyncs are on and it has unsynced
+        writes."""
+        if sync is None:
+            sync = self.fsync_interval is not None and st.run in self._unsynced
+        self.open.pop(st.run, None)
+        if st.fd is None:
+            return
+        fd, st.fd = st.fd, None
+        try:
+            if sync:
+                os.fsync(fd)
+        except OSError as exc:
+            log.warning("journal: fsync of %s failed: %s", st.path, exc)
+        finally:
+            os.close(fd)
+            self._unsynced.pop(st.run, None)
+
+    def sync_due(self) -> None:
+        """fsync what was written, if ``fsync_interval`` has passed since the last time."""
+        if self.fsync_interval is not None and self._unsynced:
+            mono = time.monotonic()
+            if mono - self._last_sync >= self.fsync_interval:
+                self._last_sync = mono
+                self.sync_all()
+
+    def close_all(self) -> None:
+        """fsync and close every handle."""
+        for st in list(self.open.values()):
+            self.close(st, sync=True)
+
+    def sync_all(self) -> None:
+        for st in list(self._unsynced.values()):
+            if st.fd is not None:
+                try:
+                    os.fsync(st.fd)
+                except OSError as exc:
+                    log.warning("journal: fsync of %s failed: %s", st.path, exc)
+        self._unsynced.clear()
+
+    def truncate(self, st: RunFile) -> None:
+        """Cut the file back to ``st.size`` (a bad tail found at load)."""
+        assert st.size is not None
+        try:
+            fd = self.fd(st)
+            os.ftruncate(fd, st.size)
+        except OSError as exc:
+            log.warning("journal: cannot cut the bad tail of %s: %s", st.path, exc)
