@@ -35,7 +35,7 @@ by inventing device indices.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from rank_agent.protocol import GpuSample, ResourceSample
 
@@ -59,7 +59,7 @@ class GpuAlert(NamedTuple):
 _NONE: list[GpuAlert] = []
 
 
-def _throttled(reasons: list[str]) -> bool:
+def _throttled(reasons: Sequence[str]) -> bool:
     return bool(reasons) and not BAD_THROTTLE.isdisjoint(reasons)
 
 
