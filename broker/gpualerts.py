@@ -73,6 +73,10 @@ class GpuAlertRules:
 
     def __init__(self) -> None:
         self._prev: dict[int, dict[int, GpuSample]] = {}
+        #: rank -> device index -> [XID events seen, the latest code]: what ``/metrics``
+        #: exports as ``rankboard_gpu_xid_errors_total`` and ``rankboard_gpu_last_xid`` (a
+        #: sample's XIDs are only those since the previous sample, so they must be tallied)
+        self.xids: dict[int, dict[int, list[int]]] = {}
 
     def feed(self, rank: int, sample: ResourceSample) -> list[GpuAlert]:
         """The alerts ``sample`` (from ``rank``) raises; remembers it as each GPU's previous.
@@ -116,6 +120,9 @@ class GpuAlertRules:
     def _check(self, rank: int, gpu: GpuSample, prev: GpuSample | None) -> list[GpuAlert] | None:
         out: list[GpuAlert] | None = None
         if gpu.xid_errors:
+            tally = self.xids.setdefault(rank, {}).setdefault(gpu.device_index, [0, 0])
+            tally[0] += len(gpu.xid_errors)
+            tally[1] = gpu.xid_errors[-1]
             codes = ", ".join(str(c) for c in gpu.xid_errors)
             out = [GpuAlert("gpu_xid", rank, f"XID {codes} on GPU {gpu.device_index}")]
         reasons = gpu.throttle_reasons
@@ -153,11 +160,14 @@ class GpuAlertRules:
     def forget(self, rank: int) -> None:
         """Drop a rank's GPUs (a rank discarded for being past the run's world size)."""
         self._prev.pop(rank, None)
+        self.xids.pop(rank, None)
 
     def forget_from(self, world_size: int) -> None:
         """Drop every rank ``>= world_size`` (the run's world size just became known)."""
         for rank in [r for r in self._prev if r >= world_size]:
             del self._prev[rank]
+        for rank in [r for r in self.xids if r >= world_size]:
+            del self.xids[rank]
 
     def __len__(self) -> int:
         """GPUs remembered (for tests and memory accounting)."""

@@ -33,6 +33,8 @@ def test_xid_raises_at_once_naming_codes_and_gpu():
     rules = GpuAlertRules()
     assert feed(rules, 5, gpu(3, xid_errors=[79, 48])) == [GpuAlert("gpu_xid", 5, "XID 79, 48 on GPU 3")]
     assert feed(rules, 5, gpu(3)) == []
+    feed(rules, 5, gpu(3, xid_errors=[13]))
+    assert rules.xids == {5: {3: [3, 13]}}  # tallied for /metrics: events seen, latest code
 
 
 def test_throttle_needs_two_consecutive_samples():
@@ -143,6 +145,9 @@ def test_state_is_bounded_and_forgotten():
     rules.forget_from(4)
     assert len(rules) == MAX_GPUS_PER_RANK + 1
     assert feed(rules, 3, gpu(0, nvlink_errors=5)) != []  # rank 3 kept its previous sample
+    feed(rules, 9, gpu(0, xid_errors=[79]))
+    rules.forget_from(9)
+    assert rules.xids == {}
     rules.forget(3)
     assert feed(rules, 3, gpu(0, nvlink_errors=9)) == []  # forgotten: a first sample again
 
