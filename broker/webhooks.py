@@ -60,6 +60,8 @@ RETRY_DELAYS = (1.0, 2.0, 4.0)
 ENV_VAR = "RANKBOARD_ALERT_WEBHOOK"
 #: Hosts named in a chat line before "…".
 _TEXT_HOSTS = 1
+#: Longest chat line: Discord refuses a ``content`` over 2,000 characters (Slack takes 40,000).
+MAX_TEXT = 2000
 
 
 def redact(url: str) -> str:
@@ -207,7 +209,8 @@ class AlertGrouper:
 
 
 def chat_line(run: str, kind: str, ranks: Sequence[int], hosts: Sequence[str], message: str) -> str:
-    """One line for chat tools: ``[rankboard] run-7: stalled on 1,023 ranks (node001…): <message>``."""
+    """One line for chat tools: ``[rankboard] run-7: stalled on 1,023 ranks (node001…): <message>``,
+    at most :data:`MAX_TEXT` characters."""
     if not ranks:
         where = ""
     elif len(ranks) == 1:
@@ -217,7 +220,8 @@ def chat_line(run: str, kind: str, ranks: Sequence[int], hosts: Sequence[str], m
     if hosts:
         shown = ", ".join(hosts[:_TEXT_HOSTS])
         where += f" ({shown}…)" if len(hosts) > _TEXT_HOSTS else f" ({shown})"
-    return f"[rankboard] {run}: {kind}{where}: {message}"
+    line = f"[rankboard] {run}: {kind}{where}: {message}"
+    return line if len(line) <= MAX_TEXT else line[:MAX_TEXT - 1] + "…"
 
 
 class _Post(NamedTuple):

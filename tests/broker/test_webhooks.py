@@ -128,6 +128,8 @@ def test_chat_line_forms():
     assert chat_line("r", "stale", [], [], "m") == "[rankboard] r: stale: m"
     assert chat_line("r", "stale", [5], [], "m") == "[rankboard] r: stale on rank 5: m"
     assert chat_line("r", "stale", [1, 2], ["a", "b"], "m") == "[rankboard] r: stale on 2 ranks (a…): m"
+    long = chat_line("r", "stalled", [1], [], "x" * 5000)  # Discord refuses content over 2,000
+    assert len(long) == 2000 and long.endswith("x…")
 
 
 def test_urls_from_flags_and_environment_and_redaction():
