@@ -60,6 +60,17 @@ Short = Annotated[str, Meta(max_length=MAX_SHORT)]
 ScalarName = Annotated[str, Meta(max_length=MAX_SCALAR_NAME)]
 ScalarValue = tuple[float, Annotated[int, Meta(ge=0)]]
 
+#: The clock event reasons a ``GpuSample`` may name (PROTOCOL.md section 2), in NVML bit order.
+THROTTLE_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+ThrottleReason = Literal["sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"]
+#: Most throttle reasons and XID codes in one ``GpuSample`` (there are five reasons; an agent
+#: reports at most 64 XIDs a sample and counts the rest as dropped).
+MAX_THROTTLE_REASONS = 8
+MAX_XID_ERRORS = 64
+XidCode = Annotated[int, Meta(ge=0, le=2**32 - 1)]
+#: PCIe generation or lane count: small numbers; 255 leaves room for any future link.
+PcieFigure = Annotated[int, Meta(ge=0, le=255)]
+
 
 class GpuSample(msgspec.Struct, omit_defaults=True, gc=False):
     """One GPU as NVML sees it. ``device_index`` is the physical NVML index on the rank's host."""
@@ -71,6 +82,19 @@ class GpuSample(msgspec.Struct, omit_defaults=True, gc=False):
     vram_total_bytes: Optional[NonNegInt] = None
     temperature_c: Optional[float] = None
     power_w: Optional[float] = None
+    # GPU health (contract v3, PROTOCOL.md section 2): absent/None where the device or driver
+    # cannot say. Bounds are generous (a frame over them is rejected, never truncated).
+    sm_clock_mhz: Optional[float] = None
+    throttle_reasons: Annotated[list[ThrottleReason], Meta(max_length=MAX_THROTTLE_REASONS)] = []
+    xid_errors: Annotated[list[XidCode], Meta(max_length=MAX_XID_ERRORS)] = []
+    ecc_uncorrected: Optional[NonNegInt] = None
+    remapped_rows_pending: Optional[bool] = None
+    remapped_rows_failed: Optional[bool] = None
+    pcie_link_gen: Optional[PcieFigure] = None
+    pcie_link_gen_max: Optional[PcieFigure] = None
+    pcie_link_width: Optional[PcieFigure] = None
+    pcie_link_width_max: Optional[PcieFigure] = None
+    nvlink_errors: Optional[NonNegInt] = None
 
 
 class ResourceSample(msgspec.Struct, omit_defaults=True, gc=False):

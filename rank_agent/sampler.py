@@ -34,6 +34,7 @@ from typing import Any, List, Union
 
 import psutil
 
+from .gpuhealth import GpuHealth
 from .protocol import MAX_SHORT, MAX_SUMMARY, GpuSample, ResourceSample
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ class Sampler:
         self.gpu_index: int | None = None
         self.gpu_name: str | None = None
         self._unsupported: set = set()  # GPU fields NVML said "not supported" for: not retried
+        self._health: GpuHealth | None = None  # the health fields' reader, made on first use
         self._lock = threading.Lock()
         self._last_cpu = _cpu_total_and_busy(psutil.cpu_times())
 
@@ -291,6 +293,11 @@ class Sampler:
             log.debug("GPU sample failed: %s", exc)
             gpu = None
         if gpu is not None:
+            # health in sample() only (not gpu_sample(), which hardware_summary() also calls):
+            # XID events are drained once, into the sample that is sent
+            if self._health is None:
+                self._health = GpuHealth(self._nvml, self._handle)
+            self._health.fill(gpu)
             out.gpu_util_percent = gpu.util_percent
             out.vram_allocated_bytes = gpu.vram_allocated_bytes
             out.vram_total_bytes = gpu.vram_total_bytes
@@ -330,6 +337,8 @@ class Sampler:
     def close(self) -> None:
         """Release NVML (reference counted by NVML, so other users in the process are unaffected)."""
         with self._lock:
+            if self._health is not None:
+                self._health.close()  # frees the XID event set before nvmlShutdown
             self._shutdown_nvml()
             if self._gpu_state == "ok":
                 self._gpu_state = "none"

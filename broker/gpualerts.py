@@ -1,0 +1,174 @@
+"""The GPU alert rules (PROTOCOL.md section 3, v3): pure, per run, fed every GPU sample.
+
+A rank's samples carry the health fields of its GPUs (section 2). :class:`GpuAlertRules`
+keeps, per (rank, ``device_index``), that GPU's previous sample and returns the alerts each
+new sample raises, exactly by the contract's rules:
+
+============== =====================================================================
+kind           raised when
+============== =====================================================================
+gpu_xid        the sample lists any XID code (message: the codes and the GPU)
+gpu_throttle   any of hw_slowdown, hw_thermal, hw_power_brake, sw_thermal is active in
+               this sample **and** in the GPU's previous one; ``sw_power_cap`` alone is
+               normal at full load and raises nothing
+gpu_ecc        ``ecc_uncorrected`` is above the previous sample's, or above 0 in the
+               GPU's first sample that has it
+gpu_row_remap  ``remapped_rows_failed`` or ``remapped_rows_pending`` is true
+gpu_pcie       ``pcie_link_width`` is below ``pcie_link_width_max`` in this sample and
+               the previous one (one narrow reading can be a link retraining)
+gpu_nvlink     ``nvlink_errors`` is above the previous sample's (a first sample raises
+               nothing: the counters are cumulative since boot)
+============== =====================================================================
+
+A condition that persists raises again with every sample (the sink's alert keeps the time it
+was last raised; webhook repeat suppression is per (run, kind, rank), in
+:mod:`broker.webhooks`). "Previous" is the previous sample of the same GPU, from a
+``resources`` frame or a ``metrics`` frame's ``resources`` alike; a field absent from either
+sample breaks a two-sample rule. The rules are not rebuilt from a journal replay: the sink
+feeds live frames only.
+
+Cost: called for every sample the broker ingests, so a sample of a GPU with nothing to say
+costs a dict lookup and a handful of attribute tests (no allocation); the previous sample is
+kept by reference (decoded samples are immutable once stored). Per rank at most
+:data:`MAX_GPUS_PER_RANK` GPUs are remembered, so a rank cannot grow the state without bound
+by inventing device indices.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+from rank_agent.protocol import GpuSample, ResourceSample
+
+#: The clock event reasons that mean trouble; ``sw_power_cap`` is the normal state at full load.
+BAD_THROTTLE = frozenset(("hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal"))
+_BAD_DISJOINT = BAD_THROTTLE.isdisjoint
+#: GPUs remembered per rank (the wire allows 64 per sample).
+MAX_GPUS_PER_RANK = 64
+
+GPU_KINDS = ("gpu_xid", "gpu_throttle", "gpu_ecc", "gpu_row_remap", "gpu_pcie", "gpu_nvlink")
+
+
+class GpuAlert(NamedTuple):
+    """One alert a sample raised: what the sink's ``_raise(kind, rank, message, now)`` takes."""
+
+    kind: str
+    rank: int
+    message: str
+
+
+_NONE: list[GpuAlert] = []
+
+
+def _throttled(reasons: Sequence[str]) -> bool:
+    return bool(reasons) and not BAD_THROTTLE.isdisjoint(reasons)
+
+
+def _narrow(gpu: GpuSample) -> bool:
+    width, widest = gpu.pcie_link_width, gpu.pcie_link_width_max
+    return width is not None and widest is not None and width < widest
+
+
+class GpuAlertRules:
+    """The GPU alert state of one run: each GPU's previous sample, keyed by rank then index."""
+
+    def __init__(self) -> None:
+        self._prev: dict[int, dict[int, GpuSample]] = {}
+        #: rank -> device index -> [XID events seen, the latest code]: what ``/metrics``
+        #: exports as ``rankboard_gpu_xid_errors_total`` and ``rankboard_gpu_last_xid`` (a
+        #: sample's XIDs are only those since the previous sample, so they must be tallied)
+        self.xids: dict[int, dict[int, list[int]]] = {}
+
+    def feed(self, rank: int, sample: ResourceSample) -> list[GpuAlert]:
+        """The alerts ``sample`` (from ``rank``) raises; remembers it as each GPU's previous.
+
+        The returned list must not be mutated (the empty answer is shared).
+        """
+        gpus = sample.gpus
+        if not gpus:
+            return _NONE
+        known = self._prev.get(rank)
+        if known is None:
+            known = self._prev[rank] = {}
+        out: list[GpuAlert] | None = None
+        for gpu in gpus:
+            index = gpu.device_index
+            prev = known.get(index)
+            if prev is None and len(known) >= MAX_GPUS_PER_RANK:
+                del known[next(iter(known))]  # the GPU remembered longest goes
+            known[index] = gpu
+            # the quiet case, inline (nearly every sample): nothing below can fire
+            ecc = gpu.ecc_uncorrected
+            nvlink = gpu.nvlink_errors
+            width = gpu.pcie_link_width
+            reasons = gpu.throttle_reasons
+            if not (gpu.xid_errors or gpu.remapped_rows_failed or gpu.remapped_rows_pending
+                    or (reasons and not _BAD_DISJOINT(reasons))
+                    or (width is not None and gpu.pcie_link_width_max is not None
+                        and width < gpu.pcie_link_width_max)
+                    or (ecc and (prev is None or prev.ecc_uncorrected is None or ecc > prev.ecc_uncorrected))
+                    or (nvlink is not None and prev is not None and prev.nvlink_errors is not None
+                        and nvlink > prev.nvlink_errors)):
+                continue
+            found = self._check(rank, gpu, prev)
+            if found:
+                if out is None:
+                    out = found
+                else:
+                    out.extend(found)
+        return out if out is not None else _NONE
+
+    def _check(self, rank: int, gpu: GpuSample, prev: GpuSample | None) -> list[GpuAlert] | None:
+        out: list[GpuAlert] | None = None
+        if gpu.xid_errors:
+            tally = self.xids.setdefault(rank, {}).setdefault(gpu.device_index, [0, 0])
+            tally[0] += len(gpu.xid_errors)
+            tally[1] = gpu.xid_errors[-1]
+            codes = ", ".join(str(c) for c in gpu.xid_errors)
+            out = [GpuAlert("gpu_xid", rank, f"XID {codes} on GPU {gpu.device_index}")]
+        reasons = gpu.throttle_reasons
+        if reasons and prev is not None and _throttled(reasons) and _throttled(prev.throttle_reasons):
+            bad = ", ".join(r for r in reasons if r in BAD_THROTTLE)
+            clock = f" (SM {gpu.sm_clock_mhz:.0f} MHz)" if gpu.sm_clock_mhz is not None else ""
+            out = out or []
+            out.append(GpuAlert("gpu_throttle", rank, f"{bad} throttling on GPU {gpu.device_index}{clock}"))
+        ecc = gpu.ecc_uncorrected
+        if ecc is not None:
+            before = prev.ecc_uncorrected if prev is not None else None
+            if (before is None and ecc > 0) or (before is not None and ecc > before):
+                out = out or []
+                out.append(GpuAlert("gpu_ecc", rank, f"{ecc} uncorrected ECC errors on GPU {gpu.device_index}"))
+        if gpu.remapped_rows_failed or gpu.remapped_rows_pending:
+            what = "row remapping failed" if gpu.remapped_rows_failed else "row remapping pending"
+            out = out or []
+            out.append(GpuAlert("gpu_row_remap", rank, f"{what} on GPU {gpu.device_index}"))
+        if prev is not None and _narrow(gpu) and _narrow(prev):
+            gen = ""
+            if gpu.pcie_link_gen is not None and gpu.pcie_link_gen_max is not None:
+                gen = f", gen {gpu.pcie_link_gen} of {gpu.pcie_link_gen_max}"
+            out = out or []
+            out.append(GpuAlert("gpu_pcie", rank, f"PCIe link x{gpu.pcie_link_width} of "
+                                                  f"x{gpu.pcie_link_width_max} on GPU {gpu.device_index}{gen}"))
+        nvlink = gpu.nvlink_errors
+        if nvlink is not None and prev is not None:
+            before = prev.nvlink_errors
+            if before is not None and nvlink > before:
+                out = out or []
+                out.append(GpuAlert("gpu_nvlink", rank, f"{nvlink - before} new NVLink errors "
+                                                        f"(total {nvlink}) on GPU {gpu.device_index}"))
+        return out
+
+    def forget(self, rank: int) -> None:
+        """Drop a rank's GPUs (a rank discarded for being past the run's world size)."""
+        self._prev.pop(rank, None)
+        self.xids.pop(rank, None)
+
+    def forget_from(self, world_size: int) -> None:
+        """Drop every rank ``>= world_size`` (the run's world size just became known)."""
+        for rank in [r for r in self._prev if r >= world_size]:
+            del self._prev[rank]
+        for rank in [r for r in self.xids if r >= world_size]:
+            del self.xids[rank]
+
+    def __len__(self) -> int:
+        """GPUs remembered (for tests and memory accounting)."""
+        return sum(len(v) for v in self._prev.values())
