@@ -24,7 +24,7 @@ from broker.webhooks import (
     run_link,
     webhook_urls,
 )
-from tests.polling import wait_for
+from tests.support.polling import wait_for
 
 FIRING_KEYS = {"status", "run", "kind", "ranks", "hosts", "count", "message", "at", "url", "text", "content"}
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import DEPLOY, REPO, tool
+from tests.support import REPO
+from tests.support.deploy import DEPLOY, tool
 
 PROM = DEPLOY / "prometheus"
 RULES = "rankboard-gpu.rules.yml"
