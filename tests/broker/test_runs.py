@@ -274,3 +274,29 @@ def test_rate_limited_log_bounds_its_keys() -> None:
     for i in range(10):
         rl.warning(i, "x")
     assert len(rl._keys) == 3
+
+
+# -- one run-id definition -------------------------------------------------------------------
+
+#: Files (not this helper's) that still spell the run-id character class themselves; each
+#: should import rank_agent.protocol.RUN_ID_CHARS / RUN_ID_RE / valid_run_id instead, and
+#: leave this set when it does.
+_RUN_ID_COPIES_PENDING = {"broker/journal.py", "rank_agent/agent.py", "web/app.py"}
+
+
+def test_the_run_id_pattern_is_defined_once() -> None:
+    """The wire's RunId, and every Python module that checks a run id, use one pattern."""
+    import pathlib
+
+    from rank_agent import protocol
+
+    assert protocol.RunId.__metadata__[0].pattern == protocol.RUN_ID_PATTERN
+    assert protocol.RUN_ID_CHARS in protocol.RUN_ID_PATTERN
+    root = pathlib.Path(__file__).resolve().parents[2]
+    spelled = set()
+    for path in [*root.glob("broker/*.py"), *root.glob("rank_agent/**/*.py"),
+                 *root.glob("web/*.py")]:
+        rel = path.relative_to(root).as_posix()
+        if rel != "rank_agent/protocol.py" and "A-Za-z0-9._:" in path.read_text():
+            spelled.add(rel)
+    assert spelled <= _RUN_ID_COPIES_PENDING, spelled - _RUN_ID_COPIES_PENDING
