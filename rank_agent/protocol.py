@@ -50,9 +50,11 @@ MAX_STEP_COUNT = 2**40
 #: The characters a run id is made of (PROTOCOL.md 2), as a regex character-class body.
 #: Everything that checks or cleans a run id builds on this and :data:`RUN_ID_PATTERN`.
 RUN_ID_CHARS = r"A-Za-z0-9._:\-"
-#: The whole run id: 1-``MAX_RUN_ID`` of :data:`RUN_ID_CHARS`. Written for ``re.search``,
-#: which is how msgspec applies a ``pattern``.
-RUN_ID_PATTERN = rf"^[{RUN_ID_CHARS}]{{1,{MAX_RUN_ID}}}$"
+#: The whole run id (contract v3): 1-``MAX_RUN_ID`` of :data:`RUN_ID_CHARS` and not dots
+#: only (``.`` and ``..`` name no file and no URL path segment). Anchored with ``\Z``, not
+#: ``$``: ``$`` also matches before a trailing newline, which would let ``"run\n"`` in.
+#: Written for ``re.search``, which is how msgspec applies a ``pattern``.
+RUN_ID_PATTERN = rf"^(?!\.+\Z)[{RUN_ID_CHARS}]{{1,{MAX_RUN_ID}}}\Z"
 #: :data:`RUN_ID_PATTERN` compiled: ``RUN_ID_RE.search(text)`` (or :func:`valid_run_id`).
 RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 

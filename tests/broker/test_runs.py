@@ -51,6 +51,27 @@ def test_bad_frame_is_counted_by_reason_and_has_no_effect(raw: bytes, reason: st
     assert len(runs) == 0
 
 
+@pytest.mark.parametrize("run", ["r1\n", "r1\n\n", ".", "..", "...", "", "x" * 129, "r\u00e91"])
+def test_run_id_is_matched_whole_and_not_dots_only(run: str) -> None:
+    """Contract v3: a trailing newline does not slip through (``$`` would let it), and a run
+    named ``.``/``..`` (no file, no URL path segment can name it) is no run id."""
+    assert not protocol.valid_run_id(run)
+    runs = Runs()
+    assert runs.ingest(enc({"type": "register", "run": run, "rank": 0, "world_size": 1,
+                            "host": "h"}), T0) == []
+    assert runs.rejected == {"schema": 1}
+    assert len(runs) == 0
+
+
+@pytest.mark.parametrize("run", ["r1", ".a", "a.", "a..b", "._:-", "x" * 128])
+def test_run_ids_with_dots_among_other_characters_pass(run: str) -> None:
+    assert protocol.valid_run_id(run)
+    runs = Runs()
+    runs.ingest(enc({"type": "register", "run": run, "rank": 0, "world_size": 1, "host": "h"}),
+                T0)
+    assert runs.rejected == {} and run in runs
+
+
 def test_validation_error_is_schema_not_decode() -> None:
     # ValidationError subclasses DecodeError: the order of the excepts matters.
     assert issubclass(msgspec.ValidationError, msgspec.DecodeError)
