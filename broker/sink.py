@@ -72,6 +72,24 @@ ENDED = ("complete", "failed")
 STEPS_INTERVAL = 0.25
 
 
+def parse_metadata(text: str) -> Any:
+    """The metadata JSON parsed, or :class:`Rejected` (``bad_metadata_json``) when it is
+    malformed. Contract v3: JSON whose strings cannot be encoded as UTF-8 is malformed too:
+    ``json.loads`` turns a ``\\udc00`` escape into a lone surrogate that no event or snapshot
+    encoder can write, so the run's history would be lost to every web that connects later.
+    The wire's own strings are valid UTF-8 (msgspec checks), so only a ``\\u`` escape can
+    make one, and only text holding one pays for the check (one re-encode)."""
+    try:
+        parsed = json.loads(text)
+        if "\\u" in text:
+            json.dumps(parsed, ensure_ascii=False, check_circular=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise Rejected("bad_metadata_json", "a string is not UTF-8 (lone surrogate)") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
+        raise Rejected("bad_metadata_json", str(exc)[:200]) from None
+    return parsed
+
+
 class RunSink:
     """The broker's state of one run; see the module docstring for the rules."""
 
@@ -346,10 +364,7 @@ class RunSink:
             raise Rejected("rank_out_of_range", f"rank {frame.rank} >= world_size {ws}")
         if isinstance(frame, Metadata) and frame.json != self._metadata_raw:
             # Every rank often sends the same blob: the text already accepted needs no parse.
-            try:
-                return json.loads(frame.json)
-            except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
-                raise Rejected("bad_metadata_json", str(exc)[:200]) from None
+            return parse_metadata(frame.json)
         return None
 
     # ------------------------------------------------------------------ frame rules
