@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 from typing import Any, Dict, List, Tuple
 
 from broker import aggregate
@@ -474,7 +475,10 @@ class RunSink:
     def _on_hardware(self, frame: Hardware, st: RankState) -> None:
         if st.hardware == frame.summary:
             return
-        st.hardware = frame.summary
+        # Interned: ranks nearly always report the same summary (and a storm of identical
+        # 4 KiB ones must not cost 4 KiB a rank); interned strings are freed with their
+        # last user.
+        st.hardware = sys.intern(frame.summary)
         if self._hw.report_changed(st.rank):
             self._header_pending = True  # coalesced (see _header_pending)
 
