@@ -33,11 +33,16 @@ from itertools import repeat
 from operator import attrgetter, getitem, methodcaller
 from typing import Any, Deque, Dict, Iterable, List, Optional
 
+from broker.events import Rejected
 from broker.stepstore import StepStore
 from rank_agent.protocol import Steps
 
-__all__ = ["RunSteps", "StepCloser", "step_record", "RankSteps", "STEP_MS_WINDOW", "SHARE_WINDOW"]
+__all__ = ["RunSteps", "MAX_RUN_STEP_METRICS", "StepCloser", "step_record", "RankSteps", "STEP_MS_WINDOW", "SHARE_WINDOW"]
 
+#: Most distinct step metric names one run holds (contract v3 section 2): a ``steps`` frame
+#: that would take it past that is rejected (``step_metric_names``). Each name is a series in
+#: the broker and in every web, and journal and snapshot work is per name.
+MAX_RUN_STEP_METRICS = 1024
 #: ``step_ms`` of a rank is the mean of its last this many non-null values.
 STEP_MS_WINDOW = 100
 #: ``slowest_share`` counts over the last this many closed steps that have a slowest rank.
@@ -408,6 +413,25 @@ class RunSteps:
         #: when the last ``steps`` event went out (None: none yet)
         self.sent_at: Optional[float] = None
         self._out: List[Dict[str, Any]] = []  # closed, not yet in a steps event
+        #: every metric name an accepted frame (or a restored block) brought
+        self.names: set[str] = set()
+
+    def admit(self, frame: Steps) -> None:
+        """Take note of the frame's metric names, or raise :class:`Rejected`
+        (``step_metric_names``), changing nothing, when they would take the run past
+        :data:`MAX_RUN_STEP_METRICS`. The caller's last check: after it, the frame applies.
+        O(names in the frame) when within the cap."""
+        metrics = frame.metrics
+        if not metrics:
+            return
+        names = self.names
+        if len(names) + len(metrics) > MAX_RUN_STEP_METRICS:
+            new = sum(1 for name in metrics if name not in names)
+            if len(names) + new > MAX_RUN_STEP_METRICS:
+                raise Rejected("step_metric_names",
+                               f"{new} new step metric names, run has {len(names)} "
+                               f"of {MAX_RUN_STEP_METRICS}")
+        names.update(metrics)
 
     def close(self, now: float, world_size: Optional[int]) -> None:
         """Queue what the closer lets close now (watermark, grace, force close)."""
@@ -441,6 +465,7 @@ class RunSteps:
         store.extend_wire(block)
         if store.rows == before:
             return None
+        self.names.update(store.metrics)
         self.closer.forget_through(store.last_step)  # type: ignore[arg-type]
         # Only the last SHARE_WINDOW matter (a million restored steps must not mean a
         # million window updates).
