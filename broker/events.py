@@ -14,8 +14,9 @@ class Event(NamedTuple):
     """One thing the web must hear about, numbered in the run's sequence."""
 
     seq: int  # the run's sequence number; strictly increasing per run, never reused
-    kind: str  # "run" | "epoch" | "ranks" | "steps" | "complete"
+    kind: str  # "run" | "epoch" | "ranks" | "steps" | "complete" | "evicted" (by Runs)
     data: Any  # run header | epoch record | ranks list | {"steps": [records]} | {"status": ...}
+    #            | {"run": run} (the run left the broker's memory: --max-runs)
 
 
 class Rejected(Exception):

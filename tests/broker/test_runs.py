@@ -6,6 +6,7 @@ import logging
 import msgspec
 import pytest
 
+from broker.events import Event
 from broker.ratelimit import RateLimitedLog
 from broker.runs import Runs
 from rank_agent import protocol
@@ -166,7 +167,7 @@ def test_late_metrics_total() -> None:
     runs.ingest(enc(metrics(epoch=0, avg_loss=2.0)), T0 + 1)  # epoch 0 already closed
     assert runs.late_metrics == 1
     assert runs.counters() == {"accepted": 3, "rejected": {}, "late_metrics": 1, "runs": 1,
-                                "late_steps": 0, "steps_closed": 0}
+                                "late_steps": 0, "steps_closed": 0, "evictions": 0}
 
 
 def test_tick_returns_run_tagged_events() -> None:
@@ -199,21 +200,25 @@ def _finished_run(runs: Runs, run: str, now: float) -> None:
     assert runs.get(run).complete is not None
 
 
-def test_full_registry_evicts_the_oldest_finished_run() -> None:
+def test_full_registry_evicts_the_least_recently_active_run() -> None:
     evicted = []
     runs = Runs(max_runs=3, on_evict=evicted.append)
     _finished_run(runs, "old", T0)
     _finished_run(runs, "newer", T0 + 1)
     runs.ingest(enc(register(run="live")), T0 + 2)
     late_before = runs.late_metrics
-    assert runs.ingest(enc(register(run="fourth")), T0 + 3)
+    last = runs.get("old").seq
+    out = runs.ingest(enc(register(run="fourth")), T0 + 3)
     assert "old" not in runs and {"newer", "live", "fourth"} == set(runs)
     assert evicted == ["old"]
-    assert runs.late_metrics == late_before
+    # the eviction is an event, first, for the server to publish: webs drop the run
+    assert out[0] == ("old", Event(last + 1, "evicted", {"run": "old"}))
+    assert [run for run, _ in out[1:]] == ["fourth"] * (len(out) - 1)
+    assert runs.late_metrics == late_before and runs.evictions == 1
     assert not runs.rejected
 
 
-def test_activity_order_decides_which_finished_run_is_oldest() -> None:
+def test_activity_order_decides_which_run_is_evicted() -> None:
     runs = Runs(max_runs=2)
     _finished_run(runs, "a", T0)
     _finished_run(runs, "b", T0 + 1)
@@ -222,15 +227,25 @@ def test_activity_order_decides_which_finished_run_is_oldest() -> None:
     assert set(runs) == {"a", "c"}
 
 
-def test_full_registry_with_nothing_finished_rejects_too_many_runs() -> None:
+def test_never_finished_runs_do_not_lock_out_new_ones() -> None:
+    """Issue 19 finding 6 (contract v3 section 6): the least recently active run goes,
+    whatever its status; max_runs junk runs that never finish used to refuse every new run
+    (``too_many_runs``), across restarts."""
     runs = Runs(max_runs=2)
     runs.ingest(enc(register(run="a")), T0)
-    runs.ingest(enc(register(run="b")), T0)
-    assert runs.ingest(enc(register(run="c")), T0) == []
-    assert runs.rejected == {"too_many_runs": 1}
-    assert set(runs) == {"a", "b"}
-    # known runs still take frames
-    assert runs.ingest(enc(metrics(run="a")), T0)
+    runs.ingest(enc(register(run="b")), T0 + 1)
+    runs.ingest(enc(metrics(run="a")), T0 + 2)  # a is now more recently active than b
+    out = runs.ingest(enc(register(run="c")), T0 + 3)
+    assert out and out[0][0] == "b" and out[0][1].kind == "evicted"
+    assert runs.rejected == {} and set(runs) == {"a", "c"}
+    for i in range(100):  # a flood of new ids keeps taking the oldest place
+        runs.ingest(enc(register(run=f"junk{i}")), T0 + 10 + i)
+    assert runs.rejected == {} and set(runs) == {"junk98", "junk99"}
+    assert runs.evictions == 101
+    # an evicted run that speaks again comes back, its ids still increasing
+    out = runs.ingest(enc(metrics(run="a", epoch=1)), T0 + 200)
+    assert "a" in runs and out[0] == ("junk98", Event(out[0][1].seq, "evicted",
+                                                      {"run": "junk98"}))
 
 
 def test_rejected_frame_of_a_new_run_evicts_nothing() -> None:
@@ -249,8 +264,10 @@ def test_evicted_run_coming_back_keeps_ids_increasing_with_a_gap() -> None:
     assert "a" not in runs
     runs.ingest(enc(finish(run="b")), T0)
     out = runs.ingest(enc(register(run="a")), T0 + 5)
-    # one id skipped on purpose: the web sees the gap and re-snapshots the run
-    assert out and out[0][1].seq == last + 2
+    # the eviction took last + 1; one more id skipped on purpose: the web sees the gap
+    # and re-snapshots the run
+    assert out[0][0] == "b" and out[0][1].kind == "evicted"  # b makes room for a
+    assert [ev for run, ev in out if run == "a"][0].seq == last + 3
 
 
 def test_loader_brings_back_an_evicted_run() -> None:
