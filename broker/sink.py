@@ -15,12 +15,15 @@ Rules worth knowing before reading the code:
   closes; the record itself comes from :mod:`broker.aggregate`.
 * ``apply`` never emits ``ranks`` (the array is large and changes with every frame): it
   marks it dirty and :meth:`RunSink.tick` emits it at most once per ``ranks_interval``.
-* Header changes made by ``register`` and ``hardware`` frames (hosts, hardware, world_size,
-  port, total_epochs) are coalesced the same way: ``tick`` emits the ``run`` event at most
-  once per ``ranks_interval`` (a 4,096-rank start-up would otherwise publish ~8k growing
-  headers). What users expect at once (the first frame, svg, metadata, status, alerts,
-  completion) is emitted by ``apply``; any ``run`` event carries the whole header and clears
-  the pending change, and a pending change is flushed right before any ``epoch`` event.
+* Header changes that frames can repeat are coalesced the same way: ``tick`` emits the
+  ``run`` event at most once per ``ranks_interval``. That is registers and hardware (hosts,
+  hardware, world_size, port, total_epochs: a 4,096-rank start-up would otherwise publish
+  ~8k growing headers), metadata, alerts and a reopened run (v3: a burst of replaced ~1 MiB
+  blobs, or of ranks failing, must not be a header each: bytes out would grow with the
+  frame count, quadratically for a growing alert list). What happens once per run (the
+  first frame, svg, the first epoch or step, completion) is emitted by ``apply``; any
+  ``run`` event carries the whole header and clears the pending change, and a pending
+  change is flushed right before any ``epoch`` event.
 
 Cost: the work per frame is O(1), plus O(hosts) for a register that changes the topology
 or O(ranks on the host) for a hardware report, and an epoch close is O(world size); headers
@@ -40,6 +43,8 @@ import logging
 import math
 import sys
 from typing import Any, Dict, List, Tuple
+
+import msgspec
 
 from broker import aggregate
 from broker.epochs import PendingEpochs
@@ -64,6 +69,7 @@ from rank_agent.protocol import (
 __all__ = ["RunSink", "Event", "Rejected", "ENDED", "STEPS_INTERVAL"]
 
 log = logging.getLogger(__name__)
+_pack = msgspec.msgpack.Encoder().encode
 
 #: Seconds between two warnings about a conflicting port in one run (the count is kept).
 PORT_WARN_INTERVAL = 60.0
@@ -73,22 +79,32 @@ ENDED = ("complete", "failed")
 STEPS_INTERVAL = 0.25
 
 
-def parse_metadata(text: str) -> Any:
-    """The metadata JSON parsed, or :class:`Rejected` (``bad_metadata_json``) when it is
-    malformed. Contract v3: JSON whose strings cannot be encoded as UTF-8 is malformed too:
-    ``json.loads`` turns a ``\\udc00`` escape into a lone surrogate that no event or snapshot
-    encoder can write, so the run's history would be lost to every web that connects later.
-    The wire's own strings are valid UTF-8 (msgspec checks), so only a ``\\u`` escape can
-    make one, and only text holding one pays for the check (one re-encode)."""
+def _int_or_float(text: str) -> int | float:
+    value = int(text)
+    return value if -(2**63) <= value < 2**64 else float(value)
+
+
+def parse_metadata(text: str) -> msgspec.Raw:
+    """The metadata JSON as MessagePack bytes (in a :class:`msgspec.Raw`), or
+    :class:`Rejected` (``bad_metadata_json``) when it is malformed.
+
+    Kept encoded, not parsed: 1 MiB of JSON such as ``[{}, {}, ...]`` parses into ~25 MB
+    of Python objects, per run (x ``--max-runs``), while its MessagePack is smaller than the
+    text; a header decodes it for the moment it is encoded (transient, and headers are
+    coalesced). Contract v3: JSON whose strings cannot be encoded as UTF-8 is malformed too
+    (``json.loads`` turns a ``\\udc00`` escape into a lone surrogate no encoder can write: the
+    run's events and snapshot would be lost to every web that connects later); encoding
+    here finds it. Integers beyond MessagePack's range become floats, as the server does."""
     try:
         parsed = json.loads(text)
-        if "\\u" in text:
-            json.dumps(parsed, ensure_ascii=False, check_circular=False).encode("utf-8")
+        try:
+            return msgspec.Raw(_pack(parsed))
+        except OverflowError:
+            return msgspec.Raw(_pack(json.loads(text, parse_int=_int_or_float)))
     except UnicodeEncodeError:
         raise Rejected("bad_metadata_json", "a string is not UTF-8 (lone surrogate)") from None
     except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
         raise Rejected("bad_metadata_json", str(exc)[:200]) from None
-    return parsed
 
 
 class RunSink:
@@ -128,8 +144,9 @@ class RunSink:
         self.svg: str | None = None
         self.label: str | None = None
         self.hash: str | None = None
-        self.metadata: Any = None
-        self._metadata_raw: str | None = None  # text of the accepted metadata (known valid)
+        # The accepted metadata as MessagePack (see parse_metadata), and its JSON text.
+        self._metadata: msgspec.Raw | None = None
+        self._metadata_raw: str | None = None
 
         self.topology = Topology()
         self._ranks: Dict[int, RankState] = {}
@@ -160,6 +177,12 @@ class RunSink:
         self._header_sent_at: float | None = None
 
     # ------------------------------------------------------------------ public API
+
+    @property
+    def metadata(self) -> Any:
+        """The accepted metadata, decoded (a new object each time, so a header's copy is
+        freed with the header; None: none)."""
+        return None if self._metadata is None else msgspec.msgpack.decode(self._metadata)
 
     @property
     def finished(self) -> bool:
@@ -220,9 +243,12 @@ class RunSink:
             elif tp is Svg:
                 self._on_svg(frame)  # type: ignore[arg-type]
             elif tp is Metadata and frame.json != self._metadata_raw:  # type: ignore[union-attr]
-                if parsed != self.metadata or type(parsed) is not type(self.metadata):
-                    self._header_changed = True  # (re-formatted but equal JSON changes nothing)
-                self.metadata = parsed
+                if parsed != self._metadata:
+                    # (re-formatted but equal JSON changes nothing). Coalesced like the
+                    # hardware: a burst of replaced blobs is one header per ranks_interval,
+                    # not one ~1 MiB header per frame held in the server's batch.
+                    self._header_pending = True
+                self._metadata = parsed
                 self._metadata_raw = frame.json  # type: ignore[union-attr]
             ws = self.world_size
             if ws is not None and self._n_finished == ws and self.status not in ENDED:
@@ -270,9 +296,9 @@ class RunSink:
     def header(self) -> Dict[str, Any]:
         """The run header of PROTOCOL 4 as a JSON-ready dict.
 
-        The dict is new, but ``hosts`` and ``metadata`` are shared with earlier headers
-        (rebuilding them per event would make a registration storm quadratic): event data
-        is read-only for every consumer.
+        The dict is new, but ``hosts`` is shared with earlier headers (rebuilding it per
+        event would make a registration storm quadratic): event data is read-only for
+        every consumer. ``metadata`` is decoded anew (see :func:`parse_metadata`).
         """
         return {
             "run": self.run,
@@ -282,7 +308,7 @@ class RunSink:
             "label": self.label,
             "hash": self.hash,
             "port": self.port or None,
-            "metadata": self.metadata,
+            "metadata": self.metadata,  # decoded per header: resident only as MessagePack
             "hardware": self._hw.render(),
             "has_svg": self.svg is not None,
             "hosts": self.topology.ordered(),
@@ -411,7 +437,8 @@ class RunSink:
         if self.finished:
             self.status = "training" if self.records or self.steps.rows else "waiting"
             self.complete = None
-            self._header_changed = True
+            self._header_pending = True  # coalesced: a finish/register loop is not a
+            # header (of O(world) bytes) per frame
 
     def _on_finish(self, frame: Finish, st: RankState, now: float) -> None:
         if st.finished:
@@ -576,7 +603,9 @@ class RunSink:
         else:
             alert["message"] = message
             alert["at"] = now
-        self._header_changed = True
+        # Coalesced: 65,536 ranks finishing with an error must not be 65,536 headers of a
+        # growing alert list (quadratic bytes). tick() emits it within ranks_interval.
+        self._header_pending = True
 
     def _emit(self, kind: str, data: Any) -> int:
         self.seq += 1

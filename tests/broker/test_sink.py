@@ -377,12 +377,15 @@ def test_svg_first_nonempty_wins_with_label_and_hash() -> None:
 
 def test_metadata_last_write_wins_whole_blob() -> None:
     sink = registered(2)
+    sink.tick(0.0)
     sink.apply(meta(0, '{"a": 1, "b": 2}'), 1.0)
-    events = sink.apply(meta(1, '{"c": [1, 2]}'), 2.0)
-    assert of_kind(events, "run")[0]["metadata"] == {"c": [1, 2]}  # replaced, not merged
+    assert sink.apply(meta(1, '{"c": [1, 2]}'), 2.0) == []  # coalesced: the tick emits it
+    assert of_kind(sink.tick(2.0), "run")[0]["metadata"] == {"c": [1, 2]}  # replaced
     assert sink.apply(meta(0, '{ "c" : [1,2] }'), 3.0) == []  # same value: header unchanged
     assert sink.apply(meta(1, '{ "c" : [1,2] }'), 4.0) == []  # same text again
-    assert of_kind(sink.apply(meta(1, "null"), 5.0), "run")[0]["metadata"] is None
+    assert of_kind(sink.tick(4.0), "run") == []
+    sink.apply(meta(1, "null"), 5.0)
+    assert of_kind(sink.tick(5.0), "run")[0]["metadata"] is None
 
 
 def test_hardware_string_grouped_by_host() -> None:
@@ -561,16 +564,17 @@ def test_changes_users_expect_at_once_emit_from_apply_and_clear_the_pending_head
     assert [h["host"] for h in header["hosts"]] == ["a", "b"]
     assert of_kind(sink.tick(5.0), "run") == []  # cleared: it went out with the svg
     sink.apply(hw(0, "c | g"), 6.0)  # pending again
-    (header,) = of_kind(sink.apply(meta(0, '{"lr": 0.1}'), 6.1), "run")
+    # Metadata and alerts are coalesced too (v3: a burst of replaced ~1 MiB blobs, or of
+    # ranks failing, is one header per ranks_interval, not one per frame).
+    assert of_kind(sink.apply(meta(0, '{"lr": 0.1}'), 6.1), "run") == []
+    (header,) = of_kind(sink.tick(9.0), "run")
     assert header["metadata"] == {"lr": 0.1} and header["hardware"] == "a: c | gr=0 lr=0: g"
-    assert of_kind(sink.tick(9.0), "run") == []
-    # Alerts (a rank that failed) and completion are immediate too.
     sink.apply(reg(0, 2, "z"), 10.0)  # pending
-    events = sink.apply(fin(0, "error"), 10.1)
-    (header,) = of_kind(events, "run")
-    assert [a["kind"] for a in header["alerts"]] == ["rank_error"]
-    assert header["hosts"][0]["host"] == "z"
+    assert of_kind(sink.apply(fin(0, "error"), 10.1), "run") == []
+    # Completion is immediate, and carries everything pending.
     events = sink.apply(fin(1), 10.2)
+    assert [a["kind"] for a in events[0].data["alerts"]] == ["rank_error"]
+    assert events[0].data["hosts"][0]["host"] == "z"
     assert kinds(events) == ["run", "complete"] and events[0].data["status"] == "failed"
 
 
@@ -807,8 +811,8 @@ def test_all_finished_completes_once() -> None:
 
 def test_any_error_fails_the_run_and_raises_alert() -> None:
     sink = registered(2)
-    events = sink.apply(fin(1, "error"), 1.0)
-    (alert,) = of_kind(events, "run")[0]["alerts"]
+    sink.apply(fin(1, "error"), 1.0)
+    (alert,) = of_kind(sink.tick(1.0), "run")[0]["alerts"]
     assert (alert["kind"], alert["rank"], alert["at"]) == ("rank_error", 1, 1.0)
     events = sink.apply(fin(0), 2.0)
     assert of_kind(events, "complete") == [{"status": "failed"}]
@@ -838,8 +842,9 @@ def test_register_from_finished_rank_reopens_the_run() -> None:
     sink.apply(fin(0), 1.0)
     sink.apply(fin(1), 1.0)
     assert sink.status == "complete"
-    events = sink.apply(reg(1, 2), 2.0)
-    assert kinds(events) == ["run"] and events[0].data["status"] == "waiting"  # no record yet
+    assert sink.apply(reg(1, 2), 2.0) == []  # the reopened header is coalesced
+    events = sink.tick(2.0)
+    assert kinds(events) == ["run", "ranks"] and events[0].data["status"] == "waiting"
     assert sink.complete is None and not sink.finished
     assert sink.ranks()[1]["status"] == "ok"
     assert sink.snapshot()["complete"] is None
@@ -854,8 +859,8 @@ def test_reopen_after_records_is_training() -> None:
     sink = registered(1)
     sink.apply(met(0, 0), 1.0)
     sink.apply(fin(0), 2.0)
-    events = sink.apply(reg(0, 1), 3.0)
-    assert events[0].data["status"] == "training"
+    sink.apply(reg(0, 1), 3.0)
+    assert of_kind(sink.tick(3.0), "run")[0]["status"] == "training"
 
 
 def test_reactivated_rank_is_waited_for_its_pending_epoch() -> None:
@@ -1030,3 +1035,52 @@ def test_invariants_under_any_frame_sequence(steps) -> None:
         for record in sink.records:
             reported = [g["device_index"] for g in record["gpu_metrics"]]
             assert sorted(reported + record["missing_ranks"]) == list(range(sink.world_size))
+
+
+# ---------------------------------------------------------------- bounded by bytes (v3)
+
+
+def test_a_burst_of_replaced_metadata_is_one_header_and_old_blobs_are_freed() -> None:
+    """Issue 19 finding 2 (the sink's part): every replaced blob was a header of its own,
+    ~1 MiB each, encoded and held by the server for the whole batch; and a parsed blob is
+    many times its text. Now a burst is one coalesced header, and the run holds its
+    metadata as MessagePack."""
+    sink = registered(1)
+    sink.tick(0.0)
+    blob = '{"k": [' + ",".join(["{}"] * 40_000) + '], "n": %d}'
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        emitted = []
+        for i in range(60):
+            emitted += sink.apply(meta(0, blob % i), 1.0 + i / 100)
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert of_kind(emitted, "run") == []
+    (header,) = of_kind(sink.tick(2.0), "run")
+    assert header["metadata"]["n"] == 59 and len(header["metadata"]["k"]) == 40_000
+    # one blob's text (~160 KB) and its MessagePack (~40 KB) stay; parsed it was ~2.5 MB
+    assert held < 600_000, held
+
+
+def test_metadata_big_integers_become_floats_as_the_feed_would() -> None:
+    sink = registered(1)
+    sink.apply(meta(0, '{"big": 100000000000000000000000000000, "ok": 18446744073709551615}'),
+               1.0)
+    assert sink.header()["metadata"] == {"big": 1e29, "ok": 2**64 - 1}
+    msgspec.msgpack.encode(sink.snapshot())
+
+
+def test_ranks_failing_one_by_one_are_one_coalesced_header_not_one_each() -> None:
+    """4,096 ranks finishing with an error raised 4,096 headers, each listing every alert so
+    far: quadratic bytes from linear frames."""
+    ws = 4096
+    sink = registered(ws)
+    sink.tick(0.0)
+    events = []
+    for r in range(ws - 1):
+        events += sink.apply(fin(r, "error"), 1.0)
+    assert of_kind(events, "run") == []
+    (header,) = of_kind(sink.tick(1.5), "run")
+    assert len(header["alerts"]) == ws - 1
