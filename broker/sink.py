@@ -34,11 +34,10 @@ Event data shares structure with the sink's caches and earlier events: it is rea
 The sink is the rules and the event policy; the state it keeps is in the modules below it:
 :mod:`broker.events` (Event, Rejected), :mod:`broker.rankstate` (per-rank state, samples,
 the ``ranks`` array), :mod:`broker.epochs` (open epochs), :mod:`broker.steps` (the step
-pipeline), :mod:`broker.topology` (placement, hardware string).
+pipeline), :mod:`broker.topology` (placement, hardware string), :mod:`broker.metadata`.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import sys
@@ -49,6 +48,7 @@ import msgspec
 from broker import aggregate
 from broker.epochs import PendingEpochs
 from broker.events import Event, Rejected
+from broker.metadata import parse_metadata
 from broker.rankstate import RankSamples, RankState, ranks_array
 from broker.ratelimit import RateLimitedLog
 from broker.steps import RunSteps
@@ -69,7 +69,6 @@ from rank_agent.protocol import (
 __all__ = ["RunSink", "Event", "Rejected", "ENDED", "STEPS_INTERVAL"]
 
 log = logging.getLogger(__name__)
-_pack = msgspec.msgpack.Encoder().encode
 
 #: Seconds between two warnings about a conflicting port in one run (the count is kept).
 PORT_WARN_INTERVAL = 60.0
@@ -77,34 +76,6 @@ PORT_WARN_INTERVAL = 60.0
 ENDED = ("complete", "failed")
 #: Seconds between two ``steps`` events of a run (PROTOCOL 4: at most 4 a second).
 STEPS_INTERVAL = 0.25
-
-
-def _int_or_float(text: str) -> int | float:
-    value = int(text)
-    return value if -(2**63) <= value < 2**64 else float(value)
-
-
-def parse_metadata(text: str) -> msgspec.Raw:
-    """The metadata JSON as MessagePack bytes (in a :class:`msgspec.Raw`), or
-    :class:`Rejected` (``bad_metadata_json``) when it is malformed.
-
-    Kept encoded, not parsed: 1 MiB of JSON such as ``[{}, {}, ...]`` parses into ~25 MB
-    of Python objects, per run (x ``--max-runs``), while its MessagePack is smaller than the
-    text; a header decodes it for the moment it is encoded (transient, and headers are
-    coalesced). Contract v3: JSON whose strings cannot be encoded as UTF-8 is malformed too
-    (``json.loads`` turns a ``\\udc00`` escape into a lone surrogate no encoder can write: the
-    run's events and snapshot would be lost to every web that connects later); encoding
-    here finds it. Integers beyond MessagePack's range become floats, as the server does."""
-    try:
-        parsed = json.loads(text)
-        try:
-            return msgspec.Raw(_pack(parsed))
-        except OverflowError:
-            return msgspec.Raw(_pack(json.loads(text, parse_int=_int_or_float)))
-    except UnicodeEncodeError:
-        raise Rejected("bad_metadata_json", "a string is not UTF-8 (lone surrogate)") from None
-    except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
-        raise Rejected("bad_metadata_json", str(exc)[:200]) from None
 
 
 class RunSink:
@@ -166,13 +137,8 @@ class RunSink:
         self._port_log = RateLimitedLog(log, PORT_WARN_INTERVAL, max_keys=1)
         # Per-apply scratch.
         self._events: List[Event] = []
-        # The header changed in a way users expect to see at once (svg, metadata, status,
-        # alerts, completion, the run's first frame): apply() (or tick()) emits it now.
+        # Header changed, to go out now / coalesced by tick() (see the module docstring).
         self._header_changed = False
-        # The header changed through registers or hardware frames (hosts, hardware,
-        # world_size, port, total_epochs): tick() emits it at most once per ranks_interval,
-        # so a start-up storm of thousands of them is not thousands of growing headers.
-        # Any run event carries the whole header and clears it; an epoch event flushes it.
         self._header_pending = False
         self._header_sent_at: float | None = None
 
@@ -374,7 +340,7 @@ class RunSink:
     # ------------------------------------------------------------------ validation
 
     def _check(self, frame: Frame) -> Any:
-        """Raise Rejected if the frame breaks a sink rule; returns parsed metadata if any.
+        """Raise Rejected if the frame breaks a sink rule; returns packed metadata if any.
 
         Runs before any state changes: this is what makes a rejection side-effect free.
         """
