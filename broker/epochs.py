@@ -10,9 +10,17 @@ from __future__ import annotations
 from typing import Dict, List, Tuple
 
 from broker.aggregate import EpochReports
+from broker.events import Rejected
 from rank_agent.protocol import Metrics
 
-__all__ = ["PendingEpochs"]
+__all__ = ["PendingEpochs", "MAX_OPEN_EPOCHS"]
+
+#: Most epochs one run holds open (reported, not closed). Open epochs close only when every
+#: rank reported (or a later one closed), so a silent rank, or a run whose world size is
+#: not known yet, kept every epoch a rank reported in memory: a flood of metrics frames for
+#: new epochs grew the run without end. A frame that would open one more is rejected
+#: (``open_epochs``); a training run is never that far ahead of its slowest rank.
+MAX_OPEN_EPOCHS = 1024
 
 
 class PendingEpochs:
@@ -26,6 +34,15 @@ class PendingEpochs:
 
     def __bool__(self) -> bool:
         return bool(self._reports)
+
+    def admit(self, epoch: int) -> None:
+        """Raise :class:`Rejected` (``open_epochs``) when a report for ``epoch`` would open
+        an epoch past :data:`MAX_OPEN_EPOCHS` (a late report, or one for an open epoch,
+        is fine). O(1)."""
+        reports = self._reports
+        if (len(reports) >= MAX_OPEN_EPOCHS and epoch > self.last_closed
+                and epoch not in reports):
+            raise Rejected("open_epochs", f"epoch {epoch}: {len(reports)} epochs open")
 
     def put(self, rank: int, frame: Metrics, active: bool) -> int:
         """Store ``rank``'s report for ``frame.epoch`` (last write wins; the caller has

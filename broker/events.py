@@ -23,7 +23,8 @@ class Rejected(Exception):
     """A frame the sink refuses; ``reason`` is the counter key.
 
     Reasons: ``world_size_mismatch``, ``rank_out_of_range``, ``bad_metadata_json``,
-    ``step_metric_names`` (a run's distinct step metric names would pass 1,024).
+    ``step_metric_names`` (a run's distinct step metric names would pass 1,024),
+    ``open_epochs`` (a run's open epochs would pass 1,024).
     """
 
     def __init__(self, reason: str, detail: str = "") -> None:

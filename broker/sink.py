@@ -171,7 +171,9 @@ class RunSink:
             ws = self.world_size
             if ws is not None and rank >= ws:
                 raise Rejected("rank_out_of_range", f"rank {rank} >= world_size {ws}")
-            if tp is Steps:
+            if tp is Metrics:
+                self._pending.admit(frame.epoch)  # type: ignore[union-attr]
+            elif tp is Steps:
                 self._steps.admit(frame)  # type: ignore[arg-type]
             parsed = None
         else:

@@ -1084,3 +1084,32 @@ def test_ranks_failing_one_by_one_are_one_coalesced_header_not_one_each() -> Non
     assert of_kind(events, "run") == []
     (header,) = of_kind(sink.tick(1.5), "run")
     assert len(header["alerts"]) == ws - 1
+
+
+def test_a_run_holds_at_most_1024_open_epochs() -> None:
+    """A silent rank (or an unknown world size) keeps every epoch another rank reports
+    open: a flood of metrics frames for new epochs grew the run by ~1 KB a frame, without
+    end. The 1,025th open epoch is rejected (``open_epochs``); reports for open epochs,
+    late ones, and new ones once epochs close, are still taken."""
+    from broker.epochs import MAX_OPEN_EPOCHS
+
+    assert MAX_OPEN_EPOCHS == 1024
+    sink = registered(2)
+    for e in range(MAX_OPEN_EPOCHS):  # rank 1 is silent: nothing closes
+        sink.apply(met(0, e * 1000), 1.0)
+    seq = sink.seq
+    with pytest.raises(Rejected) as exc:
+        sink.apply(met(0, 10**12), 2.0)
+    assert exc.value.reason == "open_epochs" and sink.seq == seq
+    sink.apply(met(0, 5000, loss=2.0), 2.0)  # an open epoch: last write, fine
+    sink.apply(met(1, 1000), 3.0)  # rank 1 completes epoch 1000: 0..1000 close
+    assert [r["epoch"] for r in sink.records] == [0, 1000]
+    sink.apply(met(0, 10**12), 4.0)  # room again
+    sink.apply(met(1, 0), 5.0)  # late: counted, not rejected
+    assert sink.late_metrics == 1
+    # before the world size is known nothing closes either
+    fresh = RunSink(RUN)
+    for e in range(MAX_OPEN_EPOCHS):
+        fresh.apply(met(0, e), 1.0)
+    with pytest.raises(Rejected):
+        fresh.apply(met(0, MAX_OPEN_EPOCHS), 1.0)
