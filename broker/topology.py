@@ -220,8 +220,9 @@ class HardwareString:
                 facts = hosts[host] = self._build(host)
             if facts is not None:
                 out.append(facts)
-        if len(hosts) > len(out) * 2 + 64:  # forget hosts that left the topology
-            live = set(self.topology.hosts())
+        order = self.topology.hosts()
+        if len(hosts) > len(order) + 64:  # forget hosts that left the topology
+            live = set(order)
             for host in [h for h in hosts if h not in live]:
                 del hosts[host]
         return out
