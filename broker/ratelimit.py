@@ -18,7 +18,8 @@ __all__ = ["RateLimitedLog"]
 class RateLimitedLog:
     """Per-key rate limiter in front of a :class:`logging.Logger`.
 
-    ``clock`` is injectable (monotonic seconds) so tests need no sleeps. The number of keys
+    ``clock`` is injectable (monotonic seconds) so tests need no sleeps; a caller that
+    reads no clock of its own (the pure sink) passes ``now`` per call instead. The number of keys
     is bounded (``max_keys``, least recently logged forgotten first) because keys may be
     derived from untrusted input such as run names.
     """
@@ -40,10 +41,12 @@ class RateLimitedLog:
 
     def log(
         self, key: Hashable, level: int, msg: str, *args: Any, exc_info: bool = False,
-        stacklevel: int = 1,
+        stacklevel: int = 1, now: float | None = None,
     ) -> bool:
-        """Log ``msg % args`` unless ``key`` logged within ``interval``; True if emitted."""
-        now = self._clock()
+        """Log ``msg % args`` unless ``key`` logged within ``interval``; True if emitted.
+        ``now``: the time to judge by (default: the clock)."""
+        if now is None:
+            now = self._clock()
         state = self._keys.get(key)
         if state is not None and now - state[0] < self.interval:
             state[1] += 1
@@ -60,9 +63,9 @@ class RateLimitedLog:
         self.logger.log(level, msg, *args, exc_info=exc_info, stacklevel=stacklevel + 1)
         return True
 
-    def warning(self, key: Hashable, msg: str, *args: Any) -> bool:
+    def warning(self, key: Hashable, msg: str, *args: Any, now: float | None = None) -> bool:
         """Shorthand for :meth:`log` at WARNING."""
-        return self.log(key, logging.WARNING, msg, *args, stacklevel=2)
+        return self.log(key, logging.WARNING, msg, *args, stacklevel=2, now=now)
 
     def error(self, key: Hashable, msg: str, *args: Any, exc_info: bool = False) -> bool:
         """Shorthand for :meth:`log` at ERROR."""

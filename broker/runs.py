@@ -5,8 +5,8 @@ find or create the run's :class:`~broker.sink.RunSink`, apply, count. The server
 bytes; every reject rule is a fast unit test here (STYLE 4: receive loop apart from handler).
 
 Reject reasons (docs/PROTOCOL.md section 7): ``oversize``, ``decode``, ``schema``, ``limit`` (decode
-level), the sink's ``Rejected.reason`` and ``too_many_runs``. A rejected frame has no effect
-but its counter: in particular it never creates a run.
+level) and the sink's ``Rejected.reason``. A rejected frame has no effect but its counter: in
+particular it never creates a run.
 """
 from __future__ import annotations
 
@@ -42,8 +42,12 @@ class Runs:
     """All runs the broker holds in memory, with reject counting and a cap on their number.
 
     When ``max_runs`` runs are held and a frame names a new one, the least recently active
-    *finished* run is evicted from memory (it stays in the journal); if none has finished,
-    the frame is rejected as ``too_many_runs``.
+    run is evicted from memory, *whatever its status* (contract v3 section 6: runs that never
+    finish must not lock new ones out); it stays in the journal, and a later frame of it
+    brings it back. The eviction is an event: :meth:`ingest` returns, before the new run's
+    events, ``(victim, Event(seq, "evicted", {"run": victim}))``, ``seq`` one past the
+    victim's last, so the server publishes it like any event and every web can drop the run
+    (a web that does not know the kind ignores it). ``evictions`` counts them.
 
     Hooks (the server wires them to the journal): ``recorder(sink, raw, frame, now)``, then
     ``on_register(frame)`` for an accepted ``register`` and ``on_accept(run, raw, frame,
@@ -81,6 +85,8 @@ class Runs:
         self.on_evict = on_evict
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
+        #: runs evicted from memory to make room for a new one (see the class docstring)
+        self.evictions = 0
         self._rlog = rate_log if rate_log is not None else RateLimitedLog(log)
         # Ordered by last accepted frame, least recent first: eviction scans from the front.
         self._sinks: OrderedDict[str, RunSink] = OrderedDict(sinks or {})
@@ -194,13 +200,9 @@ class Runs:
     def _apply_new(self, frame: Frame, now: float, raw: bytes) -> list[tuple[str, Event]]:
         """A frame naming a run not in memory: bring it back or make it, within the cap."""
         run = frame.run
-        victim: str | None = None
-        if len(self._sinks) >= self.max_runs:
-            victim = self._eviction_candidate()
-            if victim is None:
-                return self._reject(
-                    "too_many_runs", "run %r: %d runs held, none finished", run, len(self._sinks)
-                )
+        # The least recently active run, whatever its status (scans nothing: the order is
+        # kept by every accepted frame).
+        victim = next(iter(self._sinks)) if len(self._sinks) >= self.max_runs else None
         sink = self._load_or_new(run)
         try:
             events = sink.apply(frame, now)
@@ -210,11 +212,12 @@ class Runs:
         except Exception:
             self._forget_new(run)
             return self._internal(run, frame)
+        gone: list[tuple[str, Event]] = []
         if victim is not None:
-            self._evict(victim)
+            gone.append((victim, self._evict(victim)))
         self._sinks[run] = sink
         self._mru = run
-        return self._accepted(sink, raw, frame, now, events)
+        return gone + self._accepted(sink, raw, frame, now, events)
 
     def _accepted(self, sink: RunSink, raw: bytes, frame: Frame, now: float,
                   events: list[Event]) -> list[tuple[str, Event]]:
@@ -280,6 +283,7 @@ class Runs:
             "late_steps": self.late_steps,
             "steps_closed": self.steps_closed,
             "runs": len(self._sinks),
+            "evictions": self.evictions,
         }
 
     # -- internals ---------------------------------------------------------------------
@@ -319,14 +323,12 @@ class Runs:
         except Exception:
             self._rlog.error(("evict", run), "on_evict of run %r failed", run, exc_info=True)
 
-    def _eviction_candidate(self) -> str | None:
-        for run, sink in self._sinks.items():  # least recently active first
-            if sink.complete is not None:
-                return run
-        return None
-
-    def _evict(self, run: str) -> None:
+    def _evict(self, run: str) -> Event:
+        """Drop ``run`` from memory; returns its ``evicted`` event (the run's next seq)."""
         sink = self._sinks.pop(run)
+        sink.seq += 1
+        event = Event(sink.seq, "evicted", {"run": run})
+        self.evictions += 1
         self._late_evicted += sink.late_metrics
         self._late_steps_evicted += sink.late_steps
         self._steps_evicted += sink.steps_published
@@ -335,7 +337,9 @@ class Runs:
         while len(self._evicted) > _EVICTED_MEMORY:
             self._evicted.popitem(last=False)
         self._notify_evict(run)
-        log.info("run %r evicted from memory (finished; %d runs held)", run, len(self._sinks))
+        log.info("run %r (%s) evicted from memory: %d runs held, the cap", run, sink.status,
+                 len(self._sinks))
+        return event
 
     def _reject(self, reason: str, detail: str, *args: Any) -> list[tuple[str, Event]]:
         self.rejected[reason] += 1

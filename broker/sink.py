@@ -15,28 +15,43 @@ Rules worth knowing before reading the code:
   closes; the record itself comes from :mod:`broker.aggregate`.
 * ``apply`` never emits ``ranks`` (the array is large and changes with every frame): it
   marks it dirty and :meth:`RunSink.tick` emits it at most once per ``ranks_interval``.
-* Header changes made by ``register`` and ``hardware`` frames (hosts, hardware, world_size,
-  port, total_epochs) are coalesced the same way: ``tick`` emits the ``run`` event at most
-  once per ``ranks_interval`` (a 4,096-rank start-up would otherwise publish ~8k growing
-  headers). What users expect at once (the first frame, svg, metadata, status, alerts,
-  completion) is emitted by ``apply``; any ``run`` event carries the whole header and clears
-  the pending change, and a pending change is flushed right before any ``epoch`` event.
+* Header changes that frames can repeat are coalesced the same way: ``tick`` emits the
+  ``run`` event at most once per ``ranks_interval``. That is registers and hardware (hosts,
+  hardware, world_size, port, total_epochs: a 4,096-rank start-up would otherwise publish
+  ~8k growing headers), metadata, alerts and a reopened run (v3: a burst of replaced ~1 MiB
+  blobs, or of ranks failing, must not be a header each: bytes out would grow with the
+  frame count, quadratically for a growing alert list). What happens once per run (the
+  first frame, svg, the first epoch or step, completion) is emitted by ``apply``; any
+  ``run`` event carries the whole header and clears the pending change, and a pending
+  change is flushed right before any ``epoch`` event.
 
 Cost: the work per frame is O(1), plus O(hosts) for a register that changes the topology
 or O(ranks on the host) for a hardware report, and an epoch close is O(world size); headers
 are built when emitted. The topology (rank -> host, local rank; hosts ordered) is maintained
 as registers arrive, cached per host, and re-sorted only when the host order can change.
 Event data shares structure with the sink's caches and earlier events: it is read-only.
+
+The sink is the rules and the event policy; the state it keeps is in the modules below it:
+:mod:`broker.events` (Event, Rejected), :mod:`broker.rankstate` (per-rank state, samples,
+the ``ranks`` array), :mod:`broker.epochs` (open epochs), :mod:`broker.steps` (the step
+pipeline), :mod:`broker.topology` (placement, hardware string), :mod:`broker.metadata`.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
-from typing import Any, Dict, List, NamedTuple, Tuple
+import sys
+from typing import Any, Dict, List, Tuple
+
+import msgspec
 
 from broker import aggregate
-from broker.steps import SHARE_WINDOW, StepCloser
+from broker.epochs import PendingEpochs
+from broker.events import Event, Rejected
+from broker.metadata import parse_metadata
+from broker.rankstate import RankSamples, RankState, ranks_array
+from broker.ratelimit import RateLimitedLog
+from broker.steps import RunSteps
 from broker.stepstore import StepStore
 from broker.topology import HardwareString, Topology
 from rank_agent.protocol import (
@@ -47,10 +62,11 @@ from rank_agent.protocol import (
     Metrics,
     Register,
     Resources,
-    ResourceSample,
     Steps,
     Svg,
 )
+
+__all__ = ["RunSink", "Event", "Rejected", "ENDED", "STEPS_INTERVAL"]
 
 log = logging.getLogger(__name__)
 
@@ -60,45 +76,6 @@ PORT_WARN_INTERVAL = 60.0
 ENDED = ("complete", "failed")
 #: Seconds between two ``steps`` events of a run (PROTOCOL 4: at most 4 a second).
 STEPS_INTERVAL = 0.25
-
-
-class Event(NamedTuple):
-    """One thing the web must hear about, numbered in the run's sequence."""
-
-    seq: int  # the run's sequence number; strictly increasing per run, never reused
-    kind: str  # "run" | "epoch" | "ranks" | "complete"
-    data: Any  # run header dict | epoch record dict | ranks list | {"status": ...}
-
-
-class Rejected(Exception):
-    """A frame the sink refuses; ``reason`` is the counter key.
-
-    Reasons: ``world_size_mismatch``, ``rank_out_of_range``, ``bad_metadata_json``.
-    """
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
-
-
-class _Rank:
-    """Per-rank state. Plain slots: thousands of these are read at every close."""
-
-    __slots__ = ("rank", "status", "last_seen", "epoch", "loss", "hardware", "sample_json")
-
-    def __init__(self, rank: int, now: float) -> None:
-        self.rank = rank
-        self.status = "ok"  # ok | stale | finished | error
-        self.last_seen = now
-        self.epoch: int | None = None
-        self.loss: float | None = None
-        self.hardware: str | None = None
-        self.sample_json: Dict[str, Any] | None = None  # cached dict of the latest sample
-
-    @property
-    def finished(self) -> bool:
-        return self.status == "finished" or self.status == "error"
 
 
 class RunSink:
@@ -119,16 +96,13 @@ class RunSink:
         #: Metrics frames dropped because their epoch had already closed.
         self.late_metrics = 0
         #: Closed steps that went out in ``steps`` events (PROTOCOL 2.4), columnar.
-        self.steps = StepStore()
-        self._closer = StepCloser(close_after=step_close_after)
-        self._steps_out: List[Dict[str, Any]] = []  # closed, not yet in a steps event
-        self._steps_sent_at: float | None = None
+        self._steps = RunSteps(close_after=step_close_after, interval=STEPS_INTERVAL)
+        self.steps: StepStore = self._steps.store
+        self._closer = self._steps.closer
         #: No rank turns stale from silence before this time: set when a run is rebuilt after
         #: a restart (frames the journal does not keep, such as steps, and the downtime itself
         #: say nothing about a rank's liveness), so each rank has stale_after from then on.
         self.liveness_floor = -math.inf
-        #: steps published by this sink (not restored ones): the closed-step counter
-        self.steps_published = 0
         #: Registers that named a port other than the latched one (warned, ignored).
         self.port_conflicts = 0
 
@@ -141,26 +115,18 @@ class RunSink:
         self.svg: str | None = None
         self.label: str | None = None
         self.hash: str | None = None
-        self.metadata: Any = None
-        self._metadata_raw: str | None = None  # text of the accepted metadata (known valid)
+        # The accepted metadata as MessagePack (see parse_metadata), and its JSON text.
+        self._metadata: msgspec.Raw | None = None
+        self._metadata_raw: str | None = None
 
         self.topology = Topology()
-        self._ranks: Dict[int, _Rank] = {}
-        self._samples: Dict[int, ResourceSample] = {}  # rank -> latest sample
-        # rank -> its first GPU relabelled for the record. Built lazily: a sample or a
-        # register only marks the rank in ``_gpus_dirty`` (a resources frame stays O(1) with
-        # no allocation), and a close rebuilds just the marked ranks, once however many
-        # samples arrived since (the sampler usually sends several per epoch).
-        self._gpus: Dict[int, Dict[str, Any]] = {}
-        self._gpus_dirty: set[int] = set()
-        self._gpu_labels: Dict[int, str] = {}  # rank -> its GPU name prefix (by placement)
+        self._ranks: Dict[int, RankState] = {}
+        # Latest sample per rank and the relabelled GPU entries (built lazily, at a close).
+        self._samples = RankSamples(self.topology.place)
         self._n_finished = 0  # tracked ranks that have finished (ok or error)
         self._n_error = 0  # ... of which with status "error"
-        # Pending epochs: epoch -> its reports (rank -> last metrics frame), and how many of
-        # those reporters have not finished (the close test is then one comparison).
-        self._pending: Dict[int, aggregate.EpochReports] = {}
-        self._pending_active: Dict[int, int] = {}
-        self._last_closed = -1
+        # Epochs with reports that have not closed (the close test is one comparison).
+        self._pending = PendingEpochs()
         self._durations: List[float] = []
         # Alerts keyed (kind, rank), in first-raised order.
         self._alerts: Dict[Tuple[str, int | None], Dict[str, Any]] = {}
@@ -168,20 +134,21 @@ class RunSink:
         self._hw = HardwareString(self.topology, self._summary_of)
         self._ranks_dirty = False
         self._ranks_sent_at: float | None = None
-        self._last_port_warn: float | None = None
+        self._port_log = RateLimitedLog(log, PORT_WARN_INTERVAL, max_keys=1)
         # Per-apply scratch.
         self._events: List[Event] = []
-        # The header changed in a way users expect to see at once (svg, metadata, status,
-        # alerts, completion, the run's first frame): apply() (or tick()) emits it now.
+        # Header changed, to go out now / coalesced by tick() (see the module docstring).
         self._header_changed = False
-        # The header changed through registers or hardware frames (hosts, hardware,
-        # world_size, port, total_epochs): tick() emits it at most once per ranks_interval,
-        # so a start-up storm of thousands of them is not thousands of growing headers.
-        # Any run event carries the whole header and clears it; an epoch event flushes it.
         self._header_pending = False
         self._header_sent_at: float | None = None
 
     # ------------------------------------------------------------------ public API
+
+    @property
+    def metadata(self) -> Any:
+        """The accepted metadata, decoded (a new object each time, so a header's copy is
+        freed with the header; None: none)."""
+        return None if self._metadata is None else msgspec.msgpack.decode(self._metadata)
 
     @property
     def finished(self) -> bool:
@@ -204,6 +171,10 @@ class RunSink:
             ws = self.world_size
             if ws is not None and rank >= ws:
                 raise Rejected("rank_out_of_range", f"rank {rank} >= world_size {ws}")
+            if tp is Metrics:
+                self._pending.admit(frame.epoch)  # type: ignore[union-attr]
+            elif tp is Steps:
+                self._steps.admit(frame)  # type: ignore[arg-type]
             parsed = None
         else:
             parsed = self._check(frame)
@@ -214,7 +185,7 @@ class RunSink:
         # Any accepted frame marks its rank seen; a stale rank is ok again, a finished one stays.
         st = self._ranks.get(rank)
         if st is None:
-            st = self._ranks[rank] = _Rank(rank, now)
+            st = self._ranks[rank] = RankState(rank, now)
         else:
             st.last_seen = now
             if st.status == "stale":
@@ -222,9 +193,8 @@ class RunSink:
                 self._closer.set_active(rank, True)
         self._ranks_dirty = True
         if tp is Resources:
-            self._samples[rank] = frame.sample  # type: ignore[union-attr]
+            self._samples.put(rank, frame.sample)  # type: ignore[union-attr]
             st.sample_json = None
-            self._gpus_dirty.add(rank)
             # A sample changes nothing in the header and cannot complete the run.
             return self._take_events() if self._header_changed else []
         try:
@@ -241,9 +211,12 @@ class RunSink:
             elif tp is Svg:
                 self._on_svg(frame)  # type: ignore[arg-type]
             elif tp is Metadata and frame.json != self._metadata_raw:  # type: ignore[union-attr]
-                if parsed != self.metadata or type(parsed) is not type(self.metadata):
-                    self._header_changed = True  # (re-formatted but equal JSON changes nothing)
-                self.metadata = parsed
+                if parsed != self._metadata:
+                    # (re-formatted but equal JSON changes nothing). Coalesced like the
+                    # hardware: a burst of replaced blobs is one header per ranks_interval,
+                    # not one ~1 MiB header per frame held in the server's batch.
+                    self._header_pending = True
+                self._metadata = parsed
                 self._metadata_raw = frame.json  # type: ignore[union-attr]
             ws = self.world_size
             if ws is not None and self._n_finished == ws and self.status not in ENDED:
@@ -291,9 +264,9 @@ class RunSink:
     def header(self) -> Dict[str, Any]:
         """The run header of PROTOCOL 4 as a JSON-ready dict.
 
-        The dict is new, but ``hosts`` and ``metadata`` are shared with earlier headers
-        (rebuilding them per event would make a registration storm quadratic): event data
-        is read-only for every consumer.
+        The dict is new, but ``hosts`` is shared with earlier headers (rebuilding it per
+        event would make a registration storm quadratic): event data is read-only for
+        every consumer. ``metadata`` is decoded anew (see :func:`parse_metadata`).
         """
         return {
             "run": self.run,
@@ -303,7 +276,7 @@ class RunSink:
             "label": self.label,
             "hash": self.hash,
             "port": self.port or None,
-            "metadata": self.metadata,
+            "metadata": self.metadata,  # decoded per header: resident only as MessagePack
             "hardware": self._hw.render(),
             "has_svg": self.svg is not None,
             "hosts": self.topology.ordered(),
@@ -316,31 +289,7 @@ class RunSink:
 
     def ranks(self) -> List[Dict[str, Any]]:
         """The ``ranks`` array of PROTOCOL 4 (rank order), each entry plus its last ``loss``."""
-        place = self.topology.place
-        closer = self._closer
-        step_ranks = closer.ranks
-        out = []
-        for rank in sorted(self._ranks):
-            st = self._ranks[rank]
-            p = place.get(rank)
-            rs = step_ranks.get(rank)
-            out.append(
-                {
-                    "rank": rank,
-                    "host": p[0] if p else None,
-                    "local_rank": p[1] if p else None,
-                    "status": st.status,
-                    "last_seen": st.last_seen,
-                    "epoch": st.epoch,
-                    "hardware": st.hardware,
-                    "resources": self._sample_json(st),
-                    "step": rs.highest if rs is not None else None,
-                    "step_ms": rs.mean_ms() if rs is not None else None,
-                    "slowest_share": closer.share(rank),
-                    "loss": st.loss,
-                }
-            )
-        return out
+        return ranks_array(self._ranks, self.topology.place, self._samples, self._closer)
 
     def snapshot(self) -> Dict[str, Any]:
         """Everything a late subscriber needs (the Clone pattern of docs/DESIGN.md) plus the svg."""
@@ -358,7 +307,12 @@ class RunSink:
     @property
     def steps_published_at(self) -> float | None:
         """When the last ``steps`` event was published (None: none yet)."""
-        return self._steps_sent_at
+        return self._steps.sent_at
+
+    @property
+    def steps_published(self) -> int:
+        """Steps published by this sink (not restored ones): the closed-step counter."""
+        return self._steps.published
 
     @property
     def late_steps(self) -> int:
@@ -370,24 +324,16 @@ class RunSink:
         published before the restart, so no event; what they change in the run is restored
         (its status, the closing position, the straggler window, a non-finite loss alert).
         Raises ``ValueError`` for a block that does not follow the stored ones."""
-        store = self.steps
-        before = store.rows
-        store.extend_wire(block)
-        if store.rows == before:
+        before = self._steps.restore(block)
+        if before is None:
             return
-        self._closer.forget_through(store.last_step)  # type: ignore[arg-type]
-        # Only the last SHARE_WINDOW matter (a million restored steps must not mean a
-        # million window updates).
-        self._closer.restore_slowest(store.slowest_ranks(since=before)[-SHARE_WINDOW:])
         if self.status == "waiting":
             self.status = "training"
         published = block.get("published_at")
         updated = block.get("updated_at")
         if isinstance(updated, float) and (self.updated_at is None or updated > self.updated_at):
             self.updated_at = updated  # the steps frames behind it are not journaled
-        if isinstance(published, float):
-            self._steps_sent_at = published
-        bad = store.last_nonfinite("loss", since=before)
+        bad = self.steps.last_nonfinite("loss", since=before)
         if bad is not None:
             step, value, at = bad
             self._raise("nonfinite_loss", None, f"step {step}: loss is {value}",
@@ -396,7 +342,7 @@ class RunSink:
     # ------------------------------------------------------------------ validation
 
     def _check(self, frame: Frame) -> Any:
-        """Raise Rejected if the frame breaks a sink rule; returns parsed metadata if any.
+        """Raise Rejected if the frame breaks a sink rule; returns packed metadata if any.
 
         Runs before any state changes: this is what makes a rejection side-effect free.
         """
@@ -415,46 +361,12 @@ class RunSink:
             raise Rejected("rank_out_of_range", f"rank {frame.rank} >= world_size {ws}")
         if isinstance(frame, Metadata) and frame.json != self._metadata_raw:
             # Every rank often sends the same blob: the text already accepted needs no parse.
-            try:
-                return json.loads(frame.json)
-            except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
-                raise Rejected("bad_metadata_json", str(exc)[:200]) from None
+            return parse_metadata(frame.json)
         return None
 
     # ------------------------------------------------------------------ frame rules
 
-    def _refresh_gpus(self) -> None:
-        """Rebuild the relabelled GPU entry of every rank marked since the last close."""
-        dirty = self._gpus_dirty
-        if not dirty:
-            return
-        samples = self._samples
-        gpus = self._gpus
-        labels = self._gpu_labels
-        place = self.topology.place
-        gpu_label = aggregate.gpu_label
-        rank_gpu = aggregate.rank_gpu
-        for rank in dirty:
-            sample = samples.get(rank)
-            if sample is not None and sample.gpus:
-                # The rank's name prefix is cached: it changes only with its placement.
-                label = labels.get(rank)
-                if label is None:
-                    label = labels[rank] = gpu_label(rank, place.get(rank))
-                gpus[rank] = rank_gpu(rank, None, sample.gpus[0], label)
-            else:
-                gpus.pop(rank, None)
-        dirty.clear()
-
-    def _sample_json(self, st: _Rank) -> Dict[str, Any] | None:
-        if st.sample_json is None:
-            sample = self._samples.get(st.rank)
-            if sample is None:
-                return None
-            st.sample_json = aggregate.sample_dict(sample)
-        return st.sample_json
-
-    def _on_register(self, frame: Register, st: _Rank, now: float) -> None:
+    def _on_register(self, frame: Register, st: RankState, now: float) -> None:
         # Header changes from registers (and hardware) are coalesced: see _header_pending.
         if self.world_size is None:
             self.world_size = frame.world_size
@@ -464,20 +376,16 @@ class RunSink:
         if touched:
             self._header_pending = True
             self._hw.hosts_changed(touched)
-            self._gpus_dirty.add(frame.rank)  # its GPU name carries its host
-            self._gpu_labels.pop(frame.rank, None)
+            self._samples.placed(frame.rank)  # its GPU name carries its host
         if frame.port:
             if not self.port:
                 self.port = frame.port
                 self._header_pending = True
             elif frame.port != self.port:
                 self.port_conflicts += 1
-                if self._last_port_warn is None or now - self._last_port_warn >= PORT_WARN_INTERVAL:
-                    self._last_port_warn = now
-                    log.warning(
-                        "run %s: rank %d asks for port %d, already %d; ignored (%d so far)",
-                        self.run, frame.rank, frame.port, self.port, self.port_conflicts,
-                    )
+                self._port_log.warning(
+                    "port", "run %s: rank %d asks for port %d, already %d; ignored (%d so far)",
+                    self.run, frame.rank, frame.port, self.port, self.port_conflicts, now=now)
         if frame.total_epochs and not self.total_epochs:
             self.total_epochs = frame.total_epochs
             self._header_pending = True
@@ -485,7 +393,7 @@ class RunSink:
             self._reactivate(st)
         self._close_ready()
 
-    def _reactivate(self, st: _Rank) -> None:
+    def _reactivate(self, st: RankState) -> None:
         """A register from a finished rank: it trains again, and so does an ended run."""
         if st.status == "error":
             self._n_error -= 1
@@ -493,24 +401,21 @@ class RunSink:
         st.status = "ok"
         rank = st.rank
         self._closer.set_active(rank, True)
-        for epoch, reports in self._pending.items():
-            if rank in reports.frames:
-                self._pending_active[epoch] += 1
+        self._pending.rank_active(rank, True)
         if self.finished:
             self.status = "training" if self.records or self.steps.rows else "waiting"
             self.complete = None
-            self._header_changed = True
+            self._header_pending = True  # coalesced: a finish/register loop is not a
+            # header (of O(world) bytes) per frame
 
-    def _on_finish(self, frame: Finish, st: _Rank, now: float) -> None:
+    def _on_finish(self, frame: Finish, st: RankState, now: float) -> None:
         if st.finished:
             return  # a repeated finish is a no-op: the first one decided the rank's status
         error = frame.status == "error"
         st.status = "error" if error else "finished"
         self._n_finished += 1
         rank = st.rank
-        for epoch, reports in self._pending.items():
-            if rank in reports.frames:
-                self._pending_active[epoch] -= 1
+        self._pending.rank_active(rank, False)
         if error:
             self._n_error += 1
             self._raise("rank_error", rank, f"rank {rank} finished with error", now)
@@ -518,31 +423,24 @@ class RunSink:
         self._close_ready()
         self._close_steps(now)
 
-    def _on_steps(self, frame: Steps, st: _Rank, now: float) -> None:
+    def _on_steps(self, frame: Steps, st: RankState, now: float) -> None:
         if self._closer.add(frame, now, not st.finished):
             self._close_steps(now)  # (grace and force close also run in tick)
         self._publish_steps_due(now)
 
     def _close_steps(self, now: float) -> None:
-        """Take what the closer lets close now (watermark, grace, force close)."""
-        closed = self._closer.ready(now, self.world_size)
-        if closed:
-            self._steps_out.extend(closed)
+        """Queue what the closer lets close now (watermark, grace, force close)."""
+        self._steps.close(now, self.world_size)
 
     def _publish_steps_due(self, now: float) -> None:
         """Publish the closed steps waiting, if any, once STEPS_INTERVAL has passed."""
-        if self._steps_out and (self._steps_sent_at is None
-                                or now - self._steps_sent_at >= STEPS_INTERVAL):
+        if self._steps.due(now):
             self._publish_steps(now)
 
     def _publish_steps(self, now: float) -> None:
         """One ``steps`` event with every step closed since the last one (at most one per
-        STEPS_INTERVAL, or at once when the run ends). Only published steps enter
-        :attr:`steps`, so a snapshot never holds a step an event will bring again."""
-        out, self._steps_out = self._steps_out, []
-        self.steps.append(out)
-        self.steps_published += len(out)
-        self._steps_sent_at = now
+        STEPS_INTERVAL, or at once when the run ends)."""
+        out = self._steps.take(now)
         self._emit("steps", {"steps": out})
         if self.status == "waiting":
             self.status = "training"
@@ -554,34 +452,30 @@ class RunSink:
                             now)
                 break
 
-    def _on_metrics(self, frame: Metrics, st: _Rank) -> None:
+    def _on_metrics(self, frame: Metrics, st: RankState) -> None:
         rank = st.rank
         sample = frame.resources
         if sample is not None:  # applied first, exactly as a resources frame
-            self._samples[rank] = sample
+            self._samples.put(rank, sample)
             st.sample_json = None
-            self._gpus_dirty.add(rank)
         epoch = frame.epoch
-        if epoch <= self._last_closed:
+        if epoch <= self._pending.last_closed:
             self.late_metrics += 1
             return
         st.epoch = epoch
         st.loss = frame.avg_loss
-        reports = self._pending.get(epoch)
-        if reports is None:
-            reports = self._pending[epoch] = aggregate.EpochReports()
-            self._pending_active[epoch] = 0
-        active = self._pending_active
-        if reports.put(rank, frame) and st.status != "finished" and st.status != "error":
-            active[epoch] += 1
+        reported = self._pending.put(rank, frame, not st.finished)
         ws = self.world_size
-        if ws is not None and active[epoch] == ws - self._n_finished:
+        if ws is not None and reported == ws - self._n_finished:
             self._close_through(epoch)
 
-    def _on_hardware(self, frame: Hardware, st: _Rank) -> None:
+    def _on_hardware(self, frame: Hardware, st: RankState) -> None:
         if st.hardware == frame.summary:
             return
-        st.hardware = frame.summary
+        # Interned: ranks nearly always report the same summary (and a storm of identical
+        # 4 KiB ones must not cost 4 KiB a rank); interned strings are freed with their
+        # last user.
+        st.hardware = sys.intern(frame.summary)
         if self._hw.report_changed(st.rank):
             self._header_pending = True  # coalesced (see _header_pending)
 
@@ -610,22 +504,12 @@ class RunSink:
                 self._n_finished -= 1
                 if st.status == "error":
                     self._n_error -= 1
-            self._samples.pop(rank, None)
+            self._samples.discard(rank)
             self._closer.discard(rank)
-            self._gpus.pop(rank, None)
-            self._gpus_dirty.discard(rank)
-            self._gpu_labels.pop(rank, None)
             host = self.topology.remove(rank)
             if host is not None and host not in touched:
                 touched.append(host)
-            for epoch in list(self._pending):
-                reports = self._pending[epoch]
-                if reports.pop(rank) is not None:
-                    if not st.finished:
-                        self._pending_active[epoch] -= 1
-                    if not reports:
-                        del self._pending[epoch]
-                        del self._pending_active[epoch]
+            self._pending.discard(rank, not st.finished)
         if gone:
             for key in [k for k in self._alerts if k[1] is not None and k[1] >= ws]:
                 del self._alerts[key]
@@ -639,36 +523,29 @@ class RunSink:
         ws = self.world_size
         if ws is None or not self._pending:
             return
-        need = ws - self._n_finished
-        active = self._pending_active
-        for epoch in sorted(self._pending, reverse=True):
-            if active[epoch] == need:
-                self._close_through(epoch)
-                return
+        epoch = self._pending.highest_complete(ws - self._n_finished)
+        if epoch is not None:
+            self._close_through(epoch)
 
     def _close_through(self, epoch: int) -> None:
         """Close every pending epoch <= ``epoch`` in ascending order."""
-        for e in sorted(e for e in self._pending if e <= epoch):
-            self._close(e)
+        for e, reports in self._pending.take_through(epoch):
+            self._close(e, reports)
 
-    def _close(self, epoch: int) -> None:
-        reports = self._pending.pop(epoch)
-        del self._pending_active[epoch]
+    def _close(self, epoch: int, reports: aggregate.EpochReports) -> None:
         now = self.updated_at
         assert self.world_size is not None and now is not None and self.started_at is not None
-        self._refresh_gpus()
         record = aggregate.epoch_record(
             epoch=epoch,
             world_size=self.world_size,
             reports=reports,
-            samples=self._samples,
+            samples=self._samples.latest,
             hosts=[entry["ranks"] for entry in self.topology.ordered()],
-            gpus=self._gpus,
+            gpus=self._samples.gpus(),
             total_epochs=self.total_epochs or None,
             past_durations=self._durations,
             elapsed_secs=now - self.started_at,
         )
-        self._last_closed = epoch
         self._durations.append(record["duration_secs"])
         del self._durations[: -aggregate.ETA_WINDOW]
         self.records.append(record)
@@ -694,7 +571,9 @@ class RunSink:
         else:
             alert["message"] = message
             alert["at"] = now
-        self._header_changed = True
+        # Coalesced: 65,536 ranks finishing with an error must not be 65,536 headers of a
+        # growing alert list (quadratic bytes). tick() emits it within ranks_interval.
+        self._header_pending = True
 
     def _emit(self, kind: str, data: Any) -> int:
         self.seq += 1
@@ -704,8 +583,7 @@ class RunSink:
     def _complete(self) -> None:
         """Every rank finished: the run ends; the header (with its status), then completion."""
         completed = "failed" if self._n_error else "complete"
-        self._steps_out.extend(self._closer.close_all())
-        if self._steps_out:
+        if self._steps.close_all():
             assert self.updated_at is not None
             self._publish_steps(self.updated_at)
         self.status = completed

@@ -33,10 +33,16 @@ from itertools import repeat
 from operator import attrgetter, getitem, methodcaller
 from typing import Any, Deque, Dict, Iterable, List, Optional
 
+from broker.events import Rejected
+from broker.stepstore import StepStore
 from rank_agent.protocol import Steps
 
-__all__ = ["StepCloser", "step_record", "RankSteps", "STEP_MS_WINDOW", "SHARE_WINDOW"]
+__all__ = ["RunSteps", "MAX_RUN_STEP_METRICS", "StepCloser", "step_record", "RankSteps", "STEP_MS_WINDOW", "SHARE_WINDOW"]
 
+#: Most distinct step metric names one run holds (contract v3 section 2): a ``steps`` frame
+#: that would take it past that is rejected (``step_metric_names``). Each name is a series in
+#: the broker and in every web, and journal and snapshot work is per name.
+MAX_RUN_STEP_METRICS = 1024
 #: ``step_ms`` of a rank is the mean of its last this many non-null values.
 STEP_MS_WINDOW = 100
 #: ``slowest_share`` counts over the last this many closed steps that have a slowest rank.
@@ -386,3 +392,85 @@ class StepCloser:
             self._wm_heap = heap = list(count)
             heapq.heapify(heap)
         return heap[0]
+
+
+class RunSteps:
+    """One run's steps from frames to storage: the :class:`StepCloser`, the closed steps
+    waiting for the next ``steps`` event (at most one per ``interval`` seconds), and the
+    :class:`~broker.stepstore.StepStore` of the published ones.
+
+    Only published steps enter :attr:`store`, so a snapshot never holds a step an event
+    will bring again. Emitting the event is the sink's business: :meth:`take` hands the
+    records over.
+    """
+
+    def __init__(self, *, close_after: float = 10.0, interval: float = 0.25) -> None:
+        self.closer = StepCloser(close_after=close_after)
+        self.store = StepStore()
+        self.interval = interval
+        #: steps published through :meth:`take` (not restored ones)
+        self.published = 0
+        #: when the last ``steps`` event went out (None: none yet)
+        self.sent_at: Optional[float] = None
+        self._out: List[Dict[str, Any]] = []  # closed, not yet in a steps event
+        #: every metric name an accepted frame (or a restored block) brought
+        self.names: set[str] = set()
+
+    def admit(self, frame: Steps) -> None:
+        """Take note of the frame's metric names, or raise :class:`Rejected`
+        (``step_metric_names``), changing nothing, when they would take the run past
+        :data:`MAX_RUN_STEP_METRICS`. The caller's last check: after it, the frame applies.
+        O(names in the frame) when within the cap."""
+        metrics = frame.metrics
+        if not metrics:
+            return
+        names = self.names
+        if len(names) + len(metrics) > MAX_RUN_STEP_METRICS:
+            new = sum(1 for name in metrics if name not in names)
+            if len(names) + new > MAX_RUN_STEP_METRICS:
+                raise Rejected("step_metric_names",
+                               f"{new} new step metric names, run has {len(names)} "
+                               f"of {MAX_RUN_STEP_METRICS}")
+        names.update(metrics)
+
+    def close(self, now: float, world_size: Optional[int]) -> None:
+        """Queue what the closer lets close now (watermark, grace, force close)."""
+        closed = self.closer.ready(now, world_size)
+        if closed:
+            self._out.extend(closed)
+
+    def close_all(self) -> bool:
+        """The run ends: every pending step closes; True when any step is waiting."""
+        self._out.extend(self.closer.close_all())
+        return bool(self._out)
+
+    def due(self, now: float) -> bool:
+        """Closed steps wait and ``interval`` has passed since the last event."""
+        return bool(self._out) and (self.sent_at is None or now - self.sent_at >= self.interval)
+
+    def take(self, now: float) -> List[Dict[str, Any]]:
+        """The waiting closed steps, now stored as published at ``now``."""
+        out, self._out = self._out, []
+        self.store.append(out)
+        self.published += len(out)
+        self.sent_at = now
+        return out
+
+    def restore(self, block: Dict[str, Any]) -> int | None:
+        """Journal replay of a :meth:`StepStore.to_wire` block; returns the first new row
+        (None: the block added nothing). The closer forgets what closed before the restart
+        and takes back the straggler window."""
+        store = self.store
+        before = store.rows
+        store.extend_wire(block)
+        if store.rows == before:
+            return None
+        self.names.update(store.metrics)
+        self.closer.forget_through(store.last_step)  # type: ignore[arg-type]
+        # Only the last SHARE_WINDOW matter (a million restored steps must not mean a
+        # million window updates).
+        self.closer.restore_slowest(store.slowest_ranks(since=before)[-SHARE_WINDOW:])
+        published = block.get("published_at")
+        if isinstance(published, float):
+            self.sent_at = published
+        return before

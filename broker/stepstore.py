@@ -5,8 +5,10 @@ the web for ``/steps`` and ``/steps.csv``), so it imports only numpy and the sta
 library. A closed step is a row: ``step``, ``time``, ``n``, ``slowest_rank`` (-1: none),
 ``samples``, ``tokens``. Each metric, and the step time, is a *series*: the rows where it
 has a value, as ``(row index, mean, min, max)`` arrays (28 bytes a point; min/max are NaN
-where no rank gave a finite value). Arrays grow geometrically by 1/8, so the slack stays
-small; :meth:`StepStore.nbytes` counts what is allocated.
+where no rank gave a finite value). Arrays start small and grow geometrically (doubling up
+to ``_DOUBLE_UNTIL`` items, then by 1/8), so a new series costs a few hundred bytes, not
+~28 KB (a run may hold 1,024 names, and every web holds them too), and the slack of a long
+one stays small; :meth:`StepStore.nbytes` counts what is allocated.
 
 :meth:`StepStore.series` answers PROTOCOL 4's "Step series": at most N buckets of equal
 point count, each with the mean of its per-step means and the *exact* smallest and largest
@@ -35,15 +37,19 @@ TOKENS_PER_S = "tokens_per_s"
 
 _ROW_FIELDS = (("step", np.int64), ("time", np.float64), ("n", np.int32),
                ("slowest", np.int32), ("samples", np.int64), ("tokens", np.int64))
-_MIN_CAPACITY = 1024
+_MIN_CAPACITY = 8
+_DOUBLE_UNTIL = 4096
 _NAN = math.nan
 
 
 def _grow(arr: np.ndarray, need: int) -> np.ndarray:
-    """``arr`` with room for ``need`` items (1/8 geometric growth keeps slack small)."""
-    if need <= len(arr):
+    """``arr`` with room for ``need`` items: doubled while small, then 1/8 more (geometric
+    either way, so appends stay amortised O(1); the slack of a big array stays small)."""
+    n = len(arr)
+    if need <= n:
         return arr
-    new = np.empty(max(need, len(arr) + len(arr) // 8, _MIN_CAPACITY), dtype=arr.dtype)
+    new = np.empty(max(need, 2 * n if n < _DOUBLE_UNTIL else n + n // 8, _MIN_CAPACITY),
+                   dtype=arr.dtype)
     new[:len(arr)] = arr
     return new
 

@@ -14,6 +14,7 @@ from 3.1 to 1.8 us, the difference being collector passes over the kept frames.
 """
 from __future__ import annotations
 
+import re
 from operator import lt as _lt
 from typing import Annotated, Any, Callable, Literal, Optional, Union
 
@@ -53,7 +54,25 @@ MAX_STEP_METRIC_NAME = 128
 MAX_STEP = 2**63 - 1
 MAX_STEP_COUNT = 2**40
 
-RunId = Annotated[str, Meta(pattern=rf"^[A-Za-z0-9._:\-]{{1,{MAX_RUN_ID}}}$")]
+#: The characters a run id is made of (PROTOCOL.md 2), as a regex character-class body.
+#: Everything that checks or cleans a run id builds on this and :data:`RUN_ID_PATTERN`.
+RUN_ID_CHARS = r"A-Za-z0-9._:\-"
+#: The whole run id (contract v3): 1-``MAX_RUN_ID`` of :data:`RUN_ID_CHARS` and not dots
+#: only (``.`` and ``..`` name no file and no URL path segment). Anchored with ``\Z``, not
+#: ``$``: ``$`` also matches before a trailing newline, which would let ``"run\n"`` in.
+#: Written for ``re.search``, which is how msgspec applies a ``pattern``.
+RUN_ID_PATTERN = rf"^(?!\.+\Z)[{RUN_ID_CHARS}]{{1,{MAX_RUN_ID}}}\Z"
+#: :data:`RUN_ID_PATTERN` compiled: ``RUN_ID_RE.search(text)`` (or :func:`valid_run_id`).
+RUN_ID_RE = re.compile(RUN_ID_PATTERN)
+
+
+def valid_run_id(run: object) -> bool:
+    """True when ``run`` is a string the wire accepts as a run id (the one check: the
+    frames' ``RunId``, the web's routes and the journal's file names must agree)."""
+    return isinstance(run, str) and RUN_ID_RE.search(run) is not None
+
+
+RunId = Annotated[str, Meta(pattern=RUN_ID_PATTERN)]
 Rank = Annotated[int, Meta(ge=0, lt=MAX_WORLD_SIZE)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 Short = Annotated[str, Meta(max_length=MAX_SHORT)]

@@ -1,9 +1,13 @@
 """The per-run sink rules of PROTOCOL.md 2, 2.1-2.3 and 3, driven with frames and a fake clock."""
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
+import re
+import time
+import tracemalloc
 
 import msgspec
 import pytest
@@ -11,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.sink import Event, Rejected, RunSink
+from broker.topology import MAX_HARDWARE_BYTES, HardwareString, Topology
 from rank_agent.protocol import (
     Finish,
     GpuSample,
@@ -192,6 +197,28 @@ def test_malformed_metadata_rejected() -> None:
     assert sink.header()["metadata"] == {"lr": 0.1}
 
 
+@pytest.mark.parametrize("text", ['"\\udc00"', '{"path": "/data/x\\udcff.bin"}',
+                                  '{"\\ud800": 1}', '["ok", ["\\ud83d"]]', '"\\ude00\\ud83d"'])
+def test_metadata_with_a_lone_surrogate_is_malformed(text: str) -> None:
+    """Contract v3: json.loads accepts a lone surrogate escape, but no encoder can write it
+    into an event or a snapshot, so the run's history would be lost to later webs."""
+    assert "\udc00" in json.loads('"\\udc00"')  # what makes it slip through json alone
+    sink = registered(1)
+    sink.apply(meta(0, '{"lr": 0.1}'), 1.0)
+    seq = sink.seq
+    with pytest.raises(Rejected) as exc:
+        sink.apply(meta(0, text), 2.0)
+    assert exc.value.reason == "bad_metadata_json"
+    assert sink.header()["metadata"] == {"lr": 0.1} and sink.seq == seq
+    msgspec.msgpack.encode(sink.snapshot())  # still encodable
+
+
+def test_metadata_with_escaped_valid_characters_is_accepted() -> None:
+    sink = registered(1)
+    sink.apply(meta(0, '{"smile": "\\ud83d\\ude00", "e": "\\u00e9", "nl": "a\\nb"}'), 1.0)
+    assert sink.header()["metadata"] == {"smile": "\U0001f600", "e": "\u00e9", "nl": "a\nb"}
+
+
 @pytest.mark.parametrize(
     "frame",
     [reg(1, ws=3), reg(9, ws=16), met(7, 0), meta(0, "{oops"), meta(5, "{}"), fin(4)],
@@ -350,12 +377,15 @@ def test_svg_first_nonempty_wins_with_label_and_hash() -> None:
 
 def test_metadata_last_write_wins_whole_blob() -> None:
     sink = registered(2)
+    sink.tick(0.0)
     sink.apply(meta(0, '{"a": 1, "b": 2}'), 1.0)
-    events = sink.apply(meta(1, '{"c": [1, 2]}'), 2.0)
-    assert of_kind(events, "run")[0]["metadata"] == {"c": [1, 2]}  # replaced, not merged
+    assert sink.apply(meta(1, '{"c": [1, 2]}'), 2.0) == []  # coalesced: the tick emits it
+    assert of_kind(sink.tick(2.0), "run")[0]["metadata"] == {"c": [1, 2]}  # replaced
     assert sink.apply(meta(0, '{ "c" : [1,2] }'), 3.0) == []  # same value: header unchanged
     assert sink.apply(meta(1, '{ "c" : [1,2] }'), 4.0) == []  # same text again
-    assert of_kind(sink.apply(meta(1, "null"), 5.0), "run")[0]["metadata"] is None
+    assert of_kind(sink.tick(4.0), "run") == []
+    sink.apply(meta(1, "null"), 5.0)
+    assert of_kind(sink.tick(5.0), "run")[0]["metadata"] is None
 
 
 def test_hardware_string_grouped_by_host() -> None:
@@ -380,6 +410,89 @@ def test_hardware_string_grouped_by_host() -> None:
     # Once rank 5 registers, its report shows up under its host.
     sink.apply(reg(5, 6, "c", lr=0), 7.0)
     assert sink.header()["hardware"].endswith(" | c: unplaced | gr=5 lr=0: GPU")
+
+
+def _hw_string(reports: dict[int, str], hosts: dict[int, tuple[str, int]], limit: int) -> str:
+    topo = Topology()
+    for rank, (host, lr) in hosts.items():
+        topo.set(rank, host, lr)
+    return HardwareString(topo, reports.get, limit).render()
+
+
+def test_hardware_string_exact_while_it_fits_then_folded_then_cut_between_parts() -> None:
+    """Contract v3 2.2: exact while it fits; identical GPU parts folded (``gr=<ranges>``);
+    then ``… and N more ranks``, cut only between parts."""
+    hosts = {r: (f"n{r // 4}", r % 4) for r in range(8)}
+    reports = {r: f"Xeon | {'H100' if r != 6 else 'A100'}" for r in range(8)}
+    exact = _hw_string(reports, hosts, 1 << 16)
+    assert exact == ("n0: Xeon | gr=0 lr=0: H100 | gr=1 lr=1: H100 | gr=2 lr=2: H100"
+                     " | gr=3 lr=3: H100 | n1: Xeon | gr=4 lr=0: H100 | gr=5 lr=1: H100"
+                     " | gr=6 lr=2: A100 | gr=7 lr=3: H100")
+    assert _hw_string(reports, hosts, len(exact)) == exact  # the limit is inclusive
+    folded = "n0: Xeon | gr=0-3: H100 | n1: Xeon | gr=4-5,7: H100 | gr=6: A100"
+    assert _hw_string(reports, hosts, len(exact) - 1) == folded
+    assert _hw_string(reports, hosts, len(folded)) == folded
+    cut = _hw_string(reports, hosts, len(folded) - 1)
+    # (room is kept for the widest tail, "… and 8 more ranks": gr=4-5,7 no longer fits)
+    assert cut == "n0: Xeon | gr=0-3: H100 | n1: Xeon | … and 4 more ranks"
+    assert len(cut.encode()) <= len(folded) - 1
+    tiny = _hw_string(reports, hosts, 40)
+    assert tiny == "n0: Xeon | … and 8 more ranks" and len(tiny.encode()) <= 40
+    # Bytes, not characters: a multi-byte summary is measured in UTF-8.
+    wide = {0: "\u00e9" * 30 + " | g"}
+    assert _hw_string(wide, {0: ("h", 0)}, 50) == "… and 1 more ranks"
+
+
+def test_hardware_string_of_65536_ranks_with_4096_char_summaries_stays_small() -> None:
+    """Issue 19 finding 1: 65,536 ranks x 4,096-character summaries made a ~268 MB string
+    riding in every header. Through the pure sink: the header's string is <= 64 KiB, it is
+    re-rendered coalesced (each hardware frame is O(1)), and memory stays small."""
+    ws = 65536
+    sink = RunSink(RUN)
+    for r in range(ws):
+        sink.apply(Register(run=RUN, rank=r, world_size=ws, host=f"node{r // 8:05d}",
+                            local_rank=r % 8), 0.0)
+    sink.tick(0.0)
+    summary = "C" * 2040 + " | " + "G" * 2053
+    assert len(summary) == 4096
+    raw = [encoder.encode(Hardware(run=RUN, rank=r, summary=summary)) for r in range(0, ws, 512)]
+    tracemalloc.start()
+    try:
+        t0 = time.perf_counter()
+        for r in range(ws):  # each frame decoded on its own, as from the wire
+            frame = decode(raw[r // 512]) if r % 512 == 0 else decode(
+                encoder.encode(Hardware(run=RUN, rank=r, summary=summary)))
+            sink.apply(frame, 1.0)
+        applied = time.perf_counter() - t0
+        header = of_kind(sink.tick(2.0), "run")[-1]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    text = header["hardware"]
+    assert len(text.encode()) <= MAX_HARDWARE_BYTES
+    assert text.startswith("node00000: " + "C" * 2040 + " | gr=0-7: " + "G" * 2053 + " | node00001")
+    assert re.search(r" \| … and \d+ more ranks\Z", text)
+    shown = sum(p.count("gr=") for p in [text])
+    assert text.endswith(f"… and {ws - 8 * shown} more ranks")
+    assert peak < 64 * 2**20, peak  # the summaries alone would be 268 MB
+    assert applied < 30.0
+    # One more report: O(1) in apply, one bounded render in the coalesced header.
+    t0 = time.perf_counter()
+    sink.apply(hw(5, "C" * 2040 + " | X"), 3.0)
+    assert of_kind(sink.tick(3.0), "run")[-1]["hardware"].count("gr=") > 1
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_hardware_string_of_distinct_gpu_parts_is_cut_with_a_count() -> None:
+    ws = 4096
+    sink = RunSink(RUN)
+    for r in range(ws):
+        sink.apply(reg(r, ws, f"h{r // 8}", lr=r % 8), 0.0)
+        sink.apply(hw(r, f"cpu{r // 8} | " + f"gpu{r:05d}".ljust(4000, "x")), 0.0)
+    text = sink.header()["hardware"]
+    assert len(text.encode()) <= MAX_HARDWARE_BYTES
+    shown = text.count(" | gr=")
+    assert 10 < shown < 20 and text.endswith(f" | … and {ws - shown} more ranks")
 
 
 # ---------------------------------------------------------------- header coalescing
@@ -451,16 +564,17 @@ def test_changes_users_expect_at_once_emit_from_apply_and_clear_the_pending_head
     assert [h["host"] for h in header["hosts"]] == ["a", "b"]
     assert of_kind(sink.tick(5.0), "run") == []  # cleared: it went out with the svg
     sink.apply(hw(0, "c | g"), 6.0)  # pending again
-    (header,) = of_kind(sink.apply(meta(0, '{"lr": 0.1}'), 6.1), "run")
+    # Metadata and alerts are coalesced too (v3: a burst of replaced ~1 MiB blobs, or of
+    # ranks failing, is one header per ranks_interval, not one per frame).
+    assert of_kind(sink.apply(meta(0, '{"lr": 0.1}'), 6.1), "run") == []
+    (header,) = of_kind(sink.tick(9.0), "run")
     assert header["metadata"] == {"lr": 0.1} and header["hardware"] == "a: c | gr=0 lr=0: g"
-    assert of_kind(sink.tick(9.0), "run") == []
-    # Alerts (a rank that failed) and completion are immediate too.
     sink.apply(reg(0, 2, "z"), 10.0)  # pending
-    events = sink.apply(fin(0, "error"), 10.1)
-    (header,) = of_kind(events, "run")
-    assert [a["kind"] for a in header["alerts"]] == ["rank_error"]
-    assert header["hosts"][0]["host"] == "z"
+    assert of_kind(sink.apply(fin(0, "error"), 10.1), "run") == []
+    # Completion is immediate, and carries everything pending.
     events = sink.apply(fin(1), 10.2)
+    assert [a["kind"] for a in events[0].data["alerts"]] == ["rank_error"]
+    assert events[0].data["hosts"][0]["host"] == "z"
     assert kinds(events) == ["run", "complete"] and events[0].data["status"] == "failed"
 
 
@@ -697,8 +811,8 @@ def test_all_finished_completes_once() -> None:
 
 def test_any_error_fails_the_run_and_raises_alert() -> None:
     sink = registered(2)
-    events = sink.apply(fin(1, "error"), 1.0)
-    (alert,) = of_kind(events, "run")[0]["alerts"]
+    sink.apply(fin(1, "error"), 1.0)
+    (alert,) = of_kind(sink.tick(1.0), "run")[0]["alerts"]
     assert (alert["kind"], alert["rank"], alert["at"]) == ("rank_error", 1, 1.0)
     events = sink.apply(fin(0), 2.0)
     assert of_kind(events, "complete") == [{"status": "failed"}]
@@ -728,8 +842,9 @@ def test_register_from_finished_rank_reopens_the_run() -> None:
     sink.apply(fin(0), 1.0)
     sink.apply(fin(1), 1.0)
     assert sink.status == "complete"
-    events = sink.apply(reg(1, 2), 2.0)
-    assert kinds(events) == ["run"] and events[0].data["status"] == "waiting"  # no record yet
+    assert sink.apply(reg(1, 2), 2.0) == []  # the reopened header is coalesced
+    events = sink.tick(2.0)
+    assert kinds(events) == ["run", "ranks"] and events[0].data["status"] == "waiting"
     assert sink.complete is None and not sink.finished
     assert sink.ranks()[1]["status"] == "ok"
     assert sink.snapshot()["complete"] is None
@@ -744,8 +859,8 @@ def test_reopen_after_records_is_training() -> None:
     sink = registered(1)
     sink.apply(met(0, 0), 1.0)
     sink.apply(fin(0), 2.0)
-    events = sink.apply(reg(0, 1), 3.0)
-    assert events[0].data["status"] == "training"
+    sink.apply(reg(0, 1), 3.0)
+    assert of_kind(sink.tick(3.0), "run")[0]["status"] == "training"
 
 
 def test_reactivated_rank_is_waited_for_its_pending_epoch() -> None:
@@ -920,3 +1035,81 @@ def test_invariants_under_any_frame_sequence(steps) -> None:
         for record in sink.records:
             reported = [g["device_index"] for g in record["gpu_metrics"]]
             assert sorted(reported + record["missing_ranks"]) == list(range(sink.world_size))
+
+
+# ---------------------------------------------------------------- bounded by bytes (v3)
+
+
+def test_a_burst_of_replaced_metadata_is_one_header_and_old_blobs_are_freed() -> None:
+    """Issue 19 finding 2 (the sink's part): every replaced blob was a header of its own,
+    ~1 MiB each, encoded and held by the server for the whole batch; and a parsed blob is
+    many times its text. Now a burst is one coalesced header, and the run holds its
+    metadata as MessagePack."""
+    sink = registered(1)
+    sink.tick(0.0)
+    blob = '{"k": [' + ",".join(["{}"] * 40_000) + '], "n": %d}'
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        emitted = []
+        for i in range(60):
+            emitted += sink.apply(meta(0, blob % i), 1.0 + i / 100)
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert of_kind(emitted, "run") == []
+    (header,) = of_kind(sink.tick(2.0), "run")
+    assert header["metadata"]["n"] == 59 and len(header["metadata"]["k"]) == 40_000
+    # one blob's text (~160 KB) and its MessagePack (~40 KB) stay; parsed it was ~2.5 MB
+    assert held < 600_000, held
+
+
+def test_metadata_big_integers_become_floats_as_the_feed_would() -> None:
+    sink = registered(1)
+    sink.apply(meta(0, '{"big": 100000000000000000000000000000, "ok": 18446744073709551615}'),
+               1.0)
+    assert sink.header()["metadata"] == {"big": 1e29, "ok": 2**64 - 1}
+    msgspec.msgpack.encode(sink.snapshot())
+
+
+def test_ranks_failing_one_by_one_are_one_coalesced_header_not_one_each() -> None:
+    """4,096 ranks finishing with an error raised 4,096 headers, each listing every alert so
+    far: quadratic bytes from linear frames."""
+    ws = 4096
+    sink = registered(ws)
+    sink.tick(0.0)
+    events = []
+    for r in range(ws - 1):
+        events += sink.apply(fin(r, "error"), 1.0)
+    assert of_kind(events, "run") == []
+    (header,) = of_kind(sink.tick(1.5), "run")
+    assert len(header["alerts"]) == ws - 1
+
+
+def test_a_run_holds_at_most_1024_open_epochs() -> None:
+    """A silent rank (or an unknown world size) keeps every epoch another rank reports
+    open: a flood of metrics frames for new epochs grew the run by ~1 KB a frame, without
+    end. The 1,025th open epoch is rejected (``open_epochs``); reports for open epochs,
+    late ones, and new ones once epochs close, are still taken."""
+    from broker.epochs import MAX_OPEN_EPOCHS
+
+    assert MAX_OPEN_EPOCHS == 1024
+    sink = registered(2)
+    for e in range(MAX_OPEN_EPOCHS):  # rank 1 is silent: nothing closes
+        sink.apply(met(0, e * 1000), 1.0)
+    seq = sink.seq
+    with pytest.raises(Rejected) as exc:
+        sink.apply(met(0, 10**12), 2.0)
+    assert exc.value.reason == "open_epochs" and sink.seq == seq
+    sink.apply(met(0, 5000, loss=2.0), 2.0)  # an open epoch: last write, fine
+    sink.apply(met(1, 1000), 3.0)  # rank 1 completes epoch 1000: 0..1000 close
+    assert [r["epoch"] for r in sink.records] == [0, 1000]
+    sink.apply(met(0, 10**12), 4.0)  # room again
+    sink.apply(met(1, 0), 5.0)  # late: counted, not rejected
+    assert sink.late_metrics == 1
+    # before the world size is known nothing closes either
+    fresh = RunSink(RUN)
+    for e in range(MAX_OPEN_EPOCHS):
+        fresh.apply(met(0, e), 1.0)
+    with pytest.raises(Rejected):
+        fresh.apply(met(0, MAX_OPEN_EPOCHS), 1.0)

@@ -247,8 +247,9 @@ def test_register_reopens_an_ended_steps_only_run_as_training() -> None:
     d.send(stp(0, range(3)), 1.0)
     d.send(fin(0), 2.0)
     assert d.sink.status == "complete" and d.closed == [0, 1, 2]
-    events = d.send(reg(0, 1), 3.0)
+    d.send(reg(0, 1), 3.0)
     assert d.sink.status == "training"
+    events = d.tick(3.0)  # the reopened header is coalesced
     assert [e.data["status"] for e in events if e.kind == "run"] == ["training"]
     assert d.sink.complete is None
 
@@ -884,3 +885,45 @@ def test_random_traffic_closes_every_accepted_point_once_with_exact_figures(seed
         assert (rec["step"], rec["n"], rec["slowest_rank"]) == (step, n, slow)
         assert rec["metrics"]["loss"] == loss and rec["step_ms"] == ms
     assert d.sink.late_steps == late and sent - late >= sum(r["n"] for r in recs)
+
+
+# ---------------------------------------------------------------- distinct names (v3)
+
+
+def test_a_run_holds_at_most_1024_distinct_step_metric_names() -> None:
+    """Contract v3 section 2 (issue 19 finding 3): a steps frame that would take the run past
+    1,024 distinct metric names is rejected whole, counted as ``step_metric_names``; names
+    the run already holds stay welcome."""
+    from broker.steps import MAX_RUN_STEP_METRICS
+
+    assert MAX_RUN_STEP_METRICS == 1024
+    runs = Runs()
+    runs.ingest(encoder.encode(Register(run=RUN, rank=0, world_size=1, host="h")), T0)
+    for i in range(16):  # 16 frames x 64 new names: exactly at the cap
+        names = {f"m{i:02d}_{j:02d}_" + "x" * 100: [1.0] for j in range(64)}
+        runs.ingest(encoder.encode(stp(0, [i], metrics=names)), T0 + i)
+    assert runs.rejected == {}
+    sink = runs.get(RUN)
+    assert sink is not None
+    before = (sink.seq, sink._closer.ranks[0].highest)
+    over = {"m00_00_" + "x" * 100: [2.0], "brand_new": [2.0]}
+    runs.ingest(encoder.encode(stp(0, [100], metrics=over)), T0 + 20)
+    assert runs.rejected == {"step_metric_names": 1}
+    assert (sink.seq, sink._closer.ranks[0].highest) == before  # no effect at all
+    known = {"m15_63_" + "x" * 100: [3.0], "m00_00_" + "x" * 100: [3.0]}
+    runs.ingest(encoder.encode(stp(0, [101], metrics=known)), T0 + 21)
+    assert runs.rejected == {"step_metric_names": 1}
+    assert sink._closer.ranks[0].highest == 101
+    with pytest.raises(Rejected) as exc:
+        sink.apply(stp(0, [102], metrics={"another": [1.0]}), T0 + 22)
+    assert exc.value.reason == "step_metric_names"
+
+
+def test_restored_steps_count_towards_the_name_cap() -> None:
+    d = Drive(1)
+    d.send(stp(0, [0], metrics={f"n{j}": [1.0] for j in range(64)}))
+    d.send(fin(0))
+    block = d.sink.steps.to_wire()
+    fresh = RunSink(RUN)
+    fresh.restore_steps(block)
+    assert fresh._steps.names == {f"n{j}" for j in range(64)}

@@ -457,3 +457,19 @@ def test_nbytes_counts_a_few_dozen_bytes_a_step() -> None:
     recs = random_records(random.Random(2), 20_000, ["loss"], ranks=1)
     store.append(recs)
     assert store.nbytes() < 20_000 * (44 + 2 * 28) * 1.3
+
+
+def test_a_new_series_starts_small_so_1024_names_cost_kilobytes_not_megabytes() -> None:
+    """Issue 19 finding 3: each new name allocated >= 1,024 rows (~28 KB) in the broker
+    and in every web; 1,024 names x a few steps were ~29 MB. Series grow geometrically
+    from a few rows now, so appending stays amortised O(1)."""
+    store = StepStore()
+    for step in range(3):
+        store.append([{"step": step, "time": 1.0, "n": 1, "metrics": {
+            f"m{j}": [1.0, 1.0, 1.0] for j in range(1024)}, "step_ms": [1.0, 1.0, 1.0],
+            "slowest_rank": 0, "samples": 0, "tokens": 0}])
+    assert store.nbytes() < 512 * 1024, store.nbytes()
+    series = store.metrics["m0"]
+    for _ in range(20_000):  # growth stays geometric: few reallocations, little slack
+        series.extend([series.row[series.n - 1] + 1], [1.0], [1.0], [1.0])
+    assert series.n == 20_003 and len(series.row) < 20_003 * 1.3

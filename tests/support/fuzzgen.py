@@ -20,7 +20,10 @@ metrics and ties for the slowest rank included) and finishes; every step must cl
 once with the figures of PROTOCOL 2.4, computed here by brute force. Hostile ``steps`` frames
 (unequal lengths, non-increasing steps, empty, 1025 points, 65 names, long names, None times,
 wrong types, integers past their bounds) must be rejected as ``steps_shape`` or ``schema``;
-valid ones with NaN/inf, huge steps and huge integers go to the hostile runs.
+valid ones with NaN/inf, huge steps and huge integers go to the hostile runs. Contract v3
+adds run ids with a trailing newline or made of dots (``schema``), metadata with a lone
+surrogate escape (``bad_metadata_json``) and a run (:data:`NAMES_RUN`) driven past 1,024
+distinct step metric names (``step_metric_names``).
 
 Used by ``tests/reliability/test_fuzz.py`` (a quick run) and ``bench/fuzz_ingest.py``
 (>= 100 000 frames).
@@ -51,6 +54,9 @@ CHECK_STEP_BLOCK = 8
 HOSTILE_RUNS = [f"fz-h{i}" for i in range(6)]
 HOSTILE_WORLD = 4
 NEW_RUN_PREFIX = "fz-n"
+#: A run that only collects distinct step metric names, 64 new ones a frame: the first
+#: 1,024 are accepted, every frame after that is rejected (``step_metric_names``, v3).
+NAMES_RUN = "fz-names"
 
 _enc = msgspec.msgpack.Encoder()
 _NONFINITE = (math.nan, math.inf, -math.inf)
@@ -66,6 +72,15 @@ class Msg:
 
 def one(outcome: str) -> frozenset[str]:
     return frozenset((outcome,))
+
+
+def _accepted(d: dict[str, Any]) -> frozenset[str]:
+    """What a valid frame for a hostile run does: accepted, except that a metrics frame for
+    a high epoch may find the run's open epochs at the cap (``open_epochs``, which depends
+    on the traffic before it: high epochs of a hostile run never close)."""
+    if d.get("type") == "metrics" and d.get("epoch", 0) >= 30:
+        return frozenset(("accept", "open_epochs"))
+    return one("accept")
 
 
 def check_loss(epoch: int, rank: int) -> float:
@@ -189,6 +204,10 @@ class _Hostile:
         self.rng = rng
         self.big = big  # allow the multi-MiB frames
         self.new_runs = 0
+        self.name_frames = 0
+        # Hostile runs draw their odd step metric names from this pool, so they stay under
+        # the per-run cap of distinct names (the cap has its own generator, step_names).
+        self.name_pool = [self.text(rng.randrange(1, 20)) for _ in range(64)]
 
     # -- helpers ---------------------------------------------------------------------
     def run(self) -> str:
@@ -264,7 +283,8 @@ class _Hostile:
 
     # -- the generators --------------------------------------------------------------
     def valid_nonfinite(self) -> Msg:
-        return Msg(_enc.encode(self.valid_dict()), one("accept"), "valid_nonfinite")
+        d = self.valid_dict()
+        return Msg(_enc.encode(d), _accepted(d), "valid_nonfinite")
 
     def garbage(self) -> Msg:
         body = bytes(self.rng.randrange(256) for _ in range(self.rng.randrange(0, 64)))
@@ -297,7 +317,7 @@ class _Hostile:
             del d["rank"]
         elif key == "bad_run_id":
             d["run"] = rng.choice(("", "a b", "../../etc/passwd", "x" * 129, "run!", "r\x00",
-                                   "\u00e9t\u00e9", "<script>"))
+                                   "\u00e9t\u00e9", "<script>", "r1\n", ".", "..", "..."))
         elif key == "negative_rank":
             d["rank"] = -rng.randrange(1, 2**40)
         elif key == "huge_rank":
@@ -348,7 +368,7 @@ class _Hostile:
                 return Msg(b"\x91" * depth + b"\x00", one("schema"), "deep_nesting")
             raw = bytes([raw[0] + 1]) + raw[1:] + _enc.encode("deep") + b"\x91" * depth + b"\x00"
             # shallow enough to skip: accepted; too deep for the decoder: decode
-            return Msg(raw, frozenset(("accept", "decode")), "deep_nesting")
+            return Msg(raw, _accepted(d) | {"decode"}, "deep_nesting")
         # in the metadata JSON of a hostile run
         text = "[" * depth + "]" * depth
         d = {"type": "metadata", "run": self.run(), "rank": self.rank(), "json": text}
@@ -375,7 +395,8 @@ class _Hostile:
 
     def bad_metadata(self) -> Msg:
         run = self.rng.choice(HOSTILE_RUNS + [CHECK_RUN, CHECK_STEPS_RUN])
-        text = self.rng.choice(("{", "{not json", "[1,]", "NaN?", "", "\"unterminated", "{}{}"))
+        text = self.rng.choice(("{", "{not json", "[1,]", "NaN?", "", "\"unterminated", "{}{}",
+                                "\"\\udc00\"", "{\"path\": \"/x\\ud800y\"}", "[\"\\ude00\\ud83d\"]"))
         d = {"type": "metadata", "run": run, "rank": 0, "json": text}
         return Msg(_enc.encode(d), one("bad_metadata_json"), "bad_metadata")
 
@@ -460,7 +481,7 @@ class _Hostile:
         names = rng.choice((0, 1, 2, 4)) if rng.random() < 0.98 else protocol.MAX_STEP_METRICS
         metrics: dict[str, list[Any]] = {}
         for i in range(names):
-            name = rng.choice(("loss", "lr", "acc", f"m{i}", self.text(rng.randrange(1, 20)),
+            name = rng.choice(("loss", "lr", "acc", f"m{i}", rng.choice(self.name_pool),
                                "\u00e9" * protocol.MAX_STEP_METRIC_NAME, "a,b\"c\r\n"))
             metrics[name] = [self._opt_float() for _ in steps]
         if metrics or rng.random() < 0.5:
@@ -556,6 +577,18 @@ class _Hostile:
         n = protocol.MAX_FRAME_BYTES + 1 + self.rng.randrange(1024)
         return Msg(b"\x00" * n, one("oversize"), "oversize")
 
+    def step_names(self) -> Msg:
+        """A steps frame of :data:`NAMES_RUN` with 64 metric names it has not seen: accepted
+        while the run holds at most 1,024 distinct names, then rejected (one PUSH socket
+        keeps the order, so the outcome is known by construction)."""
+        i = self.name_frames
+        self.name_frames += 1
+        per = protocol.MAX_STEP_METRICS
+        d = {"type": "steps", "run": NAMES_RUN, "rank": 0, "steps": [i], "times": [1.7e9],
+             "step_ms": [1.0], "metrics": {f"n{i}_{j}_" + "x" * 100: [1.0] for j in range(per)}}
+        ok = (i + 1) * per <= 1024
+        return Msg(_enc.encode(d), one("accept" if ok else "step_metric_names"), "step_names")
+
     def new_run(self) -> Msg:
         """A valid frame for a brand-new run id. The harness runs the broker with a run cap
         above their number (the cap itself is tested in test_bounds.py): evicting the check
@@ -571,7 +604,7 @@ WEIGHTS: list[tuple[str, float]] = [
     ("valid_nonfinite", 30), ("garbage", 8), ("random_bytes", 8), ("truncated", 10),
     ("unknown_tag", 5), ("wrong_type", 12), ("huge_length", 5), ("deep_nesting", 3),
     ("out_of_range", 6), ("bad_metadata", 3), ("over_limit", 6), ("new_run", 4),
-    ("valid_steps", 8), ("bad_steps", 8), ("oversize", 0.02),
+    ("valid_steps", 8), ("bad_steps", 8), ("oversize", 0.02), ("step_names", 0.5),
 ]
 
 

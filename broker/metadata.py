@@ -1,0 +1,44 @@
+"""A run's metadata JSON checked and kept compact (PROTOCOL.md 2, ``metadata`` frames).
+
+Apart from the sink because it is a codec, not a rule of the run: text in, MessagePack out
+or :class:`~broker.events.Rejected`. The sink keeps the result and decodes it per header.
+"""
+from __future__ import annotations
+
+import json
+
+import msgspec
+
+from broker.events import Rejected
+
+__all__ = ["parse_metadata"]
+
+_pack = msgspec.msgpack.Encoder().encode
+
+
+def _int_or_float(text: str) -> int | float:
+    value = int(text)
+    return value if -(2**63) <= value < 2**64 else float(value)
+
+
+def parse_metadata(text: str) -> msgspec.Raw:
+    """The metadata JSON as MessagePack bytes (in a :class:`msgspec.Raw`), or
+    :class:`Rejected` (``bad_metadata_json``) when it is malformed.
+
+    Kept encoded, not parsed: 1 MiB of JSON such as ``[{}, {}, ...]`` parses into ~25 MB
+    of Python objects, per run (x ``--max-runs``), while its MessagePack is smaller than the
+    text; a header decodes it for the moment it is encoded (transient, and headers are
+    coalesced). Contract v3: JSON whose strings cannot be encoded as UTF-8 is malformed too
+    (``json.loads`` turns a ``\\udc00`` escape into a lone surrogate no encoder can write: the
+    run's events and snapshot would be lost to every web that connects later); encoding
+    here finds it. Integers beyond MessagePack's range become floats, as the server does."""
+    try:
+        parsed = json.loads(text)
+        try:
+            return msgspec.Raw(_pack(parsed))
+        except OverflowError:
+            return msgspec.Raw(_pack(json.loads(text, parse_int=_int_or_float)))
+    except UnicodeEncodeError:
+        raise Rejected("bad_metadata_json", "a string is not UTF-8 (lone surrogate)") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
+        raise Rejected("bad_metadata_json", str(exc)[:200]) from None

@@ -1,0 +1,142 @@
+"""Per-rank state of a run: status and liveness, and each rank's latest resource sample with
+its relabelled GPU entry (PROTOCOL.md 2.3, 3).
+
+The samples are kept apart from the rest because they are pure cache:
+``resources`` frames are nearly all the traffic, so storing one must stay O(1) with no
+allocation (the decoded Struct is kept as is), while the dicts an epoch record and the
+``ranks`` array need are built lazily, once per change, however many samples arrived since.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, List, Tuple
+
+from broker import aggregate
+from broker.steps import StepCloser
+from rank_agent.protocol import ResourceSample
+
+__all__ = ["RankState", "RankSamples", "ranks_array"]
+
+
+class RankState:
+    """Per-rank state. Plain slots: thousands of these are read at every close."""
+
+    __slots__ = ("rank", "status", "last_seen", "epoch", "loss", "hardware", "sample_json")
+
+    def __init__(self, rank: int, now: float) -> None:
+        self.rank = rank
+        self.status = "ok"  # ok | stale | finished | error
+        self.last_seen = now
+        self.epoch: int | None = None
+        self.loss: float | None = None
+        self.hardware: str | None = None
+        self.sample_json: Dict[str, Any] | None = None  # cached dict of the latest sample
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished" or self.status == "error"
+
+
+class RankSamples:
+    """Latest sample per rank, plus the GPU entries an epoch record carries.
+
+    ``place`` maps a rank to its ``(host, local_rank)`` (the topology's placement): a rank's
+    GPU name carries it, so :meth:`placed` marks the rank for relabelling.
+    """
+
+    def __init__(self, place: Dict[int, Tuple[str, int]]) -> None:
+        self._place = place
+        #: rank -> latest sample (the decoded Struct, read-only)
+        self.latest: Dict[int, ResourceSample] = {}
+        # rank -> its first GPU relabelled for the record. Built lazily: a sample or a
+        # register only marks the rank in ``_dirty`` (a resources frame stays O(1) with no
+        # allocation), and a close rebuilds just the marked ranks, once however many samples
+        # arrived since (the sampler usually sends several per epoch).
+        self._gpus: Dict[int, Dict[str, Any]] = {}
+        self._dirty: set[int] = set()
+        self._labels: Dict[int, str] = {}  # rank -> its GPU name prefix (by placement)
+
+    def put(self, rank: int, sample: ResourceSample) -> None:
+        """Store ``rank``'s latest sample (last write wins)."""
+        self.latest[rank] = sample
+        self._dirty.add(rank)
+
+    def placed(self, rank: int) -> None:
+        """``rank``'s placement changed: its GPU name prefix is stale."""
+        self._dirty.add(rank)
+        self._labels.pop(rank, None)
+
+    def discard(self, rank: int) -> None:
+        """Forget everything about ``rank``."""
+        self.latest.pop(rank, None)
+        self._gpus.pop(rank, None)
+        self._dirty.discard(rank)
+        self._labels.pop(rank, None)
+
+    def gpus(self) -> Dict[int, Dict[str, Any]]:
+        """rank -> its relabelled first GPU, for every rank whose sample has one (shared;
+        do not mutate). Rebuilds only the ranks marked since the last call."""
+        dirty = self._dirty
+        if dirty:
+            self._refresh(dirty)
+            dirty.clear()
+        return self._gpus
+
+    def _refresh(self, ranks: Iterable[int]) -> None:
+        samples = self.latest
+        gpus = self._gpus
+        labels = self._labels
+        place = self._place
+        gpu_label: Callable[..., str] = aggregate.gpu_label
+        rank_gpu = aggregate.rank_gpu
+        for rank in ranks:
+            sample = samples.get(rank)
+            if sample is not None and sample.gpus:
+                # The rank's name prefix is cached: it changes only with its placement.
+                label = labels.get(rank)
+                if label is None:
+                    label = labels[rank] = gpu_label(rank, place.get(rank))
+                gpus[rank] = rank_gpu(rank, None, sample.gpus[0], label)
+            else:
+                gpus.pop(rank, None)
+
+    def json(self, rank: int) -> Dict[str, Any] | None:
+        """``rank``'s latest sample as a JSON-ready dict (None: no sample). Not cached here:
+        the sink caches it per rank until the next sample."""
+        sample = self.latest.get(rank)
+        return None if sample is None else aggregate.sample_dict(sample)
+
+
+def ranks_array(ranks: Dict[int, RankState], place: Dict[int, Tuple[str, int]],
+                samples: RankSamples, closer: StepCloser) -> List[Dict[str, Any]]:
+    """The ``ranks`` array of PROTOCOL 4 (rank order), each entry plus its last ``loss``.
+
+    A rank's sample dict is cached on its :class:`RankState` until its next sample, so a
+    ``ranks`` event every second re-encodes, but does not rebuild, an idle rank's sample.
+    """
+    step_ranks = closer.ranks
+    share = closer.share
+    out = []
+    for rank in sorted(ranks):
+        st = ranks[rank]
+        p = place.get(rank)
+        rs = step_ranks.get(rank)
+        sample = st.sample_json
+        if sample is None:
+            sample = st.sample_json = samples.json(rank)
+        out.append(
+            {
+                "rank": rank,
+                "host": p[0] if p else None,
+                "local_rank": p[1] if p else None,
+                "status": st.status,
+                "last_seen": st.last_seen,
+                "epoch": st.epoch,
+                "hardware": st.hardware,
+                "resources": sample,
+                "step": rs.highest if rs is not None else None,
+                "step_ms": rs.mean_ms() if rs is not None else None,
+                "slowest_share": share(rank),
+                "loss": st.loss,
+            }
+        )
+    return out
