@@ -56,13 +56,18 @@ GPU_KEYS = (
     "power_w",
 )
 
+#: The v2 fields of a GpuSample, read in one C call (an epoch record's GPU entry keeps only
+#: these; the v3 health fields ride in the ``ranks`` array, PROTOCOL 3).
+_gpu_v2 = attrgetter(*GPU_KEYS)
+
 #: A rank's placement: (host, local rank).
 Placement = Tuple[str, int]
 
 
 def gpu_dict(gpu: GpuSample) -> Dict[str, Any]:
-    """Every GpuSample field, absent ones as None (the Struct omits defaults on the wire)."""
-    return _asdict(gpu)  # every field in schema order (GPU_KEYS), as rank_gpu copies it
+    """Every GpuSample field (v3 health fields included), absent ones as None (the Struct
+    omits defaults on the wire): a rank's GPUs as the ``ranks`` array carries them."""
+    return _asdict(gpu)
 
 
 def sample_dict(sample: ResourceSample) -> Dict[str, Any]:
@@ -94,7 +99,7 @@ def rank_gpu(rank: int, placement: Placement | None, gpu: GpuSample,
     into one chart series. ``label`` is :func:`gpu_label` of the rank if the caller has
     it cached.
     """
-    entry = _asdict(gpu)  # every field in schema order (GPU_KEYS), copied in C
+    entry = dict(zip(GPU_KEYS, _gpu_v2(gpu)))  # the v2 fields only, in schema order
     entry["device_index"] = rank
     entry["name"] = (gpu_label(rank, placement) if label is None else label) + gpu.name
     return entry

@@ -241,7 +241,10 @@ def test_record_total_epochs_none_when_unknown() -> None:
 def test_sample_dict_has_every_key() -> None:
     d = agg.sample_dict(ResourceSample(cpu_percent=1.0, gpus=[gpu()]))
     assert list(d) == list(agg.SAMPLE_KEYS) + ["gpus"]
-    assert list(d["gpus"][0]) == list(agg.GPU_KEYS)
+    # the ranks array carries every GpuSample field, the v3 health fields included (PROTOCOL 4)
+    assert list(d["gpus"][0]) == list(GpuSample.__struct_fields__)
+    assert list(d["gpus"][0])[: len(agg.GPU_KEYS)] == list(agg.GPU_KEYS)
+    assert "throttle_reasons" in d["gpus"][0]
 
 
 def test_record_does_not_depend_on_report_order() -> None:

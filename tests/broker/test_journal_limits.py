@@ -226,7 +226,8 @@ def test_a_steps_block_visits_what_it_holds_not_every_series(
     monkeypatch.setattr(stepstore, "Series", CountingSeries)
     small, few = _wide_then_narrow(tmp_path / "small", names=64, blocks=40)
     small.close()
-    big, many = _wide_then_narrow(tmp_path / "big", names=1024, blocks=40)
+    # 1,023 names + loss: the most a run may hold (MAX_RUN_STEP_METRICS)
+    big, many = _wide_then_narrow(tmp_path / "big", names=1023, blocks=40)
     live = big.runs.get("s")
     assert live is not None
     assert isinstance(live.steps.step_ms, CountingSeries)  # (the count is real)
