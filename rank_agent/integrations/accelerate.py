@@ -42,8 +42,8 @@ from accelerate.tracking import GeneralTracker
 from ._common import (
     Reporter,
     check_agent_kwargs,
-    env_run_id,
     jsonable,
+    launcher_run_id,
     make_agent,
     new_run_id,
     numbers_only,
@@ -94,7 +94,7 @@ class RankboardTracker(GeneralTracker):
     def _run_id(self) -> str:
         if self.run_name:
             return self.run_name
-        shared = env_run_id()
+        shared = launcher_run_id()
         return f"{self.prefix}-{shared}" if shared else new_run_id(self.prefix)
 
     def start(self) -> None:

@@ -132,15 +132,15 @@ def test_fork_child_uses_and_closes_the_agent_parent_unaffected(receiver, make_a
     agent.start_sampling(interval=0.1)
     agent.register()
     receiver.wait_for(lambda fs: any(isinstance(f, Register) for f in fs))
-    parent_ctx = agent._ctx
+    parent_ctx = agent._pusher._ctx
     pid = _fork()
     if pid == 0:  # the child: never return into pytest
         code = 1
         try:
-            ok = agent._ctx is None and agent._sock is None  # inherited objects let go
+            ok = agent._pusher._ctx is None and agent._pusher._sock is None  # inherited objects let go
             if child_sends:
                 ok = agent.log_epoch(1000, 2.0) and ok
-                ok = agent._ctx is not None and agent._ctx is not parent_ctx and ok
+                ok = agent._pusher._ctx is not None and agent._pusher._ctx is not parent_ctx and ok
             agent.close()
             code = 0 if ok else 3
         except BaseException:
@@ -149,7 +149,7 @@ def test_fork_child_uses_and_closes_the_agent_parent_unaffected(receiver, make_a
             os._exit(code)
     assert _wait_child(pid) == 0
     # the parent's context and socket still work
-    assert agent._ctx is parent_ctx
+    assert agent._pusher._ctx is parent_ctx
     for epoch in range(5):
         assert agent.log_epoch(epoch, 1.0)
     agent.finish()
@@ -188,8 +188,8 @@ def test_unusable_endpoint_is_tried_once_then_frames_are_dropped(make_agent, cap
     for i in range(100):
         assert agent.log_epoch(i, 1.0) is False
     assert agent.dropped == agent.errors == 100 and agent.sent == 0
-    assert agent._ctx is None  # no context left behind by the failed attempt
-    errors = [r for r in caplog.records if r.name == "rank_agent.agent"]
+    assert agent._pusher._ctx is None  # no context left behind by the failed attempt
+    errors = [r for r in caplog.records if r.name == "rank_agent.pusher"]
     assert len(errors) == 1 and "not-an-endpoint" in errors[0].getMessage()
 
 

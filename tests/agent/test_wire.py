@@ -232,7 +232,7 @@ def test_constructor_does_no_io_and_rejects_impossible_ranks():
 
     before = zmq.Context._instance  # the agent never uses the global instance either
     agent = RankAgent(broker="tcp://127.0.0.1:1", run="r", rank=0, world_size=1)
-    assert agent._ctx is None and agent._sock is None
+    assert agent._pusher._ctx is None and agent._pusher._sock is None
     agent.close()
     assert zmq.Context._instance is before
     for kwargs in ({"rank": 2, "world_size": 2}, {"rank": -1, "world_size": 2},
