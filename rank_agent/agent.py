@@ -10,6 +10,7 @@ The parts live apart, each with its own rules:
 * :mod:`rank_agent.pusher`: the socket, its bounded queue, counters and fork safety;
 * :mod:`rank_agent.stepbuffer`: the ``log_step`` buffer and its flusher thread (frames built
   by the pure :mod:`rank_agent.stepframes`);
+* :mod:`rank_agent.shared`: one agent per process and run, shared by its users;
 * this module: the public class, the frames it builds (strings clamped to the wire limits,
   the run id sanitised, so the agent never produces a frame the broker rejects) and the
   process-wide hooks: an ``os.register_at_fork`` hook resets every live agent in a forked
@@ -28,7 +29,8 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, Mapping, Tuple, Union
 
-from .launcher import DEFAULT_BROKER, launch_args, sanitize_run_id
+from . import shared
+from .launcher import DEFAULT_BROKER, generated_run_id, launch_args, sanitize_run_id
 from .protocol import (
     MAX_METADATA_BYTES,
     MAX_SCALAR_NAME,
@@ -45,6 +47,7 @@ from .protocol import (
     Resources,
     ResourceSample,
     Svg,
+    encoder,
     utf8_over,
 )
 from .pusher import Pusher, RateLimitedLog
@@ -70,6 +73,7 @@ def _close_all_at_exit() -> None:
     """Flush and close the agents a script forgot to close (bounded by each one's linger)."""
     for agent in list(_AGENTS):
         try:
+            agent._users = 1  # users still holding a shared agent at exit: it ends now
             agent.close()
         except Exception:  # pragma: no cover - interpreter teardown
             pass
@@ -153,9 +157,15 @@ class RankAgent:
         self.sndhwm = max(1, int(sndhwm))
         self.linger_ms = max(0, int(linger_ms))
         self._finished = False
+        #: users of a shared agent (:mod:`rank_agent.shared`): the last one's close() closes
+        self._users = 1
+        self._users_lock = threading.Lock()
+        #: the worst status a user's finish() asked for while others still held the agent
+        self._pending_status: str | None = None
         self._warn = RateLimitedLog(logger=log)
         self._pusher = Pusher(self.broker, sndhwm=self.sndhwm, linger_ms=self.linger_ms,
-                              warn=self._warn, on_fork=self._reset_after_fork)
+                              warn=self._warn, on_fork=self._reset_after_fork,
+                              introduce=self._implicit_register)
         # the hot paths call the pusher's and the buffer's bound methods directly: no
         # delegating call in between (log_epoch's send, every log_step)
         self._send: Callable[[Any], bool] = self._pusher.send
@@ -199,14 +209,45 @@ class RankAgent:
           generated ``run-<YYYYmmdd-HHMMSS>-<6 hex>``, which is fine for a single process.
         * host: ``RANKBOARD_HOST``, else the hostname.
 
+        **One agent per process and run** (:mod:`rank_agent.shared`): if this process already
+        has a live agent for that run and rank (an earlier ``from_env``, a framework tracker),
+        it is returned, with one more user, instead of a second agent registering again; the
+        other keyword arguments then do not apply. Its users end it together: each one's
+        ``finish()``/``close()``/``with`` end counts, and the last one sends ``finish`` (with
+        ``error`` if any user said so) and closes. When no launcher names the run (a generated
+        id), the process's latest agent of that rank is the one.
+
         ``env`` defaults to ``os.environ``; ``kwargs`` (``sndhwm``, ``linger_ms``,
         ``step_flush``, or any constructor argument) override what the environment says.
         Unparseable integers and an inconsistent rank/world size raise ``ValueError`` naming
         the variable.
         """
-        args = launch_args(env)
+        args = launch_args(env, generate=False)
         args.update(kwargs)
-        return cls(**args)
+        run = args["run"]
+
+        def make() -> RankAgent:
+            if not args["run"]:
+                args["run"] = generated_run_id()
+            return cls(**args)
+
+        return shared.acquire(sanitize_run_id(run) if run else None, int(args["rank"]), make)
+
+    def _add_user(self) -> bool:
+        """One more user of this shared agent (:mod:`rank_agent.shared`); False once closed."""
+        with self._users_lock:
+            if self.closed:
+                return False
+            self._users += 1
+            return True
+
+    def _implicit_register(self) -> bytes:
+        """The ``register`` the pusher sends ahead of a first frame that is not one (section 5:
+        an agent registers itself, so a run whose code never calls register() still learns
+        its world size and completes): port 0, total_epochs 0."""
+        return encoder.encode(Register(
+            run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
+            local_rank=self.local_rank, pid=os.getpid()))
 
     # -- counters ----------------------------------------------------------------------------
 
@@ -435,9 +476,21 @@ class RankAgent:
     def finish(self, status: str = "ok") -> bool:
         """Tell the broker this rank is done: ``"ok"`` or ``"error"`` (anything else is sent
         as ``"error"``), after sending the pending :meth:`log_step` points. May be sent again
-        (the broker's completion is idempotent)."""
+        (the broker's completion is idempotent).
+
+        A shared agent (:meth:`from_env`) still held by another user only sends its points
+        and remembers the status (``error`` sticks): the last user's finish or close sends
+        it."""
+        status = "ok" if status == "ok" else "error"
         self._finished = True
         self._steps.safe_flush()
+        with self._users_lock:
+            if self._pending_status is not None and status == "ok":
+                status = self._pending_status
+            if self._users > 1:
+                self._pending_status = status
+                return True
+            self._pending_status = None
         return self._send(Finish(run=self.run, rank=self.rank, status="ok" if status == "ok" else "error"))
 
     # -- resource sampling -------------------------------------------------------------------
@@ -497,6 +550,15 @@ class RankAgent:
         broker. Idempotent. In a forked child it only closes what the child itself created."""
         if self._pusher.closed:
             return
+        with self._users_lock:
+            self._users -= 1
+            shared_still = self._users > 0
+        if shared_still:  # another user holds this agent: it closes it
+            self._steps.safe_flush()
+            return
+        self._users = 0
+        if self._pending_status is not None:  # an earlier user's finish, deferred to now
+            self.finish(self._pending_status)
         current = threading.current_thread()
         thread = self._sampler_thread
         self._sampler_stop.set()
@@ -507,6 +569,7 @@ class RankAgent:
         self._pusher.close()
         # points a concurrent log_step added after the flush, before closing: lost, counted
         self._steps.discard_pending()
+        shared.forget(self)
         sampler, self._sampler = self._sampler, None
         if sampler is not None:
             try:
@@ -522,11 +585,12 @@ class RankAgent:
         """Leaving the ``with`` block ends this rank: unless :meth:`finish` was already called,
         it sends ``finish("error")`` when an exception is propagating (``SystemExit`` with
         code 0/None counts as success) and ``finish("ok")`` otherwise; then :meth:`close`.
-        The exception itself is never suppressed."""
-        if not self._finished and not self.closed:
-            failed = exc_type is not None
-            if failed and issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (0, None):
-                failed = False
+        The exception itself is never suppressed. A shared agent (:meth:`from_env`) counts
+        this block's outcome and ends when its last user does."""
+        failed = exc_type is not None
+        if failed and issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (0, None):
+            failed = False
+        if not self.closed and (not self._finished or self._users > 1):
             self.finish("error" if failed else "ok")
         self.close()
 

@@ -78,6 +78,11 @@ def new_run_id(prefix: str = "run") -> str:
     return sanitize_run_id(f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}")
 
 
+def generated_run_id() -> str:
+    """``run-<YYYYmmdd-HHMMSS>-<6 hex>``: the id of a process no launcher named."""
+    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
 def launch_ranks(env: Mapping[str, str]) -> tuple[int, int, int]:
     """(rank, world size, local rank): torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` when
     ``RANK`` is set, else Slurm's ``SLURM_PROCID``/``SLURM_NTASKS`` (or ``SLURM_NPROCS``)/
@@ -101,12 +106,13 @@ def launch_ranks(env: Mapping[str, str]) -> tuple[int, int, int]:
     return rank, world, local
 
 
-def launch_args(env: Mapping[str, str] | None = None) -> Dict[str, Any]:
+def launch_args(env: Mapping[str, str] | None = None, *, generate: bool = True) -> Dict[str, Any]:
     """The :class:`rank_agent.RankAgent` constructor arguments the environment gives
     (``broker``, ``run``, ``rank``, ``world_size``, ``local_rank``, ``host``); the rules are
     :meth:`rank_agent.RankAgent.from_env`'s docstring. The run id is :func:`launcher_run_id`,
     else for several ranks ``MASTER_ADDR:MASTER_PORT`` (warned about), else a generated
-    ``run-<YYYYmmdd-HHMMSS>-<6 hex>``."""
+    ``run-<YYYYmmdd-HHMMSS>-<6 hex>`` (``generate=False``: ``None``, for a caller that first
+    looks for an agent this process already has)."""
     env = os.environ if env is None else env
     rank, world, local = launch_ranks(env)
     run = launcher_run_id(env)
@@ -121,8 +127,8 @@ def launch_args(env: Mapping[str, str] | None = None) -> Dict[str, Any]:
             log.warning(
                 "rank %d of %d has no shared run id (set RANKBOARD_RUN): each rank will "
                 "appear as its own run", rank, world)
-    if not run:
-        run = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    if not run and generate:
+        run = generated_run_id()
     return {
         "broker": env.get("RANKBOARD_BROKER", "").strip() or DEFAULT_BROKER,
         "run": run,

@@ -23,7 +23,7 @@ def test_no_broker_50k_epochs_return_promptly_and_count_drops(make_agent, dead_e
     elapsed = time.monotonic() - t0
     assert elapsed < 20.0
     assert agent.dropped > 0
-    assert agent.sent + agent.dropped == n
+    assert agent.sent + agent.dropped == n + 1  # + the implicit register ahead of epoch 0
     assert agent.sent <= 2 * 1000  # bounded by the high-water mark, not by n
     assert agent.errors == 0
     t0 = time.monotonic()
@@ -35,7 +35,7 @@ def test_close_is_bounded_when_the_broker_is_gone(receiver, dead_endpoint):
     agent = RankAgent(broker=dead_endpoint, run="r", rank=0, world_size=1, linger_ms=500)
     for i in range(100):
         agent.log_epoch(i, 1.0)
-    assert agent.sent == 100
+    assert agent.sent == 101  # + the implicit register ahead of epoch 0
     t0 = time.monotonic()
     agent.close()
     assert time.monotonic() - t0 < 2.0
@@ -43,7 +43,7 @@ def test_close_is_bounded_when_the_broker_is_gone(receiver, dead_endpoint):
 
 def test_close_is_bounded_after_the_broker_went_away(receiver):
     agent = RankAgent(broker=receiver.endpoint, run="r", rank=0, world_size=1, linger_ms=500)
-    agent.register()
+    agent.register(total_epochs=1)
     receiver.wait_count(1)
     receiver.close()  # the broker dies
     for i in range(2000):
@@ -130,7 +130,7 @@ def _wait_child(pid: int, timeout: float = 15.0) -> int:
 def test_fork_child_uses_and_closes_the_agent_parent_unaffected(receiver, make_agent, child_sends):
     agent = make_agent(broker=receiver.endpoint)
     agent.start_sampling(interval=0.1)
-    agent.register()
+    agent.register(total_epochs=1)
     receiver.wait_for(lambda fs: any(isinstance(f, Register) for f in fs))
     parent_ctx = agent._pusher._ctx
     pid = _fork()
@@ -179,7 +179,9 @@ def test_fork_before_first_send(receiver, make_agent):
     agent.log_epoch(8, 1.0)
     assert _wait_child(pid) == 0
     frames = receiver.wait_for(lambda fs: {7, 8} <= {f.epoch for f in fs if isinstance(f, Metrics)})
-    assert len(frames) == 2
+    assert len([f for f in frames if isinstance(f, Metrics)]) == 2
+    # each process introduced itself: it had sent nothing before the fork
+    assert len([f for f in receiver.all_frames if isinstance(f, Register)]) == 2
 
 
 def test_unusable_endpoint_is_tried_once_then_frames_are_dropped(make_agent, caplog):
@@ -202,7 +204,7 @@ def test_an_agent_left_open_is_flushed_at_interpreter_exit(receiver):
     code = (
         "from rank_agent import RankAgent\n"
         f"a = RankAgent(broker={receiver.endpoint!r}, run='exit', rank=0, world_size=1)\n"
-        "a.register(); a.log_epoch(0, 1.0); a.finish()\n"  # no close(): the exit hook flushes
+        "a.register(total_epochs=1); a.log_epoch(0, 1.0); a.finish()\n"  # no close(): the exit hook flushes
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr

@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterator, List
 
 import pytest
 
-from rank_agent.stepbuffer import MAX_PENDING_STEPS
 from rank_agent.protocol import Finish, Steps
+from rank_agent.stepbuffer import MAX_PENDING_STEPS
 from rank_agent.stepframes import step_frames
 
 from ..polling import wait_for
@@ -189,7 +189,7 @@ def test_a_repeated_step_is_merged_even_across_flushes(receiver, make_agent):
 def test_flusher_sends_without_further_calls_within_two_flush_periods(receiver, make_agent):
     flush = 0.2
     agent = make_agent(broker=receiver.endpoint, step_flush=flush)
-    agent.register()
+    agent.register(total_epochs=1)
     receiver.wait_count(1)
     assert agent._steps.thread is None
     t0 = time.monotonic()
@@ -207,7 +207,7 @@ def test_points_are_batched_not_sent_one_frame_per_call(receiver, make_agent):
     frames = wait_points(receiver, 300)
     assert points(frames) == list(range(300))
     assert len(frames) <= 4  # the calls take well under a flush period
-    assert agent.sent == len(frames)
+    assert agent.sent == len(frames) + 1  # + the implicit register
 
 
 def test_flusher_is_started_lazily_by_the_first_log_step(receiver, make_agent):
@@ -266,7 +266,7 @@ def test_at_most_8192_points_wait_older_ones_dropped_and_counted(receiver, make_
     frames = wait_points(receiver, 8192)
     assert points(frames) == list(range(extra, 8192 + extra))  # the oldest went
     assert [len(f.steps) for f in frames] == [1024] * 8
-    assert agent.dropped == extra and agent.sent == 8
+    assert agent.dropped == extra and agent.sent == 8 + 1  # + the implicit register
 
 
 def test_log_step_after_close_is_counted_as_dropped(receiver, make_agent):
