@@ -88,7 +88,10 @@ def make_agent(*, run: str, rank: int, world_size: int, local_rank: int,
     """A :class:`RankAgent` for what the framework knows; ``agent_kwargs`` win. The broker
     and host come from the environment exactly as :meth:`RankAgent.from_env` reads them
     (``RANKBOARD_BROKER``, ``RANKBOARD_HOST``); from_env sees only those two variables, so
-    its own rank and run-id logic (and its warnings) stay out of it."""
+    its own rank and run-id logic (and its warnings) stay out of it. Through ``from_env`` it
+    is the process's shared agent for that run and rank (:mod:`rank_agent.shared`): a
+    per-rank recipe's ``RankAgent.from_env()`` in the same process adds to the same rank
+    instead of registering a second agent, and the rank finishes when the last user ends."""
     env = {name: os.environ[name] for name in ("RANKBOARD_BROKER", "RANKBOARD_HOST")
            if name in os.environ}
     kwargs: Dict[str, Any] = {"run": run, "rank": rank, "world_size": world_size,
