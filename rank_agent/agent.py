@@ -1,64 +1,41 @@
 """RankAgent: the piece of rankboard that lives inside every training rank (PROTOCOL.md section 5).
 
 It is a guest in someone else's training loop, and every design choice follows from that:
+never block, never raise (the only exceptions are ``ValueError``/``TypeError`` from the
+constructor for arguments that could never produce a valid frame: set-up bugs, before
+training), no I/O in the constructor, fork safety, bounded memory and a bounded shutdown.
+The parts live apart, each with its own rules:
 
-* **Never block, never raise.** Frames go out through a ZeroMQ PUSH socket with a bounded
-  send high-water mark (``sndhwm``, default 1000 frames) and ``zmq.NOBLOCK``; a frame that
-  does not fit (broker slow or gone) is dropped and counted in :attr:`RankAgent.dropped`.
-  Any other failure (encoding, a closed socket, a value that would break the wire schema) is
-  counted, logged rate-limited and swallowed. The only exceptions the agent raises are
-  ``ValueError``/``TypeError`` from the constructor for arguments that could never produce a
-  valid frame (a negative rank, a rank outside the world), i.e. set-up bugs, before training.
-* **No I/O in the constructor.** The ZeroMQ context and socket are created on the first send,
-  so an agent can be built (and ``fork()``-ed) cheaply.
-* **Fork safety.** ZeroMQ contexts must not be used across ``fork()``. The agent records the
-  pid that created its context; in a forked child (``os.register_at_fork`` hook, plus a pid
-  check on every use for forks that bypass the hook) it drops the inherited context and
-  socket *without touching them* (they are parked in a module list so that their finalisers
-  never run in the child) and creates a fresh pair lazily if the child sends. ``close()`` in
-  a child therefore never terminates, or waits on, the parent's context.
-* **Bounded everything.** The queue is the socket's HWM; the sampler keeps one latest
-  sample; logs are rate-limited per kind; strings are clamped to the wire limits and the run
-  id is sanitised to the wire pattern, so the agent never produces a frame the broker rejects.
-* **Bounded shutdown.** Every socket gets ``LINGER`` = ``linger_ms`` (default 500 ms) when it
-  is created, so ``close()`` waits at most that long for unsent frames, broker or no broker.
-  An agent a script never closed is closed by an ``atexit`` hook (same bound), so its last
-  frames (``finish``) still go out.
-* **Thread safety.** The training thread and the sampler thread both send; a lock guards the
-  socket (held only for a non-blocking send, a microsecond or so).
-* **Per-step points are buffered, not sent.** :meth:`RankAgent.log_step` runs once per
-  optimizer step, so it only appends a tuple to a deque (lock-free: ``append``/``popleft``
-  are atomic) and a daemon thread, started on the first call, turns the buffer into
-  ``steps`` frames every ``step_flush`` seconds (details in :meth:`RankAgent.log_step`).
+* :mod:`rank_agent.launcher`: what the launcher's environment says (``from_env``);
+* :mod:`rank_agent.pusher`: the socket, its bounded queue, counters and fork safety;
+* :mod:`rank_agent.stepbuffer`: the ``log_step`` buffer and its flusher thread (frames built
+  by the pure :mod:`rank_agent.stepframes`);
+* :mod:`rank_agent.shared`: one agent per process and run, shared by its users;
+* this module: the public class, the frames it builds (strings clamped to the wire limits,
+  the run id sanitised, so the agent never produces a frame the broker rejects) and the
+  process-wide hooks: an ``os.register_at_fork`` hook resets every live agent in a forked
+  child, and an ``atexit`` hook closes the agents a script forgot to close (bounded by each
+  one's ``linger_ms``), so their last frames (``finish``) still go out.
 """
 from __future__ import annotations
 
 import atexit
-import hashlib
 import json
 import logging
 import math
 import os
-import re
-import secrets
 import socket as _socket
 import threading
-import time
 import weakref
-from collections import deque
-from typing import Any, Deque, Dict, List, Mapping, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Tuple, Union
 
-import zmq
-
-from . import curve
+from . import shared
+from .launcher import DEFAULT_BROKER, generated_run_id, launch_args, sanitize_run_id
 from .protocol import (
-    MAX_FRAME_BYTES,
     MAX_METADATA_BYTES,
-    MAX_RUN_ID,
     MAX_SCALAR_NAME,
     MAX_SCALARS,
     MAX_SHORT,
-    MAX_STEP_METRICS,
     MAX_SUMMARY,
     MAX_SVG_BYTES,
     MAX_WORLD_SIZE,
@@ -73,32 +50,18 @@ from .protocol import (
     encoder,
     utf8_over,
 )
-from .stepframes import StepPoint, step_frames
+from .pusher import Pusher, RateLimitedLog
+from .stepbuffer import MAX_PENDING_STEPS, StepBuffer
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BROKER = "tcp://127.0.0.1:5585"
-_RUN_BAD = re.compile(r"[^A-Za-z0-9._:\-]+")
+__all__ = ["RankAgent", "DEFAULT_BROKER", "MAX_PENDING_STEPS", "sanitize_run_id"]
 
 ScalarArg = Union[float, Tuple[float, int]]
 
-#: Most step points waiting in one agent's buffer (PROTOCOL.md section 5); beyond it the
-#: oldest are dropped and counted in ``RankAgent.dropped``.
-MAX_PENDING_STEPS = 8192
-
-# hot-path bindings (log_epoch runs once per epoch in the training thread): one global
-# lookup each instead of an attribute chain
-_encode = encoder.encode
-_getpid = os.getpid
-_NOBLOCK = zmq.NOBLOCK
-_Again = zmq.Again
-
-# -- process-wide bookkeeping: live agents (for fork and exit hooks), parked zmq objects -------
+# -- process-wide bookkeeping: live agents (for fork and exit hooks) -------------------------
 
 _AGENTS: weakref.WeakSet[RankAgent] = weakref.WeakSet()
-#: zmq objects inherited across fork(): kept referenced forever in the child so that their
-#: finalisers (which would warn, or destroy the parent's context state) never run there.
-_FORK_ORPHANS: List[Any] = []
 
 
 def _after_fork_in_child() -> None:
@@ -110,6 +73,7 @@ def _close_all_at_exit() -> None:
     """Flush and close the agents a script forgot to close (bounded by each one's linger)."""
     for agent in list(_AGENTS):
         try:
+            agent._users = 1  # users still holding a shared agent at exit: it ends now
             agent.close()
         except Exception:  # pragma: no cover - interpreter teardown
             pass
@@ -117,57 +81,9 @@ def _close_all_at_exit() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-# registered after ``import zmq``, so it runs before pyzmq's own exit hook (atexit is LIFO)
+# registered after ``import zmq`` (by .pusher), so it runs before pyzmq's own exit hook
+# (atexit is LIFO)
 atexit.register(_close_all_at_exit)
-
-
-class _RateLimitedLog:
-    """Logs each kind of trouble at most once per ``every`` seconds, counting what it skipped.
-
-    The set of kinds is a fixed, small set of strings chosen by the agent, so memory is bounded.
-    """
-
-    def __init__(self, every: float = 60.0) -> None:
-        self.every = every
-        self._last: Dict[str, float] = {}
-        self._skipped: Dict[str, int] = {}
-
-    def __call__(self, kind: str, msg: str, *args: Any, level: int = logging.WARNING) -> None:
-        now = time.monotonic()
-        last = self._last.get(kind)
-        if last is not None and now - last < self.every:
-            self._skipped[kind] = self._skipped.get(kind, 0) + 1
-            return
-        self._last[kind] = now
-        skipped = self._skipped.pop(kind, 0)
-        log.log(level, msg, *args)
-        if skipped:
-            log.log(level, "rankboard: %d similar messages suppressed before this one", skipped)
-
-
-def sanitize_run_id(run: str) -> str:
-    """Make ``run`` a valid wire run id (1-128 of ``A-Z a-z 0-9 . _ : -``), deterministically.
-
-    Runs of other characters become ``_`` (``"my run/1"`` -> ``"my_run_1"``). An id longer than
-    128 characters keeps its first 119 and gains ``-`` plus 8 hex digits of a hash of the whole
-    id, so long ids that differ only at the end stay distinct. Every rank computes the same
-    result from the same input, so they all land in the same run. Empty input gives ``"run"``.
-    """
-    text = _RUN_BAD.sub("_", str(run))
-    if len(text) > MAX_RUN_ID:
-        digest = hashlib.sha1(str(run).encode("utf-8", "surrogatepass")).hexdigest()[:8]
-        text = f"{text[:MAX_RUN_ID - 9]}-{digest}"
-    return text or "run"
-
-
-def _env_int(env: Mapping[str, str], name: str) -> int | None:
-    value = env.get(name)
-    if value is None or not value.strip():
-        return None
-    try:
-        return int(value.strip())
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not an integer") from None
 
 
 def _clamp(text: str | None, limit: int) -> str | None:
@@ -175,14 +91,6 @@ def _clamp(text: str | None, limit: int) -> str | None:
         return None
     text = str(text)
     return text if len(text) <= limit else text[:limit]
-
-
-def _int_arg(value: Any, what: str) -> int:
-    """An ``int`` subclass as ``int``; refuse ``bool`` and every other type (no conversion:
-    ``int()`` of a GPU tensor would synchronise the device)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return int(value)
-    raise TypeError(f"{what} must be an int, got {type(value).__name__}")
 
 
 def _finite_or_none(obj: Any) -> Any:
@@ -248,54 +156,45 @@ class RankAgent:
         self.host = _clamp(host if host is not None else _socket.gethostname(), MAX_SHORT) or "unknown"
         self.sndhwm = max(1, int(sndhwm))
         self.linger_ms = max(0, int(linger_ms))
-        #: seconds between two flushes of the step buffer (read by the flusher on each wait)
-        self.step_flush = step_flush
-
-        self._lock = threading.Lock()
-        self._ctx: zmq.Context | None = None
-        self._sock: zmq.Socket | None = None
-        #: ``self._sock.send`` while the socket is usable (None: not created yet, closed,
-        #: broken or forked): the send fast path is "``_push`` set and same pid"
-        self._push: Any = None
-        self._pid = os.getpid()  # the process whose context self._ctx is
-        self._closed = False
-        self._broken: Exception | None = None  # set when the endpoint proved unusable
         self._finished = False
-        self._sent = 0
-        self._dropped = 0
-        self._errors = 0
-        self._warn = _RateLimitedLog()
+        #: users of a shared agent (:mod:`rank_agent.shared`): the last one's close() closes
+        self._users = 1
+        self._users_lock = threading.Lock()
+        #: the worst status a user's finish() asked for while others still held the agent
+        self._pending_status: str | None = None
+        self._warn = RateLimitedLog(logger=log)
+        self._pusher = Pusher(self.broker, sndhwm=self.sndhwm, linger_ms=self.linger_ms,
+                              warn=self._warn, on_fork=self._reset_after_fork,
+                              introduce=self._implicit_register)
+        # the hot paths call the pusher's and the buffer's bound methods directly: no
+        # delegating call in between (log_epoch's send, every log_step)
+        self._send: Callable[[Any], bool] = self._pusher.send
+        self._lose: Callable[..., bool] = self._pusher.lose
+        self._steps = StepBuffer(self.run, rank, step_flush, send=self._send, lose=self._lose,
+                                 warn=self._warn, on_fork=self._reset_after_fork)
+        self.log_step = self._steps.log_step  # type: ignore[method-assign]
 
         self._sampler: Any = None  # rank_agent.sampler.Sampler, created on first need
         self._sampler_thread: threading.Thread | None = None
         self._sampler_stop = threading.Event()
         self._latest: ResourceSample | None = None
-
-        # log_step: the buffer (appended by the training thread, drained by the flusher
-        # thread), the previous step and its time (for step_ms), points dropped from the
-        # buffer (only the appending thread writes it: no lock on the hot path)
-        self._steps_dropped = 0
-        self._steps_retry_at = 0.0  # monotonic time before which a dead flusher is not restarted
-        self._init_steps()
         _AGENTS.add(self)
 
-    def _init_steps(self) -> None:
-        """Fresh step-buffer state: at construction, and in a forked child (whose copy of
-        the parent's buffer belongs to the parent, whose flusher thread did not survive, and
-        whose locks may have been held at the fork)."""
-        self._steps_buf: Deque[StepPoint] = deque()
-        self._steps_prev: int | None = None
-        self._steps_t = 0.0
-        self._steps_last: StepPoint | None = None  # last point of the last flush (merging)
-        self._steps_thread: threading.Thread | None = None
-        self._steps_stop = threading.Event()
-        self._steps_flush_lock = threading.Lock()
+    @property
+    def step_flush(self) -> float:
+        """Seconds between two flushes of the step buffer (read by the flusher on each wait)."""
+        return self._steps.step_flush
+
+    @step_flush.setter
+    def step_flush(self, value: float) -> None:
+        self._steps.step_flush = value
 
     # -- construction from the launcher's environment ----------------------------------------
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> RankAgent:
-        """Build an agent from the environment a launcher (torchrun, Slurm, or none) set up.
+        """Build an agent from the environment a launcher (torchrun, Slurm, or none) set up
+        (:mod:`rank_agent.launcher`).
 
         * broker: ``RANKBOARD_BROKER``, default ``tcp://127.0.0.1:5585``.
         * rank, world size, local rank: torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` when
@@ -310,69 +209,52 @@ class RankAgent:
           generated ``run-<YYYYmmdd-HHMMSS>-<6 hex>``, which is fine for a single process.
         * host: ``RANKBOARD_HOST``, else the hostname.
 
+        **One agent per process and run** (:mod:`rank_agent.shared`): if this process already
+        has a live agent for that run and rank (an earlier ``from_env``, a framework tracker),
+        it is returned, with one more user, instead of a second agent registering again; the
+        other keyword arguments then do not apply. Its users end it together: each one's
+        ``finish()``/``close()``/``with`` end counts, and the last one sends ``finish`` (with
+        ``error`` if any user said so) and closes. When no launcher names the run (a generated
+        id), the process's latest agent of that rank is the one.
+
         ``env`` defaults to ``os.environ``; ``kwargs`` (``sndhwm``, ``linger_ms``,
         ``step_flush``, or any constructor argument) override what the environment says.
         Unparseable integers and an inconsistent rank/world size raise ``ValueError`` naming
         the variable.
         """
-        env = os.environ if env is None else env
-        if env.get("RANK", "").strip():
-            rank = _env_int(env, "RANK")
-            world = _env_int(env, "WORLD_SIZE")
-            local = _env_int(env, "LOCAL_RANK")
-        elif env.get("SLURM_PROCID", "").strip():
-            rank = _env_int(env, "SLURM_PROCID")
-            world = _env_int(env, "SLURM_NTASKS")
-            if world is None:
-                world = _env_int(env, "SLURM_NPROCS")
-            local = _env_int(env, "SLURM_LOCALID")
-        else:
-            rank, world, local = 0, 1, 0
-        rank = 0 if rank is None else rank
-        world = rank + 1 if world is None else world
-        local = 0 if local is None else local
-
-        run = env.get("RANKBOARD_RUN", "").strip()
-        if not run:
-            elastic = env.get("TORCHELASTIC_RUN_ID", "").strip()
-            if elastic and elastic.lower() != "none":
-                run = elastic
-        if not run:
-            job = env.get("SLURM_JOB_ID", "").strip()
-            if job:
-                step = env.get("SLURM_STEP_ID", "").strip()
-                run = f"{job}.{step}" if step else job
-        if not run and world > 1:
-            addr, port = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
-            if addr and port:
-                run = f"{addr}:{port}"
-                log.warning(
-                    "no RANKBOARD_RUN, TORCHELASTIC_RUN_ID or SLURM_JOB_ID: run id %r from "
-                    "MASTER_ADDR:MASTER_PORT; set RANKBOARD_RUN to name the run", run)
-            else:
-                log.warning(
-                    "rank %d of %d has no shared run id (set RANKBOARD_RUN): each rank will "
-                    "appear as its own run", rank, world)
-        if not run:
-            run = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-
-        args: Dict[str, Any] = {
-            "broker": env.get("RANKBOARD_BROKER", "").strip() or DEFAULT_BROKER,
-            "run": run,
-            "rank": rank,
-            "world_size": world,
-            "local_rank": local,
-            "host": env.get("RANKBOARD_HOST", "").strip() or None,
-        }
+        args = launch_args(env, generate=False)
         args.update(kwargs)
-        return cls(**args)
+        run = args["run"]
+
+        def make() -> RankAgent:
+            if not args["run"]:
+                args["run"] = generated_run_id()
+            return cls(**args)
+
+        return shared.acquire(sanitize_run_id(run) if run else None, int(args["rank"]), make)
+
+    def _add_user(self) -> bool:
+        """One more user of this shared agent (:mod:`rank_agent.shared`); False once closed."""
+        with self._users_lock:
+            if self.closed:
+                return False
+            self._users += 1
+            return True
+
+    def _implicit_register(self) -> bytes:
+        """The ``register`` the pusher sends ahead of a first frame that is not one (section 5:
+        an agent registers itself, so a run whose code never calls register() still learns
+        its world size and completes): port 0, total_epochs 0."""
+        return encoder.encode(Register(
+            run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
+            local_rank=self.local_rank, pid=os.getpid()))
 
     # -- counters ----------------------------------------------------------------------------
 
     @property
     def sent(self) -> int:
         """Frames handed to ZeroMQ (queued; delivery is ZeroMQ's job from there)."""
-        return self._sent
+        return self._pusher.sent
 
     @property
     def dropped(self) -> int:
@@ -380,140 +262,25 @@ class RankAgent:
         ``close()``, or an error, also counted in :attr:`errors`) plus step points lost: pushed
         out of the full :meth:`log_step` buffer, logged after ``close()``, or a bad call.
         A ``steps`` frame lost in the queue counts once, as a frame."""
-        return self._dropped + self._steps_dropped
+        return self._pusher.dropped + self._steps.dropped
 
     @property
     def errors(self) -> int:
         """Frames lost to something other than a full queue (bad value, encode or socket error)."""
-        return self._errors
+        return self._pusher.errors
 
     @property
     def closed(self) -> bool:
-        return self._closed
-
-    # -- the socket --------------------------------------------------------------------------
+        return self._pusher.closed
 
     def _reset_after_fork(self) -> None:
-        """In a forked child: forget the parent's zmq objects and threads without touching them."""
-        if self._ctx is not None or self._sock is not None:
-            _FORK_ORPHANS.append((self._ctx, self._sock))
-        self._ctx = None
-        self._sock = None
-        self._push = None
-        self._pid = os.getpid()
-        self._lock = threading.Lock()  # the parent's may have been held by a thread at fork
+        """In a forked child: forget the parent's zmq objects, threads and pending points
+        without touching them (the parent sends its own; threads come back lazily)."""
+        self._pusher.reset_after_fork()
         self._sampler_thread = None  # threads do not survive fork
         self._sampler_stop = threading.Event()
         self._sampler = None  # its NVML handles belong to the parent
-        self._init_steps()  # the parent sends its own pending points; the flusher comes back lazily
-
-    def _socket(self) -> zmq.Socket:
-        """The PUSH socket of this process, created on first use. Call with the lock held.
-
-        Raises what ZeroMQ raises for an unusable endpoint; the caller latches that in
-        ``self._broken`` so that a bad endpoint costs one failed attempt, not one per frame."""
-        if self._pid != os.getpid():  # a fork the at-fork hook did not see (e.g. a raw syscall)
-            self._reset_after_fork()
-        if self._sock is None:
-            ctx = zmq.Context(io_threads=1)
-            sock = None
-            try:
-                sock = ctx.socket(zmq.PUSH)
-                sock.setsockopt(zmq.LINGER, self.linger_ms)
-                sock.setsockopt(zmq.SNDHWM, self.sndhwm)
-                # CURVE from RANKBOARD_CURVE_*; a configured but unusable key raises here,
-                # which latches the agent as broken: it sends nothing rather than plain.
-                for option, value in (curve.socket_options() or {}).items():
-                    sock.setsockopt(option, value)
-                sock.connect(self.broker)
-            except BaseException:
-                if sock is not None:
-                    sock.close(linger=0)
-                ctx.term()
-                raise
-            self._ctx, self._sock = ctx, sock
-            self._push = sock.send
-        return self._sock
-
-    def _send_bytes(self, data: bytes, frame_type: type) -> bool:
-        """Queue one encoded frame without blocking; count it as sent or dropped.
-
-        The fast path (the socket exists, in this process) is one lock, one pid check and one
-        non-blocking send; the first send, a closed or broken agent and a fork the at-fork
-        hook did not see go through :meth:`_send_other`, under the same lock."""
-        with self._lock:
-            push = self._push
-            if push is not None and self._pid == _getpid():
-                try:
-                    push(data, _NOBLOCK)
-                except _Again:
-                    self._dropped += 1
-                    return False
-                except Exception as exc:
-                    self._dropped += 1
-                    self._errors += 1
-                    failure, fatal = exc, False
-                else:
-                    self._sent += 1
-                    return True
-            else:
-                outcome = self._send_other(data)
-                if isinstance(outcome, bool):
-                    return outcome
-                failure, fatal = outcome
-        # logging happens outside the lock: a slow log handler must not stall the other sender
-        if fatal:
-            log.error("rankboard: cannot use broker endpoint %r (%r); this agent will send nothing",
-                      self.broker, failure)
-        else:
-            self._warn("send", "rankboard: could not send a %s frame to %s: %r",
-                       frame_type.__name__, self.broker, failure)
-        return False
-
-    def _send_other(self, data: bytes) -> bool | tuple[Exception, bool]:
-        """Every send but the fast path; call with the lock held. Counts the frame and returns
-        whether it was queued, or ``(failure, fatal)`` for the caller to log once unlocked."""
-        if self._closed or self._broken is not None:
-            self._dropped += 1
-            if self._broken is not None:
-                self._errors += 1
-            return False
-        try:
-            sock = self._socket()
-        except Exception as exc:
-            self._broken = exc
-            self._dropped += 1
-            self._errors += 1
-            return exc, True
-        try:
-            sock.send(data, zmq.NOBLOCK)
-        except zmq.Again:
-            self._dropped += 1
-            return False
-        except Exception as exc:
-            self._dropped += 1
-            self._errors += 1
-            return exc, False
-        self._sent += 1
-        return True
-
-    def _send(self, frame: Any) -> bool:
-        try:
-            data = _encode(frame)
-        except Exception as exc:
-            return self._lose("encode", "rankboard: could not encode a %s frame: %r", type(frame).__name__, exc)
-        if len(data) > MAX_FRAME_BYTES:
-            return self._lose("oversize", "rankboard: %s frame of %d bytes is over the 4 MiB limit; not sent",
-                              type(frame).__name__, len(data))
-        return self._send_bytes(data, type(frame))
-
-    def _lose(self, kind: str, msg: str, *args: Any) -> bool:
-        """Count a frame that could not even be built, log it rate-limited; return False."""
-        with self._lock:
-            self._dropped += 1
-            self._errors += 1
-        self._warn(kind, msg, *args)
-        return False
+        self._steps.reset()
 
     # -- the frames --------------------------------------------------------------------------
 
@@ -697,171 +464,33 @@ class RankAgent:
         * At most 8192 points wait (:data:`MAX_PENDING_STEPS`); beyond that the oldest are
           dropped and counted in :attr:`dropped`.
         """
-        t = time.time()  # through the module, so a test may patch time.time
-        try:
-            if type(step) is not int:
-                step = _int_arg(step, "step")
-            if step < 0:
-                raise ValueError(f"step must be >= 0, got {step}")
-            if type(samples) is not int or samples < 0:
-                samples = self._count_arg(samples, "samples")
-            if type(tokens) is not int or tokens < 0:
-                tokens = self._count_arg(tokens, "tokens")
-            m: Dict[Any, Any] | None = None
-            if metrics:
-                # the common case, a small dict of plain numbers: a C-level copy (the caller
-                # may reuse its dict) checked in one pass; anything else takes the slow path
-                if type(metrics) is dict and len(metrics) <= MAX_STEP_METRICS:
-                    m = metrics.copy()
-                    for value in m.values():
-                        kind = type(value)
-                        if kind is not float and kind is not int:
-                            m = self._metrics_slow(metrics)
-                            break
-                else:
-                    m = self._metrics_slow(metrics)
-        except Exception as exc:
-            return self._lose("step", "rankboard: bad log_step call; point not recorded: %r", exc)
-        if self._closed:
-            self._steps_dropped += 1
-            return False
-        prev = self._steps_prev
-        if prev is None or step < prev:
-            step_ms = None
-            self._steps_prev, self._steps_t = step, t
-        elif step > prev:
-            step_ms = (t - self._steps_t) / (step - prev) * 1000.0
-            self._steps_prev, self._steps_t = step, t
-        else:
-            step_ms = None
-        buf = self._steps_buf
-        if len(buf) >= MAX_PENDING_STEPS:
-            self._steps_full(buf)
-            buf = self._steps_buf  # a fork the hook missed replaces it
-        buf.append((step, t, step_ms, m, samples, tokens))
-        if self._steps_thread is None:
-            self._start_steps_thread()
-        return True
-
-    def _count_arg(self, value: Any, what: str) -> int:
-        """``samples``/``tokens`` that are not a plain non-negative ``int``: an ``int``
-        subclass is converted, anything else (a tensor, a negative count) counts as 0."""
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return int(value)
-        self._warn("step_" + what, "rankboard: log_step %s=%r is not an int >= 0; sent as 0",
-                   what, type(value).__name__ if not isinstance(value, int) else value)
-        return 0
-
-    def _odd_metric(self, m: Dict[Any, Any], name: Any, value: Any) -> None:
-        """A metric value that is not exactly ``int``/``float``: keep a subclass (as the base
-        type msgspec encodes), skip everything else without ever calling into it."""
-        if isinstance(value, float):
-            m[name] = float(value)
-        elif isinstance(value, int) and not isinstance(value, bool):
-            m[name] = int(value)
-        else:
-            self._warn("step_metric", "rankboard: log_step metric %r is a %s, not an int or "
-                       "float; skipped (it is never converted: .item() on a GPU tensor "
-                       "synchronises the device)", name, type(value).__name__)
-
-    def _metrics_slow(self, metrics: Mapping[Any, Any]) -> Dict[Any, Any] | None:
-        """``log_step`` metrics that are not a small ``dict`` of plain numbers: any mapping,
-        odd values kept or skipped by :meth:`_odd_metric`, at most 64 kept (the wire limit
-        per point, so a huge dict cannot fill memory 8192 times over); None if none is left."""
-        m: Dict[Any, Any] = {}
-        for name, value in metrics.items():
-            if len(m) >= MAX_STEP_METRICS:
-                self._warn("step_names", "rankboard: more than %d step metrics in one point; "
-                           "the rest are not sent", MAX_STEP_METRICS)
-                break
-            kind = type(value)
-            if kind is float or kind is int:
-                m[name] = value
-            else:
-                self._odd_metric(m, name, value)
-        return m or None
-
-    def _steps_full(self, buf: Deque[StepPoint]) -> None:
-        """The buffer holds 8192 points: drop the oldest (counted), and make sure a flusher
-        exists, since a full buffer means nothing drains it (a dead thread, or a fork that
-        the at-fork hook did not see) or the loop outruns ``step_flush``."""
-        try:
-            buf.popleft()
-            self._steps_dropped += 1
-        except IndexError:  # the flusher emptied it meanwhile
-            pass
-        if self._pid != _getpid():  # a fork the at-fork hook did not see: fresh state
-            self._reset_after_fork()
-            return
-        thread = self._steps_thread
-        if thread is not None and not thread.is_alive():
-            now = time.monotonic()
-            if now >= self._steps_retry_at:  # at most one restart a second
-                self._steps_retry_at = now + 1.0
-                self._steps_thread = None  # log_step starts a new one
-
-    def _start_steps_thread(self) -> None:
-        """Start the flusher (a daemon thread), once per process; a failure is logged and
-        leaves points waiting for finish()/close() (or a retry when the buffer fills)."""
-        with self._lock:
-            if self._steps_thread is not None or self._closed:
-                return
-            stop = self._steps_stop
-            thread = threading.Thread(target=self._steps_loop, args=(stop,),
-                                      name=f"rankboard-steps-{self.rank}", daemon=True)
-            self._steps_thread = thread
-        try:
-            thread.start()
-        except Exception as exc:
-            self._warn("steps_thread", "rankboard: could not start the step flusher: %r", exc)
-
-    def _steps_loop(self, stop: threading.Event) -> None:
-        """The flusher: every ``step_flush`` seconds, send the buffer; never dies on an error."""
-        while not stop.wait(self.step_flush):
-            try:
-                self._flush_steps()
-            except Exception as exc:  # pragma: no cover - _send already swallows send trouble
-                self._warn("steps_flush", "rankboard: step flush failed: %r", exc)
-
-    def _flush_steps(self) -> None:
-        """Send the points buffered now as ``steps`` frames (see :func:`step_frames`).
-
-        Serialised by a lock of its own (never the socket lock, never taken by log_step), so
-        frames leave in call order and a finish() cannot overtake points that the flusher
-        thread has taken but not yet sent."""
-        if self._pid != _getpid():  # a fork the hook missed: the parent's locks and points
-            self._reset_after_fork()
-        with self._steps_flush_lock:
-            buf = self._steps_buf
-            n = len(buf)
-            if not n:
-                return
-            pop = buf.popleft
-            points: List[StepPoint] = []
-            for _ in range(n):  # only what is there now: a fast loop cannot keep us here
-                try:
-                    points.append(pop())
-                except IndexError:  # log_step's overflow dropped one meanwhile
-                    break
-            frames, self._steps_last = step_frames(self.run, self.rank, points, self._steps_last,
-                                                   self._warn)
-            for frame in frames:
-                self._send(frame)
+        # each agent binds log_step to its buffer's method in __init__ (no call in between);
+        # this method documents it and serves a call through the class
+        return self._steps.log_step(step, metrics, samples, tokens)
 
     @property
     def pending_steps(self) -> int:
         """Step points buffered and not yet handed to a ``steps`` frame."""
-        return len(self._steps_buf)
+        return self._steps.pending
 
     def finish(self, status: str = "ok") -> bool:
         """Tell the broker this rank is done: ``"ok"`` or ``"error"`` (anything else is sent
         as ``"error"``), after sending the pending :meth:`log_step` points. May be sent again
-        (the broker's completion is idempotent)."""
+        (the broker's completion is idempotent).
+
+        A shared agent (:meth:`from_env`) still held by another user only sends its points
+        and remembers the status (``error`` sticks): the last user's finish or close sends
+        it."""
+        status = "ok" if status == "ok" else "error"
         self._finished = True
-        try:
-            self._flush_steps()
-        except Exception as exc:  # pragma: no cover - _send already swallows send trouble
-            self._warn("steps_flush", "rankboard: step flush failed: %r", exc)
+        self._steps.safe_flush()
+        with self._users_lock:
+            if self._pending_status is not None and status == "ok":
+                status = self._pending_status
+            if self._users > 1:
+                self._pending_status = status
+                return True
+            self._pending_status = None
         return self._send(Finish(run=self.run, rank=self.rank, status="ok" if status == "ok" else "error"))
 
     # -- resource sampling -------------------------------------------------------------------
@@ -879,7 +508,7 @@ class RankAgent:
         :meth:`log_epoch`. The first sample comes after ``min(interval, 0.5)`` s so that its CPU %
         covers a real interval. A second call while sampling runs does nothing; ``close()``
         stops it. Sampling does not carry over into a forked child."""
-        if self._closed or (self._sampler_thread is not None and self._sampler_thread.is_alive()):
+        if self.closed or (self._sampler_thread is not None and self._sampler_thread.is_alive()):
             return
         try:
             interval = max(0.1, float(interval))
@@ -919,44 +548,28 @@ class RankAgent:
 
         Returns within about ``linger_ms`` (+ the sampler's current sample) even with no
         broker. Idempotent. In a forked child it only closes what the child itself created."""
-        if self._closed:
+        if self._pusher.closed:
             return
+        with self._users_lock:
+            self._users -= 1
+            shared_still = self._users > 0
+        if shared_still:  # another user holds this agent: it closes it
+            self._steps.safe_flush()
+            return
+        self._users = 0
+        if self._pending_status is not None:  # an earlier user's finish, deferred to now
+            self.finish(self._pending_status)
         current = threading.current_thread()
         thread = self._sampler_thread
         self._sampler_stop.set()
         if thread is not None and thread is not current:
             thread.join(timeout=2.0)
         self._sampler_thread = None
-        if self._pid != _getpid():  # a fork the hook missed: not the parent's flusher or locks
-            self._reset_after_fork()
-        steps_thread = self._steps_thread
-        self._steps_stop.set()
-        if steps_thread is not None and steps_thread is not current and steps_thread.ident:
-            steps_thread.join(timeout=2.0)  # a flush is non-blocking sends: bounded
-        try:
-            self._flush_steps()
-        except Exception as exc:  # pragma: no cover - _send already swallows send trouble
-            self._warn("steps_flush", "rankboard: step flush failed: %r", exc)
-        with self._lock:
-            self._closed = True
-            if self._pid != os.getpid():
-                self._reset_after_fork()
-            sock, ctx = self._sock, self._ctx
-            self._sock = self._ctx = self._push = None
-        # points a concurrent log_step added after the flush, before _closed: lost, counted
-        left = len(self._steps_buf)
-        if left:
-            self._steps_buf.clear()
-            self._steps_dropped += left
-        # outside the lock: a thread still calling log_epoch gets an immediate drop, not a
-        # wait of up to linger_ms
-        try:
-            if sock is not None:
-                sock.close(linger=self.linger_ms)
-            if ctx is not None:
-                ctx.term()  # bounded: the only socket had LINGER = linger_ms
-        except Exception as exc:
-            self._warn("close", "rankboard: error closing the socket: %r", exc)
+        self._steps.close()
+        self._pusher.close()
+        # points a concurrent log_step added after the flush, before closing: lost, counted
+        self._steps.discard_pending()
+        shared.forget(self)
         sampler, self._sampler = self._sampler, None
         if sampler is not None:
             try:
@@ -972,14 +585,15 @@ class RankAgent:
         """Leaving the ``with`` block ends this rank: unless :meth:`finish` was already called,
         it sends ``finish("error")`` when an exception is propagating (``SystemExit`` with
         code 0/None counts as success) and ``finish("ok")`` otherwise; then :meth:`close`.
-        The exception itself is never suppressed."""
-        if not self._finished and not self._closed:
-            failed = exc_type is not None
-            if failed and issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (0, None):
-                failed = False
+        The exception itself is never suppressed. A shared agent (:meth:`from_env`) counts
+        this block's outcome and ends when its last user does."""
+        failed = exc_type is not None
+        if failed and issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (0, None):
+            failed = False
+        if not self.closed and (not self._finished or self._users > 1):
             self.finish("error" if failed else "ok")
         self.close()
 
     def __repr__(self) -> str:
         return (f"RankAgent(broker={self.broker!r}, run={self.run!r}, rank={self.rank}, "
-                f"world_size={self.world_size}, sent={self._sent}, dropped={self._dropped})")
+                f"world_size={self.world_size}, sent={self.sent}, dropped={self.dropped})")

@@ -7,8 +7,8 @@ device tensor has actually been seen, i.e. when torch is already loaded.
 
 **Run ids.** Every rank of a job must send the same run id, or the dashboard shows one run
 per rank. :func:`agree_run_id` takes, in order: an explicit ``run=``; an id the launcher
-already gave every rank (``RANKBOARD_RUN``, torchrun's ``TORCHELASTIC_RUN_ID`` unless it is
-the placeholder ``none``, Slurm's ``SLURM_JOB_ID[.SLURM_STEP_ID]``); otherwise rank 0 makes
+already gave every rank (:func:`rank_agent.launcher.launcher_run_id`: ``RANKBOARD_RUN``,
+torchrun's ``TORCHELASTIC_RUN_ID``, Slurm's ``SLURM_JOB_ID[.SLURM_STEP_ID]``); otherwise rank 0 makes
 ``<prefix>-<YYYYmmdd-HHMMSS>-<6 hex>`` and the framework's own broadcast hands it to every
 rank (one collective at set-up, never per step). Without a process group (a single process)
 rank 0's generated id is the id.
@@ -34,14 +34,13 @@ import inspect
 import logging
 import numbers
 import os
-import secrets
 import sys
 import threading
-import time
 from pathlib import PurePath
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
-from ..agent import RankAgent, sanitize_run_id
+from ..agent import RankAgent
+from ..launcher import launcher_run_id, new_run_id, sanitize_run_id
 
 log = logging.getLogger(__name__)
 
@@ -60,30 +59,6 @@ def check_agent_kwargs(kwargs: Mapping[str, Any], where: str) -> None:
 
 # -- run ids ---------------------------------------------------------------------------------
 
-def env_run_id(env: Mapping[str, str] | None = None) -> str | None:
-    """The run id a launcher gave every rank alike, or ``None``: ``RANKBOARD_RUN``, else
-    ``TORCHELASTIC_RUN_ID`` (not torchrun's placeholder ``none``), else ``SLURM_JOB_ID`` with
-    ``.<SLURM_STEP_ID>`` when set (as :meth:`RankAgent.from_env` reads them). Unlike
-    ``from_env`` it never falls back to ``MASTER_ADDR:MASTER_PORT``, which repeats across jobs."""
-    env = os.environ if env is None else env
-    run = env.get("RANKBOARD_RUN", "").strip()
-    if run:
-        return run
-    elastic = env.get("TORCHELASTIC_RUN_ID", "").strip()
-    if elastic and elastic.lower() != "none":
-        return elastic
-    job = env.get("SLURM_JOB_ID", "").strip()
-    if job:
-        step = env.get("SLURM_STEP_ID", "").strip()
-        return f"{job}.{step}" if step else job
-    return None
-
-
-def new_run_id(prefix: str = "run") -> str:
-    """``<prefix>-<YYYYmmdd-HHMMSS>-<6 hex>`` in the wire's alphabet (unique per job)."""
-    return sanitize_run_id(f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}")
-
-
 def agree_run_id(prefix: str, rank: int, world_size: int,
                  broadcast: Callable[[str], str] | None,
                  env: Mapping[str, str] | None = None) -> str:
@@ -93,7 +68,7 @@ def agree_run_id(prefix: str, rank: int, world_size: int,
     Lightning strategy's ``broadcast``, ``torch.distributed.broadcast_object_list``); it is
     called on every rank or on none, so it cannot hang a job. ``None`` (no process group):
     each process makes its own id, which is right for one process and warned about for more."""
-    shared = env_run_id(env)
+    shared = launcher_run_id(env)
     if shared:
         return shared
     mine = new_run_id(prefix)
@@ -113,7 +88,10 @@ def make_agent(*, run: str, rank: int, world_size: int, local_rank: int,
     """A :class:`RankAgent` for what the framework knows; ``agent_kwargs`` win. The broker
     and host come from the environment exactly as :meth:`RankAgent.from_env` reads them
     (``RANKBOARD_BROKER``, ``RANKBOARD_HOST``); from_env sees only those two variables, so
-    its own rank and run-id logic (and its warnings) stay out of it."""
+    its own rank and run-id logic (and its warnings) stay out of it. Through ``from_env`` it
+    is the process's shared agent for that run and rank (:mod:`rank_agent.shared`): a
+    per-rank recipe's ``RankAgent.from_env()`` in the same process adds to the same rank
+    instead of registering a second agent, and the rank finishes when the last user ends."""
     env = {name: os.environ[name] for name in ("RANKBOARD_BROKER", "RANKBOARD_HOST")
            if name in os.environ}
     kwargs: Dict[str, Any] = {"run": run, "rank": rank, "world_size": world_size,

@@ -1,54 +1,52 @@
 """Accelerate: ``Accelerator(log_with=[RankboardTracker()])``, or ``log_with="rankboard"``.
 
-Accelerate calls trackers on the main process only, so the tracker reports the main process
-as a one-rank reporter: a run of world size 1 that completes when ``end_training()`` calls
-:meth:`RankboardTracker.finish` (PROTOCOL.md section 5). What it sends:
+**One run per job, named as** :meth:`rank_agent.RankAgent.from_env` **names it**
+(PROTOCOL.md section 5, the Accelerate bullet): ``RANKBOARD_RUN``, torchrun's or Slurm's
+id, no prefix. Every process of the job is its rank. Accelerate (1.15) calls every tracker
+method on the main process only; only the tracker's constructor, in the
+``log_with=[RankboardTracker()]`` form, runs on every process, so the constructor takes the
+process's agent and sends what every rank sends:
 
-* at ``init_trackers``: ``register``, hardware, resource sampling, and the ``config`` given
-  to ``init_trackers`` as metadata;
-* every ``accelerator.log(values, step=...)``: ``log_step(step, <numeric values>)``
-  (``step=None``: the previous step + 1); calls with the same step merge into one point;
-  a device tensor among the values is read without a device sync (:mod:`._common`);
-* ``end_training()``: ``finish("ok")``. A process that exits before it does reports
-  ``finish("error")`` if an exception ended it, ``finish("ok")`` otherwise.
+* in every process, at construction: ``register`` (world size, rank, host from the
+  launcher), hardware, resource sampling; the rank finishes when the process exits
+  (``finish("ok")``, or ``"error"`` if an uncaught exception ended it);
+* on the main process, at ``init_trackers``: the ``config`` as metadata (with
+  ``project_name``); every ``accelerator.log(values, step=...)``: ``log_step(step, <numeric
+  values>)`` (``step=None``: the previous step + 1), a device tensor read without a device
+  sync (:mod:`._common`); ``end_training()``: ``finish("ok")``.
 
-**Run id.** ``RankboardTracker(run="name")`` names it. Otherwise it is
-``<prefix>-<job id>``: the prefix is ``accelerate`` (or, with ``log_with="rankboard"``,
-the ``project_name`` given to ``init_trackers``) and the job id the launcher's shared id
-(``RANKBOARD_RUN``, ``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID``), else a timestamp and random
-hex. The prefix keeps the tracker's one-rank run apart from the job's per-rank run, which
-:meth:`rank_agent.RankAgent.from_env` names by the bare job id (a run has one world size).
-
-**Per-rank step times** (the straggler board) need an agent on every process, which a
-tracker cannot have; two lines in the training loop give them::
+**One agent per process and run** (:mod:`rank_agent.shared`): the tracker and
+``RankAgent.from_env()`` share it whichever comes first, so the per-rank recipe's step
+times and the tracker's logged values land in the same run and merge per step::
 
     agent = RankAgent.from_env()              # every process (README: "Accelerate")
     agent.log_step(step, samples=batch_size)  # each optimizer step
 
+The shared agent finishes and closes when its last user does (the tracker at
+``end_training()`` or process exit, a ``with`` block at its end); the run completes when
+every process has finished, and fails if any process failed.
+
 **``log_with="rankboard"``**: importing this module registers :class:`NamedRankboardTracker`
-under that name where Accelerate has ``register_tracker_class`` (1.x releases from 2026 on;
-:data:`REGISTERED` says whether it happened). Keyword arguments reach it through
-``init_trackers(..., init_kwargs={"rankboard": {...}})``.
+under that name where Accelerate has ``register_tracker_class`` (:data:`REGISTERED` says
+whether it happened). Accelerate builds it inside ``init_trackers``, on the main process
+only: it adopts the process's agent if ``RankAgent.from_env()`` ran before (the per-rank
+recipe makes every process appear); otherwise it reports the main process alone, as a
+one-rank run under the same name. ``project_name`` is a metadata field, and names the run
+only when no launcher gives an id (``<project_name>-<time>-<hex>``). Keyword arguments
+reach it through ``init_trackers(..., init_kwargs={"rankboard": {...}})``.
 """
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Dict, Optional
 
 import accelerate
 from accelerate.tracking import GeneralTracker
 
-from ._common import (
-    Reporter,
-    check_agent_kwargs,
-    env_run_id,
-    jsonable,
-    make_agent,
-    new_run_id,
-    numbers_only,
-    optional_int,
-)
+from .. import shared
+from ..agent import RankAgent
+from ..launcher import launch_args, launcher_run_id, new_run_id, sanitize_run_id
+from ._common import Reporter, check_agent_kwargs, jsonable, numbers_only
 
 log = logging.getLogger(__name__)
 
@@ -56,65 +54,75 @@ __all__ = ["RankboardTracker", "NamedRankboardTracker", "REGISTERED"]
 
 
 class RankboardTracker(GeneralTracker):
-    """An Accelerate tracker that streams ``accelerator.log`` values to rankboard.
+    """An Accelerate tracker that makes every process of the job a rank of one run, and
+    streams ``accelerator.log`` values to it (module docstring).
 
-    ``run``: the run id (default: module docstring, "Run id"); ``total_epochs``: sent with
-    ``register`` when known; ``port``: a dashboard port to register (``rankboard up``);
-    ``sample_interval``: seconds between resource samples (``None``: none);
-    ``**agent_kwargs``: :class:`rank_agent.RankAgent` keyword arguments (``broker``,
-    ``host``, ``local_rank``, ``sndhwm``, ``linger_ms``, ``step_flush``). Nothing is opened
-    until Accelerate starts the tracker, on the main process."""
+    ``run``: the run id (default: as ``RankAgent.from_env`` names it); ``total_epochs``:
+    sent with ``register`` when known; ``port``: a dashboard port to register
+    (``rankboard up``); ``sample_interval``: seconds between resource samples (``None``:
+    none); ``**agent_kwargs``: :class:`rank_agent.RankAgent` keyword arguments, overriding
+    what the environment says (``broker``, ``host``, ``rank``, ``world_size``,
+    ``local_rank``, ``sndhwm``, ``linger_ms``, ``step_flush``)."""
 
     name = "rankboard"
     requires_logging_directory = False
     main_process_only = True
+    #: whether the constructor takes the process's agent (every process runs it); the
+    #: ``log_with="rankboard"`` form is built on the main process only, by init_trackers
+    _in_every_process = True
 
     def __init__(self, run: Optional[str] = None, *, total_epochs: int = 0, port: int = 0,
                  sample_interval: Optional[float] = 2.0, **agent_kwargs: Any) -> None:
         super().__init__()
         check_agent_kwargs(agent_kwargs, type(self).__name__)
-        for fixed in ("rank", "world_size"):
-            if fixed in agent_kwargs:
-                raise TypeError(f"{type(self).__name__} reports the main process as rank 0 of "
-                                f"1; {fixed}= does not apply (see the per-rank recipe)")
         self.run_name = run if run is None else str(run)
-        self.prefix = "accelerate"
+        self.project_name: Optional[str] = None
         self.total_epochs = int(total_epochs)
         self.port = int(port)
         self.sample_interval = sample_interval
         self.agent_kwargs: Dict[str, Any] = dict(agent_kwargs)
         self.reporter: Optional[Reporter] = None
+        self._started = False
         self._last_step = -1
+        if self._in_every_process:
+            self._attach()
 
     @property
     def tracker(self) -> Any:
-        """The main process's :class:`rank_agent.RankAgent` (``None`` before ``start``)."""
+        """This process's :class:`rank_agent.RankAgent` (Accelerate's name for the
+        underlying object; ``None`` before it is taken)."""
         return self.reporter.agent if self.reporter is not None else None
 
-    def _run_id(self) -> str:
+    def _agent(self) -> RankAgent:
+        """The process's shared agent for this job's run (made if none exists yet)."""
+        kwargs = dict(self.agent_kwargs)
         if self.run_name:
-            return self.run_name
-        shared = env_run_id()
-        return f"{self.prefix}-{shared}" if shared else new_run_id(self.prefix)
+            kwargs["run"] = self.run_name
+        return RankAgent.from_env(**kwargs)
 
-    def start(self) -> None:
-        """Open the agent and send the start frames (Accelerate calls this from
-        ``init_trackers``; every other method calls it too, for releases that do not)."""
+    def _attach(self) -> None:
+        """Take the agent and send what every rank sends: register, hardware, samples."""
         if self.reporter is not None:
             return
-        kwargs = dict(self.agent_kwargs)
-        local_rank = kwargs.pop("local_rank", None)
-        if local_rank is None:
-            local_rank = optional_int(os.environ.get("LOCAL_RANK")) or 0
-        agent = make_agent(run=self._run_id(), rank=0, world_size=1, local_rank=local_rank,
-                           agent_kwargs=kwargs)
-        self.reporter = Reporter(agent, clean_exit="ok")
-        self.reporter.start(total_epochs=self.total_epochs, metadata=self._metadata(None),
-                            port=self.port, sample_interval=self.sample_interval)
+        self.reporter = Reporter(self._agent(), clean_exit="ok")
+        self.reporter.start(total_epochs=self.total_epochs, metadata=None, port=self.port,
+                            sample_interval=self.sample_interval)
+
+    def start(self) -> None:
+        """The main process's start (Accelerate calls it from ``init_trackers``; every other
+        method calls it too, for releases that do not): the run's metadata."""
+        if self._started:
+            return
+        self._started = True
+        self._attach()
+        assert self.reporter is not None
+        self.reporter.agent.set_metadata(self._metadata(None))
 
     def _metadata(self, config: Any) -> Dict[str, Any]:
         meta: Dict[str, Any] = {"framework": "accelerate",
                                 "accelerate_version": accelerate.__version__}
+        if self.project_name is not None:
+            meta["project_name"] = self.project_name
         if config is not None:
             meta["config"] = jsonable(config)
         return meta
@@ -139,19 +147,38 @@ class RankboardTracker(GeneralTracker):
         self.reporter.step(step, numbers_only(values))
 
     def finish(self) -> None:
-        """``end_training()``: send what waits, ``finish("ok")``, close."""
+        """``end_training()``: send what waits, ``finish("ok")``, let go of the agent (it
+        closes when its last user does)."""
         if self.reporter is not None:
             self.reporter.end("ok")
 
 
 class NamedRankboardTracker(RankboardTracker):
-    """What ``log_with="rankboard"`` builds: Accelerate passes ``init_trackers``'
-    ``project_name`` first, which becomes the run id's prefix (a project name repeats across
-    jobs, so it is not the run id itself); ``run=`` in ``init_kwargs`` still names the run."""
+    """What ``log_with="rankboard"`` builds, on the main process only, inside
+    ``init_trackers``: Accelerate passes ``project_name`` first (a metadata field; the run's
+    name only when no launcher gives an id); ``run=`` in ``init_kwargs`` still names the run.
+    It adopts the process's agent if ``RankAgent.from_env()`` ran before, and otherwise
+    reports the main process alone as a one-rank run under the same name."""
+
+    _in_every_process = False
 
     def __init__(self, project_name: str = "accelerate", **kwargs: Any) -> None:
         super().__init__(kwargs.pop("run", None), **kwargs)
-        self.prefix = str(project_name) or "accelerate"
+        self.project_name = str(project_name) or "accelerate"
+
+    def _agent(self) -> RankAgent:
+        run = self.run_name or launcher_run_id()
+        env = launch_args(generate=False)
+        rank = int(self.agent_kwargs.get("rank", env["rank"]))
+        found = shared.find(sanitize_run_id(run) if run else None, rank)
+        if found is not None and shared.adopt(found):
+            return found
+        # alone: the main process as a one-rank run, kept out of the registry (a later
+        # from_env of this process is the per-rank recipe, with the job's world size)
+        args: Dict[str, Any] = {**env, "run": run or new_run_id(self.project_name or "accelerate"),
+                                "rank": 0, "world_size": 1}
+        args.update({k: v for k, v in self.agent_kwargs.items() if k not in ("rank", "world_size")})
+        return RankAgent(**args)
 
 
 def _register() -> bool:

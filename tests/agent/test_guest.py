@@ -24,7 +24,7 @@ def test_no_broker_50k_epochs_return_promptly_and_count_drops(make_agent, dead_e
     elapsed = time.monotonic() - t0
     assert elapsed < 20.0
     assert agent.dropped > 0
-    assert agent.sent + agent.dropped == n
+    assert agent.sent + agent.dropped == n + 1  # + the implicit register ahead of epoch 0
     assert agent.sent <= 2 * 1000  # bounded by the high-water mark, not by n
     assert agent.errors == 0
     t0 = time.monotonic()
@@ -36,7 +36,7 @@ def test_close_is_bounded_when_the_broker_is_gone(receiver, dead_endpoint):
     agent = RankAgent(broker=dead_endpoint, run="r", rank=0, world_size=1, linger_ms=500)
     for i in range(100):
         agent.log_epoch(i, 1.0)
-    assert agent.sent == 100
+    assert agent.sent == 101  # + the implicit register ahead of epoch 0
     t0 = time.monotonic()
     agent.close()
     assert time.monotonic() - t0 < 2.0
@@ -44,7 +44,7 @@ def test_close_is_bounded_when_the_broker_is_gone(receiver, dead_endpoint):
 
 def test_close_is_bounded_after_the_broker_went_away(receiver):
     agent = RankAgent(broker=receiver.endpoint, run="r", rank=0, world_size=1, linger_ms=500)
-    agent.register()
+    agent.register(total_epochs=1)
     receiver.wait_count(1)
     receiver.close()  # the broker dies
     for i in range(2000):
@@ -111,17 +111,17 @@ def test_sampler_and_training_thread_send_concurrently(receiver, make_agent):
 def test_fork_child_uses_and_closes_the_agent_parent_unaffected(receiver, make_agent, child_sends):
     agent = make_agent(broker=receiver.endpoint)
     agent.start_sampling(interval=0.1)
-    agent.register()
+    agent.register(total_epochs=1)
     receiver.wait_for(lambda fs: any(isinstance(f, Register) for f in fs))
-    parent_ctx = agent._ctx
+    parent_ctx = agent._pusher._ctx
     pid = _fork()
     if pid == 0:  # the child: never return into pytest
         code = 1
         try:
-            ok = agent._ctx is None and agent._sock is None  # inherited objects let go
+            ok = agent._pusher._ctx is None and agent._pusher._sock is None  # inherited objects let go
             if child_sends:
                 ok = agent.log_epoch(1000, 2.0) and ok
-                ok = agent._ctx is not None and agent._ctx is not parent_ctx and ok
+                ok = agent._pusher._ctx is not None and agent._pusher._ctx is not parent_ctx and ok
             agent.close()
             code = 0 if ok else 3
         except BaseException:
@@ -130,7 +130,7 @@ def test_fork_child_uses_and_closes_the_agent_parent_unaffected(receiver, make_a
             os._exit(code)
     assert _wait_child(pid) == 0
     # the parent's context and socket still work
-    assert agent._ctx is parent_ctx
+    assert agent._pusher._ctx is parent_ctx
     for epoch in range(5):
         assert agent.log_epoch(epoch, 1.0)
     agent.finish()
@@ -160,7 +160,9 @@ def test_fork_before_first_send(receiver, make_agent):
     agent.log_epoch(8, 1.0)
     assert _wait_child(pid) == 0
     frames = receiver.wait_for(lambda fs: {7, 8} <= {f.epoch for f in fs if isinstance(f, Metrics)})
-    assert len(frames) == 2
+    assert len([f for f in frames if isinstance(f, Metrics)]) == 2
+    # each process introduced itself: it had sent nothing before the fork
+    assert len([f for f in receiver.all_frames if isinstance(f, Register)]) == 2
 
 
 def test_unusable_endpoint_is_tried_once_then_frames_are_dropped(make_agent, caplog):
@@ -169,8 +171,8 @@ def test_unusable_endpoint_is_tried_once_then_frames_are_dropped(make_agent, cap
     for i in range(100):
         assert agent.log_epoch(i, 1.0) is False
     assert agent.dropped == agent.errors == 100 and agent.sent == 0
-    assert agent._ctx is None  # no context left behind by the failed attempt
-    errors = [r for r in caplog.records if r.name == "rank_agent.agent"]
+    assert agent._pusher._ctx is None  # no context left behind by the failed attempt
+    errors = [r for r in caplog.records if r.name == "rank_agent.pusher"]
     assert len(errors) == 1 and "not-an-endpoint" in errors[0].getMessage()
 
 
@@ -183,7 +185,7 @@ def test_an_agent_left_open_is_flushed_at_interpreter_exit(receiver):
     code = (
         "from rank_agent import RankAgent\n"
         f"a = RankAgent(broker={receiver.endpoint!r}, run='exit', rank=0, world_size=1)\n"
-        "a.register(); a.log_epoch(0, 1.0); a.finish()\n"  # no close(): the exit hook flushes
+        "a.register(total_epochs=1); a.log_epoch(0, 1.0); a.finish()\n"  # no close(): the exit hook flushes
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr

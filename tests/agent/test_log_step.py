@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterator, List
 
 import pytest
 
-from rank_agent.agent import MAX_PENDING_STEPS
 from rank_agent.protocol import Finish, Steps
+from rank_agent.stepbuffer import MAX_PENDING_STEPS
 from rank_agent.stepframes import step_frames
 from tests.support.forking import fork as _fork
 from tests.support.forking import wait_child as _wait_child
@@ -189,9 +189,9 @@ def test_a_repeated_step_is_merged_even_across_flushes(receiver, make_agent):
 def test_flusher_sends_without_further_calls_within_two_flush_periods(receiver, make_agent):
     flush = 0.2
     agent = make_agent(broker=receiver.endpoint, step_flush=flush)
-    agent.register()
+    agent.register(total_epochs=1)
     receiver.wait_count(1)
-    assert agent._steps_thread is None
+    assert agent._steps.thread is None
     t0 = time.monotonic()
     agent.log_step(0, {"loss": 1.0})  # the one call; nothing else touches the agent
     wait_points(receiver, 1, timeout=10.0)
@@ -207,15 +207,15 @@ def test_points_are_batched_not_sent_one_frame_per_call(receiver, make_agent):
     frames = wait_points(receiver, 300)
     assert points(frames) == list(range(300))
     assert len(frames) <= 4  # the calls take well under a flush period
-    assert agent.sent == len(frames)
+    assert agent.sent == len(frames) + 1  # + the implicit register
 
 
 def test_flusher_is_started_lazily_by_the_first_log_step(receiver, make_agent):
     agent = make_agent(broker=receiver.endpoint, step_flush=ASLEEP, rank=0)
     agent.register()
-    assert agent._steps_thread is None
+    assert agent._steps.thread is None
     agent.log_step(0)
-    thread = agent._steps_thread
+    thread = agent._steps.thread
     assert thread is not None and thread.daemon and thread.is_alive()
     agent.close()
     assert not thread.is_alive()  # close() stops it
@@ -266,14 +266,14 @@ def test_at_most_8192_points_wait_older_ones_dropped_and_counted(receiver, make_
     frames = wait_points(receiver, 8192)
     assert points(frames) == list(range(extra, 8192 + extra))  # the oldest went
     assert [len(f.steps) for f in frames] == [1024] * 8
-    assert agent.dropped == extra and agent.sent == 8
+    assert agent.dropped == extra and agent.sent == 8 + 1  # + the implicit register
 
 
 def test_log_step_after_close_is_counted_as_dropped(receiver, make_agent):
     agent = make_agent(broker=receiver.endpoint)
     agent.close()
     assert agent.log_step(0) is False
-    assert agent.dropped == 1 and agent._steps_thread is None
+    assert agent.dropped == 1 and agent._steps.thread is None
 
 
 # -- the guest rules ---------------------------------------------------------------------------
@@ -297,7 +297,7 @@ def test_flusher_survives_a_broken_endpoint(make_agent):
     agent = make_agent(broker="not-an-endpoint://x", step_flush=0.01)
     assert agent.log_step(0)
     wait_for(lambda: agent.errors >= 1, what="the bad endpoint to be noticed")
-    assert agent._steps_thread is not None and agent._steps_thread.is_alive()
+    assert agent._steps.thread is not None and agent._steps.thread.is_alive()
     assert agent.log_step(1)
     agent.close()
 
@@ -306,14 +306,14 @@ def test_a_dead_flusher_is_replaced_once_the_buffer_fills(receiver, make_agent):
     agent = make_agent(broker=receiver.endpoint, step_flush=0.05)
     agent.log_step(0)
     wait_points(receiver, 1)
-    old = agent._steps_thread
-    agent._steps_stop.set()  # the flusher dies (as if something outside the agent ended it)
+    old = agent._steps.thread
+    agent._steps.stop.set()  # the flusher dies (as if something outside the agent ended it)
     old.join(5)
-    agent._steps_stop = threading.Event()
+    agent._steps.stop = threading.Event()
     for step in range(1, MAX_PENDING_STEPS + 2):  # nothing drains: the buffer fills up
         assert agent.log_step(step)
     assert agent.dropped == 1  # step 1 was pushed out
-    new = agent._steps_thread
+    new = agent._steps.thread
     assert new is not None and new is not old and new.is_alive()
     frames = wait_points(receiver, 1 + MAX_PENDING_STEPS)  # sent by the new flusher
     assert points(frames) == [0] + list(range(2, MAX_PENDING_STEPS + 2))
@@ -322,14 +322,14 @@ def test_a_dead_flusher_is_replaced_once_the_buffer_fills(receiver, make_agent):
 def test_a_fork_the_hook_missed_is_noticed_when_the_buffer_fills(receiver, make_agent):
     agent = make_agent(broker=receiver.endpoint, step_flush=ASLEEP)
     agent.log_step(0)
-    inherited_stop, inherited_thread = agent._steps_stop, agent._steps_thread
-    agent._pid = -1  # as a child forked by a raw syscall sees it: no socket was made yet
+    inherited_stop, inherited_thread = agent._steps.stop, agent._steps.thread
+    agent._steps._pid = -1  # as a child forked by a raw syscall sees it: no socket was made yet
     try:
         for step in range(1, MAX_PENDING_STEPS + 1):  # the last one finds the buffer full
             assert agent.log_step(step)
         # the "parent's" buffer is let go, this process gets its own flusher
-        assert agent._pid == os.getpid() and agent.pending_steps == 1 and agent.dropped == 1
-        assert agent._steps_thread is not inherited_thread and agent._steps_thread.is_alive()
+        assert agent._steps._pid == os.getpid() and agent.pending_steps == 1 and agent.dropped == 1
+        assert agent._steps.thread is not inherited_thread and agent._steps.thread.is_alive()
         agent.close()
         assert points(wait_points(receiver, 1)) == [MAX_PENDING_STEPS]
     finally:
@@ -341,16 +341,16 @@ def test_fork_child_logs_its_own_steps_parent_unaffected(receiver, make_agent):
     agent = make_agent(broker=receiver.endpoint, step_flush=ASLEEP)
     for step in range(5):  # pending in the parent at the fork: the child must not send them
         agent.log_step(step, {"who": 0.0})
-    parent_thread = agent._steps_thread
+    parent_thread = agent._steps.thread
     pid = _fork()
     if pid == 0:  # the child: never return into pytest
         code = 1
         try:
-            ok = agent.pending_steps == 0 and agent._steps_thread is None
+            ok = agent.pending_steps == 0 and agent._steps.thread is None
             agent.step_flush = 0.05
             for step in range(1000, 1005):
                 ok = agent.log_step(step, {"who": 1.0}) and ok
-            child_thread = agent._steps_thread
+            child_thread = agent._steps.thread
             ok = child_thread is not None and child_thread is not parent_thread and ok
             deadline = time.monotonic() + 10
             while agent.sent < 1 and time.monotonic() < deadline:  # the child's own flusher

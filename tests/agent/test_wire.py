@@ -79,7 +79,7 @@ def test_default_hardware_summary_is_detected(receiver, make_agent):
 def test_strings_are_clamped_and_run_ids_sanitised(receiver, make_agent):
     agent = make_agent(broker=receiver.endpoint, run="my job/step #3" + "x" * 200, host="h" * 300)
     assert len(agent.run) == 128
-    agent.register()
+    agent.register(total_epochs=1)
     agent.set_svg("<svg/>", label="l" * 300, hash="#" * 300)
     agent.set_hardware("s" * 5000)
     agent.log_epoch(0, 1.0, scalars={"n" * 200: 1.0})
@@ -122,11 +122,11 @@ def test_bad_values_never_raise_and_never_reach_the_wire(receiver, make_agent):
     assert agent.log_epoch(0, 1.0, scalars={"x": (1.0, -2)}) is False
     assert agent.log_epoch(0, 1.0, batches=-5) is False
     assert agent.set_svg("x" * (2 * 1024 * 1024 + 1)) is False
-    assert agent.register(port=70000)  # out-of-range port: registered without one
+    assert agent.register(port=70000, total_epochs=1)  # out-of-range port: registered without one
     assert agent.log_epoch(1, math.nan, scalars={"n": (math.inf, 1)})  # non-finite is legal
     assert agent.errors == 5
     reg, met = receiver.wait_count(2)
-    assert reg.port == 0
+    assert reg.port == 0 and reg.total_epochs == 1
     assert met.epoch == 1 and math.isnan(met.avg_loss) and met.scalars["n"][0] == math.inf
 
 
@@ -178,7 +178,7 @@ def test_values_of_other_types_are_converted_as_float_and_int_would(receiver, ma
         assert type(pair[0]) is float and type(pair[1]) is int
     assert len(b.scalars) == 256 and list(b.scalars)[-1] == "s255"
     assert c.scalars == {"x": (1.5, 1)}
-    assert agent.errors == 1 and agent.sent == 3
+    assert agent.errors == 1 and agent.sent == 3 + 1  # + the implicit register
 
 
 def test_too_many_scalars_are_capped(receiver, make_agent):
@@ -209,7 +209,7 @@ def test_context_manager_does_not_repeat_an_explicit_finish(receiver):
         agent.finish("error")
     (fin,) = receiver.wait_count(1)
     assert fin.status == "error"
-    assert agent.sent == 1
+    assert agent.sent == 1 + 1  # + the implicit register
 
 
 def test_finish_status_is_ok_or_error(receiver, make_agent):
@@ -232,7 +232,7 @@ def test_constructor_does_no_io_and_rejects_impossible_ranks():
 
     before = zmq.Context._instance  # the agent never uses the global instance either
     agent = RankAgent(broker="tcp://127.0.0.1:1", run="r", rank=0, world_size=1)
-    assert agent._ctx is None and agent._sock is None
+    assert agent._pusher._ctx is None and agent._pusher._sock is None
     agent.close()
     assert zmq.Context._instance is before
     for kwargs in ({"rank": 2, "world_size": 2}, {"rank": -1, "world_size": 2},
