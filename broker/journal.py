@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from typing import Union
 
@@ -92,7 +91,7 @@ from broker.journal_steps import wire_block
 from broker.journal_writer import Handles, RunFile
 from broker.sink import RunSink
 from rank_agent import protocol
-from rank_agent.protocol import Frame, Metrics, Resources, Steps, Svg
+from rank_agent.protocol import Frame, Metrics, Resources, Steps, Svg, valid_run_id
 
 __all__ = ["Journal", "JournalError", "FORMAT_VERSION", "HEADER", "MAX_ENTRY", "WRITE_BUFFER_BYTES",
            "read_entries"]
@@ -100,7 +99,6 @@ __all__ = ["Journal", "JournalError", "FORMAT_VERSION", "HEADER", "MAX_ENTRY", "
 log = logging.getLogger(__name__)
 
 _SUFFIX = ".journal"
-_RUN_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}\Z")
 #: Bytes the journal holds for writing, over all runs, before it writes them out at once
 #: instead of at the end of the batch (PROTOCOL 2: the journal's write buffer is bounded in
 #: bytes). Counted in :attr:`Journal.early_flushes` each time it bites.
@@ -210,7 +208,7 @@ class Journal:
             if not name.endswith(_SUFFIX):
                 continue
             run = name[: -len(_SUFFIX)]
-            if not _RUN_ID.match(run):
+            if not valid_run_id(run):
                 log.warning("journal: ignoring %s (not a run id)", name)
                 continue
             try:
@@ -240,7 +238,7 @@ class Journal:
                  step_close_after: float = 10.0) -> RunSink | None:
         """Rebuild one run from its file (e.g. one evicted from memory that is active again);
         None when it has no readable journal. The same seq guarantees as :meth:`load`."""
-        if not _RUN_ID.match(run):
+        if not valid_run_id(run):
             raise ValueError(f"not a run id: {run!r}")
         self.forget(run)
         sink = self._load_file(run, stale_after, None, step_close_after, time.time())

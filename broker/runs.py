@@ -16,10 +16,10 @@ from typing import Any, Callable, Iterator
 
 import msgspec
 
-from broker.ratelimit import RateLimitedLog
 from broker.sink import Event, Rejected, RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Frame, Register
+from rank_agent.ratelimit import RateLimitedLog
 
 __all__ = ["Runs", "OnAccept", "Recorder"]
 

@@ -29,11 +29,11 @@ from typing import Any, Callable, Union
 import zmq
 
 from broker import feed
-from broker.ratelimit import RateLimitedLog
 from broker.runs import Runs
 from broker.sink import Event, RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Register
+from rank_agent.ratelimit import RateLimitedLog
 
 __all__ = [
     "BrokerServer",

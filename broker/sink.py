@@ -50,7 +50,6 @@ from broker.epochs import PendingEpochs
 from broker.events import Event, Rejected
 from broker.metadata import parse_metadata
 from broker.rankstate import RankSamples, RankState, ranks_array
-from broker.ratelimit import RateLimitedLog
 from broker.steps import RunSteps
 from broker.stepstore import StepStore
 from broker.topology import HardwareString, Topology
@@ -65,6 +64,7 @@ from rank_agent.protocol import (
     Steps,
     Svg,
 )
+from rank_agent.ratelimit import RateLimitedLog
 
 __all__ = ["RunSink", "Event", "Rejected", "ENDED", "STEPS_INTERVAL"]
 

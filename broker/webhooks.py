@@ -42,7 +42,7 @@ import urllib.request
 from collections import deque
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
-from broker.ratelimit import RateLimitedLog
+from rank_agent.ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
 

@@ -50,10 +50,14 @@ from .protocol import (
     encoder,
     utf8_over,
 )
-from .pusher import Pusher, RateLimitedLog
+from .pusher import Pusher
+from .ratelimit import RateLimitedLog
 from .stepbuffer import MAX_PENDING_STEPS, StepBuffer
 
 log = logging.getLogger(__name__)
+
+#: Each kind of trouble the agent warns about is logged at most once a minute.
+WARN_EVERY = 60.0
 
 __all__ = ["RankAgent", "DEFAULT_BROKER", "MAX_PENDING_STEPS", "sanitize_run_id"]
 
@@ -162,7 +166,7 @@ class RankAgent:
         self._users_lock = threading.Lock()
         #: the worst status a user's finish() asked for while others still held the agent
         self._pending_status: str | None = None
-        self._warn = RateLimitedLog(logger=log)
+        self._warn = RateLimitedLog(log, WARN_EVERY)
         self._pusher = Pusher(self.broker, sndhwm=self.sndhwm, linger_ms=self.linger_ms,
                               warn=self._warn, on_fork=self._reset_after_fork,
                               introduce=self._implicit_register)

@@ -16,14 +16,14 @@ import secrets
 import time
 from typing import Any, Dict, Mapping
 
-from .protocol import MAX_RUN_ID
+from .protocol import DEFAULT_INGEST, MAX_RUN_ID, RUN_ID_CHARS
 
 log = logging.getLogger(__name__)
 
 #: The broker's ingest endpoint when ``RANKBOARD_BROKER`` does not name one.
-DEFAULT_BROKER = "tcp://127.0.0.1:5585"
+DEFAULT_BROKER = DEFAULT_INGEST
 
-_RUN_BAD = re.compile(r"[^A-Za-z0-9._:\-]+")
+_RUN_BAD = re.compile(rf"[^{RUN_ID_CHARS}]+")
 
 
 def sanitize_run_id(run: str) -> str:
@@ -32,12 +32,15 @@ def sanitize_run_id(run: str) -> str:
     Runs of other characters become ``_`` (``"my run/1"`` -> ``"my_run_1"``). An id longer than
     128 characters keeps its first 119 and gains ``-`` plus 8 hex digits of a hash of the whole
     id, so long ids that differ only at the end stay distinct. Every rank computes the same
-    result from the same input, so they all land in the same run. Empty input gives ``"run"``.
+    result from the same input, so they all land in the same run. Empty input gives ``"run"``;
+    an id of dots only (``.``, ``..``: no file or URL segment can name it) becomes ``_`` each.
     """
     text = _RUN_BAD.sub("_", str(run))
     if len(text) > MAX_RUN_ID:
         digest = hashlib.sha1(str(run).encode("utf-8", "surrogatepass")).hexdigest()[:8]
         text = f"{text[:MAX_RUN_ID - 9]}-{digest}"
+    if text and not text.strip("."):
+        text = "_" * len(text)
     return text or "run"
 
 

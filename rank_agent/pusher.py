@@ -26,13 +26,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, List
 
 import zmq
 
 from . import curve
 from .protocol import MAX_FRAME_BYTES, Register, encoder
+from .ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -45,31 +45,6 @@ _Again = zmq.Again
 #: zmq objects inherited across fork(): kept referenced forever in the child so that their
 #: finalisers (which would warn, or destroy the parent's context state) never run there.
 FORK_ORPHANS: List[Any] = []
-
-
-class RateLimitedLog:
-    """Logs each kind of trouble at most once per ``every`` seconds, counting what it skipped.
-
-    The set of kinds is a fixed, small set of strings chosen by the agent, so memory is bounded.
-    """
-
-    def __init__(self, every: float = 60.0, logger: logging.Logger = log) -> None:
-        self.every = every
-        self._log = logger
-        self._last: Dict[str, float] = {}
-        self._skipped: Dict[str, int] = {}
-
-    def __call__(self, kind: str, msg: str, *args: Any, level: int = logging.WARNING) -> None:
-        now = time.monotonic()
-        last = self._last.get(kind)
-        if last is not None and now - last < self.every:
-            self._skipped[kind] = self._skipped.get(kind, 0) + 1
-            return
-        self._last[kind] = now
-        skipped = self._skipped.pop(kind, 0)
-        self._log.log(level, msg, *args)
-        if skipped:
-            self._log.log(level, "rankboard: %d similar messages suppressed before this one", skipped)
 
 
 class Pusher:

@@ -16,15 +16,27 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Callable, Dict, Tuple
+from typing import Callable, Dict, Protocol, Tuple, TypeVar, cast
 
-if TYPE_CHECKING:
-    from .agent import RankAgent
 
+class SharedAgent(Protocol):
+    """What this registry needs of an agent (``RankAgent`` is one). A protocol, not an
+    import of ``agent.py``, which imports this module: the layering has no cycle."""
+
+    run: str
+    rank: int
+
+    @property
+    def closed(self) -> bool: ...
+
+    def _add_user(self) -> bool: ...
+
+
+A = TypeVar("A", bound=SharedAgent)
 Key = Tuple[str, int]
 
 _lock = threading.Lock()
-_agents: Dict[Key, RankAgent] = {}
+_agents: Dict[Key, SharedAgent] = {}
 _pid = os.getpid()
 
 
@@ -39,11 +51,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _live(agent: RankAgent) -> bool:
+def _live(agent: SharedAgent) -> bool:
     return not agent.closed
 
 
-def find(run: str | None, rank: int) -> RankAgent | None:
+def find(run: str | None, rank: int) -> SharedAgent | None:
     """This process's live agent for (``run``, ``rank``); ``run=None``: the most recently
     made one of that rank (for a caller whose run id would be generated, hence unknown)."""
     if _pid != os.getpid():  # a fork the at-fork hook did not see
@@ -52,7 +64,7 @@ def find(run: str | None, rank: int) -> RankAgent | None:
         return _find(run, rank)
 
 
-def _find(run: str | None, rank: int) -> RankAgent | None:
+def _find(run: str | None, rank: int) -> SharedAgent | None:
     if run is not None:
         agent = _agents.get((run, rank))
         return agent if agent is not None and _live(agent) else None
@@ -62,7 +74,7 @@ def _find(run: str | None, rank: int) -> RankAgent | None:
     return None
 
 
-def latest() -> RankAgent | None:
+def latest() -> SharedAgent | None:
     """This process's most recently made live agent, whatever its run and rank."""
     if _pid != os.getpid():
         _after_fork_in_child()
@@ -73,27 +85,27 @@ def latest() -> RankAgent | None:
     return None
 
 
-def acquire(run: str | None, rank: int, make: Callable[[], RankAgent]) -> RankAgent:
+def acquire(run: str | None, rank: int, make: Callable[[], A]) -> A:
     """The live agent for (``run``, ``rank``) with one more user, or ``make()``'s (one user),
     remembered under its own (run, rank). Atomic: two threads asking at once get one agent."""
     if _pid != os.getpid():
         _after_fork_in_child()
     with _lock:
-        agent = _find(run, rank)
-        if agent is not None and agent._add_user():
-            return agent
+        found = _find(run, rank)
+        if found is not None and found._add_user():
+            return cast(A, found)  # the registry holds only what make() gave
         agent = make()
         _agents[(agent.run, agent.rank)] = agent
         return agent
 
 
-def adopt(agent: RankAgent) -> bool:
+def adopt(agent: SharedAgent) -> bool:
     """One more user for ``agent`` (an integration taking over the process's agent);
     ``False`` if it closed meanwhile."""
     return agent._add_user()
 
 
-def forget(agent: RankAgent) -> None:
+def forget(agent: SharedAgent) -> None:
     """``agent`` closed: drop its entry (if it is still the one under its key)."""
     with _lock:
         key = (agent.run, agent.rank)

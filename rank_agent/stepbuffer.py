@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Mapping
 
 from .protocol import MAX_STEP_METRICS
-from .pusher import RateLimitedLog
+from .ratelimit import RateLimitedLog
 from .stepframes import StepPoint, step_frames
 
 #: Most step points waiting in one agent's buffer (PROTOCOL.md section 5); beyond it the

@@ -18,7 +18,7 @@ __all__ = ["StepPoint", "step_frames"]
 StepPoint = Tuple[int, float, Optional[float], Optional[Dict[Any, Any]], int, int]
 
 
-def _step_metrics(raw: Dict[Any, Any], warn: Callable[..., None]) -> Dict[str, float]:
+def _step_metrics(raw: Dict[Any, Any], warn: Callable[..., object]) -> Dict[str, float]:
     """A buffered point's metrics as the wire wants them: ``str`` names clamped to 128
     characters, ``float`` values, at most 64 names (the first ones). ``log_step`` already
     kept only ``int``/``float`` values; an ``int`` too large for a float is skipped here.
@@ -57,7 +57,7 @@ def _ignore(*args: Any, **kwargs: Any) -> None:
 
 
 def step_frames(run: str, rank: int, points: List[StepPoint], last: StepPoint | None = None,
-                warn: Callable[..., None] = _ignore) -> Tuple[List[Steps], StepPoint | None]:
+                warn: Callable[..., object] = _ignore) -> Tuple[List[Steps], StepPoint | None]:
     """Turn buffered ``log_step`` points (in call order) into ``steps`` frames the broker
     accepts: pure, so that every rule below is a unit test.
 

@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from werkzeug.exceptions import HTTPException
 
 from broker.stepstore import csv_header
+from rank_agent.protocol import valid_run_id
 from web.hub import Hub, parse_position
 from web.metrics import make_registry
 from web.runstate import RunState
@@ -54,7 +55,6 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
 }
-RUN_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 RESOURCE_COLUMNS = ("cpu_percent", "ram_used_bytes", "ram_total_bytes", "gpu_util_percent",
                     "vram_allocated_bytes", "vram_total_bytes")
 
@@ -224,7 +224,7 @@ def _internal_error(exc: Exception) -> Response:
 
 # ------------------------------------------------------------------ the run lookup
 def unknown_run(run: str) -> Response:
-    return error(404, "unknown run" if RUN_ID.match(run) else "not a valid run id")
+    return error(404, "unknown run" if valid_run_id(run) else "not a valid run id")
 
 
 @bp.before_request
@@ -242,7 +242,7 @@ def _find_run() -> Response | None:
     rule = request.url_rule
     if request.method == "OPTIONS" and getattr(rule, "provide_automatic_options", False):
         return None
-    state = _board().hub.runs.get(run) if RUN_ID.match(run) else None
+    state = _board().hub.runs.get(run) if valid_run_id(run) else None
     if state is None:
         return unknown_run(run)
     g.run_state = state

@@ -171,7 +171,7 @@ class NamedRankboardTracker(RankboardTracker):
         env = launch_args(generate=False)
         rank = int(self.agent_kwargs.get("rank", env["rank"]))
         found = shared.find(sanitize_run_id(run) if run else None, rank)
-        if found is not None and shared.adopt(found):
+        if isinstance(found, RankAgent) and shared.adopt(found):
             return found
         # alone: the main process as a one-rank run, kept out of the registry (a later
         # from_env of this process is the per-rank recipe, with the job's world size)

@@ -7,10 +7,10 @@ import msgspec
 import pytest
 
 from broker.events import Event
-from broker.ratelimit import RateLimitedLog
 from broker.runs import Runs
 from rank_agent import protocol
 from rank_agent.protocol import Svg
+from rank_agent.ratelimit import RateLimitedLog
 from tests.support.frames import bad_metadata, enc, finish, metrics, register
 
 T0 = 1_000_000.0

@@ -36,7 +36,7 @@ def pytest_report_header(config: Any) -> Optional[str]:
 
 
 if not MISSING:
-    from tests.integrations.support import TappedBroker, Web
+    from tests.support.integrations import TappedBroker, Web
 
     @pytest.fixture
     def broker() -> Iterator[TappedBroker]:

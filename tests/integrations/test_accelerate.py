@@ -9,7 +9,7 @@ import sys
 import uuid
 from typing import Any, Dict
 
-from tests.integrations.support import EXAMPLES, REPO, example_env, run_script, torchrun
+from tests.support.integrations import EXAMPLES, REPO, example_env, run_script, torchrun
 
 SCRIPT = str(EXAMPLES / "accelerate_example.py")
 STEPS = 16  # 256 samples / 16 per batch / 2 processes = 8 steps per epoch, 2 epochs

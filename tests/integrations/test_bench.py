@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.integrations.support import REPO
+from tests.support.integrations import REPO
 
 
 def test_lightning_overhead_quick_prints_one_result_line() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.integrations.support import REPO
+from tests.support.integrations import REPO
 
 HEAVY = ("torch", "lightning", "transformers", "accelerate")
 

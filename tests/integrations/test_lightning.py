@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.integrations.support import EXAMPLES, REPO, example_env, run_script
+from tests.support.integrations import EXAMPLES, REPO, example_env, run_script
 
 SCRIPT = str(EXAMPLES / "lightning_example.py")
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.integrations.support import EXAMPLES, REPO, example_env, run_script, torchrun
+from tests.support.integrations import EXAMPLES, REPO, example_env, run_script, torchrun
 
 SCRIPT = str(EXAMPLES / "transformers_example.py")
 

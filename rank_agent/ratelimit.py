@@ -1,4 +1,6 @@
-"""Rate-limited logging: at most one line per key per interval.
+"""Rate-limited logging: at most one line per key per interval (the one definition: the
+agent, the broker and its webhook thread use it; it lives in ``rank_agent`` because that is
+the lowest layer, and it imports only the standard library).
 
 A broker fed garbage by a misconfigured client (or an attacker) receives thousands of bad
 frames a second; one warning each would flood the log and cost more than the decode. So
@@ -70,6 +72,10 @@ class RateLimitedLog:
     def error(self, key: Hashable, msg: str, *args: Any, exc_info: bool = False) -> bool:
         """Shorthand for :meth:`log` at ERROR."""
         return self.log(key, logging.ERROR, msg, *args, exc_info=exc_info, stacklevel=2)
+
+    def __call__(self, key: Hashable, msg: str, *args: Any, level: int = logging.WARNING) -> bool:
+        """``warn(kind, msg, *args)``: :meth:`log` at ``level`` (WARNING), as the agent calls it."""
+        return self.log(key, level, msg, *args, stacklevel=2)
 
     def suppressed(self, key: Hashable) -> int:
         """Lines of ``key`` suppressed since its last emitted line (for tests and stats)."""
