@@ -18,10 +18,13 @@
 // first live record's time, or, when no step has arrived live, from the run's updated_at.
 // Exact where live, an estimate for history; the hover says which.
 
-import { Buckets, BandChart, STEP_AXIS, formatStep } from "./bandchart.js";
-import { colorAt, formatNumber } from "./charts.js";
+import { api, enc } from "./api.js";
+import { colorAt } from "./axes.js";
+import { BandChart, STEP_AXIS } from "./bandchart.js";
+import { Buckets } from "./buckets.js";
+import { button, h, setText } from "./dom.js";
+import { fmtInt, fmtMs, formatNumber, isNum } from "./fmt.js";
 import { cancelFrame, onFrame } from "./frame.js";
-import { api, button, enc, fmtMs, h, isNum, setText } from "./util.js";
 
 /** Series that are not metric names (PROTOCOL 4 `/steps?metric=`). */
 const BUILTIN = [
@@ -602,7 +605,7 @@ export class StepView {
       return;
     }
     const rate = this.stepsPerSecond();
-    setText(this.subEl, `step ${formatStep(this.lastStep)}${isNum(rate) && rate > 0 ? ` · ${rate.toFixed(1)} steps/s` : ""}`);
+    setText(this.subEl, `step ${fmtInt(this.lastStep)}${isNum(rate) && rate > 0 ? ` · ${rate.toFixed(1)} steps/s` : ""}`);
   }
 
   /** What tests and benchmarks read: a chart's last draw (by metric name). */
