@@ -36,6 +36,20 @@ function chartTheme(card) {
   };
 }
 
+/** Size `canvas` to `w` x `h` css px at the device pixel ratio; its context, scaled to css px. */
+export function fitCanvas(canvas, w, ht) {
+  const dpr = window.devicePixelRatio || 1;
+  if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(ht * dpr)) {
+    canvas.width = Math.round(w * dpr);
+    canvas.height = Math.round(ht * dpr);
+    canvas.style.width = `${w}px`;
+    canvas.style.height = `${ht}px`;
+  }
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  return ctx;
+}
+
 function toolButton(text, title, action, onClick) {
   const b = h("button", "tool-btn", text);
   b.type = "button";
@@ -238,15 +252,7 @@ export class ChartKit {
     const ht = Math.max(min, Math.floor(rect.height));
     this._w = w;
     const dpr = window.devicePixelRatio || 1;
-    const cv = this.canvas;
-    if (cv.width !== Math.round(w * dpr) || cv.height !== Math.round(ht * dpr)) {
-      cv.width = Math.round(w * dpr);
-      cv.height = Math.round(ht * dpr);
-      cv.style.width = `${w}px`;
-      cv.style.height = `${ht}px`;
-    }
-    const ctx = cv.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    const ctx = fitCanvas(this.canvas, w, ht);
     const theme = this._theme || (this._theme = chartTheme(this.card));
     ctx.fillStyle = theme.bg;
     ctx.fillRect(0, 0, w, ht);
@@ -422,7 +428,7 @@ export class ChartKit {
     const cv = this.canvas;
     const dpr = window.devicePixelRatio || 1;
     const head = Math.round(26 * dpr);
-    const out = document.createElement("canvas");
+    const out = h("canvas");
     out.width = cv.width;
     out.height = cv.height + head;
     const ctx = out.getContext("2d");
@@ -438,7 +444,7 @@ export class ChartKit {
     out.toBlob((blob) => {
       if (!blob) return;
       const url = URL.createObjectURL(blob);
-      const a = document.createElement("a");
+      const a = h("a");
       a.href = url;
       a.download = `${this.opts.filename || this.opts.chartId || "chart"}.png`;
       document.body.append(a);

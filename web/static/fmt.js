@@ -4,6 +4,8 @@
 
 export const DASH = "—";
 export const isNum = (v) => typeof v === "number" && Number.isFinite(v);
+/** A finite number, or null. */
+export const numOrNull = (v) => (isNum(v) ? v : null);
 
 export function fmtLoss(v) {
   if (!isNum(v)) return DASH;

@@ -8,6 +8,7 @@
 //
 // Text from a training job (host names) only reaches the DOM through textContent.
 
+import { fitCanvas } from "./chartkit.js";
 import { cssVar, h } from "./dom.js";
 import { isNum } from "./fmt.js";
 import { onFrame } from "./frame.js";
@@ -55,19 +56,6 @@ export function ratioColor(r) {
   if (!isNum(r)) return null;
   if (r >= 1) return ramp(SLOW_STOPS, (r - 1) / 0.5);
   return ramp(FAST_STOPS, (1 - r) / 0.5);
-}
-
-function fitCanvas(canvas, w, h) {
-  const dpr = window.devicePixelRatio || 1;
-  if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(h * dpr)) {
-    canvas.width = Math.round(w * dpr);
-    canvas.height = Math.round(h * dpr);
-    canvas.style.width = `${w}px`;
-    canvas.style.height = `${h}px`;
-  }
-  const ctx = canvas.getContext("2d");
-  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-  return ctx;
 }
 
 /** Size from a ResizeObserver (no layout reads in draws) and on-screen state. */
@@ -336,7 +324,7 @@ export class StragglerStrip {
     body.append(this.canvas, this.tip);
     host.append(body);
     this.body = body;
-    this.off = document.createElement("canvas");
+    this.off = h("canvas");
     this._w = 0;
     this.canvas.addEventListener("pointermove", (e) => this._move(e));
     this.canvas.addEventListener("pointerleave", () => {

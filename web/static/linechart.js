@@ -4,12 +4,7 @@
 import { colorAt, ema, niceTicks, timeTicks, yTicks } from "./axes.js";
 import { ChartKit } from "./chartkit.js";
 import { h } from "./dom.js";
-import { formatClock, formatNumber } from "./fmt.js";
-
-/** A finite number or null: the chart's notion of "a value". */
-function num(v) {
-  return typeof v === "number" && Number.isFinite(v) ? v : null;
-}
+import { formatClock, formatNumber, numOrNull } from "./fmt.js";
 
 /**
  * A line chart in a card.
@@ -38,7 +33,7 @@ export class LineChart extends ChartKit {
     this.series = series.map((s, i) => ({
       name: s.name,
       color: s.color || colorAt(i),
-      values: s.values.map(num),
+      values: s.values.map(numOrNull),
       unit: s.unit,
     }));
     if (this.solo !== null && !this.series.some((s) => s.name === this.solo)) this.solo = null;

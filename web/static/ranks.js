@@ -6,7 +6,7 @@
 import { serverNow } from "./api.js";
 import { button, h, statusDot } from "./dom.js";
 import {
-  DASH, fmtAgo, fmtBytes, fmtInt, fmtMs, fmtPct, fmtThroughput, isNum, pct,
+  DASH, fmtAgo, fmtBytes, fmtInt, fmtMs, fmtPct, fmtThroughput, isNum, numOrNull, pct,
 } from "./fmt.js";
 
 const PAGE = 12;
@@ -43,7 +43,7 @@ function miniBar(value, warnHigh) {
   return wrap;
 }
 
-const num = (v) => (isNum(v) ? v : null);
+const num = numOrNull;
 
 /** Column definitions: key, header, sort value, cell builder, when shown. */
 const COLUMNS = [
