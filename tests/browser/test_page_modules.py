@@ -9,7 +9,10 @@ replayed record, as after a reconnect) and check what the views would be given.
 from __future__ import annotations
 
 import json
-from typing import Any
+import re
+import urllib.request
+from pathlib import Path
+from typing import Any, Set
 
 import pytest
 
@@ -17,6 +20,21 @@ from .conftest import Stack, wait_until
 from .test_dashboard import epoch, register
 
 pytestmark = pytest.mark.browser
+
+STATIC = Path(__file__).resolve().parents[2] / "web" / "static"
+_IMPORT = re.compile(r'^import [^;]*? from "\./([\w]+\.js)";', re.M | re.S)
+
+
+def imported_modules(entry: str = "dashboard.js") -> Set[str]:
+    """Every module ``entry`` imports, directly or not (relative imports only)."""
+    seen: Set[str] = set()
+    todo = [entry]
+    while todo:
+        for dep in _IMPORT.findall((STATIC / todo.pop()).read_text()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
 
 # A same-origin worker script served by the test (the page's CSP allows 'self' scripts only).
 PROBE = "/static/__test_probe_worker.js"
@@ -81,3 +99,17 @@ def test_store_and_model_run_in_a_worker_from_a_json_snapshot(stack: Stack, page
     assert got["big"] is False
     assert got["names"][0] == "loss"
     page.errors.check()
+
+
+def test_the_page_preloads_every_module_it_imports(stack: Stack) -> None:
+    """A split page costs one request per module; preloading them all keeps its first draw
+    from waiting on one import level at a time. A module left out of index.html fails here."""
+    with urllib.request.urlopen(f"{stack.url}/", timeout=5) as resp:
+        html = resp.read().decode()
+    preloaded = set(re.findall(r'<link rel="modulepreload" href="/static/([\w]+\.js)">', html))
+    wanted = imported_modules()
+    assert len(wanted) > 10  # the graph was read
+    assert preloaded == wanted
+    for name in sorted(preloaded):
+        with urllib.request.urlopen(f"{stack.url}/static/{name}", timeout=5) as resp:
+            assert resp.status == 200 and "javascript" in resp.headers["Content-Type"], name
