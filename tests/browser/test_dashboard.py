@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any, List
 
 import pytest
@@ -93,6 +94,11 @@ def test_live_run_advances_without_reload(stack: Stack, page: Any) -> None:
     wait_drawn(page, 'canvas[data-chart="metrics"]')
     wait_drawn(page, 'canvas[data-chart="resources"]')
     expect(page.locator("#rank-table tbody tr")).to_have_count(2)
+    # the local-rank column reads "local" (as "lr" it read as learning rate), with a title
+    local = page.locator('#rank-table [data-sort="local"]')
+    expect(local).to_have_text("local")
+    expect(local).to_have_attribute("title", re.compile("local rank"))
+    expect(page.locator('#rank-table tr[data-rank="1"] td').nth(2)).to_have_text("1")
 
     # a dropped connection: epochs sent meanwhile arrive once, nothing is duplicated
     page.context.set_offline(True)
