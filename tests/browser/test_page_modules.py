@@ -16,8 +16,8 @@ from typing import Any, Set
 
 import pytest
 
-from .conftest import Stack, wait_until
-from .test_dashboard import epoch, register
+from tests.support.browser import Stack, epoch, register
+from tests.support.polling import wait_for as wait_until
 
 pytestmark = pytest.mark.browser
 

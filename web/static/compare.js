@@ -17,7 +17,8 @@ const STEP_BUILTINS = ["step_ms", "samples_per_s", "tokens_per_s"];
 const EPOCH_AXIS = { kind: "epoch", label: "epoch", map: (s) => s, inv: (x) => x };
 const REFRESH_MS = 10000;
 /** PROTOCOL 2: a run id; anything else in a link is shown, never fetched. */
-const RUN_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+// PROTOCOL section 2 (rank_agent/protocol.py RUN_ID_PATTERN): the whole id, not dots only.
+const RUN_ID = /^(?!\.+$)[A-Za-z0-9._:-]{1,128}$/;
 
 /** Parse `#compare=...` (null when the hash is not a comparison). */
 export function parseCompareHash(hash) {
