@@ -182,7 +182,7 @@ def test_threads_past_4_mib_are_left_out_the_training_thread_kept(parked: Any) -
     fn = namespace[name]
     threads = [parked(lambda stop: fn(300, stop), f"heavy-{i}") for i in range(20)]
     for t in threads:
-        wait_for(lambda: depth(t) > 300, 10, "deep stacks")
+        wait_for(lambda t=t: depth(t) > 300, 10, "deep stacks")
     trainer = threads[13]
     frame = stacks_frame("r", 0, "stall", main_ident=trainer.ident, idle_s=61.0)
     data = encoder.encode(frame)
