@@ -263,8 +263,9 @@ class Control:
     def _profile(self, req: ControlRequest, sock: zmq.Socket,
                  profiles: Deque[ControlRequest], stop: threading.Event) -> None:
         """Sample the training thread at ``hz`` for ``seconds``; between samples, read the
-        socket (a ``stacks`` request is answered at once). A late sample is not made up
-        for with a burst: the schedule moves on."""
+        socket (a ``stacks`` request is answered at once). The schedule is anchored at the
+        start, so waiting for the GIL does not slow the rate; a sample later than a whole
+        interval is taken at once and the schedule moves on (never a burst to catch up)."""
         counter = ProfileCounter()
         interval = 1.0 / req.hz
         start = time.monotonic()
@@ -277,8 +278,8 @@ class Control:
             if now >= next_t:
                 counter.sample(self.training_thread())
                 next_t += interval
-                if next_t < now:
-                    next_t = now + interval
+                if next_t < now:  # late (the GIL was busy): one sample now, then on time
+                    next_t = now
                 continue
             if sock.poll(max(1, int((min(next_t, end) - now) * 1000))):
                 self._read(sock, profiles)
