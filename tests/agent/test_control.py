@@ -4,6 +4,9 @@ request within 1 s and a profile within ``seconds`` + 1 s; ``close()`` leaves no
 the framing's rules."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -25,7 +28,7 @@ from rank_agent.protocol import Stacks
 
 from ..polling import wait_for
 from .conftest import Receiver
-from .test_stallwatch import expect_line, reap, spawn
+from .test_stallwatch import REPO, expect_line, reap, spawn
 
 
 class Publisher:
@@ -285,3 +288,46 @@ def test_an_agent_ignores_garbage_on_its_topic(receiver: Receiver, publisher: Pu
     finally:
         control.close()
 
+
+
+def test_a_forked_child_opens_its_own_channel(receiver: Receiver, publisher: Publisher) -> None:
+    """After fork the child has no control thread; its start() opens a fresh context and
+    socket (the parent's are never touched there) and both processes answer."""
+    script = textwrap.dedent(f"""
+        import os, sys
+        from tests.agent.diag_child import Push
+        from rank_agent.control import Control
+        control = Control({publisher.endpoint!r}, "forked", 0, lambda f: push(f),
+                          socket_options=lambda: None)
+        push = Push({receiver.endpoint!r})
+        control.start()
+        assert control.wait_connected(10)
+        pid = os.fork()
+        if pid == 0:
+            push = Push({receiver.endpoint!r})
+            assert not control.running  # the parent's thread does not exist here
+            control.rank = 1
+            control.start()
+            assert control.wait_connected(10)
+            print("child ready", flush=True)
+            sys.stdin.readline()
+            control.close(); push.close()
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)  # the child alone reads stdin
+        control.close(); push.close()
+        sys.exit(os.waitstatus_to_exitcode(status))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        expect_line(proc, "child ready")
+        publisher.wait_subscriptions([control_topic("forked")] * 2)
+        publisher.request("forked", "f-1")
+        receiver.wait_for(lambda fs: len(answers(fs, "f-1")) == 2, timeout=5)
+        assert sorted(answers(receiver.frames, "f-1")) == [("forked", 0), ("forked", 1)]
+        assert proc.stdin is not None
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(15) == 0
+    finally:
+        reap(proc)
