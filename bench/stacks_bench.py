@@ -8,6 +8,14 @@ costs the training thread.
   whole GET). Extra figures: the same from decoded ``Stacks`` Structs, and encoding the full
   response body (every dump as well as the groups) with msgspec's JSON encoder, which is
   what dominates the GET.
+* ``profile_overhead_pct``: a CPU-bound training loop's median step time (about 1 ms of
+  pure-Python work a step) while its process answers a 100 Hz profile request over a real
+  control channel (an XPUB on loopback standing in for the broker's publish socket), against
+  the same loop unprofiled just before, in the same process (target <= 3 %). Rounds
+  alternate so drift in the shared machine's load falls on both sides. On an overloaded
+  machine (more runnable threads than cores) every GIL handoff to the sampling thread may
+  wait for a core, and the figure is mostly that wait: ``sample_cpu_us``, the CPU time of
+  one sample, says what the profile itself costs (x 100 a second).
 * ``stall_note_ns``: :meth:`rank_agent.stallwatch.StallWatch.note`, the training thread's
   whole cost per ``log_step``/``log_epoch``, in ns per call (the best of several rounds of
   a million calls; an empty method call measured alongside is the baseline).
@@ -19,6 +27,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,10 +35,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import msgspec  # noqa: E402
+import zmq  # noqa: E402
 from common import result  # noqa: E402
 
 from broker.stackgroups import stack_groups  # noqa: E402
+from rank_agent.control import Control  # noqa: E402
+from rank_agent.controlwire import encode_request  # noqa: E402
 from rank_agent.protocol import Stacks, decoder, encoder  # noqa: E402
+from rank_agent.stacks import ProfileCounter  # noqa: E402
 from rank_agent.stallwatch import StallWatch  # noqa: E402
 
 RANKS = 1024
@@ -90,6 +103,88 @@ def note_ns(calls: int, rounds: int = 5) -> tuple[float, float]:
         watch.close()
 
 
+def _step(n: int = 40_000) -> int:
+    x = 0
+    for i in range(n):
+        x += i & 7
+    return x
+
+
+def _steps_for(seconds: float) -> list[float]:
+    times = []
+    end = time.perf_counter() + seconds
+    while True:
+        t = time.perf_counter()
+        if t >= end:
+            return times
+        _step()
+        times.append(time.perf_counter() - t)
+
+
+def sample_cpu_us(depth: int = 30, calls: int = 1000) -> float:
+    """CPU time of one profile sample (``ProfileCounter.sample``) of a thread ``depth``
+    frames deep that spins meanwhile: what the training thread's GIL is lent for, 100 times
+    a second, besides the handoff itself."""
+    stop = threading.Event()
+
+    def deep(n: int) -> None:
+        if n:
+            return deep(n - 1)
+        while not stop.is_set():
+            _step(10_000)
+
+    thread = threading.Thread(target=deep, args=(depth,), daemon=True)
+    thread.start()
+    counter = ProfileCounter()
+    best = float("inf")
+    try:
+        while len(counter.counts) == 0:
+            counter.sample(thread.ident)
+        for _ in range(5):
+            t = time.thread_time_ns()
+            for _ in range(calls):
+                counter.sample(thread.ident)
+            best = min(best, (time.thread_time_ns() - t) / calls / 1000)
+    finally:
+        stop.set()
+        thread.join(5)
+    return best
+
+
+def profile_overhead(seconds: float, rounds: int) -> dict[str, Any]:
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    answers: list[Stacks] = []
+    control = Control(f"tcp://127.0.0.1:{port}", "bench", 0, answers.append,
+                      socket_options=lambda: None)
+    control.start()
+    try:
+        if not pub.poll(10_000):
+            raise RuntimeError("the control socket did not subscribe")
+        pub.recv()
+        plain: list[float] = []
+        profiled: list[float] = []
+        for r in range(rounds):
+            plain += _steps_for(seconds)
+            pub.send_multipart(encode_request("bench", f"p{r}", "profile", hz=100,
+                                              seconds=seconds))
+            profiled += _steps_for(seconds)
+            deadline = time.monotonic() + seconds + 5
+            while len(answers) <= r and time.monotonic() < deadline:
+                time.sleep(0.01)
+        base, prof = statistics.median(plain), statistics.median(profiled)
+        return result("profile_overhead_pct", round((prof / base - 1) * 100, 2), "%",
+                      step_ms=round(base * 1000, 2), profiled_step_ms=round(prof * 1000, 2),
+                      samples=sum(a.samples for a in answers), answers=len(answers), hz=100,
+                      sample_cpu_us=round(sample_cpu_us(), 2))
+    finally:
+        control.close()
+        pub.close(linger=0)
+        ctx.term()
+
+
 def run(quick: bool) -> list[dict[str, Any]]:
     rounds = 5 if quick else 30
     stall = dumps()
@@ -103,7 +198,9 @@ def run(quick: bool) -> list[dict[str, Any]]:
     data = enc.encode(body)
     body_ms = (time.perf_counter() - t) * 1000
     note, empty = note_ns(200_000 if quick else 1_000_000)
+    overhead = profile_overhead(1.0 if quick else 3.0, 2 if quick else 5)
     return [
+        overhead,
         result("stacks_groups_1024_ms", round(statistics.median(as_dicts), 2), "ms",
                ranks=RANKS, frames=DEPTH, distinct=3, p_max_ms=round(max(as_dicts), 2),
                structs_ms=round(statistics.median(as_structs), 2),

@@ -26,6 +26,7 @@ the parent's context untouched and the owner's next :meth:`Control.start` makes 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -275,14 +276,19 @@ class Control:
             now = time.monotonic()
             if now >= end:
                 break
-            if now >= next_t:
-                counter.sample(self.training_thread())
-                next_t += interval
-                if next_t < now:  # late (the GIL was busy): one sample now, then on time
-                    next_t = now
-                continue
-            if sock.poll(max(1, int((min(next_t, end) - now) * 1000))):
-                self._read(sock, profiles)
+            if now < next_t:
+                # one wait per sample: poll rounds its timeout up to whole ms, and a timeout
+                # means the sample is due (re-checking the clock would cost one more GIL
+                # round trip with the training thread, and that is the profile's cost)
+                if sock.poll(math.ceil((min(next_t, end) - now) * 1000)):
+                    self._read(sock, profiles)
+                    continue
+                if next_t >= end:
+                    break
+            counter.sample(self.training_thread())
+            next_t += interval
+            if next_t < now:  # late (the GIL was busy): one sample now, then on time
+                next_t = now
         if stop.is_set():
             return
         seconds = time.monotonic() - start
