@@ -56,6 +56,7 @@ class Push:
 
 
 def hang_in_collective() -> None:
+    print("hanging", flush=True)  # from here, so a dump taken after it finds this function
     sys.stdin.readline()  # blocks, releasing the GIL, as a collective waiting on a peer does
 
 
@@ -111,7 +112,6 @@ def main() -> None:
             watch.start()
             time.sleep(0.01)
         print("ready", flush=True)
-        print("hanging", flush=True)
         hang_in_collective()
         end = time.monotonic() + args.recover
         while time.monotonic() < end:
