@@ -25,10 +25,9 @@ from rank_agent.controlwire import (
 )
 from rank_agent.curve import CurveError
 from rank_agent.protocol import Stacks
-
-from ..polling import wait_for
-from .conftest import Receiver
-from .test_stallwatch import REPO, expect_line, reap, spawn
+from tests.support import REPO
+from tests.support.agent import Receiver, expect_line, reap, spawn
+from tests.support.polling import wait_for
 
 
 class Publisher:

@@ -27,8 +27,7 @@ from rank_agent.stacks import (
     fit_threads,
     stacks_frame,
 )
-
-from ..polling import wait_for
+from tests.support.polling import wait_for
 
 
 def frame_bytes(**fields: Any) -> bytes:

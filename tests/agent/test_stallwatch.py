@@ -10,43 +10,15 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 from typing import Any, List
 
 import pytest
 
 from rank_agent.protocol import Stacks
 from rank_agent.stallwatch import MAX_DUMPS, StallWatch, auto_stall_after
-
-from ..polling import wait_for
-from .conftest import Receiver
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def spawn(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tests.agent.diag_child", *args], cwd=REPO,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-
-def reap(proc: subprocess.Popen[str]) -> None:
-    """Kill a child still running and close its pipes (an open pipe is an error here)."""
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    for pipe in (proc.stdin, proc.stdout):
-        if pipe is not None:
-            try:
-                pipe.close()
-            except OSError:  # stdin of a killed child: broken pipe on flush
-                pass
-
-
-def expect_line(proc: subprocess.Popen[str], word: str) -> str:
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # the child prints promptly; pytest-timeout bounds a hang
-    assert line.startswith(word), f"expected {word!r}, child said {line!r}"
-    return line
+from tests.support import REPO
+from tests.support.agent import Receiver, expect_line, reap, spawn
+from tests.support.polling import wait_for
 
 
 def main_thread(frame: Stacks) -> Any:
