@@ -16,6 +16,7 @@ command monkey-patches first (:func:`web.serve.patch`); every child is started b
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import sys
@@ -29,7 +30,7 @@ from typing import Any
 from broker.config import BrokerConfig, default_data_dir
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
 from rankboard.config import DemoConfig, UpConfig
-from rankboard.process import child_command, terminate
+from rankboard.process import PARENT_ENV, child_command, terminate
 from web.config import WebConfig
 from web.serve import LazyBinder, Stopper, Web, bind_refusal, fail, feed_curve, patch, run_web
 from web.workers import WorkerPool, pool_refusal, run_pool
@@ -101,6 +102,7 @@ class BrokerChild:
         ready = gevent.event.Event()
         cmd, env = child_command("rankboard", self.cfg.argv())
         env["PYTHONUNBUFFERED"] = "1"
+        env[PARENT_ENV] = str(os.getpid())  # the broker ends when we end, even SIGKILLed
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      env=env)
 

@@ -242,6 +242,11 @@ HEAD_TIMEOUT = 10.0
 #: The 431 answer, written by the handler itself (the app never sees such a request).
 HEAD_TOO_LARGE_RESPONSE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
                            b"Connection: close\r\nContent-Length: 0\r\n\r\n")
+#: After a 431 the web still reads (and discards) up to this many bytes of the refused
+#: head, for at most :data:`LINGER_SECONDS`, before closing: closing with unread bytes
+#: makes the kernel send a reset, which can destroy the 431 before the client reads it.
+LINGER_BYTES = 1024 * 1024
+LINGER_SECONDS = 1.0
 _DIGITS = re.compile(r"[0-9]{1,18}")
 
 
@@ -349,7 +354,8 @@ def nodelay_handler_class() -> Any:
                     self._count("head_too_large")
                     log.info("request head from %s over %d bytes: 431",
                              self.client_address, MAX_HEAD_BYTES)
-                    return ("431", HEAD_TOO_LARGE_RESPONSE)
+                    self._refuse(HEAD_TOO_LARGE_RESPONSE)
+                    return None
                 except HeadTimeout:
                     self._count("head_timeout")
                     log.debug("request head from %s not complete within %.0f s: closed",
@@ -361,6 +367,23 @@ def nodelay_handler_class() -> Any:
                     return None
                 self._head = head
                 return super().handle_one_request()
+
+            def _refuse(self, response: bytes) -> None:
+                """Send ``response``, end our side, and read out (a bounded amount of) what
+                the client is still sending so that it gets to read the answer."""
+                self.status = response.split(b" ", 2)[1]
+                try:
+                    self.socket.sendall(response)
+                    self.socket.shutdown(socket.SHUT_WR)
+                    drained = 0
+                    with gevent.Timeout(LINGER_SECONDS, False):
+                        while drained < LINGER_BYTES:
+                            chunk = self.socket.recv(65536)
+                            if not chunk:
+                                break
+                            drained += len(chunk)
+                except OSError:
+                    pass
 
             def read_requestline(self) -> str:
                 head = self._head or [b""]
