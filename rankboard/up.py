@@ -32,7 +32,17 @@ from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHO
 from rankboard.config import DemoConfig, UpConfig
 from rankboard.process import PARENT_ENV, child_command, terminate
 from web.config import WebConfig
-from web.serve import LazyBinder, Stopper, Web, bind_refusal, fail, feed_curve, patch, run_web
+from web.serve import (
+    LazyBinder,
+    Stopper,
+    Web,
+    bind_refusal,
+    dashboard_url,
+    fail,
+    feed_curve,
+    patch,
+    run_web,
+)
 from web.workers import WorkerPool, pool_refusal, run_pool
 
 log = logging.getLogger(__name__)
@@ -230,7 +240,7 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
             )
             cluster.start()
             if not demo.no_browser:
-                open_browser(f"http://localhost:{web.port}/")
+                open_browser(dashboard_url(wcfg.host, web.port))
         while not stopper.wait(0.5):
             if broker.exited() is not None:
                 if stopper.wait(0.5):  # Ctrl-C reached the broker first

@@ -99,6 +99,11 @@ def dashboard_lines(host: str, port: int) -> list[str]:
     return lines
 
 
+def dashboard_url(host: str, port: int) -> str:
+    """The dashboard's URL as :func:`dashboard_lines` prints it, with a trailing slash."""
+    return dashboard_lines(host, port)[0].split(" ", 1)[1] + "/"
+
+
 def allowed_hosts(bound: str, extra: tuple[str, ...] | list[str] = ()) -> frozenset[str]:
     """The ``Host`` names (without port, lower case, IPv6 in brackets) a web without a token
     answers (PROTOCOL 4 "Hardening"): ``localhost``, ``127.0.0.1``, ``[::1]``, the address
