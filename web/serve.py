@@ -8,14 +8,17 @@ first thing by each command that serves a web (:func:`run_web` here, ``rankboard
   (:func:`set_nodelay`); ``--worker-id`` (a worker of a ``--workers N`` pool, see
   ``web/workers.py``) listens on a ``SO_REUSEPORT`` socket shared with its siblings and tags
   its responses ``X-Rankboard-Worker``; ``--metrics-port`` adds a listener serving only
-  ``/metrics`` and ``/healthz``.
+  ``/metrics`` and ``/healthz``. Its handler (:func:`nodelay_handler_class`) bounds each
+  request head in bytes and time and refuses ambiguous body framing before the app runs.
 * :class:`LazyBinder`: ``up`` without ``--port`` binds on the first port a rank registers.
 * :class:`Stopper`: SIGINT/SIGTERM as an event the main greenlet waits on.
 * :func:`run_web`: ``rankboard web`` (one web, or one worker of a pool) until stopped.
 
 Tuning knobs for tests and operators (environment, not flags): ``RANKBOARD_SSE_QUEUE``
 (events a client may fall behind before it is dropped, default 256) and
-``RANKBOARD_SSE_PING`` (seconds between ``: ping`` comments, default 15).
+``RANKBOARD_SSE_PING`` (seconds between ``: ping`` comments, default 15). The hardening
+limits (:data:`MAX_HEAD_BYTES`, :data:`HEAD_TIMEOUT`, ``web.runstate.MAX_QUEUED_BYTES``) are
+constants, not knobs: SECURITY.md promises them.
 """
 from __future__ import annotations
 
