@@ -336,3 +336,47 @@ def test_allowed_host_adds_a_name(spawn: Callable[..., Proc], tmp_path: Path) ->
     get = b"GET /api/runs HTTP/1.1\r\n\r\n"
     assert status_of(web.port, get, host=b"dash.example.org") == b"HTTP/1.1 200 OK"
     assert status_of(web.port, get, host=b"other.example.org").startswith(b"HTTP/1.1 421")
+
+
+def test_a_non_reading_client_of_a_wide_run_is_dropped_by_bytes(
+        spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    """Finding 7 against a real web: a 16,384-rank run (256-character hosts: ~12 MB
+    ``ranks`` events, one a second while frames arrive) and one SSE client that never
+    reads. The web drops it once its queue would pass 64 MiB (a handful of events), counted
+    as ``sse_queue_bytes``, and its memory stays bounded; before, the client was kept until
+    256 events (~3 GB) and the web grew by ~18 MiB a second."""
+    import psutil
+
+    ranks = 16_384
+    broker, eps = start_broker(spawn, tmp_path / "data")
+    web = start_web(spawn, eps)
+    pusher = Pusher(eps.ingest)
+    try:
+        for rank in range(ranks):
+            pusher.register("wide", rank, ranks, host=f"{rank:05d}" + "h" * 251)
+        wait_for(lambda: fetch(web.port, "/api/runs/wide", timeout=60).status == 200
+                 and len(fetch(web.port, "/api/runs/wide", timeout=60).json()["ranks"]) == ranks,
+                 timeout=60, what="every rank registered", retry_on=(OSError,))
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", web.port))
+        stalled.sendall(b"GET /api/runs/wide/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        rss = psutil.Process(web.proc.pid).memory_info
+        start = peak = rss().rss
+        deadline = time.monotonic() + 60
+        i = 0
+        try:
+            while limited(web.port, "sse_queue_bytes") < 1:
+                assert time.monotonic() < deadline, "the non-reading client was never dropped"
+                pusher.send(protocol.Resources(run="wide", rank=i % ranks,
+                                               sample=protocol.ResourceSample(cpu_percent=i % 100)))
+                i += 1
+                peak = max(peak, rss().rss)
+                time.sleep(0.2)  # a rank's pace, not a synchronisation
+        finally:
+            stalled.close()
+        assert (peak - start) < 400 * 2**20, f"web grew {(peak - start) / 2**20:.0f} MiB"
+        assert fetch(web.port, "/healthz").status == 200
+        no_traceback(web, broker)
+    finally:
+        pusher.close()
