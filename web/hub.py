@@ -318,6 +318,8 @@ class Hub:
         self._run_buffers.pop(run, None)
         self._want_runs.pop(run, None)
         self._snap_runs.pop(run, None)
+        if any(u.run == run for u in self._full_buffer):  # older than the drop: never apply
+            self._full_buffer = deque(u for u in self._full_buffer if u.run != run)
         if state is None:
             return False
         for sub in list(state.subscribers):

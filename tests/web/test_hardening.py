@@ -22,7 +22,7 @@ from rankboard import cli
 from rankboard.config import from_args
 from rankboard.process import PARENT_ENV, die_with_parent
 from tests.support.polling import wait_for
-from tests.web.test_hub import RUN, drain, ev, header, ready_hub, record
+from tests.web.test_hub import RUN, drain, ev, hb, header, ready_hub, record
 from web.app import create_app, history_csv, host_name, steps_csv_header, text_cell
 from web.config import WebConfig
 from web.hub import Hub
@@ -124,6 +124,16 @@ def test_drop_run_forgets_a_pending_snapshot_request_and_buffered_updates() -> N
     hub.drop_run(RUN)
     assert RUN not in hub._run_buffers and RUN not in hub._want_runs
     assert hub.next_request() is None
+
+
+def test_drop_run_forgets_updates_buffered_during_a_full_snapshot() -> None:
+    hub = ready_hub(1)
+    hub.handle_pub(hb("i2"))  # a broker restart: a full snapshot is asked, updates buffered
+    assert hub.next_request() == [b"SNAP"]
+    hub.handle_pub(ev(3, "epoch", record(1)))
+    hub.handle_pub(ev(3, "epoch", record(0), run="other"))
+    hub.drop_run(RUN)
+    assert [u.run for u in hub._full_buffer] == ["other"]
 
 
 def test_a_dropped_run_comes_back_with_its_next_frame() -> None:
