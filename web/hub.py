@@ -32,7 +32,7 @@ import gevent
 
 from broker import feed
 from web import sse
-from web.runstate import RunState, Subscriber, finite
+from web.runstate import MAX_QUEUED_BYTES, RunState, Subscriber, finite
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,12 @@ class Hub:
         self,
         *,
         queue_size: int = DEFAULT_QUEUE_SIZE,
+        queue_bytes: int = MAX_QUEUED_BYTES,
         clock: Callable[[], float] = time.time,
         heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
     ) -> None:
         self.queue_size = queue_size
+        self.queue_bytes = queue_bytes
         self.clock = clock
         self.heartbeat_timeout = heartbeat_timeout
         self.runs: dict[str, RunState] = {}
@@ -84,6 +86,11 @@ class Hub:
         # SSE bookkeeping for /metrics
         self.clients_dropped = 0
         self.gaps = 0
+        #: how often each of the web's limits bit, by reason (``rankboard_web_limited`` on
+        #: /metrics): ``sse_queue_events``/``sse_queue_bytes`` (a slow client dropped), and
+        #: the server's and app's own (``head_too_large``, ``head_timeout``, ``bad_framing``,
+        #: ``host``), counted here so one process reports them all in one place
+        self.limited: dict[str, int] = {}
         # snapshot request state
         self._want_full = True
         self._want_runs: dict[str, None] = {}  # ordered set
@@ -201,7 +208,13 @@ class Hub:
         self._apply(update)
 
     def _apply(self, update: feed.EventUpdate) -> None:
-        """Apply one update in sequence, or start healing a gap."""
+        """Apply one update in sequence, or start healing a gap. An ``evicted`` event (the
+        broker dropped the run from memory at ``--max-runs``, PROTOCOL 6) drops it here too,
+        whatever its sequence number: a web must not keep what the broker let go."""
+        if update.kind == "evicted":
+            if self.drop_run(update.run):
+                log.info("run %s evicted by the broker; dropped", update.run)
+            return
         state = self.runs.get(update.run)
         current = state.seq if state is not None else 0
         if update.seq <= current:
@@ -299,12 +312,32 @@ class Hub:
         else:
             self._finish_run(target, snap_runs.get(target))
 
+    def drop_run(self, run: str) -> bool:
+        """Forget ``run``: its state, its pending snapshot request and buffered updates are
+        freed and each of its SSE streams ends cleanly (the close sentinel: the client's
+        body returns, so the browser sees the stream end and reconnects, to a 404 while the
+        run stays away). For a run the broker evicted from memory (PROTOCOL 6, ``--max-runs``
+        bounds the webs too) or that a full snapshot no longer holds. A later frame of the
+        run brings it back as a new run, healed by its snapshot (a gap from seq 0).
+        Returns False when this web did not hold the run."""
+        state = self.runs.pop(run, None)
+        self._run_buffers.pop(run, None)
+        self._want_runs.pop(run, None)
+        self._snap_runs.pop(run, None)
+        if any(u.run == run for u in self._full_buffer):  # older than the drop: never apply
+            self._full_buffer = deque(u for u in self._full_buffer if u.run != run)
+        if state is None:
+            return False
+        for sub in list(state.subscribers):
+            sub.close()
+        state.subscribers.clear()
+        log.info("run %s dropped (%d records freed)", run, len(state.records))
+        return True
+
     def _finish_full(self, snap_runs: dict[str, RunState], instance: str) -> None:
         for run in [r for r in self.runs if r not in snap_runs]:
             log.info("run %s is gone from the broker", run)
-            for sub in list(self.runs[run].subscribers):
-                sub.close()
-            del self.runs[run]
+            self.drop_run(run)
         for run, new in snap_runs.items():
             self._replace(run, new)
         self.instance = instance
@@ -380,7 +413,12 @@ class Hub:
         item = (seq, data)
         for sub in list(state.subscribers):
             if not sub.offer(item):
-                self.drop(sub, "queue full")
+                self.count_limit(f"sse_{sub.full}")
+                self.drop(sub, f"too slow ({sub.full.replace('_', ' ')} full)")
+
+    def count_limit(self, reason: str) -> None:
+        """One more time the limit ``reason`` bit (see :attr:`limited`)."""
+        self.limited[reason] = self.limited.get(reason, 0) + 1
 
     def drop(self, sub: Subscriber, why: str) -> None:
         """Stop feeding ``sub`` and end its stream without waiting for it."""
@@ -422,7 +460,7 @@ class Hub:
             seq, status = state.complete
             chunks.append(sse.json_event("complete", seq, {"status": status}))
             last = seq
-        sub = Subscriber(run, self.queue_size)
+        sub = Subscriber(run, self.queue_size, self.queue_bytes)
         state.subscribers.add(sub)
         return sub, chunks, last
 
