@@ -317,7 +317,7 @@ class RunSink:
             "complete": list(self.complete) if self.complete is not None else None,
             "svg": self.svg,
             "steps": self.steps.to_wire(),
-            "stacks": self.stacks.dumps(),
+            "stacks": self.stacks.wire(),
         }
 
     @property
@@ -500,9 +500,10 @@ class RunSink:
     def _on_stacks(self, frame: Stacks, st: RankState, now: float) -> None:
         """Keep the dump (section 2.5); a ``stall`` dump makes the rank ``stalled`` and
         raises the ``stalled`` alert (section 3). Kept dumps go out in ``stacks`` events."""
-        if self.stacks.put(frame):
-            self._stacks_pending[(frame.rank, frame.reason)] = None
-            self._publish_stacks_due(now)
+        self.stacks.put(frame)
+        # kept or not (the cap), the web learns it: the dump, or that the rank has none
+        self._stacks_pending[(frame.rank, frame.reason)] = None
+        self._publish_stacks_due(now)
         if frame.reason != "stall":
             return
         st.stalled = True
@@ -522,10 +523,11 @@ class RunSink:
         if sent is not None and now - sent < STACKS_INTERVAL and now >= sent:
             return
         keys, self._stacks_pending = self._stacks_pending, {}
-        dumps = self.stacks.dumps(keys)
-        if dumps:
+        if keys:
+            stacks = self.stacks
             self._stacks_sent_at = now
-            self._emit("stacks", {"dumps": dumps})
+            self._emit("stacks", {"dumps": stacks.wire(keys),
+                                  "gone": [list(k) for k in keys if k not in stacks]})
 
     def forget_stalls(self) -> None:
         """After a journal replay: dumps are still listed, but only a dump received since

@@ -28,7 +28,7 @@ import msgspec
 from rank_agent.protocol import Stacks
 from rank_agent.ratelimit import RateLimitedLog
 
-__all__ = ["RunStacks", "MAX_RUN_STACKS_BYTES", "DUMP_OVERHEAD", "dump_dict"]
+__all__ = ["RunStacks", "MAX_RUN_STACKS_BYTES", "DUMP_OVERHEAD", "dump_dict", "wire_of", "Wire"]
 
 log = logging.getLogger(__name__)
 _rlog = RateLimitedLog(log)
@@ -43,8 +43,11 @@ DUMP_OVERHEAD = 256
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
 
-# (reason, request_id, taken_at, idle_s, samples, seconds, thread blobs, profile blob)
-_Stored = Tuple[str, str, float, float, int, float, Tuple[bytes, ...], bytes]
+#: A dump's wire form (feed events, run snapshots), also how it is kept:
+#: [rank, reason, request_id, taken_at, idle_s, samples, seconds, [thread blobs], profile
+#: blob]; each thread blob is MessagePack of ``{"name", "main", "frames": [{file, line,
+#: function, code}]}``, the profile blob of ``[{"stack", "count"}]`` (b"": none).
+Wire = List[Any]
 
 
 def _thread_blob(thread: Any) -> bytes:
@@ -61,10 +64,17 @@ def _profile_blob(profile: Iterable[Any]) -> bytes:
     return _encode(entries) if entries else b""
 
 
-def dump_dict(rank: int, stored: _Stored) -> Dict[str, Any]:
-    """A kept dump as the feed and ``GET /stacks`` carry it (without ``host``: the web adds
-    it from the run's topology)."""
-    reason, request_id, taken_at, idle_s, samples, seconds, threads, profile = stored
+def wire_of(frame: Stacks) -> Wire:
+    """A decoded ``stacks`` frame in the wire form (its known fields only)."""
+    return [frame.rank, frame.reason, frame.request_id, frame.taken_at, frame.idle_s,
+            frame.samples, frame.seconds, [_thread_blob(t) for t in frame.threads],
+            _profile_blob(frame.profile)]
+
+
+def dump_dict(item: Wire) -> Dict[str, Any]:
+    """A dump as ``GET /stacks`` lists it (without ``host``: the web adds it from the run's
+    topology)."""
+    rank, reason, request_id, taken_at, idle_s, samples, seconds, threads, profile = item
     return {
         "rank": rank, "reason": reason, "request_id": request_id, "taken_at": taken_at,
         "idle_s": idle_s, "threads": [_decode(b) for b in threads],
@@ -72,27 +82,48 @@ def dump_dict(rank: int, stored: _Stored) -> Dict[str, Any]:
     }
 
 
+def _check_wire(item: Any) -> Wire:
+    """``item`` if it has the wire form's shape (a web reads it from the feed), else
+    ValueError."""
+    if (not isinstance(item, (list, tuple)) or len(item) != 9 or type(item[0]) is not int
+            or item[1] not in ("stall", "request") or not isinstance(item[2], str)
+            or not isinstance(item[7], (list, tuple))
+            or not all(isinstance(b, bytes) for b in item[7])
+            or not isinstance(item[8], bytes)):
+        raise ValueError("not a stacks dump in wire form")
+    return list(item)
+
+
 class RunStacks:
-    """The latest dump per (rank, reason) of one run (see the module docstring)."""
+    """The latest dump per (rank, reason) of one run (see the module docstring). The web
+    keeps its copy of the broker's in the same form (``web/hub.py``)."""
 
     def __init__(self, cap: int = MAX_RUN_STACKS_BYTES) -> None:
         self.cap = cap
-        self._dumps: Dict[Tuple[int, str], _Stored] = {}
+        self._dumps: Dict[Tuple[int, str], Wire] = {}
         self._blobs: Dict[bytes, List[Any]] = {}  # content -> [the shared bytes, references]
         #: bytes counted against the cap now
         self.bytes = 0
-        #: dumps not kept because the cap bit (since this sink was made)
+        #: dumps not kept because the cap bit (since this store was made)
         self.over_cap = 0
 
     def __len__(self) -> int:
         return len(self._dumps)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._dumps
+
     def put(self, frame: Stacks) -> bool:
-        """Keep ``frame`` as its rank's latest dump of its reason; False when the cap bit."""
-        key = (frame.rank, frame.reason)
-        self._release(key)
-        blobs = [_thread_blob(t) for t in frame.threads]
-        profile = _profile_blob(frame.profile)
+        """Keep ``frame`` as its rank's latest dump of its reason; False when the cap bit
+        (then the rank has no dump of that reason)."""
+        return self.put_wire(wire_of(frame), frame.run)
+
+    def put_wire(self, item: Wire, run: str = "") -> bool:
+        """:meth:`put` of a dump in wire form (ValueError if it is not one)."""
+        item = _check_wire(item)
+        key = (item[0], item[1])
+        self.remove(key)
+        blobs, profile = item[7], item[8]
         cost = DUMP_OVERHEAD + len(profile)
         seen: set[bytes] = set()
         for blob in blobs:
@@ -102,8 +133,8 @@ class RunStacks:
         if self.bytes + cost > self.cap:
             self.over_cap += 1
             _rlog.warning("stacks_cap", "run %s: a stacks dump of rank %d not kept: the run's "
-                          "dumps hold %d bytes, the cap is %d (%d not kept so far)", frame.run,
-                          frame.rank, self.bytes, self.cap, self.over_cap)
+                          "dumps hold %d bytes, the cap is %d (%d not kept so far)", run,
+                          key[0], self.bytes, self.cap, self.over_cap)
             return False
         shared = []
         for blob in blobs:
@@ -113,17 +144,18 @@ class RunStacks:
             entry[1] += 1
             shared.append(entry[0])
         self.bytes += cost
-        self._dumps[key] = (frame.reason, frame.request_id, frame.taken_at, frame.idle_s,
-                            frame.samples, frame.seconds, tuple(shared), profile)
+        item[7] = shared
+        self._dumps[key] = item
         return True
 
-    def _release(self, key: Tuple[int, str]) -> None:
+    def remove(self, key: Tuple[int, str]) -> None:
+        """Forget the dump of ``key`` = (rank, reason), if any."""
         old = self._dumps.pop(key, None)
         if old is None:
             return
-        self.bytes -= DUMP_OVERHEAD + len(old[7])
+        self.bytes -= DUMP_OVERHEAD + len(old[8])
         blobs = self._blobs
-        for blob in old[6]:
+        for blob in old[7]:
             entry = blobs[blob]
             entry[1] -= 1
             if entry[1] == 0:
@@ -132,15 +164,22 @@ class RunStacks:
 
     def discard(self, rank: int) -> None:
         """Forget ``rank``'s dumps (a rank that turned out to be >= the world size)."""
-        self._release((rank, "stall"))
-        self._release((rank, "request"))
+        self.remove((rank, "stall"))
+        self.remove((rank, "request"))
 
-    def get(self, rank: int, reason: str) -> Optional[Dict[str, Any]]:
-        stored = self._dumps.get((rank, reason))
-        return None if stored is None else dump_dict(rank, stored)
+    def keys(self) -> List[Tuple[int, str]]:
+        return list(self._dumps)
 
-    def dumps(self, keys: Optional[Iterable[Tuple[int, str]]] = None) -> List[Dict[str, Any]]:
-        """The kept dumps (of ``keys`` only, when given) by rank then reason."""
+    def wire(self, keys: Optional[Iterable[Tuple[int, str]]] = None) -> List[Wire]:
+        """The kept dumps (of ``keys`` only, when given) in wire form, by rank then reason."""
         chosen = sorted(self._dumps) if keys is None else sorted(k for k in keys
                                                                   if k in self._dumps)
-        return [dump_dict(rank, self._dumps[(rank, reason)]) for rank, reason in chosen]
+        return [self._dumps[k] for k in chosen]
+
+    def dumps(self, keys: Optional[Iterable[Tuple[int, str]]] = None) -> List[Dict[str, Any]]:
+        """The kept dumps as dicts (:func:`dump_dict`), by rank then reason."""
+        return [dump_dict(item) for item in self.wire(keys)]
+
+    def of_reason(self, reason: str) -> Dict[int, Wire]:
+        """rank -> its kept dump of ``reason``, in wire form."""
+        return {k[0]: v for k, v in self._dumps.items() if k[1] == reason}
