@@ -104,3 +104,42 @@ def test_close_leaves_no_thread_or_socket(receiver: Receiver) -> None:
     finally:
         pub.close(linger=0)
         ctx.term()
+
+
+def test_a_forked_child_gets_its_own_stall_watch(receiver: Receiver) -> None:
+    """The parent's watch runs; a forked child's first log_step starts a fresh one whose
+    stall dump carries the child's rank, and the parent's watch keeps running."""
+    import os
+
+    from tests.support.forking import fork, wait_child
+
+    agent = RankAgent(receiver.endpoint, "forked", 0, 2, stall_after=0.3, control=False)
+    try:
+        agent.log_step(0)
+        wait_for(lambda: _diag_threads() == ["rankboard-stallwatch-0"], timeout=5)
+        pid = fork()
+        if pid == 0:  # the child: no assertion may raise out of here
+            code = 1
+            try:
+                child = RankAgent(receiver.endpoint, "forked", 1, 2, stall_after=0.3,
+                                  control=False)
+                agent.log_step(1)  # the inherited agent: its watch comes back here
+                child.log_step(0)
+                names = _diag_threads()
+                code = 0 if names == ["rankboard-stallwatch-0", "rankboard-stallwatch-1"] else 3
+                deadline = time.monotonic() + 5
+                while child._watch.dumps_sent == 0 and time.monotonic() < deadline:
+                    time.sleep(0.02)  # the child's loop is silent: its watch dumps
+                if child._watch.dumps_sent == 0:
+                    code = 4
+                child.close()
+                agent.close()
+            finally:
+                os._exit(code)
+        assert wait_child(pid) == 0
+        frames = receiver.wait_for(lambda fs: any(isinstance(f, Stacks) and f.rank == 1
+                                                  for f in fs), timeout=10)
+        assert any(isinstance(f, Stacks) and f.rank == 1 and f.reason == "stall" for f in frames)
+        assert _diag_threads() == ["rankboard-stallwatch-0"]  # the parent's, untouched
+    finally:
+        agent.close()
