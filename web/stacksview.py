@@ -66,6 +66,15 @@ class RunDumps:
         """A ``stacks`` feed event; returns the SSE event's ``dumps`` entries."""
         if not isinstance(data, dict):
             return []
+        items = data.get("dumps") or []
+        # every key the event replaces goes first, so the store never passes the cap on the
+        # way to the broker's state (which fits it)
+        for item in items if isinstance(items, list) else ():
+            if isinstance(item, (list, tuple)) and len(item) > 2:
+                try:
+                    self.store.remove((int(item[0]), str(item[1])))
+                except (TypeError, ValueError):
+                    continue
         for key in data.get("gone") or ():
             try:
                 rank, reason = key
@@ -74,7 +83,7 @@ class RunDumps:
                     self._stall_seq.pop(int(rank), None)
             except (TypeError, ValueError):
                 continue
-        return self._apply(data.get("dumps") or [], seq)
+        return self._apply(items if isinstance(items, list) else [], seq)
 
     def _apply(self, items: Iterable[Any], seq: int) -> List[Dict[str, Any]]:
         out = []

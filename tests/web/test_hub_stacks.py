@@ -101,3 +101,33 @@ def test_a_malformed_stacks_event_is_skipped() -> None:
     hub.handle_pub(ev(3, "stacks", ["not", "a", "map"]))
     view = hub.stacks_view(RUN)
     assert view is not None and len(view["dumps"]) == 1
+
+
+def test_the_web_holds_what_the_broker_holds_under_the_cap() -> None:
+    """An event that replaces a big dump by a small one and adds another big one fits the
+    cap in the broker; the web must not refuse the new one on the way (keys it replaces go
+    first)."""
+    from broker.stackstore import RunStacks
+
+    def big(rank: int, tag: str) -> Any:
+        frames = [StackFrame(file="t.py", line=i, function=f"{tag}_{i}_" + "z" * 60, code="")
+                  for i in range(100)]
+        return wire_of(Stacks(run=RUN, rank=rank, reason="stall", taken_at=1.0,  # type: ignore[arg-type]
+                              threads=[ThreadStack(name="T", main=True, frames=frames)]))
+
+    one = len(big(0, "a")[7][0])
+    broker = RunStacks(cap=2 * one + 3000)
+    broker.put_wire(dump(3, "main", "old", reason="request", request_id="q0"))  # as the hub's
+    hub = connected_hub()
+    store = hub._dumps(RUN).store
+    store.cap = broker.cap
+    for r, tag in ((1, "a"), (2, "b")):
+        assert broker.put_wire(big(r, tag))
+    hub.handle_pub(ev(2, "stacks", {"dumps": broker.wire(), "gone": []}))
+    # the broker: rank 1 small now, rank 0 big (both fit); in the event, rank 0 sorts first
+    small = dump(1, "main", "f")
+    assert broker.put_wire(small) and broker.put_wire(big(0, "c"))
+    hub.handle_pub(ev(3, "stacks", {"dumps": broker.wire([(0, "stall"), (1, "stall")]),
+                                    "gone": []}))
+    assert sorted(store.keys()) == sorted(broker.keys())
+    assert store.over_cap == 0
