@@ -131,3 +131,20 @@ def test_the_web_holds_what_the_broker_holds_under_the_cap() -> None:
                                     "gone": []}))
     assert sorted(store.keys()) == sorted(broker.keys())
     assert store.over_cap == 0
+
+
+def test_request_stacks_refuses_bad_fields_and_a_pump_with_no_broker() -> None:
+    import pytest
+
+    from web.pump import FeedPump, StacksRequestError
+
+    hub = connected_hub()
+    pump = FeedPump(hub, "tcp://127.0.0.1:1", "tcp://127.0.0.1:2")  # never started
+    for bad in ({"kind": "flame"}, {"kind": "profile", "hz": 0},
+                {"kind": "profile", "seconds": 61.0}, {"kind": "stacks", "ranks": []},
+                {"kind": "stacks", "ranks": [-1]}):
+        with pytest.raises(ValueError):
+            pump.request_stacks(RUN, **bad)
+    with pytest.raises(StacksRequestError):
+        pump.request_stacks(RUN, "stacks", [0])
+    assert pump.stacks_requests == 0
