@@ -119,8 +119,12 @@ def test_hung_ranks_are_stalled_grouped_asked_and_recover(
         # the broker marks every rank stalled (ranks array) and raises the stalled alerts
         green_wait(lambda: web.ranks() == {r: "stalled" for r in range(WORLD)},
                    what="every rank stalled")
-        alerts = {a["rank"]: a for a in web.alerts() if a["kind"] == "stalled"}
-        assert set(alerts) == set(range(WORLD))
+        # (the header, alerts included, is coalesced: up to a second after the ranks array)
+        def stalled_alerts() -> dict[int, dict[str, Any]]:
+            got = {a["rank"]: a for a in web.alerts() if a["kind"] == "stalled"}
+            return got if set(got) == set(range(WORLD)) else {}
+
+        alerts = green_wait(stalled_alerts, what="a stalled alert of every rank")
         assert alerts[0]["message"].startswith("stalled ")
         assert " in hang_in_all_reduce (" in alerts[0]["message"]
         assert "stall_child.py:" in alerts[0]["message"]
