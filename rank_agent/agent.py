@@ -213,6 +213,8 @@ class RankAgent:
         if self._watch.enabled or self._control is not None:
             self._steps.watch = self._watch
         self._steps._on_start = self._start_diag
+        #: both started in this process (reset in a forked child): log_epoch's one check
+        self._diag_started = False
 
         self._sampler: Any = None  # rank_agent.sampler.Sampler, created on first need
         self._sampler_thread: threading.Thread | None = None
@@ -321,6 +323,7 @@ class RankAgent:
         self._watch.start()
         if self._control is not None:
             self._control.start()
+        self._diag_started = True
 
     def _stop_diag(self) -> None:
         """Stop both; no thread, socket or context is left (bounded waits)."""
@@ -332,6 +335,7 @@ class RankAgent:
         """In a forked child: forget the parent's zmq objects, threads and pending points
         without touching them (the parent sends its own; threads come back lazily)."""
         self._pusher.reset_after_fork()
+        self._diag_started = False  # the watch and the channel come back in this process
         self._sampler_thread = None  # threads do not survive fork
         self._sampler_stop = threading.Event()
         self._sampler = None  # its NVML handles belong to the parent
@@ -432,7 +436,7 @@ class RankAgent:
         watch = self._watch  # the stall watch's note(), inlined, then its (cheap) start
         watch._last = _monotonic()
         watch._tid = _get_ident()
-        if watch._thread is None:
+        if not self._diag_started:
             self._start_diag()
         try:
             if type(epoch) is not int:
