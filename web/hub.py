@@ -33,6 +33,7 @@ import gevent
 from broker import feed
 from web import sse
 from web.runstate import MAX_QUEUED_BYTES, RunState, Subscriber, finite
+from web.stacksview import RunDumps
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,10 @@ class Hub:
         self._full_buffer: deque[feed.EventUpdate] = deque()
         self._run_buffers: dict[str, list[feed.EventUpdate]] = {}
         self._snap_runs: dict[str, RunState] = {}  # RUN replies of the outstanding request
+        #: each run's stack dumps (section 2.5; ``web/stacksview.py``): from ``stacks``
+        #: events and run snapshots, read by :meth:`stacks_view`
+        self.stacks: dict[str, RunDumps] = {}
+        self._snap_stacks: dict[str, RunDumps] = {}  # the dumps of the RUN replies
 
     # ----------------------------------------------------------------- status
     @property
@@ -243,7 +248,11 @@ class Hub:
             payload: Any = state.public_header()
         elif update.kind == "ranks":
             state.set_ranks(data)
+            self._dumps(update.run).ranks_seq = update.seq
             payload = state.ranks
+        elif update.kind == "stacks":
+            # live only (never replayed): the dumps received, the page then reads /stacks
+            payload = {"dumps": self._dumps(update.run).apply_event(update.seq, data)}
         elif update.kind == "complete":
             status = data.get("status") if isinstance(data, dict) else None
             state.complete = (update.seq, str(status))
@@ -302,6 +311,7 @@ class Hub:
                 log.warning("malformed run snapshot skipped: %r", exc)
                 return
             self._snap_runs[state.run] = state
+            self._snap_stacks[state.run] = RunDumps.from_snapshot(body.get("stacks"), state.seq)
             self._outstanding = (self._outstanding[0], self.clock())  # progress: not timed out
             return
         target = self._outstanding[0]
@@ -321,6 +331,7 @@ class Hub:
         run brings it back as a new run, healed by its snapshot (a gap from seq 0).
         Returns False when this web did not hold the run."""
         state = self.runs.pop(run, None)
+        self.stacks.pop(run, None)
         self._run_buffers.pop(run, None)
         self._want_runs.pop(run, None)
         self._snap_runs.pop(run, None)
@@ -378,6 +389,12 @@ class Hub:
         """Install ``new`` as the run's state and tell its subscribers what they missed."""
         old = self.runs.get(run)
         self.runs[run] = new
+        dumps = self._snap_stacks.pop(run, None)
+        if dumps is not None:
+            previous = self.stacks.get(run)
+            if previous is not None:  # this web's own latest request survives a re-snapshot
+                dumps._requested = previous._requested
+            self.stacks[run] = dumps
         if old is None:
             return
         new.subscribers = old.subscribers
@@ -475,6 +492,31 @@ class Hub:
             for sub in list(state.subscribers):
                 sub.close()
             state.subscribers.clear()
+
+    # ---------------------------------------------------------------- stacks
+    def _dumps(self, run: str) -> RunDumps:
+        dumps = self.stacks.get(run)
+        if dumps is None:
+            dumps = self.stacks[run] = RunDumps()
+        return dumps
+
+    def note_stacks_request(self, run: str, request_id: str) -> None:
+        """This web asked ``run``'s ranks for dumps (:meth:`web.pump.FeedPump.request_stacks`):
+        the groups of ``GET /stacks`` follow that request from now on."""
+        self._dumps(run).note_request(request_id)
+
+    def stacks_view(self, run: str) -> dict[str, Any] | None:
+        """The ``GET /api/runs/<run>/stacks`` JSON (PROTOCOL.md section 4): ``{"dumps":
+        [{rank, host, reason, request_id, taken_at, idle_s, threads, profile, samples,
+        seconds}], "groups": [{reason, request_id, frames, ranks}]}``; None for a run this
+        web does not know (404). The dicts share decoded stacks: read-only."""
+        state = self.runs.get(run)
+        if state is None:
+            return None
+        dumps = self.stacks.get(run)
+        if dumps is None:
+            return {"dumps": [], "groups": []}
+        return dumps.view(state.ranks)
 
     # ---------------------------------------------------------------- reads
     def runs_newest_first(self) -> list[RunState]:
