@@ -67,6 +67,48 @@ function mergeBuckets(rows, points) {
   return out;
 }
 
+// ---------------------------------------------------------------- packed records
+
+/** A column of a packed per-GPU table (web/report.py `_column`): constant, arithmetic, or the values. */
+function column(col, n) {
+  if (Array.isArray(col)) return col;
+  const out = new Array(n);
+  if (col && "c" in col) out.fill(col.c);
+  else for (let i = 0; i < n; i++) out[i] = col.a + i * col.d;
+  return out;
+}
+
+/**
+ * Epoch records as PROTOCOL 4 has them: their per-GPU tables (web/report.py `Packer`)
+ * unpacked in record order (a column `{"p": 1}` is the previous table's of that key).
+ */
+export function unpackRecords(records) {
+  const prev = new Map();
+  const table = (path, t) => {
+    if (!t || typeof t !== "object" || Array.isArray(t) || !("$table" in t)) return t;
+    const n = t.$table;
+    const cols = t.keys.map((k, i) => {
+      const c = t.cols[i];
+      const vals = c && !Array.isArray(c) && c.p ? prev.get(`${path}\u0000${k}`) || new Array(n).fill(null) : column(c, n);
+      prev.set(`${path}\u0000${k}`, vals);
+      return vals;
+    });
+    const rows = new Array(n);
+    for (let i = 0; i < n; i++) {
+      const row = {};
+      for (let j = 0; j < t.keys.length; j++) row[t.keys[j]] = cols[j][i];
+      rows[i] = row;
+    }
+    return rows;
+  };
+  for (const rec of records) {
+    if (!rec || typeof rec !== "object") continue;
+    if (rec.gpu_metrics) rec.gpu_metrics = table("gpu_metrics", rec.gpu_metrics);
+    if (rec.resources && rec.resources.gpus) rec.resources.gpus = table("gpus", rec.resources.gpus);
+  }
+  return records;
+}
+
 // ---------------------------------------------------------------- stall groups
 
 function rankList(ranks) {
@@ -171,6 +213,7 @@ function boot() {
 
   const run = String(data.run ?? "");
   const snap = data.snapshot || {};
+  if (Array.isArray(snap.records)) unpackRecords(snap.records);
   store.reset(run);
   page.steps.reset(run);
   $("run-view").hidden = false;
