@@ -347,10 +347,10 @@ def render(report: RunReport, *, now: float | None = None) -> Iterator[str]:
     snapshot["ranks"] = report.ranks
     packer = Packer()
     snapshot["records"] = [packer.record(r) for r in report.records]
-    yield '{"format":%d,"run":%s,"generated_at":%s,"version":%s,"graph":%s,"stacks":%s,' % (
-        FORMAT, safe_json(report.run), safe_json(time.time() if now is None else now),
-        safe_json(version()), safe_json(_graph_uri(report.svg)),
-        safe_json(_stacks(report.stacks)))
+    made = time.time() if now is None else now
+    yield (f'{{"format":{FORMAT},"run":{safe_json(report.run)},"generated_at":{safe_json(made)},'
+           f'"version":{safe_json(version())},"graph":{safe_json(_graph_uri(report.svg))},'
+           f'"stacks":{safe_json(_stacks(report.stacks))},')
     yield '"snapshot":' + safe_json(snapshot)
     names = [*store.metric_names(), *BUILTIN_SERIES]
     last = store.last_step

@@ -69,8 +69,9 @@ def steps_block(base: int, k: int, ranks: int, metrics: tuple[str, ...]) -> dict
 
 def build_run(data_dir: Optional[Path], run: str = "report-run", *, ranks: int = 8,
               epochs: int = 5, steps: int = 5000, metrics: int = 4, hostile: bool = True,
-              finish: bool = True, t0: Optional[float] = None) -> RunSink:
-    """The run, rebuilt by the real sink; journaled under ``data_dir`` when given (the
+              finish: bool = True, failed_rank: Optional[int] = None,
+              t0: Optional[float] = None) -> RunSink:
+    """The run, rebuilt by the real sink (``failed_rank`` finishes with an error: an alert); journaled under ``data_dir`` when given (the
     journal is closed, so a broker or ``rankboard export`` may read it next)."""
     journal = None
     if data_dir is not None:
@@ -118,7 +119,19 @@ def build_run(data_dir: Optional[Path], run: str = "report-run", *, ranks: int =
     if finish:
         t += 1.0
         for rank in range(ranks):
-            feed(protocol.Finish(run=run, rank=rank, status="ok"))
+            feed(protocol.Finish(run=run, rank=rank,
+                                 status="error" if rank == failed_rank else "ok"))
     if journal is not None:
         journal.close()
     return sink
+
+
+def stacks(ranks: list[int]) -> dict[str, Any]:
+    """A run's stack dumps in ``GET .../stacks``'s shape: one stall group of ``ranks`` stuck
+    in a collective, with a hostile function name and source line."""
+    frames = [{"file": "train.py", "line": 88, "function": "main", "code": "train()"},
+              {"file": "train.py", "line": 41, "function": HOSTILE, "code": HOSTILE},
+              {"file": "torch/distributed.py", "line": 2050, "function": "all_reduce",
+               "code": "work.wait()"}]
+    return {"dumps": [], "groups": [{"reason": "stall", "request_id": None, "frames": frames,
+                                     "ranks": ranks}]}
