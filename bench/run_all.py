@@ -27,6 +27,7 @@ import epoch_close  # noqa: E402
 import ingest  # noqa: E402
 import journal_bench  # noqa: E402
 import page_bench  # noqa: E402
+import report_bench  # noqa: E402
 import scaleout  # noqa: E402
 import steps_bench  # noqa: E402
 import web_bench  # noqa: E402
@@ -41,6 +42,7 @@ GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
     ("scaleout", scaleout.run),
     ("steps", steps_bench.run),
     ("page", page_bench.run),
+    ("report", report_bench.run),
 ]
 
 #: name -> (target, "<=" or ">=") as the performance issue states them.
@@ -68,6 +70,9 @@ TARGETS: dict[str, tuple[float, str]] = {
     "page_live_cpu_ms_per_s": (100.0, "<="),
     "page_1024_ranks_update_ms": (50.0, "<="),
     "journal_bytes_per_noop_frame": (0.0, "<="),
+    "report_1m_bytes": (10_000_000, "<="),
+    "report_1m_s": (3.0, "<="),
+    "report_first_draw_s": (2.0, "<="),
 }
 NAMES = list(TARGETS)
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rankboard.export import report_of_sink
-from tests.support.browser import ARTIFACTS, coloured, wait_drawn, wait_js
+from tests.support.browser import ARTIFACTS, Stack, coloured, epoch, register, wait_drawn, wait_js
 from tests.support.reportrun import HOSTILE, HOSTILE_METRIC, build_run, host_of, stacks
 from web.report import render_bytes
 
@@ -173,3 +173,34 @@ def test_big_report_every_rank_paginated(page: Any, big: Path) -> None:
     assert seen == {r: host_of(r) for r in range(1024)}
     assert attempted == []
     page.errors.check()
+
+
+def test_dashboard_download_report_link(stack: Stack, page: Any, tmp_path: Path) -> None:
+    """The live page's "download report" link saves the run's report.html, which then opens
+    offline and shows the run."""
+    run = "dl:run"
+    register(stack, run, world=2, total=3)
+    epoch(stack, run, 0, range(2), loss=2.0)
+    stack.wait_run(run, epochs=1)
+    page.goto(f"{stack.url}/#run={run}")
+    link = page.locator("#report-link")
+    link.wait_for(state="visible")
+    assert link.get_attribute("href") == "/api/runs/dl%3Arun/report.html"
+    with page.expect_download() as dl:
+        link.click()
+    assert dl.value.suggested_filename == "dl_run.html"
+    saved = tmp_path / "dl_run.html"
+    dl.value.save_as(str(saved))
+    page.errors.check()
+    offline = page.context.new_page()
+    offline.errors = []
+    offline.on("pageerror", lambda exc: offline.errors.append(str(exc)))
+    url = saved.resolve().as_uri()
+    attempted: list[str] = []
+    offline.route("**", lambda r: r.continue_() if r.request.url == url
+                  else (attempted.append(r.request.url), r.abort()))
+    offline.goto(url)
+    wait_drawn(offline, "#metrics-card canvas")
+    assert offline.locator("#run-id").inner_text() == run or \
+        offline.locator("#run-name").inner_text() == run
+    assert attempted == [] and offline.errors == []
