@@ -357,7 +357,8 @@ def render(report: RunReport, *, now: float | None = None) -> Iterator[str]:
     yield ',"series":{'
     tail: dict[str, Any] = {}
     for i, name in enumerate(names):
-        buckets = store.series(name, None, None, REPORT_POINTS)
+        # ``end=last``: steps a live web adds while this streams do not reach later series
+        buckets = store.series(name, None, last, REPORT_POINTS)
         yield ("," if i else "") + safe_json(name) + ":" + safe_json(buckets)
         if last is not None and buckets:
             one = store.series(name, last, last, 1)
