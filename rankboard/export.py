@@ -83,6 +83,9 @@ def write_report(report: RunReport, out: Path) -> int:
             for chunk in render(report):
                 fh.write(chunk)
                 size += len(chunk.encode("utf-8"))
+        umask = os.umask(0)  # mkstemp made it 0600; a report is a document, like any other file
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, out)
     except BaseException:
         try:

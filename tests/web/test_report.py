@@ -240,7 +240,8 @@ def test_route_headers_body_404_and_auth(spawn: Any, broker: Broker, pusher: Pus
 def export(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run([sys.executable, "-m", "rankboard", "export", *args], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=60)
+                          env=env, capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: os.umask(0o022))
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -262,6 +263,7 @@ def test_export_after_the_broker_stopped(tmp_path: Path) -> None:
     assert d["snapshot"]["status"] == "complete" and len(d["snapshot"]["records"]) == 3
     assert sum(b[7] for b in d["series"]["loss"]) == 3000
     assert [f.name for f in out.iterdir()] == ["done_run.html"]
+    assert (out / "done_run.html").stat().st_mode & 0o044, "not readable by others (umask 022)"
     named = export("done:run", "-o", str(tmp_path / "x.html"), "--data-dir", str(data), cwd=out)
     assert named.returncode == 0 and (tmp_path / "x.html").read_text().startswith("<!doctype html>")
 
