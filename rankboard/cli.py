@@ -198,6 +198,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="web key pairs to have (webs/web-1 .. web-N), for webs that read the "
                         "broker's CURVE-protected feed (default 1)")
     _common(p)
+
+    p = sub.add_parser("export", help="write a run's report.html (one self-contained file) "
+                       "from the journal")
+    p.add_argument("run", metavar="RUN", help="the run id")
+    p.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
+                   help="where to write it (default: <run>.html, ':' as '_', here)")
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                   help="the broker's data dir (default: a rankboard folder in the user's "
+                        "state directory); read only, a broker may be running on it")
+    _common(p)
     return parser
 
 
@@ -253,12 +263,19 @@ def _keys(cfg: KeysConfig) -> int:
     return keys_main(cfg.dir, cfg.clients, cfg.webs)
 
 
+def _export(args: Any) -> int:
+    from rankboard.export import export_main  # lazy: no Flask for the other commands
+
+    return export_main(args.run, args.output, args.data_dir or default_data_dir())
+
+
 _COMMANDS: dict[str, Callable[[Any], int]] = {
     "broker": run_broker,
     "web": _web,
     "up": _up,
     "demo": _demo,
     "keys": _keys,
+    "export": _export,
 }
 
 
@@ -280,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: {problem}", file=sys.stderr)
         return 2
     _configure_logging(log_level(args))
-    cfg = from_args(args)
+    cfg = args if args.command == "export" else from_args(args)  # export: no server config
     try:
         return int(_COMMANDS[args.command](cfg) or 0)
     except KeyboardInterrupt:

@@ -39,6 +39,9 @@ from werkzeug.exceptions import HTTPException
 from rank_agent.protocol import valid_run_id
 from web.hub import Hub, parse_position
 from web.metrics import make_registry
+from web.report import attachment_name, report_of_state
+from web.report import render as render_report
+from web.report import shell as report_shell
 from web.runstate import RunState
 from web.stream import client_stream
 
@@ -411,6 +414,25 @@ def graph(run: str) -> Response:
         return error(404, "this run has no graph")
     response = Response(state.svg, content_type="image/svg+xml")
     response.headers["Content-Security-Policy"] = SVG_CSP
+    return response
+
+
+@bp.get("/api/runs/<run>/report.html")
+def report(run: str) -> Response:
+    """The run as one self-contained HTML file (PROTOCOL 4; ``web/report.py``), streamed
+    as it is made: one series at a time straight from the run's step store."""
+    state = _run()
+    rep = report_of_state(state, _board().hub.stacks_view(run))
+
+    def body() -> Iterator[str]:
+        for chunk in render_report(rep):
+            yield chunk
+            gevent.sleep(0)  # other greenlets run between series
+
+    response = Response(body(), content_type="text/html; charset=utf-8")
+    response.headers["Content-Disposition"] = f'attachment; filename="{attachment_name(run)}"'
+    # the file's own policy (its meta tag says the same), not the page's 'self' one
+    response.headers["Content-Security-Policy"] = report_shell().csp
     return response
 
 

@@ -7,7 +7,13 @@ export const enc = (s) => encodeURIComponent(s);
 // figures use the offset learned from the Date header so a skewed laptop clock is harmless.
 let clockOffset = 0;
 let clockKnown = false;
-export const serverNow = () => Date.now() / 1000 + clockOffset;
+let frozenAt = null;
+export const serverNow = () => (frozenAt !== null ? frozenAt : Date.now() / 1000 + clockOffset);
+
+/** Stop the clock at unix time `t` (a saved report reads "elapsed" and "ago" as of when it was made). */
+export function freezeClock(t) {
+  frozenAt = Number.isFinite(t) ? t : null;
+}
 
 function learnClock(resp) {
   const d = Date.parse(resp.headers.get("Date") || "");

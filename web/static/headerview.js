@@ -10,7 +10,11 @@ import { DASH, fmtAgo, fmtDur, fmtInt, isNum } from "./fmt.js";
 const STATUS_TEXT = { waiting: "waiting", training: "training", complete: "complete", failed: "failed" };
 
 export class HeaderView {
-  /** `page`: {store, steps}. */
+  /**
+   * `page`: {store, steps, graphSrc?, reportHref?}. `graphSrc()` (optional) is the model
+   * graph's image URL (a saved report's data: URI); `reportHref(run)` (optional) the
+   * "download report" link (null hides it). Default: this web's routes.
+   */
   constructor(page) {
     this.page = page;
     this.graphKey = null;
@@ -61,6 +65,17 @@ export class HeaderView {
 
     this._metadata();
     this._graph();
+    this._reportLink(run);
+  }
+
+  /** The "download report" link: the run as one self-contained HTML file (report.html). */
+  _reportLink(run) {
+    const link = document.getElementById("report-link");
+    if (!link) return;
+    const page = this.page;
+    const href = page.reportHref ? page.reportHref(run) : run ? `/api/runs/${enc(run)}/report.html` : null;
+    link.hidden = !href;
+    if (href && link.getAttribute("href") !== href) link.href = href;
   }
 
   _metadata() {
@@ -87,7 +102,13 @@ export class HeaderView {
       open.hidden = true;
       return;
     }
-    const src = `/api/runs/${enc(store.run)}/graph.svg?v=${enc(hd.hash || String(Date.now()))}`;
+    const src = this.page.graphSrc ? this.page.graphSrc()
+      : `/api/runs/${enc(store.run)}/graph.svg?v=${enc(hd.hash || String(Date.now()))}`;
+    if (!src) {
+      box.replaceChildren(h("p", "muted", "no model graph sent"));
+      open.hidden = true;
+      return;
+    }
     const img = h("img");
     img.alt = `model graph${hd.label ? ` of ${hd.label}` : ""}`;
     img.decoding = "async";

@@ -40,7 +40,10 @@ const RECENT = 20000;
 
 export class StepView {
   /**
-   * `section`: the element to fill; `hooks`: {straggler() -> text|null, onChange(view)}.
+   * `section`: the element to fill; `hooks`: {straggler() -> text|null, onChange(view),
+   * series(metric, start, end, points) -> Promise<{buckets}> (optional: where the series
+   * come from; default GET /steps, a saved report answers from its embedded buckets),
+   * csvHref(run) -> url|null (optional: the steps CSV link; null hides it)}.
    */
   constructor(section, hooks = {}) {
     this.section = section;
@@ -116,7 +119,11 @@ export class StepView {
     this.resetBtn.hidden = true;
     this.section.hidden = true;
     this.firstDraw = null;
-    if (run !== null) this.csv.href = `/api/runs/${enc(run)}/steps.csv`;
+    if (run !== null) {
+      const href = this.hooks.csvHref ? this.hooks.csvHref(run) : `/api/runs/${enc(run)}/steps.csv`;
+      this.csv.hidden = !href;
+      if (href) this.csv.href = href;
+    }
     setText(this.subEl, "");
   }
 
@@ -341,11 +348,9 @@ export class StepView {
       return;
     }
     const points = e.chart.plotColumns();
-    const url = `/api/runs/${enc(run)}/steps?metric=${enc(e.metric)}&end=${cut}&points=${points}`;
     let data;
     try {
-      this.fetches.push(url);
-      data = await api(url);
+      data = await this._series(e.metric, null, cut, points);
     } catch (err) {
       if (gen === this.gen) e.chart.setStatus("could not load steps");
       return;
@@ -387,7 +392,7 @@ export class StepView {
     const cut = this.cut;
     await Promise.all(["loss", "step_ms", "samples_per_s", "tokens_per_s"].map(async (m) => {
       try {
-        const d = await api(`/api/runs/${enc(this.run)}/steps?metric=${enc(m)}&start=${cut}&end=${cut}&points=1`);
+        const d = await this._series(m, cut, cut, 1);
         if (gen !== this.gen || this.latest) return;
         const b = d && Array.isArray(d.buckets) ? d.buckets[0] : null;
         this.kpi[m] = b ? b[2] : null;
@@ -396,6 +401,18 @@ export class StepView {
       }
     }));
     if (gen === this.gen && this.hooks.onChange) this.hooks.onChange(this);
+  }
+
+  /**
+   * One step series (PROTOCOL 4 `/steps`): from the `series` hook when there is one (a saved
+   * report's embedded buckets), else GET /steps. `start`/`end` null: unbounded.
+   */
+  _series(metric, start, end, points) {
+    if (this.hooks.series) return this.hooks.series(metric, start, end, points);
+    const range = `${start === null ? "" : `&start=${start}`}${end === null ? "" : `&end=${end}`}`;
+    const url = `/api/runs/${enc(this.run)}/steps?metric=${enc(metric)}${range}&points=${points}`;
+    if (points > 1) this.fetches.push(url);
+    return api(url);
   }
 
   // ------------------------------------------------------------------ zoom
@@ -419,11 +436,9 @@ export class StepView {
     e.zoomGen = (e.zoomGen || 0) + 1;
     const zg = e.zoomGen;
     const points = e.chart.plotColumns();
-    const url = `/api/runs/${enc(this.run)}/steps?metric=${enc(e.metric)}&start=${s0}&end=${s1}&points=${points}`;
     let data;
     try {
-      this.fetches.push(url);
-      data = await api(url);
+      data = await this._series(e.metric, s0, s1, points);
     } catch {
       if (gen === this.gen && zg === e.zoomGen) e.chart.setStatus("could not load range");
       return;
