@@ -101,6 +101,7 @@ class BrokerChild:
         ready = gevent.event.Event()
         cmd, env = child_command("rankboard", self.cfg.argv())
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.cfg.child_env())  # the webhook URLs: never on a command line
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      env=env)
 

@@ -4,17 +4,36 @@ the XID tallies the broker sends as the feed-only ``gpu_xids``, the webhook coun
 PROTOCOL 3.1 and the journal's counters, both from the heartbeat."""
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from prometheus_client import generate_latest
 
 from broker import feed
-from tests.web.test_hub import RUN, ev, ready_hub
+from web.hub import Hub
 from web.metrics import make_registry
+
+RUN = "r1"
 
 L = 'gpu="{g}",host="node-a",rank="3",run="r1"'
 #: the throttle family's labels (the exposition sorts them)
 T = 'gpu="{g}",host="node-a",rank="3",reason="{r}",run="r1"'
+
+
+def ev(seq: int, kind: str, data: Any) -> list[bytes]:
+    return feed.encode_event(RUN, SimpleNamespace(seq=seq, kind=kind, data=data))
+
+
+def ready_hub() -> Hub:
+    """A hub that took a snapshot of one run (seq 1) and a heartbeat."""
+    hub = Hub()
+    assert hub.next_request() == [b"SNAP"]
+    hub.handle_snapshot(feed.encode_run_snapshot({
+        "run": RUN, "seq": 1, "header": {"run": RUN, "status": "training"}, "ranks": [],
+        "records": [], "complete": None, "svg": None}))
+    hub.handle_snapshot(feed.encode_snapshot_end("i1", 1))
+    hub.handle_pub(feed.encode_heartbeat("i1", 0.0, 1, {}, 1))
+    return hub
 
 
 def health_gpu(index: int, **fields: Any) -> dict[str, Any]:
