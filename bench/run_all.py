@@ -27,20 +27,24 @@ import epoch_close  # noqa: E402
 import ingest  # noqa: E402
 import journal_bench  # noqa: E402
 import page_bench  # noqa: E402
+import sampler_bench  # noqa: E402
 import scaleout  # noqa: E402
 import steps_bench  # noqa: E402
 import web_bench  # noqa: E402
+import webhook_bench  # noqa: E402
 
 #: (group, run(quick) -> results); order: cheap and pure first.
 GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
     ("epoch_close", epoch_close.run),
     ("agent", agent_send.run),
+    ("sampler", sampler_bench.run),
     ("ingest", ingest.run),
     ("journal", journal_bench.run),
     ("web", web_bench.run),
     ("scaleout", scaleout.run),
     ("steps", steps_bench.run),
     ("page", page_bench.run),
+    ("webhook", webhook_bench.run),
 ]
 
 #: name -> (target, "<=" or ">=") as the performance issue states them.
@@ -68,6 +72,7 @@ TARGETS: dict[str, tuple[float, str]] = {
     "page_live_cpu_ms_per_s": (100.0, "<="),
     "page_1024_ranks_update_ms": (50.0, "<="),
     "journal_bytes_per_noop_frame": (0.0, "<="),
+    "webhook_storm_posts": (1.0, "<="),
 }
 NAMES = list(TARGETS)
 
