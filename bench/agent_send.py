@@ -152,12 +152,14 @@ def _noop(step: int, metrics: Any, samples: int = 0, tokens: int = 0) -> bool:
     return True
 
 
-def log_step(quick: bool) -> dict[str, Any]:
+def _log_step_run(quick: bool, **diag: Any) -> tuple[list[float], int, int, int, list[float]]:
+    """One log_step measurement with the agent's diagnosis keywords ``diag``: the timed
+    calls (seconds), gc collections, dropped, frames sent, and the no-op floor."""
     background, caller = _placement()
     with _draining(background) as endpoint:
-        _pin(background)  # the agent's I/O thread and its step flusher start here
+        _pin(background)  # the agent's I/O thread, step flusher and stall watch start here
         agent = RankAgent(endpoint, run="bench-steps", rank=3, world_size=8, local_rank=3,
-                          host="node-a", step_flush=0.25)
+                          host="node-a", step_flush=0.25, **diag)
         try:
             agent.register(total_epochs=100)
             metrics = {"loss": 0.5, "lr": 3e-4, "grad_norm": 1.25, "tokens_per_s": 12345.0}
@@ -171,13 +173,28 @@ def log_step(quick: bool) -> dict[str, Any]:
             floor, _ = _paced(_noop, n // 5, metrics, samples=64, tokens=65536)
         finally:
             agent.close()
+            _pin(background)  # the next measurement starts where this one did
         sent = agent.sent
+    return times, collections, dropped, sent, floor
+
+
+def log_step(quick: bool) -> dict[str, Any]:
+    """The figure with the agent's defaults (stall watch on, automatic ``stall_after``;
+    control channel on); in the details, the same run's figure with ``stall_after=0``
+    (``stall_off_p99_us``) and with diagnosis off altogether (``stall_after=0,
+    control=False``: no timestamp at all, ``diag_off_p99_us``), measured right after, so the
+    watch's cost (a timestamp per call, a thread waking twice a second) shows as the gap."""
+    times, collections, dropped, sent, floor = _log_step_run(quick)
+    off, _, _, _, _ = _log_step_run(quick, stall_after=0)
+    bare, _, _, _, _ = _log_step_run(quick, stall_after=0, control=False)
     us = [t * 1e6 for t in times]
     return result("log_step_p99_us", round(percentile(us, 99), 2), "us",
-                  p50_us=round(percentile(us, 50), 2), max_us=round(max(us), 1), calls=n,
-                  dropped=dropped, frames_sent=sent, pinned=caller is not None,
-                  gc_collections=collections,
-                  noop_p99_us=round(percentile([t * 1e6 for t in floor], 99), 2))
+                  p50_us=round(percentile(us, 50), 2), max_us=round(max(us), 1),
+                  calls=len(times), dropped=dropped, frames_sent=sent,
+                  pinned=_placement()[1] is not None, gc_collections=collections,
+                  noop_p99_us=round(percentile([t * 1e6 for t in floor], 99), 2),
+                  stall_off_p99_us=round(percentile([t * 1e6 for t in off], 99), 2),
+                  diag_off_p99_us=round(percentile([t * 1e6 for t in bare], 99), 2))
 
 
 def sampler_sample(quick: bool) -> dict[str, Any]:
@@ -207,6 +224,10 @@ def run(quick: bool) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     import json
+    import sys
 
+    if "--log-step" in sys.argv[1:]:  # just the log_step comparison, quick mode
+        print(json.dumps(log_step(True)))
+        raise SystemExit(0)
     for line in run(True):
         print(json.dumps(line))

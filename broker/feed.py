@@ -15,6 +15,13 @@ PUB topics (first part):
 Snapshot (DEALER -> ROUTER): ``[b"SNAP"]`` or ``[b"SNAP", run]``; answered by one
 ``[b"RUN", run snapshot]`` per run, then ``[b"END", {"instance", "runs"}]``.
 
+Requests for dumps (DEALER -> ROUTER, PROTOCOL.md section 2.5): ``[b"STACKS", {"run",
+"request_id", "kind", "ranks", "hz", "seconds"}]``, never answered on this socket: the
+broker forwards it to the run's agents on the PUB socket (``b"!ctl:" + run + b"!"``, framed
+by ``rank_agent/controlwire.py``, a topic a web ignores) and the answers come back as
+``stacks`` events. The feed's PUB messages also carry those control topics: a web
+subscribed to everything decodes them as unknown (``decode_update`` returns None).
+
 The encoder and decoder are built once (msgspec perf tips) and each event is encoded once,
 however many subscribers receive it.
 """
@@ -45,6 +52,9 @@ __all__ = [
     "encode_run_snapshot",
     "encode_snapshot_end",
     "decode_snapshot_reply",
+    "STACKS",
+    "encode_stacks_request",
+    "decode_stacks_request",
 ]
 
 #: Topic prefix of run events; run ids never contain ``!`` so the ``!`` topics cannot collide.
@@ -55,6 +65,8 @@ TOPIC_PORT = b"!port"
 SNAP = b"SNAP"
 RUN = b"RUN"
 END = b"END"
+#: The web's request for dumps (module docstring).
+STACKS = b"STACKS"
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -246,3 +258,28 @@ def decode_snapshot_reply(parts: list[bytes]) -> tuple[str, dict[str, Any]]:
     if not isinstance(body, dict):
         raise FeedError("snapshot reply body is not a map")
     return parts[0].decode(), body
+
+
+def encode_stacks_request(run: str, request_id: str, kind: str, ranks: list[int] | None,
+                          hz: int = 100, seconds: float = 5.0) -> list[bytes]:
+    """DEALER message asking the broker to forward a request for dumps to ``run``'s ranks
+    (``ranks`` None: every rank). The broker checks it again (the agents' rules)."""
+    return [STACKS, _pack({"run": run, "request_id": request_id, "kind": kind,
+                           "ranks": None if ranks is None else [int(r) for r in ranks],
+                           "hz": hz, "seconds": seconds})]
+
+
+def decode_stacks_request(parts: list[bytes]) -> dict[str, Any]:
+    """The request's fields (``run``, ``request_id``, ``kind``, ``ranks``, ``hz``,
+    ``seconds``); :class:`FeedError` if the message is not a map with them."""
+    if len(parts) != 2 or parts[0] != STACKS:
+        raise FeedError("stacks request must be [STACKS, body]")
+    body = _unpack(parts[1], "stacks request")
+    if not isinstance(body, dict):
+        raise FeedError("stacks request body is not a map")
+    try:
+        return {"run": str(body["run"]), "request_id": str(body["request_id"]),
+                "kind": str(body["kind"]), "ranks": body.get("ranks"),
+                "hz": body.get("hz", 100), "seconds": body.get("seconds", 5.0)}
+    except (KeyError, TypeError) as exc:
+        raise FeedError(f"malformed stacks request: {exc!r}") from None

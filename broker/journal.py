@@ -91,7 +91,7 @@ from broker.journal_steps import wire_block
 from broker.journal_writer import Handles, RunFile
 from broker.sink import RunSink
 from rank_agent import protocol
-from rank_agent.protocol import Frame, Metrics, Resources, Steps, Svg, valid_run_id
+from rank_agent.protocol import Frame, Metrics, Resources, Stacks, Steps, Svg, valid_run_id
 
 __all__ = ["Journal", "JournalError", "FORMAT_VERSION", "HEADER", "MAX_ENTRY", "WRITE_BUFFER_BYTES",
            "read_entries"]
@@ -103,6 +103,11 @@ _SUFFIX = ".journal"
 #: instead of at the end of the batch (PROTOCOL 2: the journal's write buffer is bounded in
 #: bytes). Counted in :attr:`Journal.early_flushes` each time it bites.
 WRITE_BUFFER_BYTES = 16 * 1024 * 1024
+#: Bytes of ``stacks`` frames one run's journal file holds at most (section 2.5 dumps are up
+#: to 4 MiB each, and a long run stalls and is asked again and again): beyond it dumps are
+#: kept in memory only (a restart lists the ones journaled before), counted in
+#: ``counters()["stacks_unjournaled"]``.
+MAX_STACKS_BYTES = 64 * 1024 * 1024
 
 
 
@@ -162,6 +167,7 @@ class Journal:
         self._flush_at = WRITE_BUFFER_BYTES
         #: times the write buffer reached WRITE_BUFFER_BYTES within a batch
         self.early_flushes = 0
+        self.stacks_unjournaled = 0
         #: runs left on disk at load beyond ``max_runs`` (PROTOCOL 6)
         self.runs_not_loaded = 0
         self._visited_gone = 0  # step_series_visited of runs no longer held
@@ -301,6 +307,17 @@ class Journal:
             # does not latch, so it changes nothing but the rank's liveness; an empty
             # sample would show as the rank's resources).
             frame = Svg(run=frame.run, rank=frame.rank, svg="")
+        elif type(frame) is Stacks:
+            data = protocol.encoder.encode(frame)  # its known fields, as every frame
+            if st.started and st.stacks_bytes + len(data) > MAX_STACKS_BYTES:
+                self.stacks_unjournaled += 1
+                return  # the run's budget for dumps is spent: kept in memory only
+            st.stacks_bytes += len(data)
+            self._write_pending(st)
+            st.started = True
+            append_frame(st.buf, now, data)
+            self._dirty[st.run] = st
+            return
         elif not st.unchanged.keep(frame, st.started):
             return  # a repeat that changed nothing (PROTOCOL 2: not journaled)
         elif st.pending:
@@ -334,6 +351,7 @@ class Journal:
         blocks: work, for tests and benchmarks)."""
         return {
             "early_flushes": self.early_flushes,
+            "stacks_unjournaled": self.stacks_unjournaled,
             "damaged_entries": self.damaged_entries,
             "runs_not_loaded": self.runs_not_loaded,
             "dropped_bytes": self._handles.dropped_bytes,
@@ -553,6 +571,7 @@ class Journal:
         st.noted_complete = got.noted_complete
         st.noted_steps = sink.steps.rows
         st.unchanged = got.unchanged
+        st.stacks_bytes = got.stacks_bytes
         st.flight.published = sink.steps_published
         if problem is not None:
             self._handles.truncate(st)

@@ -43,6 +43,7 @@ class Replayed:
     noted_records: int  # records whose id is in the journal (a prefix)
     noted_complete: int  # the completion id in the journal (0: none)
     unchanged: Unchanged  # what the file holds of the frames whose repeats are no-ops
+    stacks_bytes: int = 0  # bytes of the ``stacks`` frames in the file (the journal's budget)
 
 
 def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
@@ -58,12 +59,15 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
     last_time: float | None = None
     frames = applied = failures = 0
     unchanged = Unchanged()
+    stacks_bytes = 0
     for kind, payload in entries:
         if kind == KIND_FRAME:
             (t,) = struct.unpack_from("<d", payload)
             frames += 1
             try:
                 frame = protocol.decode(bytes(payload[8:]))
+                if type(frame) is protocol.Stacks:
+                    stacks_bytes += len(payload) - 8
                 sink.apply(frame, t)
                 applied += 1
                 unchanged.keep(frame, True)
@@ -122,4 +126,7 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
     sink.seq = base
     if now is not None:
         sink.liveness_floor = now
-    return Replayed(sink, frames, applied, last_time, known, noted_complete, unchanged)
+    # dumps are kept, but a rank is stalled only by a dump received since (section 2)
+    sink.forget_stalls()
+    return Replayed(sink, frames, applied, last_time, known, noted_complete, unchanged,
+                    stacks_bytes)

@@ -34,7 +34,7 @@ class RunFile:
     __slots__ = (
         "run", "path", "fd", "buf", "size", "pending", "started", "seq_hi",
         "noted_records", "noted_complete", "noted_seq", "track_records", "write_failed",
-        "noted_steps", "unchanged", "flight",
+        "noted_steps", "unchanged", "flight", "stacks_bytes",
     )
 
     def __init__(self, run: str, path: str) -> None:
@@ -59,6 +59,7 @@ class RunFile:
         self.noted_steps = 0  # rows of sink.steps already journaled
         self.unchanged = Unchanged()  # what the file holds of frames whose repeats are no-ops
         self.flight = InFlight()  # metric names of steps not yet in a STEPS block
+        self.stacks_bytes = 0  # bytes of ``stacks`` frames in the file (MAX_STACKS_BYTES)
 
 
 class Handles:

@@ -20,7 +20,8 @@ __all__ = ["RankState", "RankSamples", "ranks_array"]
 class RankState:
     """Per-rank state. Plain slots: thousands of these are read at every close."""
 
-    __slots__ = ("rank", "status", "last_seen", "epoch", "loss", "hardware", "sample_json")
+    __slots__ = ("rank", "status", "last_seen", "epoch", "loss", "hardware", "sample_json",
+                 "stalled")
 
     def __init__(self, rank: int, now: float) -> None:
         self.rank = rank
@@ -30,6 +31,9 @@ class RankState:
         self.loss: float | None = None
         self.hardware: str | None = None
         self.sample_json: Dict[str, Any] | None = None  # cached dict of the latest sample
+        #: a ``stall`` dump arrived after the rank's latest ``steps``/``metrics`` frame (and
+        #: since this broker started): shown as ``stalled`` while the status is ``ok``
+        self.stalled = False
 
     @property
     def finished(self) -> bool:
@@ -135,7 +139,7 @@ def ranks_array(ranks: Dict[int, RankState], place: Dict[int, Tuple[str, int]],
                 "rank": rank,
                 "host": p[0] if p else None,
                 "local_rank": p[1] if p else None,
-                "status": st.status,
+                "status": "stalled" if st.stalled and st.status == "ok" else st.status,
                 "last_seen": st.last_seen,
                 "epoch": st.epoch,
                 "hardware": st.hardware,

@@ -37,6 +37,7 @@ from broker.runs import Runs
 from broker.sink import Event, RunSink
 from broker.webhooks import DEFAULT_REPEAT, WebhookNotifier
 from rank_agent import protocol
+from rank_agent.controlwire import ControlError, encode_request
 from rank_agent.protocol import Register
 from rank_agent.ratelimit import RateLimitedLog
 
@@ -200,6 +201,9 @@ class BrokerServer:
         self._rlog = RateLimitedLog(log)
         # Messages of the current batch that are not sink events (registered ports).
         self._pending_ports: list[tuple[str, int, int]] = []
+        #: requests for dumps forwarded to ranks, and the malformed ones refused
+        self.stacks_requests = 0
+        self.stacks_requests_refused = 0
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -537,6 +541,25 @@ class BrokerServer:
                              snap.get("run"), exc_info=True)
             return None
 
+    def _forward_stacks_request(self, body: list[bytes]) -> None:
+        """A web's request for dumps (docs/DESIGN.md "Requests for dumps"): forwarded to the
+        run's agents on the publish socket, framed by ``rank_agent.controlwire``. Only a
+        peer of the snapshot socket (a web: CURVE-authenticated where the broker requires
+        it) can ask; nothing is answered on this socket."""
+        try:
+            req = feed.decode_stacks_request(body)
+            msg = encode_request(req["run"], req["request_id"], req["kind"], req["ranks"],
+                                 hz=req["hz"], seconds=req["seconds"])
+        except (feed.FeedError, ControlError, TypeError, ValueError) as exc:
+            self.stacks_requests_refused += 1
+            self._rlog.warning("stacks_request", "bad stacks request refused: %s", exc)
+            return
+        assert self._pub is not None
+        self._pub.send_multipart(msg)
+        self.stacks_requests += 1
+        log.info("stacks request %s (%s) forwarded to run %r, ranks %s", req["request_id"],
+                 req["kind"], req["run"], "all" if req["ranks"] is None else req["ranks"])
+
     def _serve_snapshots(self) -> None:
         """Answer every pending snapshot request: one RUN per run, then END."""
         router = self._router
@@ -551,6 +574,9 @@ class BrokerServer:
             if body and body[0] == b"":  # a REQ-style delimiter: keep it in the reply
                 envelope.append(b"")
                 body = body[1:]
+            if body and body[0] == feed.STACKS:
+                self._forward_stacks_request(body)
+                continue
             try:
                 run = feed.decode_snapshot_request(body)
             except feed.FeedError as exc:

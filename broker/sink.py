@@ -51,6 +51,8 @@ from broker.events import Event, Rejected
 from broker.gpualerts import GpuAlertRules
 from broker.metadata import parse_metadata
 from broker.rankstate import RankSamples, RankState, ranks_array
+from broker.stackgroups import main_frames
+from broker.stackstore import RunStacks
 from broker.steps import RunSteps
 from broker.stepstore import StepStore
 from broker.topology import HardwareString, Topology
@@ -63,6 +65,7 @@ from rank_agent.protocol import (
     Register,
     Resources,
     ResourceSample,
+    Stacks,
     Steps,
     Svg,
 )
@@ -78,6 +81,9 @@ PORT_WARN_INTERVAL = 60.0
 ENDED = ("complete", "failed")
 #: Seconds between two ``steps`` events of a run (PROTOCOL 4: at most 4 a second).
 STEPS_INTERVAL = 0.25
+#: Seconds between two ``stacks`` events of a run (PROTOCOL 4: SSE ``stacks`` at most 4 a
+#: second per run; the broker coalesces, so every web streams one per feed event).
+STACKS_INTERVAL = 0.25
 
 #: ``on_alert(run, kind, rank, message, host, now)``: an alert raised live (webhooks, 3.1).
 OnAlert = Callable[[str, str, Optional[int], str, Optional[str], float], None]
@@ -158,6 +164,11 @@ class RunSink:
         #: Hooks for alerts raised and run ends while live (the broker's webhooks).
         self.on_alert: OnAlert | None = None
         self.on_end: OnEnd | None = None
+        #: Each rank's latest dump per reason (section 2.5), compact and capped in bytes.
+        self.stacks = RunStacks()
+        # Dumps kept since the last ``stacks`` event, (rank, reason) in arrival order.
+        self._stacks_pending: Dict[Tuple[int, str], None] = {}
+        self._stacks_sent_at: float | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -229,6 +240,8 @@ class RunSink:
                 self._on_hardware(frame, st)  # type: ignore[arg-type]
             elif tp is Svg:
                 self._on_svg(frame)  # type: ignore[arg-type]
+            elif tp is Stacks:
+                self._on_stacks(frame, st, now)  # type: ignore[arg-type]
             elif tp is Metadata and frame.json != self._metadata_raw:  # type: ignore[union-attr]
                 if parsed != self._metadata:
                     # (re-formatted but equal JSON changes nothing). Coalesced like the
@@ -271,6 +284,8 @@ class RunSink:
                             notify=st.last_seen >= self.liveness_floor)
         self._close_steps(now)
         self._publish_steps_due(now)
+        if self._stacks_pending:
+            self._publish_stacks_due(now)
         if self._header_changed or (self._header_pending and (
             self._header_sent_at is None or now - self._header_sent_at >= self.ranks_interval
         )):
@@ -326,6 +341,7 @@ class RunSink:
             "complete": list(self.complete) if self.complete is not None else None,
             "svg": self.svg,
             "steps": self.steps.to_wire(),
+            "stacks": self.stacks.wire(),
         }
 
     @property
@@ -448,6 +464,7 @@ class RunSink:
         self._close_steps(now)
 
     def _on_steps(self, frame: Steps, st: RankState, now: float) -> None:
+        st.stalled = False  # the loop moves (section 3)
         if self._closer.add(frame, now, not st.finished):
             self._close_steps(now)  # (grace and force close also run in tick)
         self._publish_steps_due(now)
@@ -478,6 +495,7 @@ class RunSink:
 
     def _on_metrics(self, frame: Metrics, st: RankState, now: float) -> None:
         rank = st.rank
+        st.stalled = False  # the loop moves (section 3)
         sample = frame.resources
         if sample is not None:  # applied first, exactly as a resources frame
             self._samples.put(rank, sample)
@@ -512,6 +530,45 @@ class RunSink:
         if self._hw.report_changed(st.rank):
             self._header_pending = True  # coalesced (see _header_pending)
 
+    def _on_stacks(self, frame: Stacks, st: RankState, now: float) -> None:
+        """Keep the dump (section 2.5); a ``stall`` dump makes the rank ``stalled`` and
+        raises the ``stalled`` alert (section 3). Kept dumps go out in ``stacks`` events."""
+        self.stacks.put(frame)
+        # kept or not (the cap), the web learns it: the dump, or that the rank has none
+        self._stacks_pending[(frame.rank, frame.reason)] = None
+        self._publish_stacks_due(now)
+        if frame.reason != "stall":
+            return
+        st.stalled = True
+        frames = main_frames(frame)
+        where = ""
+        if frames:
+            inner = frames[-1]
+            where = f" in {inner.function} ({inner.file}:{inner.line})"
+        idle = frame.idle_s
+        idle_text = f"{round(idle)}" if math.isfinite(idle) else f"{idle}"
+        self._raise("stalled", st.rank, f"stalled {idle_text}s{where}", now)
+
+    def _publish_stacks_due(self, now: float) -> None:
+        """One ``stacks`` event with the dumps kept since the last one, at most one per
+        STACKS_INTERVAL (the rest wait for :meth:`tick`)."""
+        sent = self._stacks_sent_at
+        if sent is not None and now - sent < STACKS_INTERVAL and now >= sent:
+            return
+        keys, self._stacks_pending = self._stacks_pending, {}
+        if keys:
+            stacks = self.stacks
+            self._stacks_sent_at = now
+            self._emit("stacks", {"dumps": stacks.wire(keys),
+                                  "gone": [list(k) for k in keys if k not in stacks]})
+
+    def forget_stalls(self) -> None:
+        """After a journal replay: dumps are still listed, but only a dump received since
+        the restart makes a rank ``stalled`` (section 2), and none is pending publication."""
+        for st in self._ranks.values():
+            st.stalled = False
+        self._stacks_pending.clear()
+
     def _summary_of(self, rank: int) -> str | None:
         st = self._ranks.get(rank)
         return st.hardware if st is not None else None
@@ -538,6 +595,7 @@ class RunSink:
                 if st.status == "error":
                     self._n_error -= 1
             self._samples.discard(rank)
+            self.stacks.discard(rank)
             self._closer.discard(rank)
             host = self.topology.remove(rank)
             if host is not None and host not in touched:

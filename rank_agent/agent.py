@@ -26,10 +26,12 @@ import math
 import os
 import socket as _socket
 import threading
+import time
 import weakref
 from typing import Any, Callable, Dict, Mapping, Tuple, Union
 
 from . import shared
+from .control import Control, control_endpoint
 from .launcher import DEFAULT_BROKER, generated_run_id, launch_args, sanitize_run_id
 from .protocol import (
     MAX_METADATA_BYTES,
@@ -52,9 +54,13 @@ from .protocol import (
 )
 from .pusher import Pusher
 from .ratelimit import RateLimitedLog
+from .stallwatch import StallWatch
 from .stepbuffer import MAX_PENDING_STEPS, StepBuffer
 
 log = logging.getLogger(__name__)
+
+_monotonic = time.monotonic
+_get_ident = threading.get_ident
 
 #: Each kind of trouble the agent warns about is logged at most once a minute.
 WARN_EVERY = 60.0
@@ -123,6 +129,15 @@ class RankAgent:
     queued), ``step_flush`` (seconds between two sends of the :meth:`log_step` buffer; a
     point leaves the process within about that long, and at most 2 x ``step_flush``).
 
+    Diagnosis (PROTOCOL.md section 2.5): ``stall_after`` (``None`` automatic, ``0`` off,
+    else seconds) sets the stall watch, a thread that dumps every thread's stack when
+    ``log_step``/``log_epoch`` have been silent that long; ``control`` (``True`` the
+    default endpoint or ``RANKBOARD_CONTROL``, ``False`` none, or an endpoint) the SUB
+    socket on which the broker forwards requests for dumps and profiles, with the CURVE keys
+    ingest uses. Both start with the first ``register``/``log_step``/``log_epoch``/
+    ``start_sampling`` (never in the constructor), again in a forked child, and stop at
+    ``finish``/``close``; the training thread pays one timestamp per call.
+
     Every sending method returns ``True`` when the frame was queued and ``False`` when it was
     dropped; none of them blocks or raises.
     """
@@ -139,6 +154,8 @@ class RankAgent:
         sndhwm: int = 1000,
         linger_ms: int = 500,
         step_flush: float = 0.25,
+        stall_after: float | None = None,
+        control: Union[bool, str, None] = True,
     ) -> None:
         rank, world_size, local_rank = int(rank), int(world_size), int(local_rank)
         step_flush = float(step_flush)
@@ -177,6 +194,27 @@ class RankAgent:
         self._steps = StepBuffer(self.run, rank, step_flush, send=self._send, lose=self._lose,
                                  warn=self._warn, on_fork=self._reset_after_fork)
         self.log_step = self._steps.log_step  # type: ignore[method-assign]
+
+        # diagnosis (section 2.5): a bad stall_after is a set-up error (ValueError)
+        if stall_after is not None:
+            stall_after = float(stall_after)
+        self._watch = StallWatch(self._send, self.run, rank, stall_after)
+        endpoint = control_endpoint(control, self.broker)
+        if endpoint is None and control not in (False, None):
+            log.info("rankboard: no control channel for broker %s (no TCP port; set %s)",
+                     self.broker, "RANKBOARD_CONTROL")
+        self._control: Control | None = None
+        if endpoint is not None:
+            self._control = Control(endpoint, self.run, rank, self._send,
+                                    training_thread=self._watch.training_thread,
+                                    idle_s=self._watch.idle_s)
+        # log_step stores the watch's timestamp inline when anything reads it (the stall
+        # watch, or a profile's choice of thread): with neither, it pays nothing
+        if self._watch.enabled or self._control is not None:
+            self._steps.watch = self._watch
+        self._steps._on_start = self._start_diag
+        #: both started in this process (reset in a forked child): log_epoch's one check
+        self._diag_started = False
 
         self._sampler: Any = None  # rank_agent.sampler.Sampler, created on first need
         self._sampler_thread: threading.Thread | None = None
@@ -277,10 +315,27 @@ class RankAgent:
     def closed(self) -> bool:
         return self._pusher.closed
 
+    def _start_diag(self) -> None:
+        """Start the stall watch and the control channel (each cheap once running, and each
+        fork-safe: in a forked child it makes fresh ones). Never after finish/close."""
+        if self._finished or self._pusher.closed:
+            return
+        self._watch.start()
+        if self._control is not None:
+            self._control.start()
+        self._diag_started = True
+
+    def _stop_diag(self) -> None:
+        """Stop both; no thread, socket or context is left (bounded waits)."""
+        self._watch.close()
+        if self._control is not None:
+            self._control.close()
+
     def _reset_after_fork(self) -> None:
         """In a forked child: forget the parent's zmq objects, threads and pending points
         without touching them (the parent sends its own; threads come back lazily)."""
         self._pusher.reset_after_fork()
+        self._diag_started = False  # the watch and the channel come back in this process
         self._sampler_thread = None  # threads do not survive fork
         self._sampler_stop = threading.Event()
         self._sampler = None  # its NVML handles belong to the parent
@@ -302,6 +357,7 @@ class RankAgent:
             )
         except Exception as exc:
             return self._lose("register", "rankboard: bad register arguments: %r", exc)
+        self._start_diag()
         return self._send(frame)
 
     def set_svg(self, svg: Union[str, bytes], label: str | None = None, hash: str | None = None) -> bool:
@@ -377,6 +433,11 @@ class RankAgent:
         wire type (exactly ``float``, ``int`` or ``str``) is used as it is; anything else
         goes through ``float()``/``int()``/``str()``, so what is accepted, sent or dropped
         is what it always was."""
+        watch = self._watch  # the stall watch's note(), inlined, then its (cheap) start
+        watch._last = _monotonic()
+        watch._tid = _get_ident()
+        if not self._diag_started:
+            self._start_diag()
         try:
             if type(epoch) is not int:
                 epoch = int(epoch)
@@ -495,6 +556,7 @@ class RankAgent:
                 self._pending_status = status
                 return True
             self._pending_status = None
+        self._watch.close()  # the stall watch ends with the loop (section 2.5)
         return self._send(Finish(run=self.run, rank=self.rank, status="ok" if status == "ok" else "error"))
 
     # -- resource sampling -------------------------------------------------------------------
@@ -514,6 +576,7 @@ class RankAgent:
         stops it. Sampling does not carry over into a forked child."""
         if self.closed or (self._sampler_thread is not None and self._sampler_thread.is_alive()):
             return
+        self._start_diag()
         try:
             interval = max(0.1, float(interval))
             sampler = self._get_sampler()
@@ -569,6 +632,7 @@ class RankAgent:
         if thread is not None and thread is not current:
             thread.join(timeout=2.0)
         self._sampler_thread = None
+        self._stop_diag()  # before the PUSH socket: a dump in progress still has it
         self._steps.close()
         self._pusher.close()
         # points a concurrent log_step added after the flush, before closing: lost, counted

@@ -201,7 +201,63 @@ class Steps(_Frame, tag="steps"):
     metrics: Annotated[dict[StepMetricName, OptFloats], Meta(max_length=MAX_STEP_METRICS)] = {}
 
 
-Frame = Union[Register, Svg, Metadata, Hardware, Resources, Metrics, Finish, Steps]
+#: ``stacks`` limits (PROTOCOL.md section 2): threads per dump, frames per thread, characters
+#: of ``file``/``function``/``code``/``name``, profile entries, entries per profile stack,
+#: characters of ``request_id``.
+MAX_STACK_THREADS = 128
+MAX_STACK_FRAMES = 256
+MAX_STACK_TEXT = 512
+MAX_PROFILE_ENTRIES = 2000
+MAX_PROFILE_DEPTH = 256
+MAX_REQUEST_ID = 64
+
+StackText = Annotated[str, Meta(max_length=MAX_STACK_TEXT)]
+
+
+class StackFrame(msgspec.Struct, omit_defaults=True, gc=False):
+    """One Python frame of a dumped thread; ``code`` is the source line, stripped."""
+
+    file: StackText
+    line: int
+    function: StackText
+    code: StackText = ""
+
+
+class ThreadStack(msgspec.Struct, omit_defaults=True, gc=False):
+    """One thread of a dump: outermost frame first, innermost last (as a traceback prints);
+    ``main`` marks the training thread (PROTOCOL.md section 2.5)."""
+
+    name: StackText
+    frames: Annotated[list[StackFrame], Meta(max_length=MAX_STACK_FRAMES)]
+    main: bool = False
+
+
+class ProfileEntry(msgspec.Struct, omit_defaults=True, gc=False):
+    """One distinct main-thread stack of a profile and how many samples saw it. Each entry
+    of ``stack`` is ``"<function> (<file>:<line>)"``, outermost first. The contract bounds
+    their number, not their length (the 4 MiB frame limit does); the agent builds them from
+    a function and a file each cut at 512 characters."""
+
+    stack: Annotated[list[str], Meta(max_length=MAX_PROFILE_DEPTH)]
+    count: Annotated[int, Meta(ge=1)]
+
+
+class Stacks(_Frame, tag="stacks"):
+    """A dump of the rank process's Python stacks (section 2.5): a ``stall`` dump from the
+    stall watch, or the ``request`` answer to ``request_id`` (a dump in ``threads``, or a
+    profile in ``profile`` with ``samples`` taken over ``seconds``)."""
+
+    reason: Literal["stall", "request"]
+    taken_at: float
+    request_id: Annotated[str, Meta(max_length=MAX_REQUEST_ID)] = ""
+    idle_s: float = 0.0
+    threads: Annotated[list[ThreadStack], Meta(max_length=MAX_STACK_THREADS)] = []
+    profile: Annotated[list[ProfileEntry], Meta(max_length=MAX_PROFILE_ENTRIES)] = []
+    samples: NonNegInt = 0
+    seconds: float = 0.0
+
+
+Frame = Union[Register, Svg, Metadata, Hardware, Resources, Metrics, Finish, Steps, Stacks]
 
 #: Shared codecs. msgspec encoders/decoders are cheap to call and costly to build.
 encoder = msgspec.msgpack.Encoder()

@@ -25,6 +25,8 @@ from .stepframes import StepPoint, step_frames
 MAX_PENDING_STEPS = 8192
 
 _getpid = os.getpid
+_monotonic = time.monotonic
+_get_ident = threading.get_ident
 
 
 def _int_arg(value: Any, what: str) -> int:
@@ -45,8 +47,15 @@ class StepBuffer:
 
     def __init__(self, run: str, rank: int, step_flush: float, *, send: Callable[[Any], bool],
                  lose: Callable[..., bool], warn: RateLimitedLog,
-                 on_fork: Callable[[], None] | None = None) -> None:
+                 on_fork: Callable[[], None] | None = None, watch: Any = None,
+                 on_start: Callable[[], None] | None = None) -> None:
         self.run = run
+        #: the agent's :class:`~rank_agent.stallwatch.StallWatch` (None: none): each call
+        #: stores its two fields inline (its ``note()``, without the call)
+        self.watch = watch
+        #: called when the flusher starts (once per process): the agent starts its
+        #: diagnosis threads there, off the per-step path
+        self._on_start = on_start
         self.rank = rank
         self.step_flush = step_flush
         self._send = send
@@ -83,6 +92,10 @@ class StepBuffer:
                  samples: int = 0, tokens: int = 0) -> bool:
         """:meth:`rank_agent.RankAgent.log_step` (its docstring says what it does)."""
         t = time.time()  # through the module, so a test may patch time.time
+        watch = self.watch
+        if watch is not None:  # StallWatch.note(), inlined: the only cost of the watch here
+            watch._last = _monotonic()
+            watch._tid = _get_ident()
         try:
             if type(step) is not int:
                 step = _int_arg(step, "step")
@@ -199,6 +212,11 @@ class StepBuffer:
             thread.start()
         except Exception as exc:
             self._warn("steps_thread", "rankboard: could not start the step flusher: %r", exc)
+        if self._on_start is not None:
+            try:
+                self._on_start()
+            except Exception as exc:  # pragma: no cover - the owner's starts never raise
+                self._warn("diag_start", "rankboard: could not start diagnosis: %r", exc)
 
     def _loop(self, stop: threading.Event) -> None:
         """The flusher: every ``step_flush`` seconds, send the buffer; never dies on an error."""

@@ -142,7 +142,15 @@ def _web_flags(p: argparse.ArgumentParser, *, port_default: int | None) -> None:
                  if port_default is None else f"web port (default {port_default})")
     p.add_argument("--port", type=_int_range(0, 65535), default=port_default, help=port_help)
     p.add_argument("--token", default=os.environ.get("RANKBOARD_TOKEN"),
-                   help="bearer token required by the web (default $RANKBOARD_TOKEN)")
+                   help="bearer token required by the web (default $RANKBOARD_TOKEN); "
+                        "prefer --token-file or the variable: a command line shows in ps")
+    p.add_argument("--token-file", type=Path, default=None, metavar="FILE",
+                   help="read the bearer token from FILE (its first line, surrounding "
+                        "blanks stripped); overrides --token and $RANKBOARD_TOKEN")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a Host name a web without a token also answers (repeatable; "
+                        "default: localhost, 127.0.0.1, [::1] and the bound address), for "
+                        "a proxy in front of it")
     p.add_argument("--insecure-no-auth", action="store_true",
                    help="allow a non-loopback --host without a token")
     p.add_argument("--curve-server-key", type=Path, default=None, metavar="FILE",
@@ -294,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         print(f"{prog}: --curve-secret-key and --curve-authorized go together", file=sys.stderr)
         return 2
-    problem = _curve_client_problem(args)
+    problem = _curve_client_problem(args) or _read_token_file(args)
     if problem:
         print(f"{prog}: {problem}", file=sys.stderr)
         return 2
@@ -338,6 +346,36 @@ def _curve_client_problem(args: argparse.Namespace) -> str | None:
                 "webs/web-1.key_secret from `rankboard keys`)")
     if args.curve_secret_key is None and (client is not None or server is not None):
         return "--curve-client-key/--curve-server-key need --curve-secret-key (a CURVE broker)"
+    return None
+
+
+#: The most bytes of a ``--token-file`` read (a token is a line, not a document).
+MAX_TOKEN_FILE_BYTES = 4096
+
+
+def _read_token_file(args: argparse.Namespace) -> str | None:
+    """Put ``--token-file``'s token in ``args.token``; the one-line problem, or None.
+
+    The file is how a token stays out of ``ps`` (a flag value is on the command line for
+    every user of the host to read); the web's own children get it by environment."""
+    path = getattr(args, "token_file", None)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_TOKEN_FILE_BYTES + 1)
+    except OSError as exc:
+        return f"cannot read --token-file {path}: {exc.strerror or exc}"
+    if len(raw) > MAX_TOKEN_FILE_BYTES:
+        return f"--token-file {path} is over {MAX_TOKEN_FILE_BYTES} bytes: not a token"
+    try:
+        lines = raw.decode("utf-8").strip().splitlines()
+    except UnicodeDecodeError:
+        return f"--token-file {path} is not UTF-8 text"
+    token = lines[0].strip() if lines else ""
+    if not token:
+        return f"--token-file {path} holds no token"
+    args.token = token
     return None
 
 

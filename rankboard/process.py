@@ -18,7 +18,16 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["ROOT", "child_command", "terminate"]
+__all__ = ["ROOT", "PARENT_ENV", "child_command", "die_with_parent", "terminate"]
+
+#: Set by a parent that owns its child (``up``'s broker) to its own pid: the child ends when
+#: that parent ends, however it ends (:func:`die_with_parent`). Read once and removed, so a
+#: grandchild never inherits a stale owner.
+PARENT_ENV = "RANKBOARD_PARENT_PID"
+#: Linux ``prctl`` option: the signal the kernel sends us when our parent thread dies.
+PR_SET_PDEATHSIG = 1
+#: Seconds between checks of the parent where ``prctl`` is not available.
+PARENT_POLL = 1.0
 
 #: the directory holding rankboard's packages (rankboard, broker, web, rank_agent)
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,3 +78,43 @@ def terminate(proc: Any, timeout: float = 5.0) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def die_with_parent(env: dict[str, str] | os._Environ[str] | None = None) -> bool:
+    """End this process with SIGTERM when the parent named by :data:`PARENT_ENV` ends.
+
+    ``rankboard up`` SIGKILLed cannot stop its broker, whose ports and data-dir lock would
+    then stay held by an orphan (issue 19). On Linux the kernel delivers SIGTERM on the
+    parent's death (``prctl(PR_SET_PDEATHSIG)``; the broker stops cleanly on it); elsewhere a
+    daemon thread polls the parent pid. The parent may already be gone by the time we get
+    here: then we stop at once. Returns True when a watch was set up."""
+    import signal
+
+    env = os.environ if env is None else env
+    raw = env.pop(PARENT_ENV, None)
+    if not raw or not raw.isdigit():
+        return False
+    parent = int(raw)
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != parent:  # it died before the watch was armed
+        os.kill(os.getpid(), signal.SIGTERM)
+        return True
+    if not armed:
+        import threading
+        import time
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(PARENT_POLL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    return True

@@ -16,6 +16,7 @@ command monkey-patches first (:func:`web.serve.patch`); every child is started b
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import sys
@@ -29,9 +30,19 @@ from typing import Any
 from broker.config import BrokerConfig, default_data_dir
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
 from rankboard.config import DemoConfig, UpConfig
-from rankboard.process import child_command, terminate
+from rankboard.process import PARENT_ENV, child_command, terminate
 from web.config import WebConfig
-from web.serve import LazyBinder, Stopper, Web, bind_refusal, fail, feed_curve, patch, run_web
+from web.serve import (
+    LazyBinder,
+    Stopper,
+    Web,
+    bind_refusal,
+    dashboard_url,
+    fail,
+    feed_curve,
+    patch,
+    run_web,
+)
 from web.workers import WorkerPool, pool_refusal, run_pool
 
 log = logging.getLogger(__name__)
@@ -101,6 +112,7 @@ class BrokerChild:
         ready = gevent.event.Event()
         cmd, env = child_command("rankboard", self.cfg.argv())
         env["PYTHONUNBUFFERED"] = "1"
+        env[PARENT_ENV] = str(os.getpid())  # the broker ends when we end, even SIGKILLed
         env.update(self.cfg.child_env())  # the webhook URLs: never on a command line
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      env=env)
@@ -229,7 +241,7 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
             )
             cluster.start()
             if not demo.no_browser:
-                open_browser(f"http://localhost:{web.port}/")
+                open_browser(dashboard_url(wcfg.host, web.port))
         while not stopper.wait(0.5):
             if broker.exited() is not None:
                 if stopper.wait(0.5):  # Ctrl-C reached the broker first

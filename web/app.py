@@ -13,6 +13,9 @@ any WSGI server; the SSE stream relies on gevent to block in its queue cheaply, 
 Config keys (all optional):
 
 * ``token``: the bearer token; None disables auth (the CLI refuses that off loopback);
+* ``allowed_hosts``: the ``Host`` names (lower case, no port, IPv6 in brackets) a web
+  without a token answers; others get 421 (PROTOCOL 4 "Hardening"; default: loopback names,
+  see :func:`web.serve.allowed_hosts`);
 * ``ping_interval``: seconds between ``: ping`` comments on idle and busy streams (15);
 * ``template_folder`` / ``static_folder``: override the page's folders (tests).
 """
@@ -33,7 +36,6 @@ from flask import Blueprint, Flask, Response, current_app, g, render_template, r
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from werkzeug.exceptions import HTTPException
 
-from broker.stepstore import csv_header
 from rank_agent.protocol import valid_run_id
 from web.hub import Hub, parse_position
 from web.metrics import make_registry
@@ -55,6 +57,14 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
 }
+#: What a tokenless web answers by default: loopback names only (``web/serve.py`` adds the
+#: bound address and ``--allowed-host`` names).
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]"})
+#: A CSV text cell starting with one of these is a formula to a spreadsheet: it gets a
+#: leading ``'`` (PROTOCOL 4 "Hardening").
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+#: Routes whose answers no cache may keep (``Cache-Control: no-store``): run data and metrics.
+NO_STORE_PREFIXES = ("/api/", "/metrics")
 RESOURCE_COLUMNS = ("cpu_percent", "ram_used_bytes", "ram_total_bytes", "gpu_util_percent",
                     "vram_allocated_bytes", "vram_total_bytes")
 
@@ -121,6 +131,27 @@ def _cell(value: Any) -> str:
     return ""
 
 
+def text_cell(text: str) -> str:
+    """A CSV text cell (a header name) a spreadsheet shows as text: one starting like a
+    formula (:data:`FORMULA_START`) gets a leading ``'``. Metric names come from ranks,
+    so a name like ``=HYPERLINK(...)`` must not run when an export is opened."""
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
+def steps_csv_header(metric_names: list[str]) -> str:
+    """The ``/steps.csv`` header line of PROTOCOL 4 (CRLF), text cells neutralised
+    (:func:`text_cell`). Written here rather than by the step store: the store's rows are
+    numbers only, and the header is the one place a rank's string reaches the file."""
+    cols = ["step", "time", "n"]
+    for name in metric_names:
+        cols += [f"{name}_mean", f"{name}_min", f"{name}_max"]
+    cols += ["step_ms_mean", "step_ms_min", "step_ms_max", "slowest_rank", "samples", "tokens",
+             "samples_per_s", "tokens_per_s"]
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\r\n").writerow([text_cell(c) for c in cols])
+    return out.getvalue()
+
+
 def history_csv(records: list[dict[str, Any]]) -> str:
     """The CSV export: ``epoch,duration_secs,<metrics>,<resources>``; metric columns are the
     union over records, ``loss`` first then sorted."""
@@ -132,7 +163,8 @@ def history_csv(records: list[dict[str, Any]]) -> str:
     metric_columns = (["loss"] if "loss" in names else []) + sorted(names - {"loss"})
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
-    writer.writerow(["epoch", "duration_secs", *metric_columns, *RESOURCE_COLUMNS])
+    writer.writerow([text_cell(c) for c in ("epoch", "duration_secs", *metric_columns,
+                                            *RESOURCE_COLUMNS)])
     for record in records:
         metrics = record.get("metrics")
         metrics = metrics if isinstance(metrics, dict) else {}
@@ -162,6 +194,8 @@ class Board:
     hub: Hub
     #: the bearer token; None: no auth
     token: str | None
+    #: ``Host`` names answered without a token (see the module docstring)
+    allowed_hosts: frozenset[str]
     ping_interval: float
     registry: CollectorRegistry
 
@@ -175,6 +209,42 @@ bp = Blueprint("rankboard", __name__)
 
 
 # --------------------------------------------------------------- app-wide hooks
+def host_name(value: str | None) -> str | None:
+    """A ``Host`` header's name without its port, lower case (``[::1]`` keeps its
+    brackets); None when there is none or it is malformed."""
+    if not value:
+        return None
+    value = value.strip().lower()
+    if value.startswith("["):
+        name, bracket, rest = value.partition("]")
+        if not bracket:
+            return None
+        name += "]"
+    else:
+        name, _, rest = value.partition(":")
+        rest = ":" + rest if _ else ""
+    if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+        return None
+    return name or None
+
+
+@bp.before_app_request
+def _check_host() -> Response | None:
+    """A web without a token answers only the ``Host`` names it was told of (421
+    otherwise; ``/healthz`` is exempt for probes). With no token, the only thing keeping
+    another site's page from reading the dashboard is the browser's same-origin rule, and
+    DNS rebinding (a name of that site that now resolves to 127.0.0.1) defeats it: the
+    ``Host`` it sends is still that site's name (issue 19, finding 9)."""
+    board = _board()
+    if board.token is not None or request.path == "/healthz":
+        return None
+    if host_name(request.environ.get("HTTP_HOST")) in board.allowed_hosts:
+        return None
+    board.hub.count_limit("host")
+    return error(421, "misdirected request: this dashboard answers only its own host names "
+                 "(see rankboard web --allowed-host)")
+
+
 @bp.before_app_request
 def _authorise() -> Response | None:
     token = _board().token
@@ -199,6 +269,8 @@ def _headers(response: Response) -> Response:
     response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
     for name, value in SECURITY_HEADERS.items():
         response.headers[name] = value
+    if request.path.startswith(NO_STORE_PREFIXES):
+        response.headers["Cache-Control"] = "no-store"
     token = _board().token
     if token is not None and g.get("set_session_cookie"):
         response.set_cookie(COOKIE_NAME, _session_value(token), httponly=True,
@@ -322,7 +394,7 @@ def steps_export(run: str) -> Response:
     def body() -> Iterator[str]:
         # Streamed a few thousand rows at a time: a million-row export is never built
         # in memory, and the server's other greenlets run between chunks.
-        yield csv_header(store.metric_names())
+        yield steps_csv_header(store.metric_names())
         for chunk in store.csv_rows():
             yield chunk
             gevent.sleep(0)
@@ -378,6 +450,7 @@ def create_app(hub: Hub, config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["rankboard"] = Board(
         hub=hub,
         token=config.get("token") or None,
+        allowed_hosts=frozenset(config.get("allowed_hosts") or LOOPBACK_HOSTS),
         ping_interval=float(config.get("ping_interval") or DEFAULT_PING_INTERVAL),
         registry=make_registry(hub),
     )

@@ -42,6 +42,9 @@ class WebConfig:
     metrics_host: str | None = None
     #: this process's slot in a ``--workers`` pool (None: a web on its own, or a supervisor)
     worker_id: int | None = None
+    #: ``--allowed-host``: names a web without a token answers besides loopback and its
+    #: bound address (PROTOCOL 4 "Hardening", for a proxy)
+    allowed_hosts: tuple[str, ...] = ()
     log_level: str = "INFO"
 
     def argv(self) -> list[str]:
@@ -64,6 +67,8 @@ class WebConfig:
             cmd += ["--metrics-host", self.metrics_host]
         if self.worker_id is not None:
             cmd += ["--worker-id", str(self.worker_id)]
+        for name in self.allowed_hosts:
+            cmd += ["--allowed-host", name]
         return cmd + ["--log-level", self.log_level]
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -32,7 +32,8 @@ import gevent
 
 from broker import feed
 from web import sse
-from web.runstate import RunState, Subscriber, finite
+from web.runstate import MAX_QUEUED_BYTES, RunState, Subscriber, finite
+from web.stacksview import RunDumps
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +66,12 @@ class Hub:
         self,
         *,
         queue_size: int = DEFAULT_QUEUE_SIZE,
+        queue_bytes: int = MAX_QUEUED_BYTES,
         clock: Callable[[], float] = time.time,
         heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
     ) -> None:
         self.queue_size = queue_size
+        self.queue_bytes = queue_bytes
         self.clock = clock
         self.heartbeat_timeout = heartbeat_timeout
         self.runs: dict[str, RunState] = {}
@@ -84,6 +87,11 @@ class Hub:
         # SSE bookkeeping for /metrics
         self.clients_dropped = 0
         self.gaps = 0
+        #: how often each of the web's limits bit, by reason (``rankboard_web_limited`` on
+        #: /metrics): ``sse_queue_events``/``sse_queue_bytes`` (a slow client dropped), and
+        #: the server's and app's own (``head_too_large``, ``head_timeout``, ``bad_framing``,
+        #: ``host``), counted here so one process reports them all in one place
+        self.limited: dict[str, int] = {}
         # snapshot request state
         self._want_full = True
         self._want_runs: dict[str, None] = {}  # ordered set
@@ -92,6 +100,10 @@ class Hub:
         self._full_buffer: deque[feed.EventUpdate] = deque()
         self._run_buffers: dict[str, list[feed.EventUpdate]] = {}
         self._snap_runs: dict[str, RunState] = {}  # RUN replies of the outstanding request
+        #: each run's stack dumps (section 2.5; ``web/stacksview.py``): from ``stacks``
+        #: events and run snapshots, read by :meth:`stacks_view`
+        self.stacks: dict[str, RunDumps] = {}
+        self._snap_stacks: dict[str, RunDumps] = {}  # the dumps of the RUN replies
 
     # ----------------------------------------------------------------- status
     @property
@@ -201,7 +213,13 @@ class Hub:
         self._apply(update)
 
     def _apply(self, update: feed.EventUpdate) -> None:
-        """Apply one update in sequence, or start healing a gap."""
+        """Apply one update in sequence, or start healing a gap. An ``evicted`` event (the
+        broker dropped the run from memory at ``--max-runs``, PROTOCOL 6) drops it here too,
+        whatever its sequence number: a web must not keep what the broker let go."""
+        if update.kind == "evicted":
+            if self.drop_run(update.run):
+                log.info("run %s evicted by the broker; dropped", update.run)
+            return
         state = self.runs.get(update.run)
         current = state.seq if state is not None else 0
         if update.seq <= current:
@@ -230,7 +248,11 @@ class Hub:
             payload: Any = state.public_header()
         elif update.kind == "ranks":
             state.set_ranks(data)
+            self._dumps(update.run).ranks_seq = update.seq
             payload = state.ranks
+        elif update.kind == "stacks":
+            # live only (never replayed): the dumps received, the page then reads /stacks
+            payload = {"dumps": self._dumps(update.run).apply_event(update.seq, data)}
         elif update.kind == "complete":
             status = data.get("status") if isinstance(data, dict) else None
             state.complete = (update.seq, str(status))
@@ -289,6 +311,7 @@ class Hub:
                 log.warning("malformed run snapshot skipped: %r", exc)
                 return
             self._snap_runs[state.run] = state
+            self._snap_stacks[state.run] = RunDumps.from_snapshot(body.get("stacks"), state.seq)
             self._outstanding = (self._outstanding[0], self.clock())  # progress: not timed out
             return
         target = self._outstanding[0]
@@ -299,12 +322,33 @@ class Hub:
         else:
             self._finish_run(target, snap_runs.get(target))
 
+    def drop_run(self, run: str) -> bool:
+        """Forget ``run``: its state, its pending snapshot request and buffered updates are
+        freed and each of its SSE streams ends cleanly (the close sentinel: the client's
+        body returns, so the browser sees the stream end and reconnects, to a 404 while the
+        run stays away). For a run the broker evicted from memory (PROTOCOL 6, ``--max-runs``
+        bounds the webs too) or that a full snapshot no longer holds. A later frame of the
+        run brings it back as a new run, healed by its snapshot (a gap from seq 0).
+        Returns False when this web did not hold the run."""
+        state = self.runs.pop(run, None)
+        self.stacks.pop(run, None)
+        self._run_buffers.pop(run, None)
+        self._want_runs.pop(run, None)
+        self._snap_runs.pop(run, None)
+        if any(u.run == run for u in self._full_buffer):  # older than the drop: never apply
+            self._full_buffer = deque(u for u in self._full_buffer if u.run != run)
+        if state is None:
+            return False
+        for sub in list(state.subscribers):
+            sub.close()
+        state.subscribers.clear()
+        log.info("run %s dropped (%d records freed)", run, len(state.records))
+        return True
+
     def _finish_full(self, snap_runs: dict[str, RunState], instance: str) -> None:
         for run in [r for r in self.runs if r not in snap_runs]:
             log.info("run %s is gone from the broker", run)
-            for sub in list(self.runs[run].subscribers):
-                sub.close()
-            del self.runs[run]
+            self.drop_run(run)
         for run, new in snap_runs.items():
             self._replace(run, new)
         self.instance = instance
@@ -345,6 +389,12 @@ class Hub:
         """Install ``new`` as the run's state and tell its subscribers what they missed."""
         old = self.runs.get(run)
         self.runs[run] = new
+        dumps = self._snap_stacks.pop(run, None)
+        if dumps is not None:
+            previous = self.stacks.get(run)
+            if previous is not None:  # this web's own latest request survives a re-snapshot
+                dumps._requested = previous._requested
+            self.stacks[run] = dumps
         if old is None:
             return
         new.subscribers = old.subscribers
@@ -380,7 +430,12 @@ class Hub:
         item = (seq, data)
         for sub in list(state.subscribers):
             if not sub.offer(item):
-                self.drop(sub, "queue full")
+                self.count_limit(f"sse_{sub.full}")
+                self.drop(sub, f"too slow ({sub.full.replace('_', ' ')} full)")
+
+    def count_limit(self, reason: str) -> None:
+        """One more time the limit ``reason`` bit (see :attr:`limited`)."""
+        self.limited[reason] = self.limited.get(reason, 0) + 1
 
     def drop(self, sub: Subscriber, why: str) -> None:
         """Stop feeding ``sub`` and end its stream without waiting for it."""
@@ -422,7 +477,7 @@ class Hub:
             seq, status = state.complete
             chunks.append(sse.json_event("complete", seq, {"status": status}))
             last = seq
-        sub = Subscriber(run, self.queue_size)
+        sub = Subscriber(run, self.queue_size, self.queue_bytes)
         state.subscribers.add(sub)
         return sub, chunks, last
 
@@ -437,6 +492,31 @@ class Hub:
             for sub in list(state.subscribers):
                 sub.close()
             state.subscribers.clear()
+
+    # ---------------------------------------------------------------- stacks
+    def _dumps(self, run: str) -> RunDumps:
+        dumps = self.stacks.get(run)
+        if dumps is None:
+            dumps = self.stacks[run] = RunDumps()
+        return dumps
+
+    def note_stacks_request(self, run: str, request_id: str) -> None:
+        """This web asked ``run``'s ranks for dumps (:meth:`web.pump.FeedPump.request_stacks`):
+        the groups of ``GET /stacks`` follow that request from now on."""
+        self._dumps(run).note_request(request_id)
+
+    def stacks_view(self, run: str) -> dict[str, Any] | None:
+        """The ``GET /api/runs/<run>/stacks`` JSON (PROTOCOL.md section 4): ``{"dumps":
+        [{rank, host, reason, request_id, taken_at, idle_s, threads, profile, samples,
+        seconds}], "groups": [{reason, request_id, frames, ranks}]}``; None for a run this
+        web does not know (404). The dicts share decoded stacks: read-only."""
+        state = self.runs.get(run)
+        if state is None:
+            return None
+        dumps = self.stacks.get(run)
+        if dumps is None:
+            return {"dumps": [], "groups": []}
+        return dumps.view(state.ranks)
 
     # ---------------------------------------------------------------- reads
     def runs_newest_first(self) -> list[RunState]:

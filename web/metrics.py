@@ -139,6 +139,13 @@ class HubCollector(Collector):
             "rankboard_sse_clients_dropped", "SSE clients dropped because their queue overflowed.")
         dropped.add_metric([], hub.clients_dropped)
         yield dropped
+        limited = CounterMetricFamily(
+            "rankboard_web_limited",
+            "Times one of the web's hardening limits bit, by reason (SECURITY.md).",
+            labels=["reason"])
+        for reason, count in sorted(hub.limited.items()):
+            limited.add_metric([reason], count)
+        yield limited
         gaps = CounterMetricFamily(
             "rankboard_feed_gaps", "Sequence gaps in the broker feed (each healed by a snapshot).")
         gaps.add_metric([], hub.gaps)

@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
+
+from broker import feed
+from rank_agent.controlwire import ControlError, encode_request
 
 if TYPE_CHECKING:
     from web.hub import Hub
 
 log = logging.getLogger(__name__)
+
+
+class StacksRequestError(RuntimeError):
+    """A request for dumps could not be handed to the broker (no connection to it)."""
 
 
 class FeedPump:
@@ -54,6 +62,41 @@ class FeedPump:
         self._failure_logged_at: float | None = None
         self._greenlet: gevent.Greenlet | None = None
         self._stopping = False
+        self._dealer: Any = None  # the snapshot socket in use (requests for dumps go on it)
+        #: requests for dumps handed to the broker
+        self.stacks_requests = 0
+
+    def request_stacks(self, run: str, kind: str, ranks: list[int] | None = None,
+                       seconds: float = 5.0, hz: int = 100) -> str:
+        """Ask ``run``'s ranks (``ranks`` None: every rank) for a dump (``kind``
+        ``"stacks"``) or a profile (``"profile"``, ``hz`` samples a second for ``seconds``)
+        through the broker (PROTOCOL.md section 2.5); returns the new ``request_id``. The
+        answers arrive as ``stacks`` feed events (:meth:`web.hub.Hub.stacks_view`), and
+        the hub groups this request's answers from now on.
+
+        Raises ``ValueError`` for fields the agents would refuse (the route checks them
+        first, with section 4's messages) and :class:`StacksRequestError` when the broker
+        cannot be reached now (nothing sent). Never blocks: one non-blocking send on the
+        pump's snapshot socket, from the caller's greenlet."""
+        request_id = uuid.uuid4().hex[:16]
+        try:
+            encode_request(run, request_id, kind, ranks, hz=hz, seconds=seconds)
+        except ControlError as exc:
+            raise ValueError(str(exc)) from None
+        dealer = self._dealer
+        if dealer is None or self._stopping:
+            raise StacksRequestError("not connected to the broker")
+        import zmq
+
+        try:
+            dealer.send_multipart(feed.encode_stacks_request(run, request_id, kind, ranks,
+                                                             hz=hz, seconds=float(seconds)),
+                                  zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # Again: no broker connected
+            raise StacksRequestError(f"cannot reach the broker: {exc.strerror}") from None
+        self.stacks_requests += 1
+        self.hub.note_stacks_request(run, request_id)
+        return request_id
 
     def start(self) -> None:
         self._greenlet = gevent.spawn(self._run)
@@ -89,6 +132,7 @@ class FeedPump:
         def new_dealer() -> Any:
             dealer = client(zmq.DEALER)
             dealer.connect(self.snapshot)
+            self._dealer = dealer
             return dealer
 
         dealer = new_dealer()
@@ -116,6 +160,7 @@ class FeedPump:
                 if monitor in ready:
                     self._drain(monitor, self._on_monitor_event, zmq)
         finally:
+            self._dealer = None
             for sock in (sub, dealer, monitor):
                 poller.unregister(sock)
             sub.disable_monitor()

@@ -18,40 +18,66 @@ from web import sse
 
 #: Sentinel the hub puts into a client's queue to end its stream.
 _CLOSE = None
+#: The most event bytes one SSE client may have queued (PROTOCOL 4, SECURITY.md): an item
+#: that would take a client past it drops the client as slow. A count of events alone does
+#: not bound memory: one ``ranks`` event of a 65,536-rank run is ~17 MB, and 256 of them
+#: queued for a client that never reads pinned gigabytes (issue 19, finding 7). The bytes
+#: are shared with every other client, so this bounds what one client can keep alive.
+MAX_QUEUED_BYTES = 64 * 1024 * 1024
 
 
 class Subscriber:
-    """One SSE connection: a bounded queue of ``(seq, sse_bytes)`` items.
+    """One SSE connection: a queue of ``(seq, sse_bytes)`` items bounded twice, by count
+    (``maxsize`` events) and by bytes (``max_bytes`` of queued event bytes).
 
     The hub never blocks on a subscriber: a full queue means the client is too slow (or not
     reading at all), so it is dropped: its queue is replaced by the close sentinel, and the
     greenlet serving it (which may be stuck in a socket write to a client that never reads)
-    is killed so the connection is released.
+    is killed so the connection is released. :attr:`queued_bytes` counts the bytes of the
+    items in the queue; the reader gives them back with :meth:`taken`.
     """
 
-    __slots__ = ("run", "queue", "greenlet", "dropped", "closed")
+    __slots__ = ("run", "queue", "greenlet", "dropped", "closed", "queued_bytes", "max_bytes",
+                 "full")
 
-    def __init__(self, run: str, maxsize: int) -> None:
+    def __init__(self, run: str, maxsize: int, max_bytes: int = MAX_QUEUED_BYTES) -> None:
         self.run = run
         self.queue: gevent.queue.Queue = gevent.queue.Queue(maxsize)
         #: the gevent greenlet serving this client, set by the app; killed on drop
         self.greenlet: gevent.Greenlet | None = None
         self.dropped = False
         self.closed = False
+        #: bytes of the events now in the queue (taken out by the reader: :meth:`taken`)
+        self.queued_bytes = 0
+        self.max_bytes = max_bytes
+        #: why the last :meth:`offer` failed: ``"queue_events"`` or ``"queue_bytes"``
+        self.full = ""
 
     def offer(self, item: tuple[int, bytes]) -> bool:
-        """Queue ``item`` without blocking; False when the queue is full."""
+        """Queue ``item`` without blocking; False (with :attr:`full` saying which bound)
+        when it would take the queue past its count or its bytes."""
+        size = len(item[1])
+        if self.queued_bytes + size > self.max_bytes:
+            self.full = "queue_bytes"
+            return False
         try:
             self.queue.put_nowait(item)
         except gevent.queue.Full:
+            self.full = "queue_events"
             return False
+        self.queued_bytes += size
         return True
+
+    def taken(self, item: tuple[int, bytes]) -> None:
+        """The reader took ``item`` out of the queue: its bytes no longer count."""
+        self.queued_bytes = max(0, self.queued_bytes - len(item[1]))
 
     def close(self) -> None:
         """End the stream: empty the queue and leave only the close sentinel."""
         if self.closed:
             return
         self.closed = True
+        self.queued_bytes = 0
         while True:
             try:
                 self.queue.get_nowait()

@@ -71,6 +71,7 @@ def client_stream(hub: Hub, sub: Subscriber, initial: list[bytes], last: int,
                 continue
             if item is None:  # closed by the hub: dropped, run gone, or shutdown
                 return
+            sub.taken(item)
             seq, data = item
             if seq > last:
                 last = seq

@@ -12,8 +12,8 @@ import pytest
 
 from rank_agent import RankAgent, shared
 from rank_agent.protocol import Finish, Metrics, Register, Steps
-
-from .test_guest import _fork, _wait_child
+from tests.support.forking import fork as _fork
+from tests.support.forking import wait_child as _wait_child
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,13 +11,24 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any, List
+import re
+from typing import Any
 
 import pytest
 from playwright.sync_api import expect
 
 from rank_agent import protocol as wire
-from tests.support.browser import ARTIFACTS, HOSTILE, Stack, coloured, sample, wait_drawn, wait_js
+from tests.support.browser import (
+    ARTIFACTS,
+    HOSTILE,
+    Stack,
+    coloured,
+    epoch,
+    register,
+    sample,
+    wait_drawn,
+    wait_js,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -33,25 +44,6 @@ GRAPH_SVG = ('<svg xmlns="http://www.w3.org/2000/svg" width="360" height="120" '
              '<rect x="260" y="40" width="90" height="36" rx="6" fill="#d5f5d5" stroke="#345"/>'
              '<text x="305" y="63" text-anchor="middle">head</text>'
              '<path d="M100 58H135M225 58H260" stroke="#345" stroke-width="2"/></svg>')
-
-def register(stack: Stack, run: str, world: int, total: int, hosts: List[str] | None = None,
-             per_host: int = 4) -> None:
-    for r in range(world):
-        host = hosts[r // per_host] if hosts else "node-a"
-        stack.send(wire.Register(run=run, rank=r, world_size=world, host=host,
-                                 local_rank=r % per_host, total_epochs=total))
-
-
-def epoch(stack: Stack, run: str, e: int, ranks: range, loss: float = 1.0,
-          slow: int | None = None) -> None:
-    for r in ranks:
-        factor = 1.3 if r == slow else 1.0
-        stack.send(wire.Metrics(
-            run=run, rank=r, epoch=e, avg_loss=loss, batches=int(400 / factor),
-            samples=int(102400 / factor), epoch_ms=42000.0 * factor,
-            scalars={"acc": (min(0.95, 0.2 + 0.06 * e), 1), "lr": (3e-4 * 0.9**e, 1)},
-            resources=sample(r, util=92.0 / factor, vram_gb=58.0 + r)))
-
 
 def open_run(page: Any, stack: Stack, run: str) -> None:
     page.goto(f"{stack.url}/#run={run}")
@@ -93,6 +85,11 @@ def test_live_run_advances_without_reload(stack: Stack, page: Any) -> None:
     wait_drawn(page, 'canvas[data-chart="metrics"]')
     wait_drawn(page, 'canvas[data-chart="resources"]')
     expect(page.locator("#rank-table tbody tr")).to_have_count(2)
+    # the local-rank column reads "local" (as "lr" it read as learning rate), with a title
+    local = page.locator('#rank-table [data-sort="local"]')
+    expect(local).to_have_text("local")
+    expect(local).to_have_attribute("title", re.compile("local rank"))
+    expect(page.locator('#rank-table tr[data-rank="1"] td').nth(2)).to_have_text("1")
 
     # a dropped connection: epochs sent meanwhile arrive once, nothing is duplicated
     page.context.set_offline(True)

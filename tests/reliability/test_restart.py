@@ -192,7 +192,7 @@ def test_agent_queues_to_its_hwm_through_a_broker_outage_then_drops_and_counts(
         # Watch the agent's own socket, so the test knows when the outage is visible to it
         # (frames written into a connection the kernel has not yet reported dead are lost
         # with the broker, as with any TCP peer that dies; see SECURITY.md).
-        sock = agent._sock
+        sock = agent._pusher._sock
         assert sock is not None
         monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
@@ -232,8 +232,8 @@ def test_agent_queues_to_its_hwm_through_a_broker_outage_then_drops_and_counts(
         no_traceback(broker)
     finally:
         if monitor is not None:
-            if agent._sock is not None:
-                agent._sock.disable_monitor()
+            if agent._pusher._sock is not None:
+                agent._pusher._sock.disable_monitor()
             monitor.close(linger=0)
         agent.close()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hmac
 import socket
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -192,6 +193,189 @@ def test_malformed_http_is_a_clean_4xx_and_the_web_stays_up(
             for suffix in ("", "/history", "/history.csv", "/graph.svg", "/events"):
                 r = fetch(web.port, f"/api/runs/{run}{suffix}")
                 assert r.status == 404 and "error" in r.json(), (run, suffix, r.status)
+        assert fetch(web.port, "/healthz").status == 200
+        no_traceback(web, broker)
+    finally:
+        pusher.close()
+
+
+# ----------------------------------------------------------- issue 19: request heads
+def status_of(port: int, data: bytes, *, host: bytes = b"127.0.0.1") -> bytes:
+    """The status line of one raw request sent with ``Host: <host>``."""
+    first, _, rest = data.partition(b"\r\n")
+    return raw_request(port, first + b"\r\nHost: " + host + b"\r\n" + rest)
+
+
+def limited(port: int, reason: str, token: str | None = None) -> float:
+    """``rankboard_web_limited_total{reason=...}`` of the web's /metrics (0 when absent)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    for line in fetch(port, "/metrics", headers).text.splitlines():
+        if line.startswith(f'rankboard_web_limited_total{{reason="{reason}"}} '):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.fixture
+def plain_web(spawn: Callable[..., Proc], tmp_path: Path) -> Any:
+    """A tokenless web on 127.0.0.1 with one run, against a broker subprocess."""
+    broker, eps = start_broker(spawn, tmp_path / "data")
+    web = start_web(spawn, eps)
+    pusher = Pusher(eps.ingest)
+    pusher.register("r", 0, 1)
+    wait_for(lambda: fetch(web.port, "/api/runs/r").status == 200, what="run")
+    yield web, broker
+    pusher.close()
+
+
+def test_a_head_over_64_kib_is_431_before_any_token_check(
+        spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    """Finding 8: complete and unfinished heads over MAX_HEAD_BYTES (in one header line, in
+    many small ones) are 431 at once, on a web with a token too (before the check); a head
+    just under the bound is served."""
+    broker, eps = start_broker(spawn, tmp_path / "data")
+    web = start_web(spawn, eps, "--token", ASCII_TOKEN)
+    bearer = f"Authorization: Bearer {ASCII_TOKEN}\r\n".encode()
+    line = b"GET /api/runs HTTP/1.1\r\n"
+    heads = {
+        "one big header": line + b"X-Big: " + b"a" * 70_000 + b"\r\n\r\n",
+        "many small headers": line + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 90)
+                                              for i in range(800)) + b"\r\n",
+        "unfinished": line + b"X-Big: " + b"a" * 70_000,
+        "unfinished, many lines": line + b"X-a: b\r\n" * 10_000,
+    }
+    for name, data in heads.items():
+        assert status_of(web.port, data) == b"HTTP/1.1 431 Request Header Fields Too Large", name
+    assert limited(web.port, "head_too_large", ASCII_TOKEN) == len(heads)
+    under = line + bearer + b"X-Pad: " + b"p" * 60_000 + b"\r\n\r\n"
+    assert status_of(web.port, under) == b"HTTP/1.1 200 OK"
+    assert fetch(web.port, "/healthz").status == 200
+    no_traceback(web, broker)
+
+
+def test_a_head_not_complete_in_10_s_is_closed(plain_web: Any) -> None:
+    """Finding 8: a half head, and a head trickled a byte at a time, are closed after
+    HEAD_TIMEOUT however slowly they keep coming; an idle connection too. A full request
+    on another connection meanwhile is answered."""
+    web, _ = plain_web
+    started = time.monotonic()
+    socks = [socket.create_connection(("127.0.0.1", web.port), timeout=20) for _ in range(3)]
+    try:
+        socks[0].sendall(b"GET /api/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Half: ")
+        # socks[1] sends nothing at all; socks[2] trickles
+        trickled = 0
+        closed: dict[int, float] = {}
+        deadline = started + 20
+        while len(closed) < 3 and time.monotonic() < deadline:
+            if 2 not in closed:
+                try:
+                    socks[2].sendall(b"a")
+                    trickled += 1
+                except OSError:
+                    closed[2] = time.monotonic() - started
+            for i, s in enumerate(socks):
+                if i in closed:
+                    continue
+                s.settimeout(0.25)
+                try:
+                    if s.recv(100) == b"":
+                        closed[i] = time.monotonic() - started
+                except socket.timeout:
+                    pass
+                except OSError:
+                    closed[i] = time.monotonic() - started
+            if time.monotonic() - started < 5:
+                assert fetch(web.port, "/api/runs").status == 200
+        assert sorted(closed) == [0, 1, 2], closed
+        assert all(9.0 <= at <= 14.0 for at in closed.values()), closed
+        assert trickled >= 5  # it kept sending all along
+    finally:
+        for s in socks:
+            s.close()
+    assert limited(web.port, "head_timeout") == 3
+    assert fetch(web.port, "/healthz").status == 200
+
+
+@pytest.mark.parametrize("name,head", [
+    ("CL+TE", b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n"),
+    ("duplicate Content-Length", b"Content-Length: 3\r\nContent-Length: 3\r\n"),
+    ("+3", b"Content-Length: +3\r\n"),
+    ("obs-fold", b"X-A: 1\r\n folded\r\n"),
+    ("TE not chunked last", b"Transfer-Encoding: chunked, gzip\r\n"),
+])
+def test_ambiguous_framing_is_400(plain_web: Any, name: str, head: bytes) -> None:
+    """The low finding: gevent's parser took each of these; a proxy and the web could then
+    read different requests out of one stream."""
+    web, _ = plain_web
+    data = b"POST /api/runs HTTP/1.1\r\n" + head + b"\r\nabc"
+    assert status_of(web.port, data) == b"HTTP/1.1 400 Bad Request", name
+    assert limited(web.port, "bad_framing") == 1
+    ok = b"GET /api/runs HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
+    assert status_of(web.port, ok) == b"HTTP/1.1 200 OK"
+
+
+def test_a_tokenless_web_answers_only_its_own_host_names(plain_web: Any) -> None:
+    """Finding 9 over a real connection: a rebound name is 421 on every route but
+    /healthz; the loopback names with any port are answered."""
+    web, broker = plain_web
+    get = b"GET /api/runs/r HTTP/1.1\r\n\r\n"
+    for host in (b"evil.example", b"evil.example:%d" % web.port, b"127.0.0.1.nip.io"):
+        assert status_of(web.port, get, host=host) == b"HTTP/1.1 421 MISDIRECTED REQUEST"
+        assert status_of(web.port, b"GET /healthz HTTP/1.1\r\n\r\n", host=host) \
+            == b"HTTP/1.1 200 OK"
+    assert raw_request(web.port, b"GET /api/runs HTTP/1.0\r\n\r\n").startswith(
+        b"HTTP/1.1 421")  # no Host at all
+    for host in (b"localhost", b"127.0.0.1:1", b"[::1]:%d" % web.port):
+        assert status_of(web.port, get, host=host) == b"HTTP/1.1 200 OK"
+    assert limited(web.port, "host") == 4
+    no_traceback(web, broker)
+
+
+def test_allowed_host_adds_a_name(spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    broker, eps = start_broker(spawn, tmp_path / "data")
+    web = start_web(spawn, eps, "--allowed-host", "dash.example.org")
+    get = b"GET /api/runs HTTP/1.1\r\n\r\n"
+    assert status_of(web.port, get, host=b"dash.example.org") == b"HTTP/1.1 200 OK"
+    assert status_of(web.port, get, host=b"other.example.org").startswith(b"HTTP/1.1 421")
+
+
+def test_a_non_reading_client_of_a_wide_run_is_dropped_by_bytes(
+        spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    """Finding 7 against a real web: a 16,384-rank run (256-character hosts: ~12 MB
+    ``ranks`` events, one a second while frames arrive) and one SSE client that never
+    reads. The web drops it once its queue would pass 64 MiB (a handful of events), counted
+    as ``sse_queue_bytes``, and its memory stays bounded; before, the client was kept until
+    256 events (~3 GB) and the web grew by ~18 MiB a second."""
+    import psutil
+
+    ranks = 16_384
+    broker, eps = start_broker(spawn, tmp_path / "data")
+    web = start_web(spawn, eps)
+    pusher = Pusher(eps.ingest)
+    try:
+        for rank in range(ranks):
+            pusher.register("wide", rank, ranks, host=f"{rank:05d}" + "h" * 251)
+        wait_for(lambda: fetch(web.port, "/api/runs/wide", timeout=60).status == 200
+                 and len(fetch(web.port, "/api/runs/wide", timeout=60).json()["ranks"]) == ranks,
+                 timeout=60, what="every rank registered", retry_on=(OSError,))
+        stalled = socket.socket()
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", web.port))
+        stalled.sendall(b"GET /api/runs/wide/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        rss = psutil.Process(web.proc.pid).memory_info
+        start = peak = rss().rss
+        deadline = time.monotonic() + 60
+        i = 0
+        try:
+            while limited(web.port, "sse_queue_bytes") < 1:
+                assert time.monotonic() < deadline, "the non-reading client was never dropped"
+                pusher.send(protocol.Resources(run="wide", rank=i % ranks,
+                                               sample=protocol.ResourceSample(cpu_percent=i % 100)))
+                i += 1
+                peak = max(peak, rss().rss)
+                time.sleep(0.2)  # a rank's pace, not a synchronisation
+        finally:
+            stalled.close()
+        assert (peak - start) < 400 * 2**20, f"web grew {(peak - start) / 2**20:.0f} MiB"
         assert fetch(web.port, "/healthz").status == 200
         no_traceback(web, broker)
     finally:

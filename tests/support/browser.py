@@ -64,6 +64,27 @@ def sample(rank: int, util: float = 90.0, vram_gb: float = 60.0) -> wire.Resourc
     )
 
 
+# -- senders of a whole run's frames (what a cluster of ranks would send) ----------------
+
+def register(stack: Stack, run: str, world: int, total: int, hosts: List[str] | None = None,
+             per_host: int = 4) -> None:
+    for r in range(world):
+        host = hosts[r // per_host] if hosts else "node-a"
+        stack.send(wire.Register(run=run, rank=r, world_size=world, host=host,
+                                 local_rank=r % per_host, total_epochs=total))
+
+
+def epoch(stack: Stack, run: str, e: int, ranks: range, loss: float = 1.0,
+          slow: int | None = None) -> None:
+    for r in ranks:
+        factor = 1.3 if r == slow else 1.0
+        stack.send(wire.Metrics(
+            run=run, rank=r, epoch=e, avg_loss=loss, batches=int(400 / factor),
+            samples=int(102400 / factor), epoch_ms=42000.0 * factor,
+            scalars={"acc": (min(0.95, 0.2 + 0.06 * e), 1), "lr": (3e-4 * 0.9**e, 1)},
+            resources=sample(r, util=92.0 / factor, vram_gb=58.0 + r)))
+
+
 def coloured(page: Any, selector: str) -> int:
     """How many strongly coloured pixels the canvas at ``selector`` has (0: nothing drawn)."""
     return int(page.evaluate(COLOURED_PIXELS, selector))

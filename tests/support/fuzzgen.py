@@ -23,7 +23,10 @@ wrong types, integers past their bounds) must be rejected as ``steps_shape`` or 
 valid ones with NaN/inf, huge steps and huge integers go to the hostile runs. Contract v3
 adds run ids with a trailing newline or made of dots (``schema``), metadata with a lone
 surrogate escape (``bad_metadata_json``) and a run (:data:`NAMES_RUN`) driven past 1,024
-distinct step metric names (``step_metric_names``).
+distinct step metric names (``step_metric_names``). Contract v3's ``stacks`` frames come
+valid (stall dumps, request answers, profiles; weird text, non-finite times, every limit
+met exactly) and hostile (every limit passed by one, wrong types, an unknown reason: all
+``schema``).
 
 Used by ``tests/reliability/test_fuzz.py`` (a quick run) and ``bench/fuzz_ingest.py``
 (>= 100 000 frames).
@@ -589,6 +592,106 @@ class _Hostile:
         ok = (i + 1) * per <= 1024
         return Msg(_enc.encode(d), one("accept" if ok else "step_metric_names"), "step_names")
 
+    # -- stacks frames (section 2.5) ----------------------------------------------------
+    def _stack_frames(self, n: int) -> list[dict[str, Any]]:
+        rng = self.rng
+        return [{"file": self.text(rng.randrange(0, 40)), "line": rng.choice((0, 1, -1, 2**63 - 1)),
+                 "function": rng.choice(("all_reduce", "<module>", "__next__", self.text(12))),
+                 "code": self.text(rng.randrange(0, 30))} for _ in range(n)]
+
+    def stacks_dict(self, run: str, rank: int) -> dict[str, Any]:
+        """A valid ``stacks`` frame as a dict; now and then one limit met exactly."""
+        rng = self.rng
+        reason = rng.choice(("stall", "request"))
+        d: dict[str, Any] = {"type": "stacks", "run": run, "rank": rank, "reason": reason,
+                             "taken_at": self.weird_float() if rng.random() < 0.2 else 1.7e9}
+        if reason == "request" or rng.random() < 0.1:
+            d["request_id"] = self.text(rng.randrange(0, protocol.MAX_REQUEST_ID + 1))
+        if rng.random() < 0.7:
+            d["idle_s"] = self.weird_float() if rng.random() < 0.3 else rng.uniform(0, 1e4)
+        threads = [{"name": self.text(rng.randrange(0, 20)), "main": i == 0,
+                    "frames": self._stack_frames(rng.randrange(0, 8))}
+                   for i in range(rng.randrange(0, 4))]
+        if threads or rng.random() < 0.5:
+            d["threads"] = threads
+        if reason == "request" and rng.random() < 0.3:
+            d["profile"] = [{"stack": [self.text(20) for _ in range(rng.randrange(0, 5))],
+                             "count": rng.choice((1, 7, 2**63 - 1))}
+                            for _ in range(rng.randrange(0, 5))]
+            d["samples"] = rng.randrange(0, 10**6)
+            d["seconds"] = self.weird_float()
+        edge = rng.random()
+        if edge < 0.02:
+            d["threads"] = [{"name": "t", "frames": self._stack_frames(1)}
+                            for _ in range(protocol.MAX_STACK_THREADS)]
+        elif edge < 0.04:
+            d["threads"] = [{"name": "t", "main": True,
+                             "frames": self._stack_frames(protocol.MAX_STACK_FRAMES)}]
+        elif edge < 0.06:
+            big = "\U0001f600" * protocol.MAX_STACK_TEXT  # characters, not bytes
+            d["threads"] = [{"name": big, "frames": [{"file": big, "line": 1, "function": big,
+                                                      "code": big}]}]
+        elif edge < 0.07:
+            d["profile"] = [{"stack": ["f (a.py:1)"], "count": 1}
+                            for _ in range(protocol.MAX_PROFILE_ENTRIES)]
+        elif edge < 0.08:
+            d["profile"] = [{"stack": ["f (a.py:1)"] * protocol.MAX_PROFILE_DEPTH, "count": 2}]
+        if rng.random() < 0.05:
+            d["unknown_extra_key"] = {"x": [self.weird_float()]}
+        return d
+
+    def valid_stacks(self) -> Msg:
+        """A valid stacks frame for a hostile run (it may stall a rank: news, not harm)."""
+        return Msg(_enc.encode(self.stacks_dict(self.run(), self.rank())), one("accept"),
+                   "valid_stacks")
+
+    def bad_stacks(self) -> Msg:
+        """A stacks frame with one defect (a limit passed by one, a wrong type, an unknown
+        reason, a missing field), for a hostile run or the check run (must change nothing)."""
+        rng = self.rng
+        run = rng.choice(HOSTILE_RUNS + [CHECK_RUN])
+        d = self.stacks_dict(run, rng.randrange(CHECK_WORLD))
+        d.pop("unknown_extra_key", None)
+        defect = rng.choice(("threads", "frames", "file", "function", "code", "name",
+                             "profile", "depth", "count", "request_id", "reason", "taken_at",
+                             "line", "main", "stack_type"))
+        if defect == "threads":
+            d["threads"] = [{"name": "t", "frames": []}
+                            for _ in range(protocol.MAX_STACK_THREADS + 1)]
+        elif defect == "frames":
+            d["threads"] = [{"name": "t",
+                             "frames": self._stack_frames(protocol.MAX_STACK_FRAMES + 1)}]
+        elif defect in ("file", "function", "code"):
+            frame = self._stack_frames(1)[0]
+            frame[defect] = "\u00e9" * (protocol.MAX_STACK_TEXT + 1)
+            d["threads"] = [{"name": "t", "frames": [frame]}]
+        elif defect == "name":
+            d["threads"] = [{"name": "n" * (protocol.MAX_STACK_TEXT + 1), "frames": []}]
+        elif defect == "profile":
+            d["profile"] = [{"stack": [], "count": 1}
+                            for _ in range(protocol.MAX_PROFILE_ENTRIES + 1)]
+        elif defect == "depth":
+            d["profile"] = [{"stack": ["f"] * (protocol.MAX_PROFILE_DEPTH + 1), "count": 1}]
+        elif defect == "count":
+            d["profile"] = [{"stack": ["f"], "count": rng.choice((0, -1, 1.5))}]
+        elif defect == "request_id":
+            d["request_id"] = "r" * (protocol.MAX_REQUEST_ID + 1)
+        elif defect == "reason":
+            d["reason"] = rng.choice(("", "profile", "STALL", 1, None))
+        elif defect == "taken_at":
+            if rng.random() < 0.5:
+                d.pop("taken_at")
+            else:
+                d["taken_at"] = rng.choice(("now", None, [1.0]))
+        elif defect == "line":
+            d["threads"] = [{"name": "t", "frames": [{"file": "f", "line": rng.choice(
+                ("1", 1.5, None, True)), "function": "g"}]}]
+        elif defect == "main":
+            d["threads"] = [{"name": "t", "main": rng.choice(("yes", 1, None)), "frames": []}]
+        else:
+            d["threads"] = rng.choice(({"name": "t"}, "threads", [["t", []]], [None]))
+        return Msg(_enc.encode(d), one("schema"), "bad_stacks")
+
     def new_run(self) -> Msg:
         """A valid frame for a brand-new run id. The harness runs the broker with a run cap
         above their number (the cap itself is tested in test_bounds.py): evicting the check
@@ -605,6 +708,7 @@ WEIGHTS: list[tuple[str, float]] = [
     ("unknown_tag", 5), ("wrong_type", 12), ("huge_length", 5), ("deep_nesting", 3),
     ("out_of_range", 6), ("bad_metadata", 3), ("over_limit", 6), ("new_run", 4),
     ("valid_steps", 8), ("bad_steps", 8), ("oversize", 0.02), ("step_names", 0.5),
+    ("valid_stacks", 4), ("bad_stacks", 4),
 ]
 
 

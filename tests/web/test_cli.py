@@ -2,6 +2,7 @@
 ``demo`` end to end (start, a run that advances, clean SIGINT)."""
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import time
@@ -164,3 +165,26 @@ def test_up_broker_bind_failure_is_one_line(spawn: Any, tmp_path: Any) -> None:
     err = [line for line in proc.lines["stderr"] if line.startswith("rankboard ")]
     assert len(err) == 1 and err[0].startswith("rankboard up:"), proc.lines["stderr"]
     assert str(port) in err[0] and "in use" in err[0].lower()
+
+
+def test_another_loopback_host_prints_a_url_that_reaches_it(spawn: Any, broker: Any) -> None:
+    """``--host 127.0.0.2``: the printed URL names 127.0.0.2 (``localhost`` does not reach
+    it), and a request to it answers, its ``Host`` (the bound address) accepted."""
+    import http.client
+
+    web = spawn("web", "--publish", broker.publish, "--snapshot", broker.snapshot,
+                "--host", "127.0.0.2", "--port", "0")
+    url = web.wait_line(r"^dashboard: (http://\S+)$").group(1)
+    m = re.fullmatch(r"http://127\.0\.0\.2:(\d+)", url)
+    assert m, url
+    web.wait_line(rf"^ssh -L {m.group(1)}:127\.0\.0\.2:{m.group(1)} \S+$")
+
+    def answered() -> bool:
+        conn = http.client.HTTPConnection("127.0.0.2", int(m.group(1)), timeout=5)
+        try:
+            conn.request("GET", "/api/runs")
+            return conn.getresponse().status == 200
+        finally:
+            conn.close()
+
+    wait_for(answered, what="the web at the printed URL", retry_on=(OSError,))

@@ -200,8 +200,8 @@ def test_malformed_http_is_a_clean_4xx_without_traceback(web: Any) -> None:
     import socket
 
     for raw in (b"GARBAGE\r\n\r\n",
-                b"GET /api/runs/%zz%00/events HTTP/1.1\r\nHost: x\r\nLast-Event-ID: \xff\xfe\r\n\r\n",
-                b"GET /api/runs/a/events HTTP/1.1\r\nHost: x\r\nLast-Event-ID: 1\r\n\r\n"):
+                b"GET /api/runs/%zz%00/events HTTP/1.1\r\nHost: 127.0.0.1\r\nLast-Event-ID: \xff\xfe\r\n\r\n",
+                b"GET /api/runs/a/events HTTP/1.1\r\nHost: 127.0.0.1\r\nLast-Event-ID: 1\r\n\r\n"):
         with socket.create_connection(("127.0.0.1", web.port), timeout=10) as s:
             s.sendall(raw)
             data = b""

@@ -113,6 +113,21 @@ def test_updates_during_the_first_snapshot_are_buffered_then_applied_above_its_s
     assert hub.connected
 
 
+def test_an_evicted_event_drops_the_run_and_ends_its_streams() -> None:
+    """Issue 19 finding 5: the broker's ``evicted`` event (``--max-runs``) makes every web
+    drop the run; a later frame of the run brings it back through a snapshot."""
+    hub = ready_hub(records=2)
+    got = hub.subscribe(RUN, 0)
+    assert got is not None
+    sub = got[0]
+    hub.handle_pub(ev(4, "evicted", {"run": RUN}))
+    assert RUN not in hub.runs
+    assert sub.closed and hub.client_count == 0  # its stream ends
+    hub.handle_pub(ev(6, "run", header()))  # the run is back: a gap, healed by its snapshot
+    assert RUN not in hub.runs
+    assert hub.next_request() == [b"SNAP", RUN.encode()]
+
+
 def test_connected_needs_fresh_heartbeats_of_the_snapshot_instance() -> None:
     clock = Clock()
     hub = ready_hub(clock=clock)

@@ -128,7 +128,7 @@ def test_a_stalled_client_is_dropped_while_another_keeps_receiving(
     stalled = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     stalled.connect(("127.0.0.1", web.port))
-    stalled.sendall(f"GET /api/runs/{run}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    stalled.sendall(f"GET /api/runs/{run}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
 
     def metric(name: str) -> float:
         for line in fetch(web.port, "/metrics").text.splitlines():

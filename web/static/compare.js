@@ -6,15 +6,19 @@
 // Epoch x: each run's /history; step x: each run's /steps?metric=..&points=<width>, and a
 // drag-zoom refetches the range per run.
 
-import { BandChart, Buckets, STEP_AXIS } from "./bandchart.js";
-import { colorAt, formatNumber } from "./charts.js";
-import { api, button, enc, fmtInt, h, isNum } from "./util.js";
+import { api, enc } from "./api.js";
+import { colorAt } from "./axes.js";
+import { BandChart, STEP_AXIS } from "./bandchart.js";
+import { Buckets } from "./buckets.js";
+import { button, h } from "./dom.js";
+import { fmtInt, formatNumber, isNum } from "./fmt.js";
 
 const STEP_BUILTINS = ["step_ms", "samples_per_s", "tokens_per_s"];
 const EPOCH_AXIS = { kind: "epoch", label: "epoch", map: (s) => s, inv: (x) => x };
 const REFRESH_MS = 10000;
 /** PROTOCOL 2: a run id; anything else in a link is shown, never fetched. */
-const RUN_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+// PROTOCOL section 2 (rank_agent/protocol.py RUN_ID_PATTERN): the whole id, not dots only.
+const RUN_ID = /^(?!\.+$)[A-Za-z0-9._:-]{1,128}$/;
 
 /** Parse `#compare=...` (null when the hash is not a comparison). */
 export function parseCompareHash(hash) {

@@ -8,10 +8,11 @@
 //
 // Text from a training job (host names) only reaches the DOM through textContent.
 
-import { cssVar, el } from "./charts.js";
+import { fitCanvas } from "./chartkit.js";
+import { cssVar, h } from "./dom.js";
+import { isNum } from "./fmt.js";
 import { onFrame } from "./frame.js";
 
-const isNum = (v) => typeof v === "number" && Number.isFinite(v);
 
 /** Linear interpolation over colour stops [[t, [r, g, b]], ...]; t in [0, 1]. */
 function ramp(stops, t) {
@@ -55,19 +56,6 @@ export function ratioColor(r) {
   if (!isNum(r)) return null;
   if (r >= 1) return ramp(SLOW_STOPS, (r - 1) / 0.5);
   return ramp(FAST_STOPS, (1 - r) / 0.5);
-}
-
-function fitCanvas(canvas, w, h) {
-  const dpr = window.devicePixelRatio || 1;
-  if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(h * dpr)) {
-    canvas.width = Math.round(w * dpr);
-    canvas.height = Math.round(h * dpr);
-    canvas.style.width = `${w}px`;
-    canvas.style.height = `${h}px`;
-  }
-  const ctx = canvas.getContext("2d");
-  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-  return ctx;
 }
 
 /** Size from a ResizeObserver (no layout reads in draws) and on-screen state. */
@@ -131,12 +119,12 @@ export class HostHeatmap {
     this.flags = () => null;
     this.cells = null; // Float32Array [x, y, size, layer, rank] per cell, for hit tests
     this.hover = null;
-    const body = el("div", "heatmap-body");
-    this.canvas = el("canvas");
+    const body = h("div", "heatmap-body");
+    this.canvas = h("canvas");
     this.canvas.dataset.chart = opts.chartId || "heatmap";
     this.canvas.setAttribute("role", "img");
     this.canvas.setAttribute("aria-label", opts.title || "per-rank heatmap");
-    this.tip = el("div", "chart-tip");
+    this.tip = h("div", "chart-tip");
     this.tip.hidden = true;
     body.append(this.canvas, this.tip);
     host.append(body);
@@ -298,14 +286,14 @@ export class HostHeatmap {
     }
     this.canvas.style.cursor = "pointer";
     const host = this.opts.hostOf ? this.opts.hostOf(hit.rank) : null;
-    const rows = [el("div", "tip-x", `rank ${hit.rank}${host ? ` · ${host}` : ""}`)];
+    const rows = [h("div", "tip-x", `rank ${hit.rank}${host ? ` · ${host}` : ""}`)];
     for (const layer of this.layers) {
-      const row = el("div", "tip-row");
-      row.append(el("span", "tip-name", layer.label), el("span", "tip-val", layer.format(layer.value(hit.rank))));
+      const row = h("div", "tip-row");
+      row.append(h("span", "tip-name", layer.label), h("span", "tip-val", layer.format(layer.value(hit.rank))));
       rows.push(row);
     }
     const flag = this.flags(hit.rank);
-    if (flag) rows.push(el("div", "tip-flag", flag));
+    if (flag) rows.push(h("div", "tip-flag", flag));
     this.tip.replaceChildren(...rows);
     this.tip.hidden = false;
     placeTip(this.tip, this.body, hit.px, hit.py);
@@ -326,17 +314,17 @@ export class StragglerStrip {
     this.max = opts.columns || 180;
     this.cols = []; // [{t, ratio: Map rank -> ratio}]
     this.rows = [];
-    const body = el("div", "strip-body");
-    this.canvas = el("canvas");
+    const body = h("div", "strip-body");
+    this.canvas = h("canvas");
     this.canvas.dataset.chart = "straggler-strip";
     this.canvas.setAttribute("role", "img");
     this.canvas.setAttribute("aria-label", "step time per rank relative to the mean, recent samples");
-    this.tip = el("div", "chart-tip");
+    this.tip = h("div", "chart-tip");
     this.tip.hidden = true;
     body.append(this.canvas, this.tip);
     host.append(body);
     this.body = body;
-    this.off = document.createElement("canvas");
+    this.off = h("canvas");
     this._w = 0;
     this.canvas.addEventListener("pointermove", (e) => this._move(e));
     this.canvas.addEventListener("pointerleave", () => {
@@ -489,16 +477,16 @@ export class StragglerStrip {
       this.tip.hidden = true;
       return;
     }
-    const lines = [el("div", "tip-x", hit.row.label)];
+    const lines = [h("div", "tip-x", hit.row.label)];
     if (hit.col && isNum(hit.v)) {
-      const row = el("div", "tip-row");
+      const row = h("div", "tip-row");
       const who = hit.row.ranks.length > 1 ? `slowest: rank ${hit.rank}` : "step time";
-      row.append(el("span", "tip-name", who), el("span", "tip-val", `${hit.v.toFixed(2)}× mean`));
+      row.append(h("span", "tip-name", who), h("span", "tip-val", `${hit.v.toFixed(2)}× mean`));
       lines.push(row);
       const ago = this.opts.ago ? this.opts.ago(hit.col.t) : "";
-      if (ago) lines.push(el("div", "tip-sub", ago));
+      if (ago) lines.push(h("div", "tip-sub", ago));
     } else {
-      lines.push(el("div", "tip-sub", "no step time"));
+      lines.push(h("div", "tip-sub", "no step time"));
     }
     this.tip.replaceChildren(...lines);
     this.tip.hidden = false;

@@ -3,13 +3,12 @@
 // alert list grouped by kind. Only one page of rows, and at most LIST_MAX picker entries,
 // are ever in the DOM.
 
+import { serverNow } from "./api.js";
+import { button, h, statusDot } from "./dom.js";
 import {
-  DASH, button, fmtAgo, fmtBytes, fmtInt, fmtMs, fmtPct, fmtThroughput, h, isNum, pct,
-  serverNow, statusDot,
-} from "./util.js";
+  DASH, fmtAgo, fmtBytes, fmtInt, fmtMs, fmtPct, fmtThroughput, isNum, numOrNull, pct,
+} from "./fmt.js";
 
-/** Above this many ranks a run is "big": picker instead of tabs, pages, heatmap. */
-export const BIG = 32;
 const PAGE = 12;
 const LIST_MAX = 60;
 
@@ -44,7 +43,7 @@ function miniBar(value, warnHigh) {
   return wrap;
 }
 
-const num = (v) => (isNum(v) ? v : null);
+const num = numOrNull;
 
 /** Column definitions: key, header, sort value, cell builder, when shown. */
 const COLUMNS = [
@@ -58,7 +57,7 @@ const COLUMNS = [
     if (r.host) td.title = r.host;
     return td;
   } },
-  { key: "lr", label: "lr", sort: (r) => num(r.lr), cell: (r) => h("td", "mono", isNum(r.lr) ? r.lr : DASH) },
+  { key: "local", label: "local", title: "local rank: the rank's index on its host (LOCAL_RANK)", sort: (r) => num(r.localRank), cell: (r) => h("td", "mono", isNum(r.localRank) ? r.localRank : DASH) },
   { key: "status", label: "status", title: "sort: stale and failing first, then slowest", sort: null, cell: (r) => {
     const td = h("td");
     const s = h("span", "status-cell");

@@ -18,10 +18,14 @@
 // first live record's time, or, when no step has arrived live, from the run's updated_at.
 // Exact where live, an estimate for history; the hover says which.
 
-import { Buckets, BandChart, STEP_AXIS, formatStep } from "./bandchart.js";
-import { colorAt, formatNumber } from "./charts.js";
+import { api, enc } from "./api.js";
+import { colorAt } from "./axes.js";
+import { BandChart, STEP_AXIS } from "./bandchart.js";
+import { Buckets } from "./buckets.js";
+import { button, h, setText } from "./dom.js";
+import { fmtInt, fmtMs, formatNumber, isNum } from "./fmt.js";
 import { cancelFrame, onFrame } from "./frame.js";
-import { api, button, enc, fmtMs, h, isNum, setText } from "./util.js";
+import { Pairs, TimeMap } from "./timemap.js";
 
 /** Series that are not metric names (PROTOCOL 4 `/steps?metric=`). */
 const BUILTIN = [
@@ -33,80 +37,6 @@ const BUILTIN = [
 const FIRST_METRICS = 6;
 /** Recent live records kept at full resolution (zoom tails, hover's slowest rank). */
 const RECENT = 20000;
-
-/** Growable (step, value) pairs in typed arrays. */
-class Pairs {
-  constructor() {
-    this.s = new Float64Array(256);
-    this.v = new Float64Array(256);
-    this.n = 0;
-  }
-
-  push(s, v) {
-    if (this.n === this.s.length) {
-      const s2 = new Float64Array(this.n * 2);
-      const v2 = new Float64Array(this.n * 2);
-      s2.set(this.s);
-      v2.set(this.v);
-      this.s = s2;
-      this.v = v2;
-    }
-    this.s[this.n] = s;
-    this.v[this.n] = v;
-    this.n++;
-  }
-
-  /** Keep every other point of the older half (bounded memory, shape kept). */
-  thin() {
-    const half = this.n >> 1;
-    let j = 0;
-    for (let i = 0; i < this.n; i++) {
-      if (i < half && i % 2) continue;
-      this.s[j] = this.s[i];
-      this.v[j] = this.v[i];
-      j++;
-    }
-    this.n = j;
-  }
-}
-
-/** Piecewise-linear, non-decreasing step -> unix time, with its inverse. */
-export class TimeMap {
-  constructor(steps, times) {
-    this.s = steps;
-    this.t = times;
-    this.n = steps.length;
-  }
-
-  _seg(arr, x) {
-    let a = 0;
-    let b = this.n - 1;
-    while (b - a > 1) {
-      const m = (a + b) >> 1;
-      if (arr[m] <= x) a = m;
-      else b = m;
-    }
-    return a;
-  }
-
-  at(step) {
-    const { s, t, n } = this;
-    if (!n) return step;
-    if (n === 1) return t[0] + (step - s[0]);
-    const i = Math.min(n - 2, Math.max(0, this._seg(s, step)));
-    const ds = s[i + 1] - s[i];
-    return t[i] + (ds > 0 ? ((step - s[i]) / ds) * (t[i + 1] - t[i]) : 0);
-  }
-
-  inv(time) {
-    const { s, t, n } = this;
-    if (!n) return time;
-    if (n === 1) return s[0] + (time - t[0]);
-    const i = Math.min(n - 2, Math.max(0, this._seg(t, time)));
-    const dt = t[i + 1] - t[i];
-    return s[i] + (dt > 0 ? ((time - t[i]) / dt) * (s[i + 1] - s[i]) : 0);
-  }
-}
 
 export class StepView {
   /**
@@ -602,7 +532,7 @@ export class StepView {
       return;
     }
     const rate = this.stepsPerSecond();
-    setText(this.subEl, `step ${formatStep(this.lastStep)}${isNum(rate) && rate > 0 ? ` · ${rate.toFixed(1)} steps/s` : ""}`);
+    setText(this.subEl, `step ${fmtInt(this.lastStep)}${isNum(rate) && rate > 0 ? ` · ${rate.toFixed(1)} steps/s` : ""}`);
   }
 
   /** What tests and benchmarks read: a chart's last draw (by metric name). */

@@ -1,0 +1,298 @@
+"""The control channel (PROTOCOL.md section 2.5): dumps and profiles on request.
+
+A :class:`Control` owns one ZeroMQ context, one SUB socket and one daemon thread. The SUB
+socket connects to the broker's publish socket (:func:`control_endpoint`: the explicit
+endpoint, ``RANKBOARD_CONTROL``, or the ingest endpoint's host with its port + 1), with
+CURVE when the agent's ingest uses CURVE (same server key, same client key pair), and
+subscribes to its own run's topic only (framing: :mod:`rank_agent.controlwire`). The thread
+makes, uses and closes the socket itself (a ZeroMQ socket belongs to one thread) and does
+all the work of an answer, so the training thread never pays for a request:
+
+* ``stacks``: a dump of every thread (``main`` = the training thread), sent at once as a
+  ``stacks`` frame of reason ``request`` (well within the contract's 1 s);
+* ``profile``: the training thread's stack sampled ``hz`` times a second for ``seconds``
+  (:class:`rank_agent.stacks.ProfileCounter`, bounded to 2,000 distinct stacks), sent when
+  done (within ``seconds`` + 1 s). While a profile runs, the socket is still read between
+  samples: a ``stacks`` request is answered at once, up to 4 further profiles wait their
+  turn (more are dropped and logged).
+
+Answers go through the ``send`` callable (the agent's non-blocking, counting send). The
+thread wakes every :data:`POLL_S` to see whether :meth:`Control.close` was called, so
+``close()`` returns within about that (plus a dump in progress) and leaves no thread, socket
+or context behind. A failure to connect (a bad endpoint, unusable CURVE keys) is logged
+once and the channel stays closed; training never sees it. Fork-safe: a forked child parks
+the parent's context untouched and the owner's next :meth:`Control.start` makes a new one.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Union
+
+import zmq
+
+from . import curve
+from .controlwire import ControlError, ControlRequest, control_topic, decode_request
+from .protocol import Stacks
+from .stacks import ProfileCounter, dump_threads, fit_profile, main_thread_ident
+
+__all__ = ["Control", "control_endpoint", "CONTROL_ENV", "POLL_S", "MAX_QUEUED_PROFILES"]
+
+log = logging.getLogger(__name__)
+
+CONTROL_ENV = "RANKBOARD_CONTROL"
+#: How often the thread checks for close() while idle, seconds.
+POLL_S = 0.1
+#: Profiles that may wait while one runs.
+MAX_QUEUED_PROFILES = 4
+
+_CONTROLS: weakref.WeakSet[Control] = weakref.WeakSet()
+#: zmq contexts inherited across fork(): referenced forever in the child, never touched.
+_FORK_ORPHANS: List[Any] = []
+
+
+def _after_fork_in_child() -> None:
+    for control in list(_CONTROLS):
+        control._reset_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def control_endpoint(control: Union[bool, str, None], broker: str,
+                     env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The endpoint the control channel connects to, or None for none.
+
+    ``control`` is the ``RankAgent(control=...)`` argument: ``False``/``None`` none, a
+    string that endpoint, ``True`` ``RANKBOARD_CONTROL`` or else ``broker``'s host with its
+    port + 1 (``tcp://h:5585`` -> ``tcp://h:5586``). A broker endpoint with no TCP port
+    (``ipc://``...) has no default: None, and the caller logs that it has no control."""
+    if control is False or control is None:
+        return None
+    if isinstance(control, str):
+        return control.strip() or None
+    env = os.environ if env is None else env
+    explicit = env.get(CONTROL_ENV, "").strip()
+    if explicit:
+        return explicit
+    if not broker.startswith("tcp://"):
+        return None
+    host, sep, port = broker.rpartition(":")
+    if not sep or not port.isdigit() or host == "tcp":
+        return None
+    number = int(port) + 1
+    if number > 65535:
+        return None
+    return f"{host}:{number}"
+
+
+class Control:
+    """One rank's end of the control channel (module docstring).
+
+    ``training_thread()`` names the thread to mark ``main`` and to profile, ``idle_s()`` the
+    seconds since the loop's last call (both from the agent's
+    :class:`~rank_agent.stallwatch.StallWatch`); ``socket_options()`` gives the CURVE
+    options (None for plain) and may raise :class:`rank_agent.curve.CurveError`, which
+    leaves the channel closed rather than open in plain. The constructor does no I/O.
+    """
+
+    def __init__(self, endpoint: str, run: str, rank: int, send: Callable[[Stacks], Any], *,
+                 training_thread: Callable[[], Optional[int]] = main_thread_ident,
+                 idle_s: Callable[[], float] = lambda: 0.0,
+                 socket_options: Callable[[], Optional[Dict[int, bytes]]] = curve.socket_options,
+                 ) -> None:
+        self.endpoint = endpoint
+        self.run = run
+        self.rank = rank
+        self.send = send
+        self.training_thread = training_thread
+        self.idle_s = idle_s
+        self.socket_options = socket_options
+        #: requests this rank answered (for tests and the owner's counters)
+        self.answered = 0
+        _CONTROLS.add(self)
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._pid = os.getpid()
+        self._ctx: Optional[zmq.Context] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self._closed = False
+        self._subscribed = threading.Event()
+
+    @property
+    def running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def wait_connected(self, timeout: float) -> bool:
+        """True once the socket is connected and subscribed (it may still take the broker
+        a moment to learn the subscription, as with any ZeroMQ SUB)."""
+        return self._subscribed.wait(timeout)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the channel (a context and a daemon thread that makes the socket); once.
+        Idempotent; after :meth:`close` it does nothing."""
+        if self._pid != os.getpid():  # a fork the at-fork hook did not see
+            self._reset_after_fork()
+        if self._thread is not None or self._closed:
+            return
+        try:
+            ctx = zmq.Context(io_threads=1)
+        except Exception as exc:
+            log.warning("rankboard: control channel unavailable: %r", exc)
+            self._closed = True
+            return
+        thread = threading.Thread(target=self._loop, args=(ctx, self._stop),
+                                  name=f"rankboard-control-{self.rank}", daemon=True)
+        self._ctx, self._thread = ctx, thread
+        try:
+            thread.start()
+        except Exception as exc:
+            log.warning("rankboard: could not start the control channel: %r", exc)
+            self._thread = None
+            self._ctx = None
+            ctx.term()
+
+    def close(self, timeout: float = 3.0) -> None:
+        """Stop the thread, which closes its socket; terminate the context. Idempotent."""
+        self._closed = True
+        if self._pid != os.getpid():
+            self._reset_after_fork()
+            self._closed = True
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        ctx, self._ctx = self._ctx, None
+        if thread is not None and thread is not threading.current_thread() and thread.ident:
+            thread.join(timeout)
+            if thread.is_alive():  # cannot happen short of a hung dump; never block on term
+                log.warning("rankboard: control thread did not stop; leaving its context")
+                _FORK_ORPHANS.append(ctx)
+                ctx = None
+        if ctx is not None:
+            ctx.term()  # the thread closed the only socket (linger 0): immediate
+        _CONTROLS.discard(self)
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: forget the parent's context and thread without touching them."""
+        if self._ctx is not None:
+            _FORK_ORPHANS.append(self._ctx)
+        closed = self._closed
+        self._init_state()
+        self._closed = closed
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _open(self, ctx: zmq.Context) -> Optional[zmq.Socket]:
+        sock = None
+        try:
+            sock = ctx.socket(zmq.SUB)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 64)
+            for option, value in (self.socket_options() or {}).items():
+                sock.setsockopt(option, value)
+            sock.setsockopt(zmq.SUBSCRIBE, control_topic(self.run))
+            sock.connect(self.endpoint)
+        except Exception as exc:
+            log.error("rankboard: control channel %r unusable (%r); this rank will not "
+                      "answer requests for stacks", self.endpoint, exc)
+            if sock is not None:
+                sock.close(linger=0)
+            return None
+        self._subscribed.set()
+        return sock
+
+    def _loop(self, ctx: zmq.Context, stop: threading.Event) -> None:
+        sock = self._open(ctx)
+        if sock is None:
+            return
+        profiles: Deque[ControlRequest] = deque()
+        try:
+            while not stop.is_set():
+                if profiles:
+                    self._profile(profiles.popleft(), sock, profiles, stop)
+                elif sock.poll(int(POLL_S * 1000)):
+                    self._read(sock, profiles)
+        except Exception as exc:  # a bug: log, never take the process down
+            log.exception("rankboard: control channel stopped: %r", exc)
+        finally:
+            sock.close(linger=0)
+
+    def _read(self, sock: zmq.Socket, profiles: Deque[ControlRequest]) -> None:
+        """Everything waiting on the socket: answer ``stacks`` now, queue ``profile``."""
+        while True:
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                req = decode_request(parts)
+            except ControlError as exc:
+                log.warning("rankboard: ignoring a control message: %s", exc)
+                continue
+            if req.run != self.run or not req.asks(self.rank):
+                continue
+            if req.kind == "stacks":
+                self._answer_stacks(req)
+            elif len(profiles) < MAX_QUEUED_PROFILES:
+                profiles.append(req)
+            else:
+                log.warning("rankboard: profile request %s dropped: %d already waiting",
+                            req.request_id, MAX_QUEUED_PROFILES)
+
+    def _answer(self, frame: Stacks) -> None:
+        try:
+            self.send(frame)
+            self.answered += 1
+        except Exception as exc:
+            log.warning("rankboard: could not send an answer to a control request: %r", exc)
+
+    def _answer_stacks(self, req: ControlRequest) -> None:
+        self._answer(Stacks(run=self.run, rank=self.rank, reason="request",
+                            request_id=req.request_id, taken_at=time.time(),
+                            idle_s=self.idle_s(), threads=dump_threads(self.training_thread())))
+
+    def _profile(self, req: ControlRequest, sock: zmq.Socket,
+                 profiles: Deque[ControlRequest], stop: threading.Event) -> None:
+        """Sample the training thread at ``hz`` for ``seconds``; between samples, read the
+        socket (a ``stacks`` request is answered at once). The schedule is anchored at the
+        start, so waiting for the GIL does not slow the rate; a sample later than a whole
+        interval is taken at once and the schedule moves on (never a burst to catch up)."""
+        counter = ProfileCounter()
+        interval = 1.0 / req.hz
+        start = time.monotonic()
+        end = start + req.seconds
+        next_t = start
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= end:
+                break
+            if now < next_t:
+                # one wait per sample: poll rounds its timeout up to whole ms, and a timeout
+                # means the sample is due (re-checking the clock would cost one more GIL
+                # round trip with the training thread, and that is the profile's cost)
+                if sock.poll(math.ceil((min(next_t, end) - now) * 1000)):
+                    self._read(sock, profiles)
+                    continue
+                if next_t >= end:
+                    break
+            counter.sample(self.training_thread())
+            next_t += interval
+            if next_t < now:  # late (the GIL was busy): one sample now, then on time
+                next_t = now
+        if stop.is_set():
+            return
+        seconds = time.monotonic() - start
+        self._answer(Stacks(run=self.run, rank=self.rank, reason="request",
+                            request_id=req.request_id, taken_at=time.time(),
+                            idle_s=self.idle_s(), profile=fit_profile(counter.entries()),
+                            samples=counter.samples, seconds=seconds))

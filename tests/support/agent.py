@@ -1,0 +1,98 @@
+"""Helpers of the agent tests: a stand-in broker ingest (a real PULL socket on loopback) and
+the diagnosis test child (``tests/agent/diag_child.py``) as a subprocess. Only rank_agent,
+zmq, msgspec and the stdlib: these run in the tox ``agent`` env (no gevent, Flask, torch)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any, Callable, List
+
+import zmq
+
+from rank_agent.protocol import Register, decode
+from tests.support import REPO
+
+
+class Receiver:
+    """A stand-in broker ingest: a PULL socket bound to a random loopback port."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.PULL)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.frames: List[Any] = []
+        #: every frame, the agents' implicit registers included (``frames`` leaves those out)
+        self.all_frames: List[Any] = []
+        self._heard: set[tuple[str, int]] = set()
+
+    def _pump(self, deadline: float) -> bool:
+        left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        if not self.sock.poll(left_ms):
+            return False
+        while True:
+            try:
+                data = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return True
+            self._keep(decode(data))
+
+    def _keep(self, frame: Any) -> None:
+        """An agent's first frame is a ``register`` (its own, or the implicit one it sends
+        ahead of any other first frame, PROTOCOL.md section 5): it is kept in ``all_frames``
+        and ``registers``, and left out of ``frames``, so that each test sees the frames its
+        own calls produced. ``test_implicit_register`` checks the implicit one itself."""
+        self.all_frames.append(frame)
+        who = (frame.run, frame.rank)
+        first = who not in self._heard
+        self._heard.add(who)
+        if first and isinstance(frame, Register) and frame.port == 0 and frame.total_epochs == 0:
+            return
+        self.frames.append(frame)
+
+    def wait_for(self, pred: Callable[[List[Any]], bool], timeout: float = 10.0) -> List[Any]:
+        """Receive until ``pred(all frames so far)`` holds; fail the test at the deadline."""
+        deadline = time.monotonic() + timeout
+        while not pred(self.frames):
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"timed out; got {len(self.frames)} frames: {self.frames[-5:]!r}")
+            self._pump(deadline)
+        return self.frames
+
+    def wait_count(self, n: int, timeout: float = 10.0) -> List[Any]:
+        return self.wait_for(lambda fs: len(fs) >= n, timeout)
+
+    def of_type(self, cls: type) -> List[Any]:
+        return [f for f in self.frames if isinstance(f, cls)]
+
+    def close(self) -> None:
+        """Idempotent, so a test can kill "the broker" early and the fixture still cleans up."""
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+def spawn(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tests.agent.diag_child", *args], cwd=REPO,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def reap(proc: subprocess.Popen[str]) -> None:
+    """Kill a child still running and close its pipes (an open pipe is an error here)."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            try:
+                pipe.close()
+            except OSError:  # stdin of a killed child: broken pipe on flush
+                pass
+
+
+def expect_line(proc: subprocess.Popen[str], word: str) -> str:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # the child prints promptly; pytest-timeout bounds a hang
+    assert line.startswith(word), f"expected {word!r}, child said {line!r}"
+    return line

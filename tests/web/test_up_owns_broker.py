@@ -1,0 +1,65 @@
+"""``rankboard up`` owns its broker: SIGKILL ``up`` and the broker ends too, its ports and
+data dir free (issue 19: an orphaned broker held the ports and the data-dir lock, so the
+next ``up`` could not start). Real processes, a real SIGKILL."""
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import psutil
+import zmq
+
+from tests.support.polling import wait_for
+
+
+def test_a_sigkilled_up_takes_its_broker_with_it(spawn: Any, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    up = spawn("up", "--port", "0", "--ingest", "tcp://127.0.0.1:*", "--publish",
+               "tcp://127.0.0.1:*", "--snapshot", "tcp://127.0.0.1:*", "--data-dir", str(data))
+    endpoints = {name: up.wait_line(rf"broker {name} bound at (\S+)", stream="stderr").group(1)
+                 for name in ("ingest", "publish", "snapshot")}
+    up.wait_dashboard()
+    children = psutil.Process(up.proc.pid).children()
+    assert len(children) == 1, children
+    broker = children[0]
+    assert "broker" in broker.cmdline()
+
+    os.kill(up.proc.pid, signal.SIGKILL)
+    up.proc.wait(10)
+
+    def broker_gone() -> bool:
+        try:
+            return broker.status() == psutil.STATUS_ZOMBIE or not broker.is_running()
+        except psutil.NoSuchProcess:
+            return True
+
+    try:
+        wait_for(broker_gone, timeout=15, what="the broker to end with up")
+    finally:
+        if not broker_gone():  # the failure must not leave the orphan behind
+            broker.kill()
+    ctx = zmq.Context()
+    try:
+        def ports_free() -> bool:
+            for endpoint in endpoints.values():
+                sock = ctx.socket(zmq.PULL)
+                sock.linger = 0
+                try:
+                    sock.bind(endpoint)
+                except zmq.ZMQError:
+                    return False
+                finally:
+                    sock.close()
+            return True
+
+        wait_for(ports_free, timeout=10, what="the broker's ports to be free")
+    finally:
+        ctx.term()
+    # and the data dir is free: a new up starts on it
+    again = spawn("up", "--port", "0", "--ingest", "tcp://127.0.0.1:*", "--publish",
+                  "tcp://127.0.0.1:*", "--snapshot", "tcp://127.0.0.1:*", "--data-dir",
+                  str(data))
+    again.wait_dashboard()
+    assert again.stop(signal.SIGTERM) == 0

@@ -1,0 +1,148 @@
+"""The web's copy of a run's stack dumps, and the ``GET /api/runs/<run>/stacks`` answer
+(PROTOCOL.md sections 2.5 and 4).
+
+The broker publishes dumps as ``stacks`` feed events (``{"dumps": [wire items], "gone":
+[[rank, reason]]}``, at most 4 a second per run) and carries them in run snapshots
+(``"stacks": [wire items]``); the wire form is :mod:`broker.stackstore`'s, and so is the
+store: thread blobs interned across ranks, the broker's byte cap, so the web holds what the
+broker holds in about the same bytes. :class:`RunDumps` adds what ``GET /stacks`` needs:
+
+* **which ranks are stalled now**: the latest ``ranks`` array says so, and a rank whose
+  ``stall`` dump came in an event numbered after that array is stalled too (the broker's
+  ``ranks`` events are rate-limited to one a second, so without this a page reading
+  ``/stacks`` on the SSE ``stacks`` event could find its group missing);
+* **the run's latest request**: the newest request this web sent for the run
+  (:meth:`RunDumps.note_request`), or else the request id of the newest answer received, so
+  another web's request is grouped too;
+* the answer itself, :meth:`RunDumps.view`, grouped by :func:`broker.stackgroups.stack_groups`.
+  Blobs are decoded once and shared between views (read-only).
+
+Pure: no sockets, no clock.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, Iterable, List, Optional
+
+import msgspec
+
+from broker.stackgroups import stack_groups
+from broker.stackstore import RunStacks, Wire
+
+__all__ = ["RunDumps", "summary"]
+
+log = logging.getLogger(__name__)
+
+_decode = msgspec.msgpack.Decoder().decode
+
+
+def summary(item: Wire) -> Dict[str, Any]:
+    """A dump's entry in an SSE ``stacks`` event (section 4)."""
+    return {"rank": item[0], "reason": item[1], "request_id": item[2], "taken_at": item[3]}
+
+
+class RunDumps:
+    """One run's dumps as the web keeps them (module docstring)."""
+
+    def __init__(self) -> None:
+        self.store = RunStacks()
+        #: seq of the last ``ranks`` event (or snapshot) applied
+        self.ranks_seq = 0
+        # rank -> seq of the event that brought its latest stall dump
+        self._stall_seq: Dict[int, int] = {}
+        self._requested: Optional[str] = None  # the latest request this web sent
+        self._answered: Optional[tuple[float, str]] = None  # (taken_at, id) newest answer
+        self._decoded: Dict[bytes, Any] = {}
+
+    @classmethod
+    def from_snapshot(cls, items: Any, seq: int) -> RunDumps:
+        """The dumps of a run snapshot (``items``: its ``stacks``; malformed ones skipped)."""
+        dumps = cls()
+        dumps.ranks_seq = seq
+        dumps._apply(items if isinstance(items, list) else [], 0)
+        return dumps
+
+    def apply_event(self, seq: int, data: Any) -> List[Dict[str, Any]]:
+        """A ``stacks`` feed event; returns the SSE event's ``dumps`` entries."""
+        if not isinstance(data, dict):
+            return []
+        items = data.get("dumps") or []
+        # every key the event replaces goes first, so the store never passes the cap on the
+        # way to the broker's state (which fits it)
+        for item in items if isinstance(items, list) else ():
+            if isinstance(item, (list, tuple)) and len(item) > 2:
+                try:
+                    self.store.remove((int(item[0]), str(item[1])))
+                except (TypeError, ValueError):
+                    continue
+        for key in data.get("gone") or ():
+            try:
+                rank, reason = key
+                self.store.remove((int(rank), str(reason)))
+                if reason == "stall":
+                    self._stall_seq.pop(int(rank), None)
+            except (TypeError, ValueError):
+                continue
+        return self._apply(items if isinstance(items, list) else [], seq)
+
+    def _apply(self, items: Iterable[Any], seq: int) -> List[Dict[str, Any]]:
+        out = []
+        for item in items:
+            try:
+                kept = self.store.put_wire(item)
+            except ValueError:
+                log.warning("malformed stacks dump skipped")
+                continue
+            if not kept:
+                continue
+            if item[1] == "stall":
+                self._stall_seq[item[0]] = seq
+            else:
+                answered = self._answered
+                if answered is None or item[3] >= answered[0]:
+                    self._answered = (item[3], item[2])
+            out.append(summary(item))
+        if len(self._decoded) > 4 * len(self.store) + 64:
+            self._decoded.clear()  # blobs no longer held: decoded anew on demand
+        return out
+
+    def note_request(self, request_id: str) -> None:
+        """This web sent ``request_id``: it is the run's latest request from now on."""
+        self._requested = request_id
+        self._answered = None
+
+    @property
+    def latest_request(self) -> Optional[str]:
+        if self._answered is not None:
+            return self._answered[1]
+        return self._requested
+
+    def stalled(self, ranks: List[Dict[str, Any]]) -> set[int]:
+        """The ranks stalled now (module docstring)."""
+        now = {r.get("rank") for r in ranks if r.get("status") == "stalled"}
+        late = self.ranks_seq
+        now.update(rank for rank, seq in self._stall_seq.items() if seq > late)
+        return {r for r in now if isinstance(r, int)}
+
+    def _dict(self, item: Wire, host: Any) -> Dict[str, Any]:
+        decoded = self._decoded
+        threads = []
+        for blob in item[7]:
+            thread = decoded.get(blob)
+            if thread is None:
+                thread = decoded[blob] = _decode(blob)
+            threads.append(thread)
+        return {"rank": item[0], "host": host, "reason": item[1], "request_id": item[2],
+                "taken_at": item[3], "idle_s": item[4], "threads": threads,
+                "profile": _decode(item[8]) if item[8] else [], "samples": item[5],
+                "seconds": item[6]}
+
+    def view(self, ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """The ``GET /stacks`` JSON: every kept dump by rank then reason, with its host
+        (from ``ranks``, the run's ranks array), and the groups of section 2.5."""
+        hosts = {r.get("rank"): r.get("host") for r in ranks}
+        dumps = [self._dict(item, hosts.get(item[0])) for item in self.store.wire()]
+        stall = {d["rank"]: d for d in dumps if d["reason"] == "stall"}
+        answers = {d["rank"]: d for d in dumps if d["reason"] == "request"}
+        groups = stack_groups(stall, self.stalled(ranks), answers, self.latest_request)
+        return {"dumps": dumps, "groups": groups}

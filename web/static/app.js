@@ -1,0 +1,194 @@
+// rankboard page controller: which run (or comparison) is open. The run list and its
+// picker, the URL hash (#run=… / #compare=…), following the newest run when nobody chose
+// one, and opening a run: reset the store and the views, then start its Stream.
+
+import { api, enc } from "./api.js";
+import { compareHash, parseCompareHash } from "./compare.js";
+import { $, h, setText } from "./dom.js";
+import { isNum } from "./fmt.js";
+
+function runLabel(r) {
+  const total = isNum(r.total_epochs) && r.total_epochs > 0 ? r.total_epochs : "?";
+  const name = r.label ? `${r.label} (${r.run})` : r.run;
+  return `${name} · ${r.status} · ${r.epochs_done ?? 0}/${total}`;
+}
+
+function runFromHash() {
+  const m = /(?:^#|&)run=([^&]*)/.exec(location.hash);
+  if (!m) return null;
+  try {
+    return decodeURIComponent(m[1]);
+  } catch {
+    return null;
+  }
+}
+
+function setHash(want) {
+  if (location.hash !== want) history.replaceState(null, "", `${location.pathname}${location.search}${want}`);
+}
+
+export class App {
+  /** `page`: {store, stream, compare, invalidate, selectTab, resetViews}. */
+  constructor(page) {
+    this.page = page;
+  }
+
+  get store() {
+    return this.page.store;
+  }
+
+  setConn(st, text) {
+    $("conn").dataset.state = st;
+    setText($("conn-text"), text);
+  }
+
+  async refreshRuns() {
+    const store = this.store;
+    let runs;
+    try {
+      runs = await api("/api/runs");
+    } catch (err) {
+      this.setConn("error", "offline");
+      return;
+    }
+    if (!Array.isArray(runs)) return;
+    store.runs = runs;
+    this.renderPicker();
+    if (store.mode === "compare") {
+      this.page.compare.renderRuns();
+      return;
+    }
+    const wanted = runFromHash();
+    if (store.run === null) {
+      if (wanted && runs.some((r) => r.run === wanted)) this.openRun(wanted, true);
+      else if (runs.length) this.openRun(runs[0].run, false);
+      else this.showEmpty(true);
+    } else if (!store.picked && runs.length && runs[0].run !== store.run) {
+      // Nobody chose this run: when it has ended and a newer one started, follow the newest.
+      const st = store.header && store.header.status;
+      if (st === "complete" || st === "failed") this.openRun(runs[0].run, false);
+    }
+  }
+
+  renderPicker() {
+    const store = this.store;
+    const sel = $("run-picker");
+    const runs = store.runs.slice();
+    if (store.run !== null && !runs.some((r) => r.run === store.run)) {
+      runs.unshift({ run: store.run, status: store.header?.status ?? "", label: store.header?.label });
+    }
+    const opts = runs.map((r) => {
+      const o = h("option", null, runLabel(r));
+      o.value = r.run;
+      o.dataset.status = r.status || "";
+      return o;
+    });
+    sel.replaceChildren(...opts);
+    if (store.run !== null) sel.value = store.run;
+  }
+
+  /** The open run's picker entry follows its header (status, label, epochs). */
+  updatePickerEntry() {
+    const store = this.store;
+    const hd = store.header;
+    if (!hd) return;
+    const entry = store.runs.find((r) => r.run === store.run);
+    if (entry) {
+      entry.status = hd.status;
+      entry.label = hd.label;
+      entry.total_epochs = hd.total_epochs;
+      entry.epochs_done = store.records.length;
+      const opt = [...$("run-picker").options].find((o) => o.value === store.run);
+      if (opt) setText(opt, runLabel(entry));
+    }
+  }
+
+  showEmpty(empty) {
+    $("empty-state").hidden = !empty;
+    $("run-view").hidden = empty || this.store.mode === "compare";
+  }
+
+  openCompare(sel) {
+    this.store.mode = "compare";
+    $("run-view").hidden = true;
+    $("empty-state").hidden = true;
+    $("compare-btn").setAttribute("aria-pressed", "true");
+    setHash(compareHash(sel));
+    this.page.compare.open(sel);
+  }
+
+  closeCompare() {
+    const { store, stream } = this.page;
+    store.mode = "run";
+    this.page.compare.close();
+    $("compare-btn").setAttribute("aria-pressed", "false");
+    const run = store.run ?? (store.runs[0] && store.runs[0].run);
+    if (run) {
+      history.replaceState(null, "", `${location.pathname}${location.search}#run=${enc(run)}`);
+      if (run === store.run && stream.live) {
+        $("run-view").hidden = false;
+        this.page.invalidate("header", "records", "ranks");
+      } else {
+        this.openRun(run, true);
+      }
+    } else {
+      this.showEmpty(true);
+    }
+  }
+
+  /** The compare button: toggle the comparison, starting from the open run. */
+  toggleCompare() {
+    const { store, steps } = this.page;
+    if (store.mode === "compare") {
+      this.closeCompare();
+      return;
+    }
+    const runs = store.run ? [store.run] : [];
+    this.openCompare({ runs, metric: "loss", x: steps.hasSteps && !store.records.length ? "step" : "epoch" });
+  }
+
+  openRun(run, picked) {
+    const { store, stream } = this.page;
+    if (store.mode === "compare") {
+      store.mode = "run";
+      this.page.compare.close();
+      $("compare-btn").setAttribute("aria-pressed", "false");
+    }
+    if (run === store.run && stream.live) {
+      $("run-view").hidden = false;
+      return;
+    }
+    stream.close();
+    store.reset(run);
+    this.page.resetViews(run);
+    store.picked = picked;
+    this.showEmpty(false);
+    setHash(`#run=${enc(run)}`);
+    $("csv-link").href = `/api/runs/${enc(run)}/history.csv`;
+    $("csv-link").setAttribute("download", `${run}.csv`);
+    this.renderPicker();
+    this.page.selectTab("home");
+    this.page.invalidate("header", "records", "ranks");
+    stream.open(store.gen);
+  }
+
+  /** The run is gone (404 on its snapshot): pick again from the list. */
+  runMissing() {
+    this.store.run = null;
+    this.refreshRuns();
+  }
+
+  /** Follow the URL hash (on load and on hashchange). */
+  fromHash() {
+    const store = this.store;
+    const cmp = parseCompareHash(location.hash);
+    if (cmp) {
+      this.openCompare(cmp);
+      return true;
+    }
+    const want = runFromHash();
+    if (want && want !== store.run) this.openRun(want, true);
+    else if (want && store.mode === "compare") this.openRun(want, true);
+    return false;
+  }
+}

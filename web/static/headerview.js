@@ -1,0 +1,156 @@
+// rankboard run header: name, status, epoch progress, step counter, hardware line,
+// configuration, model graph, which panels the run shows, and the ticking elapsed / ETA /
+// "ago" figures. Reads the store; text from the job only through textContent, the model
+// graph only ever as an <img>.
+
+import { enc, serverNow } from "./api.js";
+import { $, h, setText } from "./dom.js";
+import { DASH, fmtAgo, fmtDur, fmtInt, isNum } from "./fmt.js";
+
+const STATUS_TEXT = { waiting: "waiting", training: "training", complete: "complete", failed: "failed" };
+
+export class HeaderView {
+  /** `page`: {store, steps}. */
+  constructor(page) {
+    this.page = page;
+    this.graphKey = null;
+  }
+
+  /** A new run: no graph yet. */
+  reset() {
+    this.graphKey = null;
+    $("graph").replaceChildren(h("p", "muted", "no model graph sent"));
+    setText($("graph-label"), "");
+    $("graph-open").hidden = true;
+  }
+
+  render() {
+    const store = this.page.store;
+    const hd = store.header;
+    const run = store.run ?? "";
+    const label = hd && hd.label ? hd.label : run;
+    setText($("run-name"), label || DASH);
+    $("run-name").title = label;
+    setText($("run-id"), hd && hd.label ? run : "");
+    const hash = hd && hd.hash ? String(hd.hash) : "";
+    $("run-hash").hidden = !hash;
+    setText($("run-hash"), hash ? `#${hash.slice(0, 10)}` : "");
+    $("run-hash").title = hash ? `model hash ${hash}` : "";
+    const status = (hd && hd.status) || "waiting";
+    $("status").dataset.status = status;
+    $("run-view").dataset.status = status;
+    setText($("status-text"), STATUS_TEXT[status] || status);
+
+    // progress
+    const done = store.records.length;
+    const total = hd && isNum(hd.total_epochs) && hd.total_epochs > 0 ? hd.total_epochs : null;
+    setText($("epoch-count"), `${done}/${total ?? "?"}`);
+    const bar = $("progress-bar");
+    const frac = total ? Math.min(1, done / total) : null;
+    bar.classList.toggle("indeterminate", frac === null && status === "training");
+    bar.style.width = frac === null ? (status === "training" ? "30%" : "0%") : `${(frac * 100).toFixed(1)}%`;
+    setText($("progress-pct"), frac === null ? "" : `${Math.floor(frac * 100)}%`);
+    document.title = `${label || "rankboard"} · ${done}/${total ?? "?"} · rankboard`;
+
+    // hardware: the exact string of the contract, one line, click to wrap
+    const hw = $("hardware");
+    const hwText = (hd && hd.hardware) || "";
+    setText(hw, hwText);
+    hw.title = hwText;
+    hw.hidden = !hwText;
+
+    this._metadata();
+    this._graph();
+  }
+
+  _metadata() {
+    const pre = $("metadata");
+    const hd = this.page.store.header;
+    const md = hd ? hd.metadata : null;
+    setText(pre, md === null || md === undefined ? "no metadata sent"
+      : typeof md === "string" ? md : JSON.stringify(md, null, 2));
+    pre.classList.toggle("muted", md === null || md === undefined);
+  }
+
+  _graph() {
+    const store = this.page.store;
+    const hd = store.header;
+    const has = !!(hd && hd.has_svg);
+    const key = has ? `${store.run}\u0000${hd.hash ?? ""}` : null;
+    if (key === this.graphKey) return;
+    this.graphKey = key;
+    const box = $("graph");
+    const open = $("graph-open");
+    setText($("graph-label"), has && hd.label ? hd.label : "");
+    if (!has) {
+      box.replaceChildren(h("p", "muted", "no model graph sent"));
+      open.hidden = true;
+      return;
+    }
+    const src = `/api/runs/${enc(store.run)}/graph.svg?v=${enc(hd.hash || String(Date.now()))}`;
+    const img = h("img");
+    img.alt = `model graph${hd.label ? ` of ${hd.label}` : ""}`;
+    img.decoding = "async";
+    img.src = src;
+    box.replaceChildren(img);
+    open.href = src;
+    open.hidden = false;
+  }
+
+  /** Which panels a run shows: epoch panels only once it has an epoch when it logs steps. */
+  layout() {
+    const { store, steps } = this.page;
+    const hd = store.header;
+    const stepish = steps.hasSteps || store.stepRanks || !!(hd && hd.step_metrics && hd.step_metrics.length);
+    const epochless = store.records.length === 0 && stepish;
+    const panel = $("panel-home");
+    panel.dataset.layout = epochless ? "steps" : stepish ? "both" : "epochs";
+    for (const e of document.querySelectorAll(".epoch-panel")) e.hidden = epochless;
+    $("straggler-card").hidden = !store.stepRanks;
+    $("straggler-card").classList.toggle("span-8", epochless);
+    $("straggler-card").classList.toggle("span-12", !epochless);
+    $("config-card").classList.toggle("span-5", !epochless);
+    $("config-card").classList.toggle("span-12", epochless);
+    const total = hd && isNum(hd.total_epochs) && hd.total_epochs > 0;
+    $("epoch-progress").hidden = epochless && !total;
+    $("step-stat").hidden = !steps.hasSteps;
+    if (steps.hasSteps) {
+      setText($("step-count"), fmtInt(steps.lastStep));
+      const rate = steps.stepsPerSecond();
+      setText($("step-rate"), isNum(rate) && rate > 0 ? `${rate.toFixed(1)}/s` : "");
+    }
+  }
+
+  /** The figures that move with the clock (every second, and after each render). */
+  tick() {
+    const store = this.page.store;
+    const hd = store.header;
+    const now = serverNow();
+    let elapsed = null;
+    if (hd && isNum(hd.started_at)) {
+      const live = hd.status === "training" || hd.status === "waiting";
+      const end = live ? now : isNum(hd.updated_at) ? hd.updated_at : now;
+      elapsed = Math.max(0, end - hd.started_at);
+    }
+    setText($("elapsed"), fmtDur(elapsed));
+    const last = store.records[store.records.length - 1];
+    let eta = DASH;
+    if (hd && (hd.status === "complete" || hd.status === "failed")) eta = hd.status === "complete" ? "done" : DASH;
+    else if (last && isNum(last.eta_secs)) {
+      let left = last.eta_secs;
+      if (hd && isNum(hd.started_at) && isNum(last.elapsed_secs)) {
+        left -= Math.max(0, now - hd.started_at - last.elapsed_secs);
+      }
+      eta = left > 0 ? fmtDur(left) : "any moment";
+    }
+    setText($("eta"), eta);
+    for (const e of document.querySelectorAll(".ago[data-at]")) {
+      const at = Number(e.dataset.at);
+      if (e.dataset.at && Number.isFinite(at)) setText(e, fmtAgo(now - at));
+    }
+    for (const e of document.querySelectorAll(".alert-time[data-at]")) {
+      const at = Number(e.dataset.at);
+      setText(e, e.dataset.at && Number.isFinite(at) ? fmtAgo(now - at) : "");
+    }
+  }
+}

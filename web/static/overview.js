@@ -1,0 +1,233 @@
+// rankboard overview panel: the KPIs, the epoch charts (training metrics, cluster
+// resources), the epoch log, and "resources now" (bars, one tile per GPU, or for a big run
+// the host-grouped heatmap). Reads the store; text only through textContent.
+
+import { colorAt } from "./axes.js";
+import { $, button, h, setText } from "./dom.js";
+import {
+  DASH, fmtBytes, fmtDur, fmtInt, fmtLoss, fmtMs, fmtPct, fmtPctAxis, formatNumber, isNum, pct,
+} from "./fmt.js";
+import { HostHeatmap } from "./heatmap.js";
+import { LineChart } from "./linechart.js";
+import { currentResources, hostGroups, hostOf, median, metricNames, rankInfo } from "./model.js";
+import { rankGpu } from "./store.js";
+
+export class Overview {
+  /** `page`: {store, steps, selectTab}. */
+  constructor(page) {
+    this.page = page;
+    this.metrics = new LineChart($("metrics-card"), {
+      title: "Training metrics", chartId: "metrics", xLabel: "epoch", xInteger: true,
+      log: true, smoothing: true, yFormat: formatNumber, height: 280, filename: "metrics",
+    });
+    this.resources = new LineChart($("resources-card"), {
+      title: "Cluster resources", chartId: "resources", xLabel: "epoch", xInteger: true,
+      yMin: 0, yMax: 100, yFormat: fmtPctAxis, height: 220, filename: "resources",
+    });
+    this.heatmap = new HostHeatmap($("heatmap"), {
+      chartId: "rank-heatmap", title: "per-rank GPU utilisation and throughput",
+      onPick: (rank) => page.selectTab(rank), hostOf: (rank) => hostOf(page.store, rank),
+    });
+  }
+
+  reset() {
+    this.metrics.resetZoom();
+    this.resources.resetZoom();
+  }
+
+  /** The epoch charts and the epoch log. */
+  records() {
+    const store = this.page.store;
+    const recs = store.records;
+    const x = recs.map((r) => r.epoch);
+    const names = metricNames(store);
+    this.metrics.setData(x, names.map((n, i) => ({
+      name: n, color: colorAt(i), values: recs.map((r) => (r.metrics ? r.metrics[n] : null)),
+    })));
+    const res = (r) => r.resources || {};
+    this.resources.setData(x, [
+      { name: "CPU", color: "#5794f2", values: recs.map((r) => res(r).cpu_percent) },
+      { name: "RAM", color: "#b877d9", values: recs.map((r) => pct(res(r).ram_used_bytes, res(r).ram_total_bytes)) },
+      { name: "GPU util", color: "#73bf69", values: recs.map((r) => res(r).gpu_util_percent) },
+      { name: "VRAM", color: "#ff9830", values: recs.map((r) => pct(res(r).vram_allocated_bytes, res(r).vram_total_bytes)) },
+    ]);
+    this._log(names);
+  }
+
+  _log(names) {
+    const tbl = $("log-table");
+    const head = h("tr");
+    head.append(h("th", null, "epoch"), h("th", "num", "duration"));
+    for (const n of names) {
+      const th = h("th", "num metric-col", n);
+      th.title = n;
+      head.append(th);
+    }
+    head.append(h("th", null, "missing ranks"));
+    tbl.tHead.replaceChildren(head);
+    const rows = [];
+    const recs = this.page.store.records;
+    for (let i = recs.length - 1; i >= 0 && rows.length < 500; i--) {
+      const r = recs[i];
+      const tr = h("tr");
+      tr.dataset.epoch = String(r.epoch);
+      tr.append(h("td", "mono", r.epoch), h("td", "num mono", fmtDur(r.duration_secs)));
+      for (const n of names) {
+        const v = r.metrics ? r.metrics[n] : null;
+        const td = h("td", "num mono", fmtLoss(v));
+        if (n === "loss" && (v === null || v === undefined) && r.metrics && n in r.metrics) td.classList.add("bad");
+        tr.append(td);
+      }
+      const miss = Array.isArray(r.missing_ranks) ? r.missing_ranks : [];
+      const compact = miss.length > 12 ? `${miss.slice(0, 12).join(", ")} … (${fmtInt(miss.length)})` : miss.join(", ");
+      const td = h("td", miss.length ? "missing" : "muted", miss.length ? compact : DASH);
+      if (miss.length > 12) td.title = miss.join(", ");
+      tr.append(td);
+      rows.push(tr);
+    }
+    if (!rows.length) {
+      const tr = h("tr");
+      const td = h("td", "muted empty-row", "no epochs closed yet");
+      td.colSpan = names.length + 3;
+      tr.append(td);
+      rows.push(tr);
+    }
+    tbl.tBodies[0].replaceChildren(...rows);
+  }
+
+  /** Loss, epoch (or step) time and throughput KPIs; health is the ranks view's. */
+  kpis() {
+    const { store, steps } = this.page;
+    const recs = store.records;
+    const last = recs[recs.length - 1];
+    const prev = recs[recs.length - 2];
+    const useSteps = steps.hasSteps;
+    const d = $("kpi-loss-delta");
+    if (useSteps) {
+      const loss = steps.kpi.loss;
+      setText($("kpi-loss-label"), "loss");
+      setText($("kpi-loss"), fmtLoss(loss));
+      $("kpi-loss").classList.toggle("bad", loss === null);
+      setText(d, `step ${fmtInt(steps.lastStep)}${last && last.metrics && isNum(last.metrics.loss) ? ` · epoch ${last.epoch}: ${fmtLoss(last.metrics.loss)}` : ""}`);
+      d.dataset.trend = "";
+    } else {
+      const loss = last && last.metrics ? last.metrics.loss : null;
+      setText($("kpi-loss"), fmtLoss(loss));
+      $("kpi-loss").classList.toggle("bad", !!last && last.metrics && "loss" in last.metrics && !isNum(loss));
+      const pl = prev && prev.metrics ? prev.metrics.loss : null;
+      if (isNum(loss) && isNum(pl)) {
+        const diff = loss - pl;
+        setText(d, `${diff <= 0 ? "▼" : "▲"} ${fmtLoss(Math.abs(diff))} vs previous`);
+        d.dataset.trend = diff <= 0 ? "good" : "bad";
+      } else {
+        setText(d, last ? `epoch ${last.epoch}` : "");
+        d.dataset.trend = "";
+      }
+    }
+    if (useSteps && !last) {
+      setText($("kpi-time-label"), "step time");
+      setText($("kpi-epoch-time"), fmtMs(steps.kpi.step_ms));
+      const rate = steps.stepsPerSecond();
+      setText($("kpi-epoch-time-sub"), isNum(rate) && rate > 0 ? `${rate.toFixed(1)} steps/s` : "mean over ranks");
+    } else {
+      setText($("kpi-time-label"), "epoch time");
+      setText($("kpi-epoch-time"), last ? fmtDur(last.duration_secs) : DASH);
+      const lastFive = recs.slice(-5).map((r) => r.duration_secs).filter(isNum);
+      $("kpi-epoch-time-sub").textContent = lastFive.length
+        ? `mean of last ${lastFive.length}: ${fmtDur(lastFive.reduce((a, b) => a + b, 0) / lastFive.length)}`
+        : "";
+    }
+    if (useSteps && isNum(steps.kpi.samples_per_s)) {
+      setText($("kpi-throughput"), formatNumber(steps.kpi.samples_per_s));
+      const tok = steps.kpi.tokens_per_s;
+      setText($("kpi-throughput-sub"), isNum(tok) ? `samples/s · ${formatNumber(tok)} tokens/s` : "samples/s, last step");
+    } else {
+      const tp = last ? (last.gpu_metrics || []).map((g) => g.throughput).filter(isNum) : [];
+      setText($("kpi-throughput"), tp.length ? formatNumber(tp.reduce((a, b) => a + b, 0) * 1000) : DASH);
+      setText($("kpi-throughput-sub"), "samples/s, all ranks");
+    }
+  }
+
+  /** "Resources now": cluster bars, then GPU tiles (or the heatmap for a big run). */
+  resourcesNow(rows, big) {
+    const store = this.page.store;
+    const r = currentResources(store);
+    const bars = [
+      ["cpu", "CPU", r.cpu_percent, fmtPct(r.cpu_percent)],
+      ["ram", "RAM", pct(r.ram_used_bytes, r.ram_total_bytes),
+        isNum(r.ram_used_bytes) ? `${fmtBytes(r.ram_used_bytes)} / ${fmtBytes(r.ram_total_bytes)}` : DASH],
+      ["gpu", "GPU util", r.gpu_util_percent, fmtPct(r.gpu_util_percent)],
+      ["vram", "VRAM", pct(r.vram_allocated_bytes, r.vram_total_bytes),
+        isNum(r.vram_allocated_bytes) ? `${fmtBytes(r.vram_allocated_bytes)} / ${fmtBytes(r.vram_total_bytes)}` : DASH],
+    ];
+    const els = bars.map(([key, label, value, text]) => {
+      const row = h("div", "bar-row");
+      row.dataset.resource = key;
+      const top = h("div", "bar-top");
+      top.append(h("span", "bar-label", label), h("span", "bar-pct mono", isNum(value) ? fmtPct(value) : DASH));
+      const track = h("div", "bar-track");
+      const fill = h("div", "bar-fill");
+      fill.dataset.resource = key;
+      fill.style.width = `${isNum(value) ? Math.max(0, Math.min(100, value)) : 0}%`;
+      if ((key === "vram" || key === "ram") && isNum(value) && value >= 95) fill.dataset.level = "high";
+      track.append(fill);
+      row.append(top, track, h("div", "bar-detail mono", key === "ram" || key === "vram" ? text : ""));
+      return row;
+    });
+    $("resource-bars").replaceChildren(...els);
+
+    const minis = $("gpu-minis");
+    $("heat-card").hidden = !big;
+    if (big) {
+      minis.replaceChildren(h("div", "gpu-minis-title", "per-rank GPU utilisation: see the heatmap below"));
+      this._heatmap(rows);
+      return;
+    }
+    // one tile per GPU: utilisation as the fill, VRAM as text
+    const tiles = rows.filter((x) => isNum(x.util) || isNum(x.vu)).map((x) => {
+      const t = button("gpu-tile", null, () => this.page.selectTab(x.rank));
+      t.dataset.rank = String(x.rank);
+      const name = rankGpu(rankInfo(store, x.rank) || { rank: x.rank }).name;
+      t.title = `rank ${x.rank}${x.host ? ` on ${x.host}` : ""}${name ? ` · ${name}` : ""}`;
+      const fill = h("span", "gpu-tile-fill");
+      fill.style.height = `${isNum(x.util) ? Math.max(0, Math.min(100, x.util)) : 0}%`;
+      t.append(fill, h("span", "gpu-tile-rank", `r${x.rank}`), h("span", "gpu-tile-val mono", fmtPct(x.util)));
+      return t;
+    });
+    if (tiles.length) {
+      const grid = h("div", "gpu-grid");
+      grid.append(...tiles);
+      minis.replaceChildren(h("div", "gpu-minis-title", "GPU utilisation per rank"), grid);
+    } else {
+      minis.replaceChildren();
+    }
+  }
+
+  _heatmap(rows) {
+    const store = this.page.store;
+    const byRank = new Map(rows.map((r) => [r.rank, r]));
+    const groups = hostGroups(store, rows);
+    const layers = [{
+      key: "util", label: "GPU utilisation", legend: ["0%", "100%"],
+      value: (rank) => byRank.get(rank)?.util ?? null, scale: (v) => v / 100, format: (v) => fmtPct(v),
+    }];
+    const epochs = store.records.length > 0;
+    const tp = rows.map((r) => (epochs ? r.throughput : isNum(r.stepMs) && r.stepMs > 0 ? 1000 / r.stepMs : null));
+    const tpOf = new Map(rows.map((r, i) => [r.rank, tp[i]]));
+    const med = median(tp.filter(isNum));
+    if (med) {
+      layers.push({
+        key: "throughput",
+        label: epochs ? "throughput (samples/s, last epoch)" : "step rate (1 / the rank's step time)",
+        legend: ["≤50% of median", "≥110%"],
+        value: (rank) => tpOf.get(rank) ?? null,
+        scale: (v) => (v / med - 0.5) / 0.6,
+        format: (v) => (isNum(v) ? (epochs ? `${formatNumber(v * 1000)}/s` : `${formatNumber(v)} steps/s`) : DASH),
+      });
+    }
+    this.heatmap.setData(groups, layers, (rank) => {
+      const st = byRank.get(rank)?.status;
+      return st === "stale" || st === "error" ? st : null;
+    });
+  }
+}

@@ -1,0 +1,180 @@
+// rankboard page store: the state of the open run and the updates that change it, with no
+// DOM and no network. Whatever feeds it (the live stream, or JSON embedded in a saved page)
+// calls the same methods; views subscribe and are told which parts changed.
+//
+// Records are kept in a map keyed by epoch, so the replay after a reconnect (or the overlap
+// between the JSON snapshot and the stream) never duplicates a point.
+//
+// Parts: "header", "records", "ranks", "steps", "tab".
+
+import { isNum } from "./fmt.js";
+
+/** Above this many ranks a run is "big": picker instead of tabs, pages, heatmap, grouped alerts. */
+export const BIG = 32;
+
+const HEADER_KEYS = ["run", "status", "world_size", "total_epochs", "label", "hash", "port",
+  "metadata", "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
+  "steps_done", "step_metrics"];
+
+export class Store {
+  constructor() {
+    this.gen = 0; // bumps on every run switch; stale async results compare and bail out
+    this.run = null;
+    this.runs = [];
+    this.picked = false; // the user chose a run (do not auto-follow the newest)
+    this.mode = "run"; // "run" | "compare"
+    this._listeners = [];
+    /** Hooks for owners of data kept outside the store (the step view, the straggler strip). */
+    this.hooks = { header: null, stepTimes: null };
+    this._clear();
+  }
+
+  _clear() {
+    this.header = null;
+    this.records = []; // ascending epoch
+    this.byEpoch = new Map();
+    this.ranks = [];
+    this.rankMap = new Map(); // rank -> ranks entry
+    this.hostOfRank = new Map(); // rank -> host (header topology)
+    this.rankSeries = new Map(); // rank -> [{t, util, vu, vt}] sampled from `ranks` events
+    this.rankSeen = new Map(); // rank -> last_seen already sampled
+    this.knownRanks = new Set();
+    this.tab = "home";
+    this.expandedAlerts = new Set();
+    this.stepRanks = false; // some rank has sent steps
+    this.rows = null; // the rank row models last rendered (model.rankRows)
+  }
+
+  /** `fn(...parts)` after every update. */
+  subscribe(fn) {
+    this._listeners.push(fn);
+  }
+
+  changed(...parts) {
+    for (const fn of this._listeners) fn(...parts);
+  }
+
+  /** Forget the open run and start `run` (a new generation). */
+  reset(run) {
+    this.gen += 1;
+    this.run = run;
+    this._clear();
+  }
+
+  /** The JSON snapshot of a run (`GET /api/runs/<run>`, or one embedded in a page). */
+  loadSnapshot(data) {
+    if (!data) return;
+    this.applyHeader(data, false);
+    if (Array.isArray(data.records)) for (const r of data.records) this.addRecord(r);
+    if (Array.isArray(data.ranks)) this.applyRanks(data.ranks, false, 0);
+  }
+
+  /** A run header (`run` event or snapshot); `firstOfConnection` sets the steps cut. */
+  applyHeader(hd, firstOfConnection) {
+    if (!hd || typeof hd !== "object") return;
+    const out = {};
+    for (const k of HEADER_KEYS) out[k] = hd[k];
+    this.header = out;
+    this.hostOfRank = new Map();
+    for (const host of Array.isArray(hd.hosts) ? hd.hosts : []) {
+      for (const r of host.ranks || []) {
+        this.hostOfRank.set(r, host.host);
+        this.noteRank(r);
+      }
+    }
+    if (this.hooks.header) this.hooks.header(out, firstOfConnection);
+    this.changed("header", "ranks");
+  }
+
+  /** The run's status changed (`complete` event). */
+  setStatus(status) {
+    if (this.header && typeof status === "string") {
+      this.header.status = status;
+      this.changed("header");
+    }
+  }
+
+  /** One epoch record (replaces a record of the same epoch). */
+  addRecord(rec) {
+    if (!rec || !isNum(rec.epoch)) return;
+    const had = this.byEpoch.has(rec.epoch);
+    this.byEpoch.set(rec.epoch, rec);
+    const recs = this.records;
+    if (had) {
+      const i = recs.findIndex((r) => r.epoch === rec.epoch);
+      recs[i] = rec;
+    } else if (!recs.length || recs[recs.length - 1].epoch < rec.epoch) {
+      recs.push(rec);
+    } else {
+      recs.push(rec);
+      recs.sort((a, b) => a.epoch - b.epoch);
+    }
+    for (const g of rec.gpu_metrics || []) this.noteRank(g.device_index);
+    if (this.header && isNum(rec.total_epochs) && rec.total_epochs > 0) {
+      this.header.total_epochs = rec.total_epochs;
+    }
+    if (this.header && this.header.status === "waiting") this.header.status = "training";
+    this.changed("records", "header");
+  }
+
+  /**
+   * A `ranks` array, received at server time `now` (from the stream; the JSON snapshot
+   * passes `sample` false: no step-time sample for the straggler strip).
+   */
+  applyRanks(ranks, sample, now) {
+    if (!Array.isArray(ranks)) return;
+    this.ranks = ranks.slice().sort((a, b) => a.rank - b.rank);
+    this.rankMap = new Map();
+    const cap = this.ranks.length > BIG ? 600 : 5000;
+    const stepMs = new Map();
+    let anyStep = false;
+    for (const r of this.ranks) {
+      this.rankMap.set(r.rank, r);
+      this.noteRank(r.rank);
+      this._sampleRank(r, cap);
+      if (isNum(r.step)) anyStep = true;
+      if (isNum(r.step_ms)) stepMs.set(r.rank, r.step_ms);
+    }
+    if (anyStep) this.stepRanks = true;
+    if (stepMs.size && sample && this.hooks.stepTimes) this.hooks.stepTimes(now, stepMs);
+    this.changed("ranks");
+  }
+
+  /** Append a rank's latest resources to its client-side series, once per new frame time. */
+  _sampleRank(r, cap) {
+    const res = r.resources;
+    if (!res || !isNum(r.last_seen)) return;
+    if (this.rankSeen.get(r.rank) === r.last_seen) return;
+    this.rankSeen.set(r.rank, r.last_seen);
+    const { util, vu, vt } = rankGpu(r);
+    if (!isNum(util) && !isNum(vu)) return;
+    let series = this.rankSeries.get(r.rank);
+    if (!series) this.rankSeries.set(r.rank, (series = []));
+    series.push({ t: r.last_seen, util: isNum(util) ? util : null, vu, vt });
+    if (series.length > cap) series.splice(0, series.length - cap);
+  }
+
+  noteRank(rank) {
+    if (!isNum(rank) || this.knownRanks.has(rank)) return;
+    this.knownRanks.add(rank);
+    this.changed("ranks");
+  }
+
+  /** Open a rank's panel ("home": the overview). */
+  setTab(tab) {
+    this.tab = tab;
+    this.changed("tab");
+  }
+}
+
+/** A rank's GPU figures: the rank's own device when it reports several. */
+export function rankGpu(r) {
+  const res = (r && r.resources) || {};
+  const own = (res.gpus || []).find((g) => g.device_index === r.rank) || (res.gpus || [])[0] || {};
+  return {
+    util: isNum(res.gpu_util_percent) ? res.gpu_util_percent : own.util_percent,
+    vu: isNum(res.vram_allocated_bytes) ? res.vram_allocated_bytes : own.vram_allocated_bytes,
+    vt: isNum(res.vram_total_bytes) ? res.vram_total_bytes : own.vram_total_bytes,
+    name: own.name,
+  };
+}
