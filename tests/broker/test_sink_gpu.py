@@ -179,3 +179,24 @@ def test_a_run_brought_back_by_the_loader_is_live(tmp_path: Path) -> None:
         assert runs.get(RUN) is None
         runs.ingest(enc(res(0, gpu(0, ecc_uncorrected=3))), 3.0)  # brings RUN back
         assert hooks.kinds() == [("gpu_ecc", 0)]
+
+
+def test_a_stalled_rank_is_handed_to_the_hook_and_not_from_a_replay(tmp_path: Path) -> None:
+    """v3 diagnosis raises ``stalled`` through the same path: posted live, never replayed."""
+    from rank_agent.protocol import StackFrame, Stacks, ThreadStack
+
+    stall = Stacks(run=RUN, rank=1, reason="stall", taken_at=10.0, idle_s=75.4, threads=[
+        ThreadStack(name="MainThread", main=True, frames=[
+            StackFrame(file="dist.py", line=7, function="all_reduce")])])
+    hooks = Hooks()
+    with Journal(tmp_path) as journal:
+        runs = hooks.runs(recorder=journal.accept)
+        runs.ingest(enc(register(RUN, 1, 2, host="node-b")), 1.0)
+        runs.ingest(enc(stall), 10.0)
+        journal.flush()
+    assert hooks.alerts == [(RUN, "stalled", 1, "stalled 75s in all_reduce (dist.py:7)", "node-b", 10.0)]
+    after = Hooks()
+    with Journal(tmp_path) as journal:
+        runs = after.runs()
+        runs.restore(journal.load(now=20.0))
+        assert runs.get(RUN) is not None and after.alerts == []
