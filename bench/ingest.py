@@ -21,6 +21,14 @@ Receivers, one after the other, fed by identical sender processes:
   journal, publish. Its ``runs.accepted`` counter says when every frame was taken; it is
   polled every 2 ms by the main thread (which otherwise sleeps).
 
+``--hanging-webhook`` (issue 15: delivery never slows ingest) measures ``ingest_floor_ratio``
+twice on frames whose samples carry an XID (every fourth sample of each rank, so the broker
+raises a ``gpu_xid`` alert on one frame in four): once without webhooks, once with a webhook
+receiver on loopback that holds every POST open (10 s, past the notifier's 5 s timeout). A POST
+is already hanging when the clock starts (the notifier's grouping window is 0.2 s here so the
+set-up does not wait 5 s; the window is not what is measured), so the broker's loop keeps
+handing alerts to a notifier whose thread is stuck. Not part of ``run_all.py``.
+
 Both clocks start when the senders are released (one shared ``Event``) and stop at the last
 frame, so both include the same sender start-up. ``value`` is the broker's frames/s,
 ``baseline`` the raw loop's, ``ratio`` broker / raw. ``decode_only_ratio`` (BENCHMARKS.md)
@@ -41,6 +49,7 @@ import zmq
 from common import Senders, pull_rate, result
 
 from broker.server import BrokerServer
+from broker.webhooks import WebhookNotifier
 from rank_agent import protocol
 from rank_agent.protocol import GpuSample, Metrics, Register, Resources, ResourceSample
 
@@ -50,27 +59,31 @@ RANKS_PER_HOST = 8
 RUN = "bench-ingest"
 
 
-def _sample(rank: int, i: int) -> ResourceSample:
+def _sample(rank: int, i: int, xids: bool = False) -> ResourceSample:
+    xid = [79] if xids and (rank + i) % 4 == 0 else []
     gpu = GpuSample(device_index=rank % RANKS_PER_HOST, name="NVIDIA H100 80GB HBM3",
                     util_percent=float(90 + i % 10), vram_allocated_bytes=(60 << 30) + i,
-                    vram_total_bytes=80 << 30, temperature_c=61.0, power_w=650.5)
+                    vram_total_bytes=80 << 30, temperature_c=61.0, power_w=650.5,
+                    xid_errors=xid)
     return ResourceSample(cpu_percent=42.5, ram_used_bytes=500 << 30, ram_total_bytes=1 << 40,
                           gpu_util_percent=gpu.util_percent, vram_allocated_bytes=gpu.vram_allocated_bytes,
                           vram_total_bytes=80 << 30, gpus=[gpu])
 
 
-def frames_for(sender: int, epochs: int, resources_only: bool = False) -> list[bytes]:
+def frames_for(sender: int, epochs: int, resources_only: bool = False,
+               xids: bool = False) -> list[bytes]:
     """The frames one sender pushes, in send order: per epoch, per rank, resources + metrics
-    (``resources_only``: two resources frames instead, as a sampler-heavy cluster sends)."""
+    (``resources_only``: two resources frames instead, as a sampler-heavy cluster sends;
+    ``xids``: every fourth sample of a rank reports an XID)."""
     enc = protocol.encoder.encode
     ranks = range(sender, RANKS, SENDERS)
     out = []
     for e in range(epochs):
         for r in ranks:
-            sample = _sample(r, e)
+            sample = _sample(r, 2 * e, xids)
             out.append(enc(Resources(run=RUN, rank=r, sample=sample)))
             if resources_only:
-                out.append(enc(Resources(run=RUN, rank=r, sample=_sample(r, e + 1))))
+                out.append(enc(Resources(run=RUN, rank=r, sample=_sample(r, 2 * e + 1, xids))))
                 continue
             out.append(enc(Metrics(run=RUN, rank=r, epoch=e, avg_loss=1.0 / (e + 1), batches=100,
                                    samples=6400, epoch_ms=1000.0 + r, share_complete_ms=900.0,
@@ -86,30 +99,36 @@ def registers() -> list[bytes]:
                          local_rank=r % RANKS_PER_HOST, total_epochs=100000)) for r in range(RANKS)]
 
 
-def _senders(endpoint: str, epochs: int, resources_only: bool = False) -> Senders:
-    return Senders(endpoint, partial(frames_for, resources_only=resources_only), SENDERS, epochs)
+def _senders(endpoint: str, epochs: int, resources_only: bool = False,
+             xids: bool = False) -> Senders:
+    return Senders(endpoint, partial(frames_for, resources_only=resources_only, xids=xids),
+                   SENDERS, epochs)
 
 
 def _total(epochs: int) -> int:
     return SENDERS * len(range(0, RANKS, SENDERS)) * epochs * 2
 
 
-def floor_rate(epochs: int) -> float:
+def floor_rate(epochs: int, xids: bool = False) -> float:
     """The floor of any broker that validates what it receives: a bare PULL loop that runs
     ``protocol.decode`` on each frame (resources frames, same senders as :func:`broker_rate`
     with ``resources_only``)."""
-    return pull_rate(lambda ep: _senders(ep, epochs, resources_only=True), _total(epochs),
-                     decode=True)
+    return pull_rate(lambda ep: _senders(ep, epochs, resources_only=True, xids=xids),
+                     _total(epochs), decode=True)
 
 
 def raw_rate(epochs: int) -> float:
     return pull_rate(lambda ep: _senders(ep, epochs), _total(epochs))
 
 
-def broker_rate(epochs: int, resources_only: bool = False) -> tuple[float, int]:
+def broker_rate(epochs: int, resources_only: bool = False, xids: bool = False,
+                webhook: Any = None) -> tuple[float, int]:
+    """The broker's frames/s and closed records; ``webhook``: a hanging receiver
+    (``tests.support.receiver.Receiver``) holding a POST open when the clock starts."""
     with tempfile.TemporaryDirectory(prefix="rankboard-bench-") as tmp:
+        hooks = WebhookNotifier([webhook.url] if webhook else [], window=0.2)
         server = BrokerServer("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*",
-                              data_dir=Path(tmp) / "data")
+                              data_dir=Path(tmp) / "data", webhooks=hooks)
         endpoints = server.bind()
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
@@ -119,6 +138,9 @@ def broker_rate(epochs: int, resources_only: bool = False) -> tuple[float, int]:
             push.connect(endpoints["ingest"])
             for f in registers():
                 push.send(f)
+            if webhook:  # one alert now, so a POST hangs before the clock starts
+                push.send(protocol.encoder.encode(Resources(run=RUN, rank=0, sample=ResourceSample(
+                    gpus=[GpuSample(device_index=0, name="x", xid_errors=[13])]))))
             push.close(linger=-1)
             ctx.term()
             deadline = time.monotonic() + 30
@@ -126,9 +148,14 @@ def broker_rate(epochs: int, resources_only: bool = False) -> tuple[float, int]:
                 if time.monotonic() > deadline:
                     raise RuntimeError("registers not applied")
                 time.sleep(0.005)
+            deadline = time.monotonic() + 30
+            while webhook and webhook.count() < 1:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("no webhook POST in flight")
+                time.sleep(0.005)
             base = server.runs.accepted
             total = _total(epochs)
-            senders = _senders(endpoints["ingest"], epochs, resources_only)
+            senders = _senders(endpoints["ingest"], epochs, resources_only, xids)
             t0 = senders.start()
             deadline = time.monotonic() + 300
             while server.runs.accepted - base < total:
@@ -181,8 +208,42 @@ def run(quick: bool) -> list[dict[str, Any]]:
                    records=records, decode_only_fps=round(dec), decode_only_ratio=round(dec / raw, 3))]
 
 
+def hanging_webhook(quick: bool) -> list[dict[str, Any]]:
+    """``ingest_floor_ratio`` on XID-bearing frames, without webhooks and with a receiver that
+    hangs (see the module docstring): two results, each against its own floor runs."""
+    from tests.support.receiver import Receiver
+
+    epochs = 40 if quick else 200
+    receiver = Receiver()
+    receiver.hang = True
+    out = []
+    try:
+        for name, hook in (("ingest_floor_ratio", None),
+                           ("ingest_floor_ratio_hanging_webhook", receiver)):
+            floors, rates = [], []
+            for _ in range(1 if quick else 3):
+                floors.append(floor_rate(epochs, xids=True))
+                rates.append(broker_rate(epochs, resources_only=True, xids=True, webhook=hook)[0])
+            floor, rate = statistics.median(floors), statistics.median(rates)
+            out.append(result(name, round(rate), "frames/s", baseline=round(floor),
+                              ratio=round(rate / floor, 3), kind="resources, 1 in 4 with an XID",
+                              webhook="hanging" if hook else None, posts_held=receiver.count(),
+                              floors=[round(f) for f in floors], brokers=[round(r) for r in rates]))
+    finally:
+        receiver.close()
+    return out
+
+
 if __name__ == "__main__":
+    import argparse
     import json
 
-    for line in run(True):
-        print(json.dumps(line))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, one run of each")
+    parser.add_argument("--hanging-webhook", action="store_true",
+                        help="ingest_floor_ratio without webhooks and with a receiver that hangs")
+    args = parser.parse_args()
+    lines = hanging_webhook(args.quick) if args.hanging_webhook else run(args.quick)
+    for line in lines:
+        extra = line.pop("_extra", None)
+        print(json.dumps({**line, **(extra or {})}))

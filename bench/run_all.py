@@ -28,15 +28,18 @@ import ingest  # noqa: E402
 import journal_bench  # noqa: E402
 import page_bench  # noqa: E402
 import report_bench  # noqa: E402
+import sampler_bench  # noqa: E402
 import scaleout  # noqa: E402
 import stacks_bench  # noqa: E402
 import steps_bench  # noqa: E402
 import web_bench  # noqa: E402
+import webhook_bench  # noqa: E402
 
 #: (group, run(quick) -> results); order: cheap and pure first.
 GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
     ("epoch_close", epoch_close.run),
     ("agent", agent_send.run),
+    ("sampler", sampler_bench.run),
     ("ingest", ingest.run),
     ("journal", journal_bench.run),
     ("web", web_bench.run),
@@ -45,6 +48,7 @@ GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
     ("page", page_bench.run),
     ("stacks", stacks_bench.run),
     ("report", report_bench.run),
+    ("webhook", webhook_bench.run),
 ]
 
 #: name -> (target, "<=" or ">=") as the performance issue states them.
@@ -80,6 +84,7 @@ TARGETS: dict[str, tuple[float, str]] = {
     "report_1m_bytes": (10_000_000, "<="),
     "report_1m_s": (3.0, "<="),
     "report_first_draw_s": (2.0, "<="),
+    "webhook_storm_posts": (1.0, "<="),
 }
 NAMES = list(TARGETS)
 

@@ -8,8 +8,9 @@ over a few hundred milliseconds. The figure is the number of POSTs received once
 ended and one more window has passed with the notifier idle (target 1). The details give the
 ``enqueue_us`` p99 of the calls the broker's loop makes (they never wait for delivery).
 
-The broker is not in the loop yet (the notifier is wired into the server separately); this
-measures the grouping and delivery path end to end over real HTTP.
+This measures the grouping and delivery path of the notifier the broker runs, end to end over
+real HTTP; the broker's own path (its liveness tick raising the 1,024 alerts) is checked by
+tests/broker/test_alert_webhooks_e2e.py.
 
     python bench/webhook_bench.py [--quick]
 """

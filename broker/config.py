@@ -3,15 +3,19 @@
 The command line itself lives above (``rankboard/cli.py``); this layer only knows the values.
 A config can give back its own ``rankboard broker ...`` arguments (:meth:`BrokerConfig.argv`)
 because ``rankboard up`` runs its broker as a child process: the flags are written out from
-the typed values in this one place instead of by hand at each spawn.
+the typed values in this one place instead of by hand at each spawn. Alert webhook URLs are
+the exception: they may hold a secret, and a command line is readable by every user of the
+host (``/proc/<pid>/cmdline``), so they travel in the child's environment instead
+(:meth:`BrokerConfig.child_env`, PROTOCOL 3.1).
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker.webhooks import DEFAULT_REPEAT, ENV_VAR
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
 
 __all__ = ["BrokerConfig", "default_data_dir"]
@@ -40,6 +44,11 @@ class BrokerConfig:
     curve_secret_key: Path | None = None
     curve_authorized: Path | None = None
     log_level: str = "INFO"
+    #: ``--alert-webhook`` URLs (already checked by :func:`broker.webhooks.webhook_urls`);
+    #: left out of ``repr``: a URL may hold a secret.
+    alert_webhooks: tuple[str, ...] = field(default=(), repr=False)
+    alert_repeat: float = DEFAULT_REPEAT
+    public_url: str | None = None
 
     def argv(self) -> list[str]:
         """``broker --ingest ...``: the arguments that make a child process this broker."""
@@ -55,7 +64,18 @@ class BrokerConfig:
             cmd += ["--curve-secret-key", str(self.curve_secret_key)]
         if self.curve_authorized is not None:
             cmd += ["--curve-authorized", str(self.curve_authorized)]
+        if self.alert_repeat != DEFAULT_REPEAT:
+            cmd += ["--alert-repeat", repr(float(self.alert_repeat))]
+        if self.public_url is not None:
+            cmd += ["--public-url", self.public_url]
+        # never the webhook URLs: see child_env()
         return cmd + ["--log-level", self.log_level]
+
+    def child_env(self) -> dict[str, str]:
+        """What the child's environment must hold besides :meth:`argv`: the webhook URLs
+        (``RANKBOARD_ALERT_WEBHOOK``, set even when empty so the child takes exactly these,
+        not a copy of ours that they already include)."""
+        return {ENV_VAR: " ".join(self.alert_webhooks)}
 
     def build_server(self) -> Any:
         """The :class:`broker.server.BrokerServer` this config describes (not yet bound)."""
@@ -70,4 +90,7 @@ class BrokerConfig:
             curve_authorized=self.curve_authorized,
             max_runs=self.max_runs,
             retention_days=self.retention_days,
+            alert_webhooks=self.alert_webhooks,
+            alert_repeat=self.alert_repeat,
+            public_url=self.public_url,
         )

@@ -27,7 +27,7 @@ however many subscribers receive it.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Union
+from typing import Any, Mapping, NamedTuple, Union
 
 import msgspec
 
@@ -96,6 +96,17 @@ class Heartbeat(NamedTuple):
     runs: int
     late_steps: int = 0
     steps_closed: int = 0
+    # (v3) Alert webhooks (PROTOCOL 3.1) and the journal's limits and repairs; absent from
+    # an older broker's heartbeat, so they default to 0 / {}.
+    webhooks_sent: int = 0
+    webhooks_failed: int = 0
+    webhooks_dropped: int = 0
+    #: :data:`JOURNAL_COUNTERS` -> count (empty without a journal)
+    journal: Mapping[str, int] = {}
+
+
+#: The journal's counters a heartbeat carries (``Journal.counters()``, since start).
+JOURNAL_COUNTERS = ("early_flushes", "dropped_bytes", "damaged_entries", "runs_not_loaded")
 
 
 class PortUpdate(NamedTuple):
@@ -136,8 +147,14 @@ def encode_heartbeat(
     late_metrics: int = 0,
     late_steps: int = 0,
     steps_closed: int = 0,
+    *,
+    webhooks_sent: int = 0,
+    webhooks_failed: int = 0,
+    webhooks_dropped: int = 0,
+    journal: Mapping[str, int] | None = None,
 ) -> list[bytes]:
-    """PUB heartbeat message; ``rejected`` maps reason -> count."""
+    """PUB heartbeat message; ``rejected`` maps reason -> count. Fields added later are
+    additive: a decoder that does not know them ignores them."""
     body = {
         "instance": instance,
         "time": time,
@@ -147,6 +164,10 @@ def encode_heartbeat(
         "late_steps": late_steps,
         "steps_closed": steps_closed,
         "runs": runs,
+        "webhooks_sent": webhooks_sent,
+        "webhooks_failed": webhooks_failed,
+        "webhooks_dropped": webhooks_dropped,
+        "journal": dict(journal or {}),
     }
     return [TOPIC_HEARTBEAT, _pack(body)]
 
@@ -186,6 +207,10 @@ def decode_update(parts: list[bytes]) -> Update | None:
                 int(body["runs"]),
                 int(body.get("late_steps", 0)),
                 int(body.get("steps_closed", 0)),
+                int(body.get("webhooks_sent", 0)),
+                int(body.get("webhooks_failed", 0)),
+                int(body.get("webhooks_dropped", 0)),
+                {str(k): int(v) for k, v in (body.get("journal") or {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise FeedError(f"malformed heartbeat: {exc!r}") from None

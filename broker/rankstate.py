@@ -111,14 +111,21 @@ class RankSamples:
 
 
 def ranks_array(ranks: Dict[int, RankState], place: Dict[int, Tuple[str, int]],
-                samples: RankSamples, closer: StepCloser) -> List[Dict[str, Any]]:
-    """The ``ranks`` array of PROTOCOL 4 (rank order), each entry plus its last ``loss``.
+                samples: RankSamples, closer: StepCloser,
+                xids: Dict[int, Dict[int, List[int]]] | None = None) -> List[Dict[str, Any]]:
+    """The ``ranks`` array of PROTOCOL 4 (rank order), each entry plus its last ``loss`` and
+    ``gpu_xids``.
 
     A rank's sample dict is cached on its :class:`RankState` until its next sample, so a
     ``ranks`` event every second re-encodes, but does not rebuild, an idle rank's sample.
+    ``xids`` (:attr:`broker.gpualerts.GpuAlertRules.xids`) becomes each entry's
+    ``gpu_xids``: ``[{"gpu", "count", "last"}]`` (XID events seen live since the broker
+    started, and the latest code, per GPU), or null for a rank with none. A sample carries
+    only the XIDs since the previous one, so ``/metrics`` needs the tally from here.
     """
     step_ranks = closer.ranks
     share = closer.share
+    tallies = xids or {}
     out = []
     for rank in sorted(ranks):
         st = ranks[rank]
@@ -141,6 +148,13 @@ def ranks_array(ranks: Dict[int, RankState], place: Dict[int, Tuple[str, int]],
                 "step_ms": rs.mean_ms() if rs is not None else None,
                 "slowest_share": share(rank),
                 "loss": st.loss,
+                "gpu_xids": _xids(tallies.get(rank)),
             }
         )
     return out
+
+
+def _xids(tally: Dict[int, List[int]] | None) -> List[Dict[str, int]] | None:
+    if not tally:
+        return None
+    return [{"gpu": gpu, "count": t[0], "last": t[1]} for gpu, t in sorted(tally.items())]

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import msgspec
 
-from broker.sink import Event, Rejected, RunSink
+from broker.sink import Event, OnAlert, OnEnd, Rejected, RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Frame, Register
 from rank_agent.ratelimit import RateLimitedLog
@@ -54,7 +54,11 @@ class Runs:
     now)``, after every accepted frame; ``loader(run)`` when a
     frame names a run not in memory, to bring back one evicted earlier (None: a new run);
     ``on_evict(run)`` when a run leaves memory (also when a run brought back by ``loader``
-    is dropped again because its frame was rejected).
+    is dropped again because its frame was rejected); ``on_alert(run, kind, rank, message,
+    host, now)`` for each alert raised live and ``on_run_end(run, status, now)`` when a run
+    ends live (the broker's webhooks). Every sink this class takes in (new, brought back by
+    ``loader``, or given to :meth:`restore`) is made ``live`` first: a journal replay happens before
+    that, so what it replays is never handed to these two (PROTOCOL 3.1).
     """
 
     def __init__(
@@ -70,6 +74,8 @@ class Runs:
         recorder: Recorder | None = None,
         loader: Callable[[str], RunSink | None] | None = None,
         on_evict: Callable[[str], None] | None = None,
+        on_alert: OnAlert | None = None,
+        on_run_end: OnEnd | None = None,
         rate_log: RateLimitedLog | None = None,
     ) -> None:
         if max_runs < 1:
@@ -83,6 +89,8 @@ class Runs:
         self.recorder = recorder
         self.loader = loader
         self.on_evict = on_evict
+        self.on_alert = on_alert
+        self.on_run_end = on_run_end
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
         #: runs evicted from memory to make room for a new one (see the class docstring)
@@ -90,6 +98,8 @@ class Runs:
         self._rlog = rate_log if rate_log is not None else RateLimitedLog(log)
         # Ordered by last accepted frame, least recent first: eviction scans from the front.
         self._sinks: OrderedDict[str, RunSink] = OrderedDict(sinks or {})
+        for sink in self._sinks.values():
+            self._go_live(sink)
         self._mru: str | None = None  # the run last moved to the end of ``_sinks``
         # late_metrics of runs no longer in memory, so the total never goes backwards.
         self._late_evicted = 0
@@ -140,6 +150,7 @@ class Runs:
     def restore(self, sinks: dict[str, RunSink]) -> None:
         """Adopt sinks rebuilt from the journal (they count towards ``max_runs``)."""
         for run, sink in sinks.items():
+            self._go_live(sink)
             self._sinks[run] = sink
         self._mru = None
 
@@ -288,6 +299,30 @@ class Runs:
 
     # -- internals ---------------------------------------------------------------------
 
+    def _go_live(self, sink: RunSink) -> None:
+        """From now on ``sink``'s frames are live: its alerts and its end reach the hooks."""
+        sink.live = True
+        sink.on_alert = self._alert
+        sink.on_end = self._run_end
+
+    def _alert(self, run: str, kind: str, rank: int | None, message: str, host: str | None,
+               now: float) -> None:
+        hook = self.on_alert
+        if hook is not None:
+            try:
+                hook(run, kind, rank, message, host, now)
+            except Exception:  # a bug in the hook must not cost the frame
+                self._rlog.error("on_alert", "the alert hook failed for run %r", run, exc_info=True)
+
+    def _run_end(self, run: str, status: str, now: float) -> None:
+        hook = self.on_run_end
+        if hook is not None:
+            try:
+                hook(run, status, now)
+            except Exception:
+                self._rlog.error("on_run_end", "the run-end hook failed for run %r", run,
+                                 exc_info=True)
+
     def _load_or_new(self, run: str) -> RunSink:
         if self.loader is not None:
             try:
@@ -298,9 +333,11 @@ class Runs:
                 loaded = None
             if loaded is not None:
                 log.info("run %r reloaded from the journal", run)
+                self._go_live(loaded)
                 return loaded
         sink = RunSink(run, stale_after=self.stale_after, ranks_interval=self.ranks_interval,
                        step_close_after=self.step_close_after)
+        self._go_live(sink)
         last = self._evicted.get(run)
         if last is not None:
             # Skip one id on purpose: the web sees a gap and re-snapshots the run, replacing

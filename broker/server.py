@@ -10,6 +10,10 @@ moves bytes, in one thread, around one ``zmq.Poller``:
 * The ROUTER answers snapshot requests between batches (Clone pattern): since every event is
   published as soon as it exists, a snapshot is always exactly "everything published so far".
 * The poll timeout (``poll_interval``) drives ``Runs.tick`` and the 1 s heartbeat.
+* Alert webhooks (PROTOCOL 3.1) run in a thread of their own (:mod:`broker.webhooks`): the
+  loop only hands each live alert and run end to the notifier, which takes a lock for
+  microseconds, so a receiver that hangs never slows ingest. Its counters, and the
+  journal's, ride in the heartbeat.
 
 The constructor does no I/O (pyzmq ``Device.bind_in`` style): :meth:`bind` creates and
 binds the sockets, then opens the journal; :meth:`run` serves until stopped.
@@ -24,13 +28,14 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Callable, Sequence, Union
 
 import zmq
 
 from broker import feed
 from broker.runs import Runs
 from broker.sink import Event, RunSink
+from broker.webhooks import DEFAULT_REPEAT, WebhookNotifier
 from rank_agent import protocol
 from rank_agent.controlwire import ControlError, encode_request
 from rank_agent.protocol import Register
@@ -142,11 +147,17 @@ class BrokerServer:
         batch_limit: int = 1000,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         context: zmq.Context | None = None,
+        alert_webhooks: Sequence[str] = (),
+        alert_repeat: float = DEFAULT_REPEAT,
+        public_url: str | None = None,
+        webhooks: WebhookNotifier | None = None,
     ) -> None:
         if (curve_secret_key is None) != (curve_authorized is None):
             raise ValueError("CURVE needs both a secret key file and an authorized-keys directory")
         if stale_after <= 0:
             raise ValueError("stale_after must be > 0")
+        if alert_repeat <= 0:
+            raise ValueError("alert_repeat must be > 0")
         self.ingest_endpoint = ingest
         self.publish_endpoint = publish
         self.snapshot_endpoint = snapshot
@@ -168,8 +179,14 @@ class BrokerServer:
         #: Random per start: a new one tells the web the broker restarted.
         self.instance = uuid.uuid4().hex
         # Runs checks max_runs (ValueError when < 1).
+        #: Alert webhooks (``webhooks``: a notifier built by the caller, for tests and
+        #: benchmarks; else one for ``alert_webhooks``, doing nothing without URLs). Started
+        #: by :meth:`bind`, closed by :meth:`close`.
+        self.webhooks = webhooks if webhooks is not None else WebhookNotifier(
+            alert_webhooks, repeat=alert_repeat, public_url=public_url)
         self.runs = Runs(stale_after=stale_after, max_runs=max_runs, on_register=self._on_register,
-                         step_close_after=step_close_after)
+                         step_close_after=step_close_after, on_alert=self.webhooks.alert,
+                         on_run_end=self.webhooks.run_ended, on_evict=self.webhooks.forget_run)
         self.endpoints: dict[str, str] = {}
         self._context = context
         self._own_context = context is None
@@ -216,6 +233,7 @@ class BrokerServer:
             except BaseException:
                 self._close_sockets()
                 raise
+        self.webhooks.start()  # after the replay: nothing replayed is handed to it
         return dict(self.endpoints)
 
     def _bind_sockets(self) -> None:
@@ -318,7 +336,13 @@ class BrokerServer:
         self.runs.recorder = journal.accept
         self.runs.loader = lambda run: journal.load_run(
             run, stale_after=self.stale_after, step_close_after=self.step_close_after)
-        self.runs.on_evict = journal.forget
+        forget_webhooks = self.webhooks.forget_run
+
+        def on_evict(run: str) -> None:
+            journal.forget(run)
+            forget_webhooks(run)
+
+        self.runs.on_evict = on_evict
         log.info("journal %s: %d runs restored", self.data_dir, len(sinks))
 
     # -- serving -------------------------------------------------------------------------
@@ -365,6 +389,10 @@ class BrokerServer:
         if self._closed:
             return
         self._closed = True
+        try:
+            self.webhooks.close()
+        except Exception:
+            log.exception("closing the alert webhooks failed")
         if self._journal is not None:
             try:
                 self._journal.close()
@@ -489,9 +517,15 @@ class BrokerServer:
         pub = self._pub
         assert pub is not None
         c = self.runs.counters()
+        hooks = self.webhooks.counters()
+        journal: dict[str, int] = {}
+        if self._journal is not None:
+            jc = self._journal.counters()
+            journal = {k: int(jc[k]) for k in feed.JOURNAL_COUNTERS if k in jc}
         pub.send_multipart(feed.encode_heartbeat(
             self.instance, self.clock(), c["accepted"], c["rejected"], c["runs"], c["late_metrics"],
-            c["late_steps"], c["steps_closed"],
+            c["late_steps"], c["steps_closed"], webhooks_sent=hooks["sent"],
+            webhooks_failed=hooks["failed"], webhooks_dropped=hooks["dropped"], journal=journal,
         ))
 
     def _encode_snapshot(self, snap: dict[str, Any]) -> list[bytes] | None:

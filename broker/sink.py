@@ -41,13 +41,14 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import msgspec
 
 from broker import aggregate
 from broker.epochs import PendingEpochs
 from broker.events import Event, Rejected
+from broker.gpualerts import GpuAlertRules
 from broker.metadata import parse_metadata
 from broker.rankstate import RankSamples, RankState, ranks_array
 from broker.stackgroups import main_frames
@@ -63,6 +64,7 @@ from rank_agent.protocol import (
     Metrics,
     Register,
     Resources,
+    ResourceSample,
     Stacks,
     Steps,
     Svg,
@@ -82,6 +84,11 @@ STEPS_INTERVAL = 0.25
 #: Seconds between two ``stacks`` events of a run (PROTOCOL 4: SSE ``stacks`` at most 4 a
 #: second per run; the broker coalesces, so every web streams one per feed event).
 STACKS_INTERVAL = 0.25
+
+#: ``on_alert(run, kind, rank, message, host, now)``: an alert raised live (webhooks, 3.1).
+OnAlert = Callable[[str, str, Optional[int], str, Optional[str], float], None]
+#: ``on_end(run, status, now)``: the run ended live (``status``: complete or failed).
+OnEnd = Callable[[str, str, float], None]
 
 
 class RunSink:
@@ -147,6 +154,16 @@ class RunSink:
         self._header_changed = False
         self._header_pending = False
         self._header_sent_at: float | None = None
+        #: The GPU alert rules (PROTOCOL 3), fed every sample while ``live``.
+        self.gpu_rules = GpuAlertRules()
+        #: False while the journal replays frames into this sink: a replay raises no GPU
+        #: alert and hands nothing to ``on_alert``/``on_end`` (PROTOCOL 3, 3.1: a restart
+        #: posts nothing for what its journal replays). :class:`broker.runs.Runs` sets it
+        #: on every sink it takes in, before the first live frame.
+        self.live = False
+        #: Hooks for alerts raised and run ends while live (the broker's webhooks).
+        self.on_alert: OnAlert | None = None
+        self.on_end: OnEnd | None = None
         #: Each rank's latest dump per reason (section 2.5), compact and capped in bytes.
         self.stacks = RunStacks()
         # Dumps kept since the last ``stacks`` event, (rank, reason) in arrival order.
@@ -206,13 +223,15 @@ class RunSink:
         if tp is Resources:
             self._samples.put(rank, frame.sample)  # type: ignore[union-attr]
             st.sample_json = None
+            if self.live:
+                self._gpu_health(rank, frame.sample, now)  # type: ignore[union-attr]
             # A sample changes nothing in the header and cannot complete the run.
             return self._take_events() if self._header_changed else []
         try:
             if tp is Steps:
                 self._on_steps(frame, st, now)  # type: ignore[arg-type]
             elif tp is Metrics:
-                self._on_metrics(frame, st)  # type: ignore[arg-type]
+                self._on_metrics(frame, st, now)  # type: ignore[arg-type]
             elif tp is Register:
                 self._on_register(frame, st, now)  # type: ignore[arg-type]
             elif tp is Finish:
@@ -258,7 +277,11 @@ class RunSink:
                 st.status = "stale"
                 self._closer.set_active(st.rank, False)
                 self._ranks_dirty = True
-                self._raise("stale", st.rank, f"rank {st.rank} silent for {self.stale_after:g}s", now)
+                # A rank not heard from since a restart turns stale from replayed state
+                # alone: listed, but not posted (an abandoned run in the data dir would
+                # otherwise post on every broker start).
+                self._raise("stale", st.rank, f"rank {st.rank} silent for {self.stale_after:g}s", now,
+                            notify=st.last_seen >= self.liveness_floor)
         self._close_steps(now)
         self._publish_steps_due(now)
         if self._stacks_pending:
@@ -304,7 +327,8 @@ class RunSink:
 
     def ranks(self) -> List[Dict[str, Any]]:
         """The ``ranks`` array of PROTOCOL 4 (rank order), each entry plus its last ``loss``."""
-        return ranks_array(self._ranks, self.topology.place, self._samples, self._closer)
+        return ranks_array(self._ranks, self.topology.place, self._samples, self._closer,
+                           self.gpu_rules.xids)
 
     def snapshot(self) -> Dict[str, Any]:
         """Everything a late subscriber needs (the Clone pattern of docs/DESIGN.md) plus the svg."""
@@ -469,13 +493,15 @@ class RunSink:
                             now)
                 break
 
-    def _on_metrics(self, frame: Metrics, st: RankState) -> None:
+    def _on_metrics(self, frame: Metrics, st: RankState, now: float) -> None:
         rank = st.rank
         st.stalled = False  # the loop moves (section 3)
         sample = frame.resources
         if sample is not None:  # applied first, exactly as a resources frame
             self._samples.put(rank, sample)
             st.sample_json = None
+            if self.live:
+                self._gpu_health(rank, sample, now)
         epoch = frame.epoch
         if epoch <= self._pending.last_closed:
             self.late_metrics += 1
@@ -486,6 +512,13 @@ class RunSink:
         ws = self.world_size
         if ws is not None and reported == ws - self._n_finished:
             self._close_through(epoch)
+
+    def _gpu_health(self, rank: int, sample: ResourceSample, now: float) -> None:
+        """The GPU alerts of one live sample (PROTOCOL 3); a sample without GPUs costs a
+        call and one test."""
+        if sample.gpus:
+            for alert in self.gpu_rules.feed(rank, sample):
+                self._raise(alert.kind, alert.rank, alert.message, now)
 
     def _on_hardware(self, frame: Hardware, st: RankState) -> None:
         if st.hardware == frame.summary:
@@ -571,6 +604,7 @@ class RunSink:
         if gone:
             for key in [k for k in self._alerts if k[1] is not None and k[1] >= ws]:
                 del self._alerts[key]
+        self.gpu_rules.forget_from(ws)
         if touched:
             self._hw.hosts_changed(touched)
 
@@ -621,8 +655,11 @@ class RunSink:
 
     # ------------------------------------------------------------------ events
 
-    def _raise(self, kind: str, rank: int | None, message: str, now: float) -> None:
-        """Raise (or re-raise) an alert; the header lists each (kind, rank) once."""
+    def _raise(self, kind: str, rank: int | None, message: str, now: float,
+               notify: bool = True) -> None:
+        """Raise (or re-raise) an alert; the header lists each (kind, rank) once. While
+        ``live`` (and ``notify``) it is handed to ``on_alert`` too (webhooks: grouping and
+        repeat suppression are theirs)."""
         alert = self._alerts.get((kind, rank))
         if alert is None:
             self._alerts[(kind, rank)] = {"kind": kind, "rank": rank, "message": message, "at": now}
@@ -632,6 +669,9 @@ class RunSink:
         # Coalesced: 65,536 ranks finishing with an error must not be 65,536 headers of a
         # growing alert list (quadratic bytes). tick() emits it within ranks_interval.
         self._header_pending = True
+        if self.live and notify and self.on_alert is not None:
+            p = self.topology.place.get(rank) if rank is not None else None
+            self.on_alert(self.run, kind, rank, message, p[0] if p else None, now)
 
     def _emit(self, kind: str, data: Any) -> int:
         self.seq += 1
@@ -647,6 +687,9 @@ class RunSink:
         self.status = completed
         self._emit_header()
         self.complete = (self._emit("complete", {"status": completed}), completed)
+        if self.live and self.on_end is not None:
+            assert self.updated_at is not None
+            self.on_end(self.run, completed, self.updated_at)
 
     def _emit_header(self) -> None:
         """A ``run`` event with the full header (so every pending change goes with it)."""

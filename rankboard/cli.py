@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from broker.config import BrokerConfig, default_data_dir
+from broker.webhooks import DEFAULT_REPEAT, ENV_VAR, redact, webhook_urls
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
 from rankboard.config import KeysConfig, from_args, log_level
 from web.config import DEFAULT_WEB_HOST, DEFAULT_WEB_PORT
@@ -61,6 +62,21 @@ def _int_range(lo: int, hi: int | None = None) -> Callable[[str], int]:
 
     parse.__name__ = "integer"
     return parse
+
+
+def _public_url(text: str) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(
+            f"not an http(s) URL with a host: {redact(text)} (expected e.g. https://board.example.org)")
+    return text
 
 
 def _endpoint(text: str) -> str:
@@ -106,6 +122,17 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
                         "needs --curve-authorized")
     p.add_argument("--curve-authorized", type=Path, default=None,
                    help="directory of authorized client public keys")
+    # (v3, PROTOCOL 3.1) no type=: argparse would echo a bad URL, secret and all
+    p.add_argument("--alert-webhook", action="append", default=[], metavar="URL",
+                   help="POST every alert to this URL (repeatable; Slack- and Discord-style "
+                        f"incoming webhooks read the body's text/content; also ${ENV_VAR}, "
+                        "URLs separated by whitespace)")
+    p.add_argument("--alert-repeat", type=_positive_float, default=DEFAULT_REPEAT,
+                   metavar="SECONDS", help="post an alert of the same run, kind and rank again "
+                   f"only after this long (default {DEFAULT_REPEAT:g})")
+    p.add_argument("--public-url", type=_public_url, default=None, metavar="URL",
+                   help="the dashboard's address as people reach it, for the run links in "
+                        "alert webhooks (e.g. https://board.example.org)")
 
 
 def _web_flags(p: argparse.ArgumentParser, *, port_default: int | None) -> None:
@@ -296,6 +323,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(f"{prog}: {problem}", file=sys.stderr)
         return 2
+    if hasattr(args, "alert_webhook"):
+        try:  # flags and $RANKBOARD_ALERT_WEBHOOK; a bad one is named by scheme and host only
+            args.alert_webhook = webhook_urls(args.alert_webhook)
+        except ValueError as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 2
     _configure_logging(log_level(args))
     cfg = args if args.command == "export" else from_args(args)  # export: no server config
     try:

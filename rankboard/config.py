@@ -65,7 +65,9 @@ def _broker(args: argparse.Namespace) -> BrokerConfig:
         data_dir=args.data_dir, stale_after=args.stale_after,
         step_close_after=args.step_close_after, max_runs=args.max_runs,
         retention_days=args.retention_days, curve_secret_key=args.curve_secret_key,
-        curve_authorized=args.curve_authorized, log_level=log_level(args))
+        curve_authorized=args.curve_authorized, log_level=log_level(args),
+        alert_webhooks=tuple(args.alert_webhook), alert_repeat=args.alert_repeat,
+        public_url=args.public_url)
 
 
 def _web(args: argparse.Namespace, *, with_broker: bool) -> WebConfig:

@@ -113,6 +113,7 @@ class BrokerChild:
         cmd, env = child_command("rankboard", self.cfg.argv())
         env["PYTHONUNBUFFERED"] = "1"
         env[PARENT_ENV] = str(os.getpid())  # the broker ends when we end, even SIGKILLed
+        env.update(self.cfg.child_env())  # the webhook URLs: never on a command line
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      env=env)
 

@@ -19,6 +19,34 @@ from web.hub import Hub
 from web.runstate import finite
 
 RANK_LABELS = ["run", "rank", "host"]
+#: The per-GPU families (PROTOCOL 2 health fields): a rank's labels plus its GPU's index.
+GPU_LABELS = RANK_LABELS + ["gpu"]
+#: Clock event reasons exported as ``rankboard_gpu_throttle{reason}`` (1 active, 0 not).
+THROTTLE_REASONS = ("sw_power_cap", "hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal")
+#: Health fields whose presence marks a GPU whose sampler reads health (section 2).
+_HEALTH_FIELDS = ("sm_clock_mhz", "ecc_uncorrected", "remapped_rows_pending",
+                  "remapped_rows_failed", "pcie_link_gen", "pcie_link_gen_max", "pcie_link_width",
+                  "pcie_link_width_max", "nvlink_errors")
+#: gauge key -> (family name, help, GpuSample field) of the per-GPU gauges read as is.
+_GPU_GAUGES = {
+    "sm_clock": ("rankboard_gpu_sm_clock_mhz", "The GPU's SM clock (MHz).", "sm_clock_mhz"),
+    "ecc": ("rankboard_gpu_ecc_uncorrected",
+            "Volatile uncorrected ECC errors of the GPU (since its last reset).", "ecc_uncorrected"),
+    "remap_pending": ("rankboard_gpu_remapped_rows_pending",
+                      "1 while a row remapping is pending on the GPU (reset it), else 0.",
+                      "remapped_rows_pending"),
+    "remap_failed": ("rankboard_gpu_remapped_rows_failed",
+                     "1 if a row remapping failed on the GPU (replace it), else 0.",
+                     "remapped_rows_failed"),
+    "pcie_gen": ("rankboard_gpu_pcie_link_gen", "The GPU's current PCIe link generation.",
+                 "pcie_link_gen"),
+    "pcie_gen_max": ("rankboard_gpu_pcie_link_gen_max", "The GPU's maximum PCIe link generation.",
+                     "pcie_link_gen_max"),
+    "pcie_width": ("rankboard_gpu_pcie_link_width", "The GPU's current PCIe link width (lanes).",
+                   "pcie_link_width"),
+    "pcie_width_max": ("rankboard_gpu_pcie_link_width_max",
+                       "The GPU's maximum PCIe link width (lanes).", "pcie_link_width_max"),
+}
 
 
 class HubCollector(Collector):
@@ -42,7 +70,26 @@ class HubCollector(Collector):
             "rankboard_late_steps", "Step points dropped because their step had closed.")
         closed = CounterMetricFamily(
             "rankboard_steps_closed", "Steps the broker closed and published (since its start).")
+        hooks = {
+            "sent": CounterMetricFamily(
+                "rankboard_webhooks_sent", "Alert webhook POSTs delivered (since the broker's start)."),
+            "failed": CounterMetricFamily(
+                "rankboard_webhooks_failed",
+                "Alert webhook attempts that did not deliver (a retried one each time)."),
+            "dropped": CounterMetricFamily(
+                "rankboard_webhooks_dropped", "Alert webhook POSTs given up undelivered (queue "
+                "full, out of retries, refused)."),
+        }
+        journal = CounterMetricFamily(
+            "rankboard_journal", "The broker journal's limits and repairs since its start, by "
+            "kind: early_flushes, dropped_bytes, damaged_entries, runs_not_loaded.",
+            labels=["kind"])
         if hb is not None:
+            hooks["sent"].add_metric([], hb.webhooks_sent)
+            hooks["failed"].add_metric([], hb.webhooks_failed)
+            hooks["dropped"].add_metric([], hb.webhooks_dropped)
+            for kind, count in sorted(hb.journal.items()):
+                journal.add_metric([kind], count)
             accepted.add_metric([], hb.accepted)
             for reason, count in sorted(hb.rejected.items()):
                 rejected.add_metric([reason], count)
@@ -54,6 +101,8 @@ class HubCollector(Collector):
         yield late
         yield late_steps
         yield closed
+        yield from hooks.values()
+        yield journal
 
         steps_done = GaugeMetricFamily(
             "rankboard_run_steps_done", "The last closed step of each run that has one.",
@@ -103,6 +152,7 @@ class HubCollector(Collector):
         yield gaps
 
         yield from self._rank_families()
+        yield from self._gpu_families()
 
     def _rank_families(self) -> Iterator[Metric]:
         now = self.clock()
@@ -160,6 +210,81 @@ class HubCollector(Collector):
                     if value is not None:
                         families[key].add_metric(labels, value)
         yield from families.values()
+
+
+    def _gpu_families(self) -> Iterator[Metric]:
+        """The GPU health of every rank's latest sample (PROTOCOL 2), one series per GPU,
+        and the XID tallies the broker keeps (a sample holds only the XIDs since the
+        previous one). A GPU whose sampler reads no health field exports none of these."""
+        gauges = {key: GaugeMetricFamily(name, text, labels=GPU_LABELS)
+                  for key, (name, text, _) in _GPU_GAUGES.items()}
+        throttle = GaugeMetricFamily(
+            "rankboard_gpu_throttle", "1 while the clock event reason is active on the GPU "
+            "(sw_power_cap is normal at full load), else 0.", labels=GPU_LABELS + ["reason"])
+        nvlink = CounterMetricFamily(
+            "rankboard_gpu_nvlink_errors", "NVLink CRC, replay and recovery errors of the GPU, "
+            "summed over its links.", labels=GPU_LABELS)
+        xid = CounterMetricFamily(
+            "rankboard_gpu_xid_errors", "XID errors the GPU reported since the broker started.",
+            labels=GPU_LABELS)
+        last_xid = GaugeMetricFamily(
+            "rankboard_gpu_last_xid", "The latest XID code the GPU reported.", labels=GPU_LABELS)
+        for state in self.hub.runs.values():
+            for entry in state.ranks_full:
+                if not isinstance(entry, dict):
+                    continue
+                res = entry.get("resources")
+                gpus = res.get("gpus") if isinstance(res, dict) else None
+                tallies = _xid_tallies(entry.get("gpu_xids"))
+                if not gpus and not tallies:
+                    continue
+                base = [state.run, str(entry.get("rank")), str(entry.get("host") or "")]
+                seen: set[str] = set()
+                for gpu in gpus if isinstance(gpus, list) else ():
+                    if not isinstance(gpu, dict) or not any(
+                            gpu.get(f) is not None for f in _HEALTH_FIELDS):
+                        continue
+                    index = str(gpu.get("device_index"))
+                    labels = base + [index]
+                    for key, (_, _, field) in _GPU_GAUGES.items():
+                        raw = gpu.get(field)
+                        value = float(raw) if isinstance(raw, bool) else finite(raw)
+                        if value is not None:
+                            gauges[key].add_metric(labels, value)
+                    reasons = gpu.get("throttle_reasons")
+                    active = set(reasons) if isinstance(reasons, list) else set()
+                    for reason in THROTTLE_REASONS:
+                        throttle.add_metric(labels + [reason], 1.0 if reason in active else 0.0)
+                    errors = finite(gpu.get("nvlink_errors"))
+                    if errors is not None:
+                        nvlink.add_metric(labels, errors)
+                    seen.add(index)
+                    count, last = tallies.get(index, (0, None))
+                    xid.add_metric(labels, count)
+                    if last is not None:
+                        last_xid.add_metric(labels, last)
+                for index, (count, last) in tallies.items():
+                    if index not in seen:  # an XID from a GPU the latest sample left out
+                        xid.add_metric(base + [index], count)
+                        if last is not None:
+                            last_xid.add_metric(base + [index], last)
+        yield from gauges.values()
+        yield throttle
+        yield nvlink
+        yield xid
+        yield last_xid
+
+
+def _xid_tallies(value: object) -> dict[str, tuple[float, float | None]]:
+    """A ranks entry's ``gpu_xids`` (``[{gpu, count, last}]``) as gpu -> (count, last)."""
+    out: dict[str, tuple[float, float | None]] = {}
+    if isinstance(value, list):
+        for item in value:
+            if isinstance(item, dict):
+                count = finite(item.get("count"))
+                if count is not None:
+                    out[str(item.get("gpu"))] = (count, finite(item.get("last")))
+    return out
 
 
 def make_registry(hub: Hub) -> CollectorRegistry:

@@ -97,9 +97,9 @@ class RunState:
         #: the last sequence number applied
         self.seq = 0
         self.header: dict[str, Any] = {}
-        #: the public ranks array (the feed's extra "loss" stripped)
+        #: the public ranks array (the feed's extra "loss" and "gpu_xids" stripped)
         self.ranks: list[dict[str, Any]] = []
-        #: the feed's ranks array as received (with "loss", for /metrics)
+        #: the feed's ranks array as received (with "loss" and "gpu_xids", for /metrics)
         self.ranks_full: list[dict[str, Any]] = []
         #: (seq, record) in ascending epoch order
         self.records: list[tuple[int, dict[str, Any]]] = []
@@ -179,10 +179,14 @@ class RunState:
         return state
 
 
+#: Keys of a feed ranks entry that only ``/metrics`` reads (the last loss, the XID tallies).
+FEED_ONLY_RANK_KEYS = frozenset(("loss", "gpu_xids"))
+
+
 def public_rank(entry: Any) -> Any:
-    """A feed ranks entry without the feed-only ``loss`` key (PROTOCOL 4's shape is exact)."""
-    if isinstance(entry, dict) and "loss" in entry:
-        return {k: v for k, v in entry.items() if k != "loss"}
+    """A feed ranks entry without the feed-only keys (PROTOCOL 4's shape is exact)."""
+    if isinstance(entry, dict) and not FEED_ONLY_RANK_KEYS.isdisjoint(entry):
+        return {k: v for k, v in entry.items() if k not in FEED_ONLY_RANK_KEYS}
     return entry
 
 

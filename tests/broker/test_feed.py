@@ -98,3 +98,22 @@ def test_feed_imports_only_msgspec() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_heartbeat_v3_fields_round_trip_and_default_for_an_older_broker() -> None:
+    import msgspec
+
+    beat = feed.decode_update(feed.encode_heartbeat(
+        "i", 1.0, 2, {"schema": 1}, 3, webhooks_sent=4, webhooks_failed=5, webhooks_dropped=6,
+        journal={"early_flushes": 7, "dropped_bytes": 8, "damaged_entries": 9,
+                 "runs_not_loaded": 10}))
+    assert isinstance(beat, feed.Heartbeat)
+    assert (beat.webhooks_sent, beat.webhooks_failed, beat.webhooks_dropped) == (4, 5, 6)
+    assert beat.journal == {"early_flushes": 7, "dropped_bytes": 8, "damaged_entries": 9,
+                            "runs_not_loaded": 10}
+    # a broker from before v3 sends none of them
+    old = {"instance": "i", "time": 1.0, "accepted": 2, "rejected": {}, "late_metrics": 0,
+           "runs": 3}
+    beat = feed.decode_update([feed.TOPIC_HEARTBEAT, msgspec.msgpack.encode(old)])
+    assert isinstance(beat, feed.Heartbeat)
+    assert (beat.webhooks_sent, beat.webhooks_failed, beat.webhooks_dropped, beat.journal) == (0, 0, 0, {})

@@ -6,12 +6,9 @@ constructor arguments, so nothing here sleeps to synchronise.
 """
 from __future__ import annotations
 
-import json
 import logging
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
 
 import pytest
@@ -25,6 +22,7 @@ from broker.webhooks import (
     webhook_urls,
 )
 from tests.support.polling import wait_for
+from tests.support.receiver import Receiver
 
 FIRING_KEYS = {"status", "run", "kind", "ranks", "hosts", "count", "message", "at", "url", "text", "content"}
 
@@ -148,54 +146,6 @@ def test_urls_from_flags_and_environment_and_redaction():
 
 
 # -- a real receiver ----------------------------------------------------------------------------
-
-
-class Receiver:
-    """An HTTP server on 127.0.0.1: records each POST, answers from ``statuses`` (then 200),
-    or holds requests open while ``hang`` is set (until released)."""
-
-    def __init__(self) -> None:
-        self.posts: list[dict[str, Any]] = []
-        self.paths: list[str] = []
-        self.statuses: list[int] = []
-        self.hang = False
-        self.release = threading.Event()
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                with receiver.lock:
-                    receiver.posts.append({"body": json.loads(body), "type": self.headers["Content-Type"]})
-                    receiver.paths.append(self.path)
-                    status = receiver.statuses.pop(0) if receiver.statuses else 200
-                if receiver.hang:
-                    receiver.release.wait(10)
-                    return
-                self.send_response(status)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/T000/SECRET-TOKEN"
-
-    def count(self) -> int:
-        with self.lock:
-            return len(self.posts)
-
-    def close(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
 
 
 @pytest.fixture
