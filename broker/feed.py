@@ -84,6 +84,8 @@ class Heartbeat(NamedTuple):
     runs: int
     late_steps: int = 0
     steps_closed: int = 0
+    #: the journal's counters (``Journal.counters()``: write failures, dropped bytes, ...)
+    journal: dict[str, int] = {}
 
 
 class PortUpdate(NamedTuple):
@@ -124,8 +126,9 @@ def encode_heartbeat(
     late_metrics: int = 0,
     late_steps: int = 0,
     steps_closed: int = 0,
+    journal: dict[str, int] | None = None,
 ) -> list[bytes]:
-    """PUB heartbeat message; ``rejected`` maps reason -> count."""
+    """PUB heartbeat message; ``rejected`` maps reason -> count, ``journal`` kind -> count."""
     body = {
         "instance": instance,
         "time": time,
@@ -135,6 +138,7 @@ def encode_heartbeat(
         "late_steps": late_steps,
         "steps_closed": steps_closed,
         "runs": runs,
+        "journal": dict(journal or {}),
     }
     return [TOPIC_HEARTBEAT, _pack(body)]
 
@@ -174,6 +178,7 @@ def decode_update(parts: list[bytes]) -> Update | None:
                 int(body["runs"]),
                 int(body.get("late_steps", 0)),
                 int(body.get("steps_closed", 0)),
+                {str(k): int(v) for k, v in body.get("journal", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise FeedError(f"malformed heartbeat: {exc!r}") from None

@@ -42,7 +42,14 @@ class HubCollector(Collector):
             "rankboard_late_steps", "Step points dropped because their step had closed.")
         closed = CounterMetricFamily(
             "rankboard_steps_closed", "Steps the broker closed and published (since its start).")
+        journal = CounterMetricFamily(
+            "rankboard_journal",
+            "The broker journal's limits and repairs, by kind: write_failures (a read-only or "
+            "full data dir), dropped_bytes, early_flushes, damaged_entries, runs_not_loaded.",
+            labels=["kind"])
         if hb is not None:
+            for kind, count in sorted(hb.journal.items()):
+                journal.add_metric([kind], count)
             accepted.add_metric([], hb.accepted)
             for reason, count in sorted(hb.rejected.items()):
                 rejected.add_metric([reason], count)
@@ -54,6 +61,7 @@ class HubCollector(Collector):
         yield late
         yield late_steps
         yield closed
+        yield journal
 
         steps_done = GaugeMetricFamily(
             "rankboard_run_steps_done", "The last closed step of each run that has one.",
