@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import agent_send  # noqa: E402
 import common  # noqa: E402
 import epoch_close  # noqa: E402
+import hostile_soak  # noqa: E402
 import ingest  # noqa: E402
 import journal_bench  # noqa: E402
 import page_bench  # noqa: E402
@@ -41,6 +42,7 @@ GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
     ("scaleout", scaleout.run),
     ("steps", steps_bench.run),
     ("page", page_bench.run),
+    ("soak", hostile_soak.run),
 ]
 
 #: name -> (target, "<=" or ">=") as the performance issue states them.
@@ -68,6 +70,9 @@ TARGETS: dict[str, tuple[float, str]] = {
     "page_live_cpu_ms_per_s": (100.0, "<="),
     "page_1024_ranks_update_ms": (50.0, "<="),
     "journal_bytes_per_noop_frame": (0.0, "<="),
+    "hostile_soak_honest_e2e_p99_ms": (250.0, "<="),
+    "hostile_soak_max_rss_mib": (1024.0, "<="),
+    "hostile_soak_honest_lost": (0.0, "<="),
 }
 NAMES = list(TARGETS)
 
