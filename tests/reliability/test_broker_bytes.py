@@ -138,6 +138,7 @@ def test_a_flood_of_4_mib_frames_keeps_the_broker_rss_bounded(
     flood.sndhwm = 2  # what waits is on the broker's side, not in this process
     flood.sndtimeo = 120_000
     try:
+        client.until(lambda u: isinstance(u, feed.Heartbeat), what="the feed (SUB joined)")
         honest.register("honest", 0, 1, host="h")
         honest.epoch("honest", 0, 1)
         client.events("honest", until=lambda u: u.kind == "epoch", timeout=30)
@@ -229,12 +230,37 @@ def test_a_writable_data_dir_reports_no_write_failures(
     pusher = Pusher(eps["ingest"])
     try:
         pusher.register("w", 0, 1, host="h")
-        client.events("w", until=lambda u: u.kind == "run")
         hb: Any
         hb, _ = client.until(lambda u: isinstance(u, feed.Heartbeat) and u.accepted >= 1,
                              what="a heartbeat")
         assert hb.journal.get("write_failures") == 0
         assert set(hb.journal) >= {"write_failures", "dropped_bytes", "early_flushes"}
+    finally:
+        pusher.close()
+        client.close()
+
+
+def test_a_cached_snapshot_is_never_behind_what_was_published(
+        ctx: zmq.Context, thread_broker: RunningBroker) -> None:
+    """The snapshot cache is keyed by the run's seq: a snapshot asked right after an event
+    holds it, and a run evicted and brought back (a new sink) is never served stale."""
+    eps = thread_broker.endpoints
+    client = FeedClient(ctx, eps["publish"], eps["snapshot"])
+    pusher = Pusher(eps["ingest"])
+    try:
+        client.until(lambda u: isinstance(u, feed.Heartbeat), what="the feed (SUB joined)")
+        pusher.register("c", 0, 1, host="h")
+        client.events("c", until=lambda u: u.kind == "run")
+        for e in range(5):
+            pusher.epoch("c", e, 1)
+            ev = client.events("c", until=lambda u: u.kind == "epoch")[-1]
+            snaps, _ = client.snapshot("c")
+            assert snaps[0]["seq"] >= ev.seq
+            assert [r["epoch"] for _, r in snaps[0]["records"]] == list(range(e + 1))
+            again, _ = client.snapshot("c")  # from the cache: the same
+            assert again[0]["seq"] == snaps[0]["seq"] and again[0]["records"] == snaps[0]["records"]
+        sink = thread_broker.server.runs.get("c")
+        assert sink is not None and thread_broker.server._snap_cache["c"][0]() is sink
     finally:
         pusher.close()
         client.close()
