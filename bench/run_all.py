@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import agent_send  # noqa: E402
 import common  # noqa: E402
 import epoch_close  # noqa: E402
+import hostile_soak  # noqa: E402
 import ingest  # noqa: E402
 import journal_bench  # noqa: E402
 import page_bench  # noqa: E402
@@ -49,6 +50,7 @@ GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
     ("stacks", stacks_bench.run),
     ("report", report_bench.run),
     ("webhook", webhook_bench.run),
+    ("soak", hostile_soak.run),
 ]
 
 #: name -> (target, "<=" or ">=") as the performance issue states them.
@@ -85,6 +87,9 @@ TARGETS: dict[str, tuple[float, str]] = {
     "report_1m_s": (3.0, "<="),
     "report_first_draw_s": (2.0, "<="),
     "webhook_storm_posts": (1.0, "<="),
+    "hostile_soak_honest_e2e_p99_ms": (250.0, "<="),
+    "hostile_soak_max_rss_mib": (1024.0, "<="),
+    "hostile_soak_honest_lost": (0.0, "<="),
 }
 NAMES = list(TARGETS)
 

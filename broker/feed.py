@@ -106,7 +106,8 @@ class Heartbeat(NamedTuple):
 
 
 #: The journal's counters a heartbeat carries (``Journal.counters()``, since start).
-JOURNAL_COUNTERS = ("early_flushes", "dropped_bytes", "damaged_entries", "runs_not_loaded")
+JOURNAL_COUNTERS = ("early_flushes", "dropped_bytes", "damaged_entries", "runs_not_loaded",
+                    "write_failures")
 
 
 class PortUpdate(NamedTuple):

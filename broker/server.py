@@ -7,7 +7,8 @@ moves bytes, in one thread, around one ``zmq.Poller``:
   batch is journaled and flushed once, then its events are PUBlished, each encoded once.
   Flushing before publishing means no event leaves the broker before the frame that caused
   it is handed to the OS, and sequence reservations are written before their ids are used.
-* The ROUTER answers snapshot requests between batches (Clone pattern): since every event is
+* The ROUTER answers snapshot requests between batches (Clone pattern), at most
+  ``SNAPSHOT_SLICE_S`` of them a turn, from a cache of encoded snapshots: since every event is
   published as soon as it exists, a snapshot is always exactly "everything published so far".
 * The poll timeout (``poll_interval``) drives ``Runs.tick`` and the 1 s heartbeat.
 * Alert webhooks (PROTOCOL 3.1) run in a thread of their own (:mod:`broker.webhooks`): the
@@ -27,6 +28,8 @@ import re
 import threading
 import time
 import uuid
+import weakref
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Sequence, Union
 
@@ -59,11 +62,36 @@ DEFAULT_INGEST = protocol.DEFAULT_INGEST
 DEFAULT_PUBLISH = protocol.DEFAULT_PUBLISH
 DEFAULT_SNAPSHOT = protocol.DEFAULT_SNAPSHOT
 
-#: The transport-level cap on an ingest message. Twice the protocol limit on purpose: a
-#: message between the two reaches :class:`Runs` and is rejected *and counted* as
-#: ``oversize`` (PROTOCOL 2: "rejected and counted"); only beyond it does ZeroMQ drop the
-#: message and disconnect the peer, which nobody can count but which bounds memory.
-DEFAULT_MAX_MESSAGE_BYTES = 2 * protocol.MAX_FRAME_BYTES
+#: The transport-level cap on an ingest message: the protocol's 4 MiB frame limit plus 64 KiB.
+#: A message just over the protocol limit still reaches :class:`Runs` and is rejected *and
+#: counted* as ``oversize`` (PROTOCOL 2); beyond this ZeroMQ drops it before allocating it and
+#: disconnects the peer (nobody can count that, but it bounds what one message can pin).
+DEFAULT_MAX_MESSAGE_BYTES = protocol.MAX_FRAME_BYTES + 64 * 1024
+#: Messages the ingest socket queues per connected sender before back-pressure (the sender
+#: waits; an agent drops by its own bounded-queue rule). ZeroMQ counts messages, not bytes,
+#: so this is what bounds the bytes waiting in the broker: at most INGEST_RCVHWM x
+#: DEFAULT_MAX_MESSAGE_BYTES (~130 MiB) per connection, plus the one being read. It was
+#: 100,000 (x 8 MiB): 600 valid 4 MiB frames took the broker from 42 MB to 5.3 GB (issue 19
+#: finding 2). 32 small frames still keep a raw PULL far faster than the broker decodes.
+INGEST_RCVHWM = 32
+#: Bytes one ingest batch takes in before it is journaled, flushed and published: whatever a
+#: batch holds in proportion to its input (events, journal buffers) stays bounded by bytes,
+#: not by ``batch_limit`` messages of up to 4 MiB each.
+INGEST_BATCH_BYTES = 16 * 1024 * 1024
+
+#: Snapshot work (seconds) the loop does before it turns back to the ingest: requests left
+#: over wait in the ROUTER for the next turn, so a storm of snapshot requests delays a new
+#: run's first frame by about this much plus one encoding, not by the whole storm (issue 19
+#: finding 10: 60 requests for a wide run held the ingest 12.7 s).
+SNAPSHOT_SLICE_S = 0.02
+#: Bytes of encoded run snapshots kept for reuse; a run's entry is good while its ``seq`` is
+#: unchanged (everything published is in it, ids never repeat). The most recent entry is
+#: kept even when it alone is larger.
+SNAPSHOT_CACHE_BYTES = 64 * 1024 * 1024
+#: ... and for at most this long (seconds): state that changes without an event (a rank's
+#: ``last_seen``, the header's ``updated_at``) stays at most a second behind, as PROTOCOL 4
+#: promises of ``ranks``.
+SNAPSHOT_CACHE_MAX_AGE_S = 1.0
 
 
 class StartError(OSError):
@@ -204,6 +232,12 @@ class BrokerServer:
         #: requests for dumps forwarded to ranks, and the malformed ones refused
         self.stacks_requests = 0
         self.stacks_requests_refused = 0
+        # run -> (its sink, weakly: an evicted run's sink must not live on here; the seq
+        # encoded; the encoded parts; their bytes; when, monotonic). LRU, bounded by
+        # SNAPSHOT_CACHE_BYTES.
+        self._snap_cache: OrderedDict[
+            str, tuple[weakref.ref[RunSink], int, list[bytes], int, float]] = OrderedDict()
+        self._snap_cache_bytes = 0
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -245,7 +279,7 @@ class BrokerServer:
         assert ctx is not None
         pull = self._pull = ctx.socket(zmq.PULL)
         pull.linger = 0
-        pull.rcvhwm = 100_000
+        pull.rcvhwm = INGEST_RCVHWM
         pull.maxmsgsize = self.max_message_bytes
         pub = self._pub = ctx.socket(zmq.PUB)
         pub.linger = 0
@@ -428,7 +462,8 @@ class BrokerServer:
             self._pending_ports.append((frame.run, frame.rank, frame.port))
 
     def _drain_ingest(self) -> None:
-        """Receive up to ``batch_limit`` messages, journal them, then publish their events.
+        """Receive up to ``batch_limit`` messages (and about INGEST_BATCH_BYTES), journal
+        them, then publish their events.
 
         The per-message loop is the broker's hot path: lookups are hoisted out of it, a
         message is taken with one non-blocking ``recv`` (copied: small frames are cheaper
@@ -444,11 +479,15 @@ class BrokerServer:
         again = zmq.Again
         ingest = self.runs.ingest
         ports = self._pending_ports
+        budget = INGEST_BATCH_BYTES
         for _ in range(self.batch_limit):
+            if budget < 0:
+                break
             try:
                 raw = recv(noblock)
             except again:
                 break
+            budget -= len(raw)
             try:
                 events = ingest(raw, now)
             except Exception:  # a bug, not bad input (Runs counts those): keep serving
@@ -560,11 +599,54 @@ class BrokerServer:
         log.info("stacks request %s (%s) forwarded to run %r, ranks %s", req["request_id"],
                  req["kind"], req["run"], "all" if req["ranks"] is None else req["ranks"])
 
+    def _run_snapshots(self, run: str | None) -> list[list[bytes]]:
+        """The encoded snapshots of ``run`` (None: every run), each reused from the cache
+        while its run's ``seq`` has not moved (for at most SNAPSHOT_CACHE_MAX_AGE_S): building and encoding a wide run's snapshot
+        costs tens of milliseconds, a request storm must not pay it per request."""
+        if run is None:
+            sinks = self.runs.sinks()
+        else:
+            one = self.runs.get(run)
+            sinks = [] if one is None else [one]
+        cache = self._snap_cache
+        out: list[list[bytes]] = []
+        fresh = time.monotonic() - SNAPSHOT_CACHE_MAX_AGE_S
+        for sink in sinks:
+            entry = cache.get(sink.run)
+            if (entry is not None and entry[0]() is sink and entry[1] == sink.seq
+                    and entry[4] >= fresh):
+                cache.move_to_end(sink.run)
+                out.append(entry[2])
+                continue
+            seq = sink.seq
+            parts = self._encode_snapshot(sink.snapshot())
+            if parts is None:
+                continue
+            out.append(parts)
+            if entry is not None:
+                self._snap_cache_bytes -= entry[3]
+            size = sum(len(p) for p in parts)
+            cache[sink.run] = (weakref.ref(sink), seq, parts, size, time.monotonic())
+            cache.move_to_end(sink.run)
+            self._snap_cache_bytes += size
+            while self._snap_cache_bytes > SNAPSHOT_CACHE_BYTES and len(cache) > 1:
+                _, gone = cache.popitem(last=False)
+                self._snap_cache_bytes -= gone[3]
+        return out
+
     def _serve_snapshots(self) -> None:
-        """Answer every pending snapshot request: one RUN per run, then END."""
+        """Answer pending snapshot requests (one RUN per run, then END) for at most
+        SNAPSHOT_SLICE_S; the rest wait for the loop's next turn, after the ingest's.
+
+        Replies are sent zero-copy: the parts of a cached snapshot are shared by every reply
+        queued for it, so N requests from a client that does not read hold one copy, not N.
+        """
         router = self._router
         assert router is not None
+        deadline = time.monotonic() + SNAPSHOT_SLICE_S
         for _ in range(100):
+            if time.monotonic() >= deadline:
+                return
             try:
                 parts = router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -582,13 +664,12 @@ class BrokerServer:
             except feed.FeedError as exc:
                 self._rlog.warning("snapshot_request", "bad snapshot request: %s", exc)
                 continue
-            snaps = self.runs.snapshot(run)
-            encoded = [m for m in map(self._encode_snapshot, snaps) if m is not None]
+            encoded = self._run_snapshots(run)
             try:
                 for parts in encoded:
-                    router.send_multipart(envelope + parts, zmq.NOBLOCK)
+                    router.send_multipart(envelope + parts, zmq.NOBLOCK, copy=False)
                 end = feed.encode_snapshot_end(self.instance, len(encoded))
                 router.send_multipart(envelope + end, zmq.NOBLOCK)
             except zmq.ZMQError as exc:  # EHOSTUNREACH / EAGAIN: peer gone or not reading
                 self._rlog.warning("snapshot_send", "snapshot reply abandoned: %s", exc.strerror)
-            log.debug("snapshot of %s: %d runs", run or "all runs", len(snaps))
+            log.debug("snapshot of %s: %d runs", run or "all runs", len(encoded))
