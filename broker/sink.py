@@ -440,17 +440,15 @@ class RunSink:
     def _publish_steps(self, now: float) -> None:
         """One ``steps`` event with every step closed since the last one (at most one per
         STEPS_INTERVAL, or at once when the run ends)."""
+        before = self.steps.rows
         out = self._steps.take(now)
         self._emit("steps", {"steps": out})
         if self.status == "waiting":
             self.status = "training"
             self._header_changed = True
-        for record in reversed(out):
-            loss = record["metrics"].get("loss")
-            if loss is not None and not math.isfinite(loss[0]):
-                self._raise("nonfinite_loss", None, f"step {record['step']}: loss is {loss[0]}",
-                            now)
-                break
+        bad = self.steps.last_nonfinite("loss", since=before)  # array scan, not per record
+        if bad is not None:
+            self._raise("nonfinite_loss", None, f"step {bad[0]}: loss is {bad[1]}", now)
 
     def _on_metrics(self, frame: Metrics, st: RankState) -> None:
         rank = st.rank

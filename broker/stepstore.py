@@ -23,7 +23,7 @@ million-step run travels as ~40 MB of arrays and loads with ``np.frombuffer``.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -207,6 +207,37 @@ class StepStore:
                 series = self.metrics[name] = Series()
                 self._names = None
             _extend(series, rows, vals)
+        self.rows = end
+
+    def append_columns(self, step: np.ndarray, time: np.ndarray, n: np.ndarray,
+                       slowest: np.ndarray, samples: np.ndarray, tokens: np.ndarray,
+                       step_ms: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+                       metrics: Iterable[tuple[str, np.ndarray, np.ndarray, np.ndarray,
+                                               np.ndarray]]) -> None:
+        """Append a batch of closed steps given as arrays (the broker's close: one call per
+        batch, no Python per step): the row columns (``time`` NaN: none; ``slowest`` -1:
+        none), then each series as ``(idx, mean, lo, hi)`` with ``idx`` the position in the
+        batch (ascending) of the steps where it has a value."""
+        k = len(step)
+        if not k:
+            return
+        base = self._reserve(k)
+        cols = self._cols
+        end = base + k
+        cols["step"][base:end] = step
+        cols["time"][base:end] = time
+        cols["n"][base:end] = n
+        cols["slowest"][base:end] = slowest
+        cols["samples"][base:end] = samples
+        cols["tokens"][base:end] = tokens
+        idx, mean, lo, hi = step_ms
+        self.step_ms.extend(idx + base, mean, lo, hi)
+        for name, idx, mean, lo, hi in metrics:
+            series = self.metrics.get(name)
+            if series is None:
+                series = self.metrics[name] = Series()
+                self._names = None
+            series.extend(idx + base, mean, lo, hi)
         self.rows = end
 
     # ----------------------------------------------------------------- wire form
