@@ -97,6 +97,39 @@ def drive(raws: List[bytes], dt: float) -> tuple[Runs, float, int]:
     return runs, cpu, published
 
 
+def decode_cpu(raws: List[bytes]) -> float:
+    """CPU seconds of decoding (and validating) ``raws``: the floor of any broker."""
+    decode = protocol.decode
+    t0 = time.thread_time()
+    for raw in raws:
+        decode(raw)
+    return time.thread_time() - t0
+
+
+def split(raws: List[bytes], dt: float) -> None:
+    """Broker CPU per frame split into decode, sink (``Runs.apply`` without a journal) and
+    the whole path (journal on), best of 3 each, interleaved (a loaded machine)."""
+    frames = [protocol.decode(r) for r in raws]
+    best: dict[str, float] = {}
+    for _ in range(3):
+        best["decode"] = min(best.get("decode", 1e9), decode_cpu(raws))
+        runs = Runs()
+        now = 1000.0
+        t0 = time.thread_time()
+        for f in frames:
+            runs.apply(f, now)
+            now += dt
+        for _ in range(30):
+            now += 0.1
+            runs.tick(now)
+        best["sink"] = min(best.get("sink", 1e9), time.thread_time() - t0)
+        best["all"] = min(best.get("all", 1e9), drive(raws, dt)[1])
+    n = len(raws)
+    d, k, a = (best[x] / n * 1e6 for x in ("decode", "sink", "all"))
+    print(f"  per frame: decode {d:.2f} us, sink (no decode, no journal) {k:.2f} us, "
+          f"all {a:.2f} us; all / decode {a / d:.2f}")
+
+
 def main(argv: List[str]) -> None:
     case = argv[0] if argv else "frame"
     if case == "frame":
@@ -107,6 +140,9 @@ def main(argv: List[str]) -> None:
         raws = frames_close_case()
         dt = 1 / 1000
         n_setup = 1
+    if "--split" in argv:
+        split(raws, dt)
+        return
     prof = cProfile.Profile() if "--profile" in argv else None
     if prof is not None:
         prof.enable()

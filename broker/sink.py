@@ -424,9 +424,9 @@ class RunSink:
         self._close_steps(now)
 
     def _on_steps(self, frame: Steps, st: RankState, now: float) -> None:
-        if self._closer.add(frame, now, not st.finished):
-            self._close_steps(now)  # (grace and force close also run in tick)
-        self._publish_steps_due(now)
+        # (grace and force close also run in tick)
+        if self._steps.add(frame, now, not st.finished, self.world_size):
+            self._publish_steps(now)
 
     def _close_steps(self, now: float) -> None:
         """Queue what the closer lets close now (watermark, grace, force close)."""

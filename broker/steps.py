@@ -51,8 +51,7 @@ import heapq
 import math
 from bisect import bisect_left, bisect_right
 from collections import Counter, deque
-from itertools import chain, compress, repeat
-from operator import attrgetter, itemgetter
+from itertools import chain, repeat
 from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import msgspec
@@ -78,16 +77,6 @@ _NAN = math.nan
 _INF = math.inf
 _fsum = math.fsum
 _chain = chain.from_iterable
-_steps = attrgetter("steps")
-_times = attrgetter("times")
-_step_ms = attrgetter("step_ms")
-_samples = attrgetter("samples")
-_tokens = attrgetter("tokens")
-_metrics = attrgetter("metrics")
-_rank = attrgetter("rank")
-_first = itemgetter(0)
-_last = itemgetter(-1)
-_values = dict.values
 _EMPTY_I = np.empty(0, np.int64)
 _EMPTY_F = np.empty(0, np.float64)
 
@@ -110,21 +99,6 @@ def _opt_floats(values: List[Any]) -> Tuple[np.ndarray, Optional[np.ndarray]]:
         return arr, None
     has[gone] = False
     return arr, has
-
-
-def _counts(lists: List[List[int]], ks: np.ndarray, total: int) -> np.ndarray:
-    """``samples``/``tokens`` of the frames flat (a frame that did not send them: zeros)."""
-    if all(lists):
-        return np.fromiter(_chain(lists), np.int64, total)
-    if not any(lists):
-        return np.zeros(total, np.int64)
-    out = np.zeros(total, np.int64)
-    pos = 0
-    for lst, k in zip(lists, ks.tolist()):
-        if lst:
-            out[pos:pos + k] = lst
-        pos += k
-    return out
 
 
 def _starts(keys: np.ndarray) -> np.ndarray:
@@ -166,21 +140,67 @@ def _reduce(vals: np.ndarray, starts: np.ndarray) -> Tuple[np.ndarray, np.ndarra
         need = (cnt >= 3) | ~np.isfinite(mean)
         need &= ~bad
     groups = np.flatnonzero(need)
-    if len(groups):
+    if len(groups) and _LD_CERTIFY:
+        small = cnt[groups] <= _LD_MAX_N
+        if small.any():
+            groups = np.concatenate((_exact_sums(vals, starts, cnt, groups[small], mean),
+                                     groups[~small]))
+    if len(groups):  # fsum, one C call per group (no bytecode per value)
         vl = vals.tolist()
-        st = starts.tolist()
-        ends = st[1:] + [n]
-        for g in groups.tolist():
-            seg = vl[st[g]:ends[g]]
+        st = starts[groups].tolist()
+        en = (starts[groups] + cnt[groups]).tolist()
+        segs = list(map(vl.__getitem__, map(slice, st, en)))
+        try:
+            sums = np.array(list(map(_fsum, segs)))
+        except OverflowError:  # some group overflows: one by one
+            sums = np.array([_fsum_or_inf(seg) for seg in segs])
+        with np.errstate(all="ignore"):
+            means = sums / cnt[groups]
+        for i in np.flatnonzero(~np.isfinite(means)).tolist():  # an intermediate overflow of finite values: scale
+            seg = segs[i]
             k = len(seg)
-            try:
-                m = _fsum(seg) / k
-            except OverflowError:
-                m = math.inf
-            if not math.isfinite(m):  # an intermediate overflow of finite values: scale
-                m = _fsum([v / k for v in seg])
-            mean[g] = m
+            means[i] = _fsum([v / k for v in seg])
+        mean[groups] = means
     return mean, lo, hi
+
+
+#: Sums in long double can be certified exactly rounded where it is wider than float64
+#: (x86: 64-bit mantissa); where it is not, every group takes ``fsum``.
+_LD_CERTIFY = np.finfo(np.longdouble).nmant > np.finfo(np.float64).nmant + 8
+#: unit roundoff of long double, with a margin for the rounding of the bound itself
+_LD_U = float(np.finfo(np.longdouble).eps) / 2 * 1.01
+#: Groups of more values go to ``fsum`` directly: the bound grows with n, and past ~64
+#: values (x86) it fails to prove the rounding about as often as not (measured: 1,024
+#: values, 80% of groups), so trying first would only add work.
+_LD_MAX_N = 64
+
+
+def _fsum_or_inf(values: List[float]) -> float:
+    try:
+        return _fsum(values)
+    except OverflowError:
+        return math.inf
+
+
+def _exact_sums(vals: np.ndarray, starts: np.ndarray, cnt: np.ndarray, groups: np.ndarray,
+                mean: np.ndarray) -> np.ndarray:
+    """Set ``mean`` of the ``groups`` (all-finite values) whose float64 sum a long-double
+    sum proves exactly rounded; return the groups it could not prove (for ``fsum``).
+
+    The long-double sum of n values is within ``(n - 1) * u * sum|v|`` of the exact one
+    (recursive summation; pairwise is tighter), u the unit roundoff; when
+    both ends of that interval round to the same float64, so does the exact sum, which is
+    then what ``fsum`` returns. One vectorised pass instead of a C ``fsum`` call per group
+    and a Python list of the values (a 1,024-rank step: 5 x 1,024 values)."""
+    ld = vals.astype(np.longdouble)
+    with np.errstate(all="ignore"):
+        total = np.add.reduceat(ld, starts)[groups]
+        err = np.add.reduceat(np.abs(ld), starts)[groups] * (cnt[groups] * _LD_U)
+        lo = (total - err).astype(np.float64)
+        hi = (total + err).astype(np.float64)
+    ok = (lo == hi) & np.isfinite(lo)
+    mean[groups[ok]] = lo[ok] / cnt[groups[ok]]
+    return groups[~ok]
 
 
 def _slice(frame: Steps, i: int, j: int) -> Steps:
@@ -305,23 +325,157 @@ def _spread(k: int, idx: np.ndarray, items: List[Any]) -> List[Any]:
     return out
 
 
-def close_frames(frames: List[Steps]) -> Optional[ClosedSteps]:
-    """Every point of ``frames`` (arrival order; per (rank, step) the last one wins) closed
-    into one :class:`ClosedSteps` (None: no point). See the module docstring for how."""
-    nf = len(frames)
-    if not nf:
-        return None
-    step_lists = list(map(_steps, frames))
-    ks = np.fromiter(map(len, step_lists), np.int64, nf)
-    total = int(ks.sum())
+class _Cols:
+    """Pending points as flat arrays, one entry per received (rank, step) point, arrival
+    order; metric values in long form (``m_pos``: the entry, ``m_name``: index into
+    ``names``; ``None`` values are not entries)."""
+
+    __slots__ = ("step", "rank", "time", "ms", "ms_has", "samples", "tokens", "m_pos",
+                 "m_name", "m_val", "names")
+
+    def __init__(self, step: np.ndarray, rank: np.ndarray, time: np.ndarray, ms: np.ndarray,
+                 ms_has: np.ndarray, samples: np.ndarray, tokens: np.ndarray,
+                 m_pos: np.ndarray, m_name: np.ndarray, m_val: np.ndarray,
+                 names: List[str]) -> None:
+        self.step, self.rank, self.time, self.ms, self.ms_has = step, rank, time, ms, ms_has
+        self.samples, self.tokens = samples, tokens
+        self.m_pos, self.m_name, self.m_val, self.names = m_pos, m_name, m_val, names
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def select(self, keep: np.ndarray) -> _Cols:
+        """The entries where ``keep`` (arrival order kept)."""
+        new = np.cumsum(keep) - 1
+        mk = keep[self.m_pos]
+        return _Cols(self.step[keep], self.rank[keep], self.time[keep], self.ms[keep],
+                     self.ms_has[keep], self.samples[keep], self.tokens[keep],
+                     new[self.m_pos[mk]], self.m_name[mk], self.m_val[mk], self.names)
+
+    def then(self, later: _Cols) -> _Cols:
+        """These entries followed by ``later``'s (which arrived after them)."""
+        if not len(self):
+            return later
+        if not len(later):
+            return self
+        names = self.names
+        m_name = later.m_name
+        if later.names != names:
+            ids = {name: i for i, name in enumerate(names)}
+            names = names + [n for n in later.names if n not in ids]
+            ids = {name: i for i, name in enumerate(names)}
+            remap = np.array([ids[n] for n in later.names], np.int64)
+            m_name = remap[m_name] if len(m_name) else m_name
+        n = len(self)
+        cat = np.concatenate
+        return _Cols(cat((self.step, later.step)), cat((self.rank, later.rank)),
+                     cat((self.time, later.time)), cat((self.ms, later.ms)),
+                     cat((self.ms_has, later.ms_has)), cat((self.samples, later.samples)),
+                     cat((self.tokens, later.tokens)), cat((self.m_pos, later.m_pos + n)),
+                     cat((self.m_name, m_name)), cat((self.m_val, later.m_val)), names)
+
+
+class _Buffer:
+    """Points received since the last close, as flat Python lists: a frame's lists are
+    appended as slices (``list.extend``, C), so a frame costs a fixed number of calls; its
+    metric values go in as the frame's lists, with the frame's names noted once per run of
+    frames that name the same metrics (nearly always one run: every rank logs the same)."""
+
+    __slots__ = ("step", "time", "ms", "samples", "tokens", "frank", "fk", "mvals", "groups",
+                 "gnames")
+
+    def __init__(self) -> None:
+        self.step: List[int] = []
+        self.time: List[float] = []
+        self.ms: List[Optional[float]] = []
+        self.samples: List[int] = []
+        self.tokens: List[int] = []
+        self.frank: List[int] = []  # per frame: its rank
+        self.fk: List[int] = []  # per frame: its number of points
+        self.mvals: List[List[Optional[float]]] = []  # per frame and name, the frame's list
+        self.groups: List[List[Any]] = []  # [names, frames]: consecutive frames naming them
+        self.gnames: Optional[List[str]] = None
+
+    def __bool__(self) -> bool:
+        return bool(self.fk)
+
+    def add(self, frame: Steps) -> None:
+        steps = frame.steps
+        k = len(steps)
+        self.step += steps
+        self.time += frame.times
+        self.ms += frame.step_ms
+        samples = frame.samples
+        self.samples += samples if samples else _zeros(k)
+        tokens = frame.tokens
+        self.tokens += tokens if tokens else _zeros(k)
+        self.frank.append(frame.rank)
+        self.fk.append(k)
+        metrics = frame.metrics
+        names = list(metrics)
+        if names == self.gnames:
+            self.groups[-1][1] += 1
+        else:
+            self.gnames = names
+            self.groups.append([names, 1])
+        self.mvals += metrics.values()
+
+    def take(self) -> _Cols:
+        """The buffered points as :class:`_Cols` (the buffer is emptied)."""
+        fk = np.array(self.fk, np.int64)
+        step = np.array(self.step, np.int64)
+        ms, has = _opt_floats(self.ms)
+        names: List[str] = []
+        ids: Dict[str, int] = {}
+        cid, clen, cbase = [], [], []
+        fbase = np.cumsum(fk) - fk
+        f0 = 0
+        for gnames, n in self.groups:
+            if gnames:
+                for name in gnames:
+                    if name not in ids:
+                        ids[name] = len(names)
+                        names.append(name)
+                g = len(gnames)
+                cid.append(np.tile(np.array([ids[x] for x in gnames], np.int64), n))
+                clen.append(np.repeat(fk[f0:f0 + n], g))
+                cbase.append(np.repeat(fbase[f0:f0 + n], g))
+            f0 += n
+        if cid:
+            vals, vhas = _opt_floats(list(_chain(self.mvals)))
+            lens = np.concatenate(clen)
+            m_name = np.repeat(np.concatenate(cid), lens)
+            m_pos = np.repeat(np.concatenate(cbase) - (np.cumsum(lens) - lens), lens) + \
+                np.arange(len(vals))
+            if vhas is not None:
+                vals, m_name, m_pos = vals[vhas], m_name[vhas], m_pos[vhas]
+        else:
+            vals, m_name, m_pos = _EMPTY_F, _EMPTY_I, _EMPTY_I
+        cols = _Cols(step, np.repeat(np.array(self.frank, np.int64), fk),
+                     np.array(self.time, np.float64), ms,
+                     np.ones(len(step), bool) if has is None else has,
+                     np.array(self.samples, np.int64), np.array(self.tokens, np.int64),
+                     m_pos, m_name, vals, names)
+        self.__init__()  # type: ignore[misc]
+        return cols
+
+
+_ZEROS: List[int] = [0] * 1024
+
+
+def _zeros(k: int) -> List[int]:
+    return _ZEROS if k == 1024 else _ZEROS[:k]
+
+
+def close_columns(cols: _Cols) -> Optional[ClosedSteps]:
+    """Every point of ``cols`` (per (rank, step) the last one wins) closed into one
+    :class:`ClosedSteps` (None: no point). See the module docstring for how."""
+    total = len(cols)
     if not total:
         return None
-    step = np.fromiter(_chain(step_lists), np.int64, total)
-    frame_ranks = np.fromiter(map(_rank, frames), np.int64, nf)
-    rank = np.repeat(frame_ranks, ks)
+    step, rank = cols.step, cols.rank
     # (step, rank) order; stable, so of a rank's repeated points the last sent is last
-    if (nf == 1 or not (frame_ranks != frame_ranks[0]).any()) and (
-            total == 1 or bool((step[1:] > step[:-1]).all())):
+    if total == 1 or (not (rank != rank[0]).any() and bool((step[1:] > step[:-1]).all())):
         sel: Optional[np.ndarray] = None  # one rank, ascending: already in order, no repeat
         step_s, rank_s = step, rank
     else:
@@ -337,24 +491,23 @@ def close_frames(frames: List[Steps]) -> Optional[ClosedSteps]:
     entries = len(step_s)
     starts = _starts(step_s)
     nsteps = len(starts)
-    seg = np.repeat(np.arange(nsteps), np.diff(np.append(starts, entries)))
+    counts = np.diff(np.append(starts, entries))
+    seg = np.repeat(np.arange(nsteps), counts)
 
     def pick(arr: np.ndarray) -> np.ndarray:
         return arr if sel is None else arr[sel]
 
     out = ClosedSteps()
     out.step = step_s[starts]
-    out.n = np.diff(np.append(starts, entries))
-    out.time = np.fmax.reduceat(pick(np.fromiter(_chain(map(_times, frames)), np.float64,
-                                                 total)), starts)
-    out.samples = np.add.reduceat(pick(_counts(list(map(_samples, frames)), ks, total)), starts)
-    out.tokens = np.add.reduceat(pick(_counts(list(map(_tokens, frames)), ks, total)), starts)
+    out.n = counts
+    out.time = np.fmax.reduceat(pick(cols.time), starts)
+    out.samples = np.add.reduceat(pick(cols.samples), starts)
+    out.tokens = np.add.reduceat(pick(cols.tokens), starts)
     # step_ms: its reduction, and the slowest rank
-    ms, has = _opt_floats(list(_chain(map(_step_ms, frames))))
-    ms, ms_seg, ms_rank = pick(ms), seg, rank_s
-    if has is not None:
-        h = pick(has)
-        ms, ms_seg, ms_rank = ms[h], seg[h], rank_s[h]
+    ms, has = pick(cols.ms), pick(cols.ms_has)
+    ms_seg, ms_rank = seg, rank_s
+    if not has.all():
+        ms, ms_seg, ms_rank = ms[has], seg[has], rank_s[has]
     slowest = np.full(nsteps, -1, np.int64)
     if len(ms):
         g0 = _starts(ms_seg)
@@ -367,45 +520,41 @@ def close_frames(frames: List[Steps]) -> Optional[ClosedSteps]:
             first = at_top[_starts(tseg)]  # the lowest rank of a step at its top
             slowest[ms_seg[first]] = ms_rank[first]
     out.slowest = slowest
-    # metrics, long form
-    dicts = list(map(_metrics, frames))
-    nn = np.fromiter(map(len, dicts), np.int64, nf)
-    if nn.any():
-        chunk_names = list(_chain(dicts))
-        chunks = list(_chain(map(_values, dicts)))
-        nc = len(chunks)
-        clen = np.fromiter(map(len, chunks), np.int64, nc)
-        vals, vhas = _opt_floats(list(_chain(chunks)))
-        nv = len(vals)
-        names = sorted(set(chunk_names))
-        ids = {name: i for i, name in enumerate(names)}
-        cid = np.fromiter(map(ids.__getitem__, chunk_names), np.int64, nc)
-        cbase = np.repeat(np.cumsum(ks) - ks, nn)  # entry of each chunk's first value
-        cstart = np.cumsum(clen) - clen
-        pos = np.repeat(cbase - cstart, clen) + np.arange(nv)
+    # metrics, long form, sorted by (name, step, rank)
+    if len(cols.m_val):
+        names = cols.names
+        by_name = sorted(range(len(names)), key=names.__getitem__)
+        rank_of = np.empty(len(names), np.int64)
+        rank_of[by_name] = np.arange(len(names))
+        vid = rank_of[cols.m_name]
+        vals = cols.m_val
         if sel is None:
-            entry = pos
-            ok = vhas
+            entry = cols.m_pos
         else:
             inv = np.full(total, -1, np.int64)
             inv[sel] = np.arange(entries)
-            entry = inv[pos]
+            entry = inv[cols.m_pos]
             ok = entry >= 0
-            if vhas is not None:
-                ok &= vhas
-        vid = np.repeat(cid, clen)
-        if ok is not None:
-            vid, entry, vals = vid[ok], entry[ok], vals[ok]
+            if not ok.all():
+                vid, entry, vals = vid[ok], entry[ok], vals[ok]
         if len(vals):
-            order2 = np.argsort(vid * entries + entry, kind="stable")
+            order2 = np.argsort(vid * entries + entry)  # unique keys
             vid, entry, vals = vid[order2], entry[order2], vals[order2]
             vstep = seg[entry]
             g = _starts(vid * nsteps + vstep)
-            out.names = names
+            out.names = [names[i] for i in by_name]
             out.metric_name = vid[g]
             out.metric_idx = vstep[g]
             out.metric_mean, out.metric_lo, out.metric_hi = _reduce(vals, g)
     return out
+
+
+def close_frames(frames: Iterable[Steps]) -> Optional[ClosedSteps]:
+    """Every point of ``frames`` (arrival order) closed into one :class:`ClosedSteps`."""
+    buf = _Buffer()
+    for frame in frames:
+        buf.add(frame)
+    return close_columns(buf.take()) if buf else None
 
 
 def step_record(step: int, reports: Dict[int, Steps]) -> Dict[str, Any]:
@@ -457,10 +606,12 @@ class StepCloser:
         #: receive time of the run's first ``steps`` frame
         self.started: Optional[float] = None
         self.ranks: Dict[int, RankSteps] = {}
-        # Pending points: the frames holding them, arrival order (a frame's late head or
-        # closed head cut off), and the lowest and highest pending step (bounds: a rank
-        # discarded may leave them loose, which closes nothing that would not close).
-        self._frames: List[Steps] = []
+        # Pending points: those carried over from earlier closes (arrays) and those
+        # received since (flat lists), arrival order; the lowest and highest pending step
+        # (bounds: a rank discarded may leave them loose, which closes nothing that would
+        # not close).
+        self._carry: Optional[_Cols] = None
+        self._buf = _Buffer()
         self._lo = -1
         self._hi = -1
         # Force close: (receive time, highest pending step received by then), both
@@ -480,7 +631,8 @@ class StepCloser:
     def add(self, frame: Steps, now: float, active: bool) -> bool:
         """Take one accepted frame's points (``active``: the rank is neither finished nor
         stale). Late points are counted and dropped; the rank's figures update regardless.
-        O(1) Python calls: the frame is kept by reference.
+        A fixed number of Python calls: the frame's lists are appended to the run's
+        column lists (:class:`_Buffer`), nothing is done per point.
 
         Returns True when the watermark may have moved (the rank was new, or at the
         watermark): only then can :meth:`ready` close something the timers would not, so
@@ -509,11 +661,12 @@ class StepCloser:
                 self.late += i
                 pending = _slice(frame, i, len(steps))
                 first = steps[i]
-            if not self._frames or first < self._lo:
+            lo = self._lo
+            if lo < 0 or first < lo:
                 self._lo = first
             if top > self._hi:
                 self._hi = top
-            self._frames.append(pending)
+            self._buf.add(pending)
             if top > self._top:
                 self._top = top
                 force = self._force
@@ -537,8 +690,10 @@ class StepCloser:
                 else:
                     del count[old]
                     moved = True  # the last rank at that height: the minimum may rise
-                count[top] = count.get(top, 0) + 1
-                heapq.heappush(self._wm_heap, top)
+                c = count.get(top, 0)
+                count[top] = c + 1
+                if not c:  # a new height: the heap holds every height once (plus stale)
+                    heapq.heappush(self._wm_heap, top)
         return moved
 
     def set_active(self, rank: int, active: bool) -> None:
@@ -559,14 +714,17 @@ class StepCloser:
             return
         if rs.active:
             self._wm_remove(rs.highest)
-        self._frames = [f for f in self._frames if f.rank != rank]
+        cols = self._take_pending()
+        if cols is not None:
+            rest = self._carry = cols.select(cols.rank != rank)
+            self._lo = int(rest.step.min()) if len(rest) else -1
         self._slowest_count.pop(rank, None)
 
     # ----------------------------------------------------------------- closing
 
     def ready_batch(self, now: float, world_size: Optional[int]) -> Optional[ClosedSteps]:
         """Close what the watermark or the force-close timer allows at ``now``."""
-        if not self._frames:
+        if not self._pending():
             return None
         target = self.last_closed
         if self._in_grace and self.started is not None:
@@ -591,7 +749,7 @@ class StepCloser:
 
     def close_all_batch(self) -> Optional[ClosedSteps]:
         """The run ended: close every pending step."""
-        if not self._frames:
+        if not self._pending():
             return None
         return self._close_through(self._hi)
 
@@ -605,37 +763,37 @@ class StepCloser:
         batch = self.close_all_batch()
         return batch.records() if batch is not None else []
 
+    def _pending(self) -> bool:
+        return self._lo >= 0  # (-1 exactly when no point is pending)
+
+    def _take_pending(self) -> Optional[_Cols]:
+        """Every pending point as one :class:`_Cols` (carried ones first), or None."""
+        cols = self._carry
+        if self._buf:
+            new = self._buf.take()
+            cols = new if cols is None else cols.then(new)
+        self._carry = None
+        return cols
+
     def _close_through(self, target: int) -> Optional[ClosedSteps]:
-        frames = self._frames
-        nf = len(frames)
-        firsts = np.fromiter(map(_first, map(_steps, frames)), np.int64, nf)
-        take = firsts <= target
-        lasts = np.fromiter(map(_last, map(_steps, frames)), np.int64, nf)
-        whole = lasts <= target
-        if bool((take == whole).all()):  # no frame straddles the target (the usual case)
-            batch_frames = list(compress(frames, take))
-            rest = list(compress(frames, ~take))
-            rest_firsts = firsts[~take]
-        else:
-            batch_frames, rest = [], []
-            for f, t, w in zip(frames, take.tolist(), whole.tolist()):
-                if w:
-                    batch_frames.append(f)
-                elif not t:
-                    rest.append(f)
-                else:
-                    i = bisect_right(f.steps, target)
-                    batch_frames.append(_slice(f, 0, i))
-                    rest.append(_slice(f, i, len(f.steps)))
-            rest_firsts = np.fromiter(map(_first, map(_steps, rest)), np.int64, len(rest))
-        self._frames = rest
-        self._lo = int(rest_firsts.min()) if len(rest) else -1
+        cols = self._take_pending()
         if target > self.last_closed:
             self.last_closed = target
         force = self._force
         while force and force[0][1] <= target:
             force.popleft()
-        batch = close_frames(batch_frames)
+        if cols is None:
+            self._lo = -1
+            return None
+        if self._hi > target:  # some points stay pending
+            closing = cols.step <= target
+            rest = cols.select(~closing)
+            cols = cols.select(closing)
+            self._carry = rest
+            self._lo = int(rest.step.min()) if len(rest) else -1
+        else:
+            self._lo = -1
+        batch = close_columns(cols)
         if batch is not None:
             self._note_slowest_batch(batch.slowest)
         return batch
@@ -646,16 +804,11 @@ class StepCloser:
         if step <= self.last_closed:
             return
         self.last_closed = step
-        rest = []
-        for f in self._frames:
-            steps = f.steps
-            if steps[-1] <= step:
-                continue
-            if steps[0] <= step:
-                f = _slice(f, bisect_right(steps, step), len(steps))
-            rest.append(f)
-        self._frames = rest
-        self._lo = min(f.steps[0] for f in rest) if rest else -1
+        cols = self._take_pending()
+        if cols is not None:
+            rest = cols.select(cols.step > step)
+            self._carry = rest
+            self._lo = int(rest.step.min()) if len(rest) else -1
 
     # ----------------------------------------------------------------- figures
 
@@ -696,8 +849,10 @@ class StepCloser:
     # ----------------------------------------------------------------- watermark
 
     def _wm_add(self, highest: int) -> None:
-        self._wm_count[highest] = self._wm_count.get(highest, 0) + 1
-        heapq.heappush(self._wm_heap, highest)
+        c = self._wm_count.get(highest, 0)
+        self._wm_count[highest] = c + 1
+        if not c:
+            heapq.heappush(self._wm_heap, highest)
 
     def _wm_remove(self, highest: int) -> None:
         c = self._wm_count[highest] - 1
@@ -757,6 +912,16 @@ class RunSteps:
                                f"{new} new step metric names, run has {len(names)} "
                                f"of {MAX_RUN_STEP_METRICS}")
         names.update(metrics)
+
+    def add(self, frame: Steps, now: float, active: bool, world_size: Optional[int]) -> bool:
+        """An accepted frame (after :meth:`admit`): its points to the closer, and what the
+        watermark lets close now, queued. True when a ``steps`` event is due (the sink's
+        per-frame call: one, whatever happens)."""
+        if self.closer.add(frame, now, active):
+            batch = self.closer.ready_batch(now, world_size)
+            if batch is not None:
+                self._out.append(batch)
+        return bool(self._out) and (self.sent_at is None or now - self.sent_at >= self.interval)
 
     def close(self, now: float, world_size: Optional[int]) -> None:
         """Queue what the closer lets close now (watermark, grace, force close)."""
