@@ -120,8 +120,9 @@ class RankAgent:
 
     Keyword-only tuning: ``sndhwm`` (frames queued while the broker is slow or gone before
     new ones are dropped), ``linger_ms`` (how long ``close()`` may wait to deliver what is
-    queued), ``step_flush`` (seconds between two sends of the :meth:`log_step` buffer; a
-    point leaves the process within about that long, and at most 2 x ``step_flush``).
+    queued), ``step_flush`` (seconds between two sends of the :meth:`log_step` buffer; the
+    interval in force is ``max(step_flush, world_size / 16384)``, and a point leaves the
+    process within about that long, at most twice it).
 
     Every sending method returns ``True`` when the frame was queued and ``False`` when it was
     dropped; none of them blocks or raises.
@@ -175,7 +176,8 @@ class RankAgent:
         self._send: Callable[[Any], bool] = self._pusher.send
         self._lose: Callable[..., bool] = self._pusher.lose
         self._steps = StepBuffer(self.run, rank, step_flush, send=self._send, lose=self._lose,
-                                 warn=self._warn, on_fork=self._reset_after_fork)
+                                 warn=self._warn, on_fork=self._reset_after_fork,
+                                 world_size=world_size)
         self.log_step = self._steps.log_step  # type: ignore[method-assign]
 
         self._sampler: Any = None  # rank_agent.sampler.Sampler, created on first need
