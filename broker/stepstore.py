@@ -218,12 +218,12 @@ class StepStore:
         cols["tokens"][base:end] = tokens_a
         if len(ms_rows):
             self.step_ms.extend(ms_rows + base, ms_trip[:, 0], ms_trip[:, 1], ms_trip[:, 2])
-        for name, rows, trip in series_in:
+        for name, at, trip in series_in:
             series = self.metrics.get(name)
             if series is None:
                 series = self.metrics[name] = Series()
                 self._names = None
-            series.extend(rows + base, trip[:, 0], trip[:, 1], trip[:, 2])
+            series.extend(at + base, trip[:, 0], trip[:, 1], trip[:, 2])
         self.rows = end
 
     def append_columns(self, step: np.ndarray, time: np.ndarray, n: np.ndarray,
