@@ -52,7 +52,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections import Counter, deque
 from itertools import chain, repeat
-from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import msgspec
 import numpy as np
@@ -84,19 +84,23 @@ _EMPTY_F = np.empty(0, np.float64)
 # ------------------------------------------------------------------ array helpers
 
 
-def _opt_floats(values: List[Any]) -> Tuple[np.ndarray, Optional[np.ndarray]]:
-    """``values`` (floats and ``None``) as float64, and which are not ``None`` (None: all
-    are). ``None`` becomes NaN in the conversion; only NaN positions are looked at again
-    (a value that really is NaN is one of them), so a list without gaps costs one C pass."""
-    arr = np.array(values, dtype=np.float64)
+def _opt_floats(values: Iterable[Any], count: int,
+                listed: Optional[Callable[[], List[Any]]] = None
+                ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """``count`` values (floats and ``None``) as float64, and which are not ``None`` (None:
+    all are). One C pass (``np.fromiter``, which makes ``None`` NaN); only when there is a
+    NaN are the values listed again (``listed()``, or ``values`` when it is a list) and the
+    NaN positions looked at (a value that really is NaN is one of them)."""
+    arr = np.fromiter(values, np.float64, count)
     nan = np.flatnonzero(arr != arr)
     if not len(nan):
         return arr, None
-    has = np.ones(len(arr), dtype=bool)
+    seq = values if isinstance(values, list) else listed() if listed is not None else []
     idx = nan.tolist()
-    gone = [i for i, v in zip(idx, map(values.__getitem__, idx)) if v is None]
+    gone = [i for i, v in zip(idx, map(seq.__getitem__, idx)) if v is None]
     if not gone:
         return arr, None
+    has = np.ones(len(arr), dtype=bool)
     has[gone] = False
     return arr, has
 
@@ -141,10 +145,7 @@ def _reduce(vals: np.ndarray, starts: np.ndarray) -> Tuple[np.ndarray, np.ndarra
         need &= ~bad
     groups = np.flatnonzero(need)
     if len(groups) and _LD_CERTIFY:
-        small = cnt[groups] <= _LD_MAX_N
-        if small.any():
-            groups = np.concatenate((_exact_sums(vals, starts, cnt, groups[small], mean),
-                                     groups[~small]))
+        groups = _exact_sums(vals, starts, cnt, groups, mean)
     if len(groups):  # fsum, one C call per group (no bytecode per value)
         vl = vals.tolist()
         st = starts[groups].tolist()
@@ -169,17 +170,9 @@ def _reduce(vals: np.ndarray, starts: np.ndarray) -> Tuple[np.ndarray, np.ndarra
 _LD_CERTIFY = np.finfo(np.longdouble).nmant > np.finfo(np.float64).nmant + 8
 #: unit roundoff of long double, with a margin for the rounding of the bound itself
 _LD_U = float(np.finfo(np.longdouble).eps) / 2 * 1.01
-#: Groups of more values go to ``fsum`` directly: the bound grows with n, and past ~64
-#: values (x86) it fails to prove the rounding about as often as not (measured: 1,024
-#: values, 80% of groups), so trying first would only add work.
-_LD_MAX_N = 64
-
-
-def _fsum_or_inf(values: List[float]) -> float:
-    try:
-        return _fsum(values)
-    except OverflowError:
-        return math.inf
+#: values per block of the two-level long-double sum (the error bound grows with the
+#: block size plus the number of blocks, not with n)
+_BLOCK = 32
 
 
 def _exact_sums(vals: np.ndarray, starts: np.ndarray, cnt: np.ndarray, groups: np.ndarray,
@@ -187,20 +180,35 @@ def _exact_sums(vals: np.ndarray, starts: np.ndarray, cnt: np.ndarray, groups: n
     """Set ``mean`` of the ``groups`` (all-finite values) whose float64 sum a long-double
     sum proves exactly rounded; return the groups it could not prove (for ``fsum``).
 
-    The long-double sum of n values is within ``(n - 1) * u * sum|v|`` of the exact one
-    (recursive summation; pairwise is tighter), u the unit roundoff; when
-    both ends of that interval round to the same float64, so does the exact sum, which is
-    then what ``fsum`` returns. One vectorised pass instead of a C ``fsum`` call per group
-    and a Python list of the values (a 1,024-rank step: 5 x 1,024 values)."""
+    Each group is summed in long double in two levels (blocks of ``_BLOCK`` values, then
+    the blocks), which is within ``(_BLOCK + blocks) * u * sum|v|`` of the exact sum (u:
+    the long-double unit roundoff); when both ends of that interval round to the same
+    float64, so does the exact sum, which is then what ``fsum`` returns. A few vectorised
+    passes instead of a C ``fsum`` per group over a Python list of the values (a 1,024-rank
+    step: 5 x 1,024 values); a sum that cancels to near a rounding boundary is left to
+    ``fsum``."""
+    nb = (cnt + (_BLOCK - 1)) // _BLOCK  # blocks per group (every group: reduceat needs
+    first = np.cumsum(nb) - nb           # the blocks to tile the array)
+    total_nb = int(first[-1] + nb[-1])
+    bstarts = np.repeat(starts, nb) + (np.arange(total_nb) - np.repeat(first, nb)) * _BLOCK
     ld = vals.astype(np.longdouble)
     with np.errstate(all="ignore"):
-        total = np.add.reduceat(ld, starts)[groups]
-        err = np.add.reduceat(np.abs(ld), starts)[groups] * (cnt[groups] * _LD_U)
+        total = np.add.reduceat(np.add.reduceat(ld, bstarts), first)[groups]
+        mag = np.add.reduceat(np.abs(vals), starts)[groups]
+        # (+ 4: the roundings of total -/+ err themselves, each <= u * sum|v|)
+        err = (mag * ((_BLOCK + 4 + nb[groups]) * _LD_U)).astype(np.longdouble)
         lo = (total - err).astype(np.float64)
         hi = (total + err).astype(np.float64)
-    ok = (lo == hi) & np.isfinite(lo)
+    ok = (lo == hi) & np.isfinite(lo) & np.isfinite(mag)
     mean[groups[ok]] = lo[ok] / cnt[groups[ok]]
     return groups[~ok]
+
+
+def _fsum_or_inf(values: List[float]) -> float:
+    try:
+        return _fsum(values)
+    except OverflowError:
+        return math.inf
 
 
 def _slice(frame: Steps, i: int, j: int) -> Steps:
@@ -424,7 +432,7 @@ class _Buffer:
         """The buffered points as :class:`_Cols` (the buffer is emptied)."""
         fk = np.array(self.fk, np.int64)
         step = np.array(self.step, np.int64)
-        ms, has = _opt_floats(self.ms)
+        ms, has = _opt_floats(self.ms, len(self.ms))
         names: List[str] = []
         ids: Dict[str, int] = {}
         cid, clen, cbase = [], [], []
@@ -442,8 +450,10 @@ class _Buffer:
                 cbase.append(np.repeat(fbase[f0:f0 + n], g))
             f0 += n
         if cid:
-            vals, vhas = _opt_floats(list(_chain(self.mvals)))
             lens = np.concatenate(clen)
+            mvals = self.mvals
+            vals, vhas = _opt_floats(_chain(mvals), int(lens.sum()),
+                                     lambda: list(_chain(mvals)))
             m_name = np.repeat(np.concatenate(cid), lens)
             m_pos = np.repeat(np.concatenate(cbase) - (np.cumsum(lens) - lens), lens) + \
                 np.arange(len(vals))
@@ -451,11 +461,12 @@ class _Buffer:
                 vals, m_name, m_pos = vals[vhas], m_name[vhas], m_pos[vhas]
         else:
             vals, m_name, m_pos = _EMPTY_F, _EMPTY_I, _EMPTY_I
-        cols = _Cols(step, np.repeat(np.array(self.frank, np.int64), fk),
-                     np.array(self.time, np.float64), ms,
-                     np.ones(len(step), bool) if has is None else has,
-                     np.array(self.samples, np.int64), np.array(self.tokens, np.int64),
-                     m_pos, m_name, vals, names)
+        total = len(step)
+        cols = _Cols(step, np.repeat(np.fromiter(self.frank, np.int64, len(fk)), fk),
+                     np.fromiter(self.time, np.float64, total), ms,
+                     np.ones(total, bool) if has is None else has,
+                     np.fromiter(self.samples, np.int64, total),
+                     np.fromiter(self.tokens, np.int64, total), m_pos, m_name, vals, names)
         self.__init__()  # type: ignore[misc]
         return cols
 
@@ -538,7 +549,14 @@ def close_columns(cols: _Cols) -> Optional[ClosedSteps]:
             if not ok.all():
                 vid, entry, vals = vid[ok], entry[ok], vals[ok]
         if len(vals):
-            order2 = np.argsort(vid * entries + entry)  # unique keys
+            key = vid * entries + entry  # unique: one value per (name, point)
+            span = len(names) * entries
+            if span <= 4 * len(key) + 4096:  # dense enough: order by scattering, O(span)
+                at = np.full(span, -1, np.int64)
+                at[key] = np.arange(len(key))
+                order2 = at[at >= 0]
+            else:  # names of their own per rank: sort
+                order2 = np.argsort(key)
             vid, entry, vals = vid[order2], entry[order2], vals[order2]
             vstep = seg[entry]
             g = _starts(vid * nsteps + vstep)
