@@ -32,29 +32,26 @@ COLUMNS = ("step", "time", "n", "slowest", "samples", "tokens")
 class InFlight:
     """Metric names of one run's ``steps`` frames whose steps may not be written yet."""
 
-    __slots__ = ("names", "published", "visited", "top")
+    __slots__ = ("names", "published", "visited")
 
     def __init__(self, published: int = 0) -> None:
-        self.names: Dict[str, int] = {}  # name -> a step >= the highest a frame named it for
+        self.names: Dict[str, int] = {}  # name -> highest step a frame named it for
         #: the sink's ``steps_published`` when the journal last wrote its steps
         self.published = published
         #: series looked at while building blocks (work done, for tests and benchmarks)
         self.visited = 0
-        #: the highest step any frame of the run named (the stamp of a name seen now)
-        self.top = -1
 
     def saw(self, frame: Steps) -> None:
-        """A ``steps`` frame of the run arrived (the sink accepted it). C-level (issue 17:
-        this runs for every steps frame): its names are stamped with the run's highest
-        step so far, which is at least the frame's own last step (steps ascend within a
-        frame), so a name stays a candidate at least as long as it has unwritten points."""
+        """A ``steps`` frame of the run arrived (the sink accepted it)."""
         metrics = frame.metrics
-        if not metrics:
+        if not metrics or not frame.steps:
             return
         last = frame.steps[-1]  # (steps ascend: PROTOCOL 2)
-        if last > self.top:
-            self.top = last
-        self.names.update(dict.fromkeys(metrics, self.top))
+        names = self.names
+        get = names.get
+        for name in metrics:
+            if get(name, -1) < last:
+                names[name] = last
 
     def candidates(self, first_step: int) -> List[str]:
         """Names that may have a point at ``first_step`` or later."""
