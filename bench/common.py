@@ -366,10 +366,13 @@ class Senders:
                 p.kill()
 
 
-def pull_rate(senders: Callable[[str], Senders], total: int, decode: bool = False) -> float:
+def pull_rate(senders: Callable[[str], Senders], total: int, decode: bool = False,
+              cpu: Optional[dict[str, float]] = None) -> float:
     """Frames/s of a bare PULL loop in this process receiving ``total`` frames from the
     senders ``senders(endpoint)`` starts; with ``decode`` it also runs ``protocol.decode``
-    on each (the floor of any broker that validates what it receives)."""
+    on each (the floor of any broker that validates what it receives). ``cpu``, if given,
+    gets ``"per_frame"``: the loop thread's CPU seconds per frame (``time.thread_time``:
+    what the floor costs, whatever else the machine runs)."""
     import zmq
 
     from rank_agent import protocol
@@ -382,6 +385,7 @@ def pull_rate(senders: Callable[[str], Senders], total: int, decode: bool = Fals
     try:
         pool = senders(f"tcp://127.0.0.1:{port}")
         recv = sock.recv
+        c0 = time.thread_time()
         t0 = pool.start()
         if decode:
             dec = protocol.decode
@@ -391,6 +395,8 @@ def pull_rate(senders: Callable[[str], Senders], total: int, decode: bool = Fals
             for _ in range(total):
                 recv()
         dt = time.perf_counter() - t0
+        if cpu is not None:
+            cpu["per_frame"] = (time.thread_time() - c0) / total
         pool.join()
     finally:
         sock.close(0)

@@ -187,6 +187,151 @@ def decode_rate(epochs: int) -> float:
     return len(frames) / (time.perf_counter() - t0)
 
 
+# ------------------------------------------------------- 64 ranks, 2 senders, web (issue 17)
+
+RANKS_64 = 64
+SENDERS_64 = 2
+RUN_64 = "bench-ingest-64"
+
+
+def frames_64(sender: int, n: int) -> list[bytes]:
+    """``n`` resources frames over the sender's half of 64 ranks (a sampler-heavy cluster),
+    then one ``metrics`` frame of epoch 0 per rank: the frame whose record ends the clock."""
+    enc = protocol.encoder.encode
+    ranks = list(range(sender, RANKS_64, SENDERS_64))
+    out = [enc(Resources(run=RUN_64, rank=ranks[i % len(ranks)], sample=_sample(ranks[i % len(ranks)], i)))
+           for i in range(n)]
+    for r in ranks:
+        out.append(enc(Metrics(run=RUN_64, rank=r, epoch=0, avg_loss=1.0, batches=100, samples=6400,
+                               epoch_ms=1000.0, scalars={"acc": (90.0, 100)})))
+    return out
+
+
+def _registers_64() -> list[bytes]:
+    enc = protocol.encoder.encode
+    return [enc(Register(run=RUN_64, rank=r, world_size=RANKS_64, host=f"node-{r // RANKS_PER_HOST}",
+                         local_rank=r % RANKS_PER_HOST, total_epochs=1)) for r in range(RANKS_64)]
+
+
+def floor_64(n: int) -> tuple[float, float]:
+    """(frames/s, CPU s per frame) of the bare PULL + decode loop over the 64-rank frames."""
+    cpu: dict[str, float] = {}
+    rate = pull_rate(lambda ep: Senders(ep, frames_64, SENDERS_64, n),
+                     SENDERS_64 * (n + RANKS_64 // SENDERS_64), decode=True, cpu=cpu)
+    return rate, cpu["per_frame"]
+
+
+def broker_64_thread(n: int) -> tuple[float, float]:
+    """(frames/s, broker thread CPU s per frame): the real BrokerServer in a thread of this
+    process, no web, until it accepted every frame (as ``ingest_floor_ratio`` measures)."""
+    cpu: dict[str, float] = {}
+    total = SENDERS_64 * (n + RANKS_64 // SENDERS_64)
+    with tempfile.TemporaryDirectory(prefix="rankboard-bench-") as tmp:
+        server = BrokerServer("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*",
+                              data_dir=Path(tmp) / "data")
+        endpoints = server.bind()
+
+        def serve() -> None:
+            server.serve_forever()
+            cpu["end"] = time.thread_time()
+
+        def mark() -> None:
+            cpu["start"] = time.thread_time()
+        server.runs.on_register = lambda frame: mark() if frame.rank == RANKS_64 - 1 else None
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        try:
+            _push_all(endpoints["ingest"], _registers_64())
+            _wait(lambda: server.runs.accepted >= RANKS_64, 30, "registers")
+            base = server.runs.accepted
+            senders = Senders(endpoints["ingest"], frames_64, SENDERS_64, n)
+            t0 = senders.start()
+            _wait(lambda: server.runs.accepted - base >= total, 300, "every frame")
+            dt = time.perf_counter() - t0
+            senders.join()
+        finally:
+            server.stop()
+            thread.join(10)
+            server.close()
+    return total / dt, (cpu["end"] - cpu["start"]) / total
+
+
+def broker_64_web(n: int) -> dict[str, float]:
+    """The public surface: broker and web processes, 2 sender processes; the clock stops
+    when ``/history`` serves epoch 0 (the last frames' record). CPU of both processes."""
+    import psutil
+    from common import http_get
+    from steps_bench import Server
+
+    total = SENDERS_64 * (n + RANKS_64 // SENDERS_64)
+    with tempfile.TemporaryDirectory(prefix="rankboard-bench-") as tmp:
+        srv = Server(Path(tmp) / "data")
+        try:
+            srv.start_broker()
+            srv.start_web()
+            assert srv.broker is not None and srv.web is not None
+            broker, web = psutil.Process(srv.broker.pid), psutil.Process(srv.web.pid)
+            _push_all(srv.endpoints["ingest"], _registers_64())
+            _wait(lambda: http_get(srv.port, f"/api/runs/{RUN_64}")[0] == 200, 30, "the run")
+            senders = Senders(srv.endpoints["ingest"], frames_64, SENDERS_64, n)
+            b0, w0 = sum(broker.cpu_times()[:2]), sum(web.cpu_times()[:2])
+            t0 = senders.start()
+
+            def served() -> bool:
+                status, body = http_get(srv.port, f"/api/runs/{RUN_64}/history")
+                return status == 200 and body.startswith(b"[{")
+            _wait(served, 300, "epoch 0 served", interval=0.02)
+            dt = time.perf_counter() - t0
+            b1, w1 = sum(broker.cpu_times()[:2]), sum(web.cpu_times()[:2])
+            senders.join()
+        finally:
+            srv.close()
+    return {"rate": total / dt, "broker_cpu": (b1 - b0) / total, "web_cpu": (w1 - w0) / total}
+
+
+def _push_all(endpoint: str, frames: list[bytes]) -> None:
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.connect(endpoint)
+    for f in frames:
+        push.send(f)
+    push.close(linger=-1)
+    ctx.term()
+
+
+def _wait(pred: Any, timeout: float, what: str, interval: float = 0.002) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+def run_64(quick: bool) -> dict[str, Any]:
+    n = 20_000 if quick else 200_000
+    floors, webs, threads = [], [], []
+    for _ in range(1 if quick else 3):
+        floors.append(floor_64(n))
+        webs.append(broker_64_web(n))
+        threads.append(broker_64_thread(n))
+    floor = statistics.median(f[0] for f in floors)
+    floor_cpu = statistics.median(f[1] for f in floors)
+    rate = statistics.median(w["rate"] for w in webs)
+    thread_rate = statistics.median(t[0] for t in threads)
+    thread_cpu = statistics.median(t[1] for t in threads)
+    broker_cpu = statistics.median(w["broker_cpu"] for w in webs)
+    web_cpu = statistics.median(w["web_cpu"] for w in webs)
+    return result("ingest_floor_ratio_64r", round(rate), "frames/s", baseline=round(floor),
+                  ratio=round(rate / floor, 3), frames=SENDERS_64 * (n + RANKS_64 // SENDERS_64),
+                  senders=SENDERS_64, ranks=RANKS_64, web=True,
+                  no_web_in_thread_ratio=round(thread_rate / floor, 3),
+                  floor_cpu_us_per_frame=round(floor_cpu * 1e6, 2),
+                  broker_thread_cpu_us_per_frame=round(thread_cpu * 1e6, 2),
+                  broker_process_cpu_us_per_frame=round(broker_cpu * 1e6, 2),
+                  web_cpu_us_per_frame=round(web_cpu * 1e6, 2),
+                  cpu_ratio=round(floor_cpu / thread_cpu, 3) if thread_cpu else None)
+
+
 def run(quick: bool) -> list[dict[str, Any]]:
     epochs = 40 if quick else 200
     # Floor and broker alternate, three of each (one in --quick); the medians are compared:
@@ -203,6 +348,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
     raw = raw_rate(epochs)
     rate, records = broker_rate(epochs)
     dec = decode_rate(epochs)
+    out.append(run_64(quick))
     return out + [result("ingest_ratio", round(rate), "frames/s", baseline=round(raw), ratio=round(rate / raw, 3),
                    frames=SENDERS * (RANKS // SENDERS) * epochs * 2, senders=SENDERS, ranks=RANKS,
                    records=records, decode_only_fps=round(dec), decode_only_ratio=round(dec / raw, 3))]

@@ -57,6 +57,7 @@ GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
 TARGETS: dict[str, tuple[float, str]] = {
     "ingest_ratio": (0.5, ">="),
     "ingest_floor_ratio": (0.6, ">="),
+    "ingest_floor_ratio_64r": (0.6, ">="),
     "epoch_close_4096_ms": (10.0, "<="),
     "epoch_close_scaling": (2.0, "<="),
     "e2e_latency_p50_ms": (3.0, "<="),
@@ -70,6 +71,9 @@ TARGETS: dict[str, tuple[float, str]] = {
     "sampler_sample_us": (200.0, "<="),
     "late_join_1024x100_s": (2.0, "<="),
     "steps_ingest_frames_per_s": (100_000, ">="),
+    "steps_floor_ratio": (0.5, ">="),
+    "steps_close_per_s": (200_000, ">="),
+    "steps_close_1024_ms": (0.3, "<="),
     "steps_query_1m_p99_ms": (20.0, "<="),
     "steps_bytes_per_step_series": (32.0, "<="),
     "step_e2e_p99_ms": (600.0, "<="),
@@ -96,7 +100,8 @@ NAMES = list(TARGETS)
 
 def _figure(r: dict[str, Any]) -> float:
     """The figure a target applies to: the ratio where there is one, else the value."""
-    return r["ratio"] if r["name"] in ("ingest_ratio", "ingest_floor_ratio") else r["value"]
+    return r["ratio"] if r["name"] in ("ingest_ratio", "ingest_floor_ratio",
+                                       "ingest_floor_ratio_64r") else r["value"]
 
 
 def write_markdown(results: list[dict[str, Any]], command: str, path: Path, seconds: float) -> None:

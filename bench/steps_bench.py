@@ -17,6 +17,14 @@
   endpoints: seconds from the new broker's spawn until the web (which re-snapshots the new
   instance) answers ``/steps`` with the whole range again. ``web_start_1m_s`` in the
   details: a fresh web against the broker holding the run, spawn to full answer.
+* ``steps_floor_ratio`` (issue 17): the same frames, broker frames/s over the floor's; the
+  details also compare CPU per frame of the two receiving threads (``cpu_ratio``).
+* ``steps_close_per_s`` (issue 17): one rank sends 200,000 steps x 4 metrics in frames of
+  1,000 points to a real broker and web (processes); steps/s from the first frame sent to
+  ``/steps`` serving the last; the broker process's CPU per closed step in the details.
+* ``steps_close_1024_ms`` (issue 17): the CPU time of closing one step reported by 1,024
+  ranks x 4 metrics (:class:`StepCloser`, in process: the close and the step's records),
+  median over rounds; the adds' CPU per frame in the details.
 * ``step_e2e_p99_ms``: ``log_step`` in a real agent process (2 ranks, ``step_flush`` 0.25,
   ~20 steps/s) to the ``steps`` event on an SSE client, from the record's ``time`` (the
   ``log_step`` wall time) to the event's arrival.
@@ -85,10 +93,13 @@ def registers() -> list[bytes]:
                                   local_rank=r % 8)) for r in range(RANKS)]
 
 
-def floor_rate(rounds: int) -> float:
-    """Frames/s of a bare PULL loop that decodes every frame (no sink, no journal)."""
-    return pull_rate(lambda ep: Senders(ep, frames_for, SENDERS, rounds), RANKS * rounds,
-                     decode=True)
+def floor_rate(rounds: int) -> tuple[float, float]:
+    """(frames/s, CPU seconds per frame) of a bare PULL loop that decodes every frame (no
+    sink, no journal)."""
+    cpu: dict[str, float] = {}
+    rate = pull_rate(lambda ep: Senders(ep, frames_for, SENDERS, rounds), RANKS * rounds,
+                     decode=True, cpu=cpu)
+    return rate, cpu["per_frame"]
 
 
 def broker_rate(rounds: int) -> tuple[float, int, float]:
@@ -127,7 +138,7 @@ def broker_rate(rounds: int) -> tuple[float, int, float]:
             if server.runs.rejected_total:
                 raise RuntimeError(f"rejected: {dict(server.runs.rejected)}")
             sink = server.runs.get(RUN)
-            closed = (len(sink.steps) + len(sink._steps_out)) if sink is not None else 0
+            closed = (len(sink.steps) + sink._steps.waiting) if sink is not None else 0
         finally:
             server.stop()
             thread.join(10)
@@ -246,7 +257,10 @@ class Server:
         if status != 200:
             return False
         status, body = http_get(self.port, f"/api/runs/{RUN}/steps?metric=loss&points=1000")
-        return status == 200 and json.loads(body)["buckets"][-1][1] == last
+        if status != 200:
+            return False
+        buckets = json.loads(body)["buckets"]
+        return bool(buckets) and buckets[-1][1] == last
 
     def close(self) -> None:
         for p in (self.web, self.broker):
@@ -369,15 +383,119 @@ def e2e(steps: int) -> list[dict[str, Any]]:
                    steps=len(lat), ranks=2, step_flush_s=0.25)]
 
 
+# ----------------------------------------------------------------- closing (issue 17)
+
+
+def close_1024(rounds: int) -> dict[str, Any]:
+    """One step closed for 1,024 ranks x 4 metrics: each round every rank's frame of one
+    point is added to a :class:`StepCloser` (its last add moves the watermark), then the
+    close (``ready_batch`` and the batch's records). CPU seconds (``thread_time``) of the
+    close per step, median over the rounds, and of the adds per frame."""
+    from broker.steps import StepCloser
+
+    enc, dec = protocol.encoder.encode, protocol.decode
+    frames = [[dec(enc(protocol.Steps(
+        run=RUN, rank=r, steps=[s], times=[1.7e9 + s], step_ms=[100.0 + r % 7],
+        samples=[32], tokens=[4096], metrics={m: [1.0 / (s + 1) + r * 1e-6] for m in METRICS})))
+        for r in range(RANKS)] for s in range(rounds)]
+    closer = StepCloser(close_after=1e9, grace=0.0)
+    closes, adds = [], []
+    for s in range(rounds):
+        t0 = time.thread_time()
+        for f in frames[s]:
+            closer.add(f, 1.0, True)
+        t1 = time.thread_time()
+        batch = closer.ready_batch(1.0, RANKS)
+        records = batch.records() if batch is not None else []
+        t2 = time.thread_time()
+        if len(records) != 1 or records[0]["n"] != RANKS:
+            raise RuntimeError(f"round {s}: {len(records)} steps closed")
+        adds.append((t1 - t0) / RANKS)
+        closes.append(t2 - t1)
+    return {"close_ms": float(np.median(closes)) * 1e3, "best_ms": min(closes) * 1e3,
+            "add_us_per_frame": float(np.median(adds)) * 1e6}
+
+
+def _close_frames(n: int, per: int) -> list[bytes]:
+    enc = protocol.encoder.encode
+    out = []
+    for s0 in range(0, n, per):
+        st = list(range(s0, min(n, s0 + per)))
+        out.append(enc(protocol.Steps(
+            run=RUN, rank=0, steps=st, times=[1.7e9 + s * 0.01 for s in st],
+            step_ms=[10.0] * len(st), samples=[32] * len(st), tokens=[4096] * len(st),
+            metrics={m: [1.0 / (s + 1) for s in st] for m in METRICS})))
+    return out
+
+
+def close_rate(n: int, per: int = 1000) -> dict[str, Any]:
+    """One rank sends ``n`` steps x 4 metrics in frames of ``per`` points to a real broker
+    and web (processes), as a new user would: steps closed a second, from the first frame
+    sent until ``/steps`` serves the last; the broker process's CPU per closed step."""
+    import psutil
+
+    raws = _close_frames(n, per)
+    reg = protocol.encoder.encode(protocol.Register(run=RUN, rank=0, world_size=1, host="h"))
+    with tempfile.TemporaryDirectory(prefix="rankboard-bench-") as tmp:
+        srv = Server(Path(tmp) / "data")
+        try:
+            srv.start_broker()
+            srv.start_web()
+            wait_for(lambda: http_get(srv.port, "/healthz")[0] == 200, 30, "healthz")
+            assert srv.broker is not None
+            proc = psutil.Process(srv.broker.pid)
+            assert srv.web is not None
+            web = psutil.Process(srv.web.pid)
+            ctx = zmq.Context()
+            push = ctx.socket(zmq.PUSH)
+            push.sndhwm = 100_000
+            push.connect(srv.endpoints["ingest"])
+            push.send(reg)
+            wait_for(lambda: http_get(srv.port, f"/api/runs/{RUN}")[0] == 200, 30, "the run")
+            c0 = sum(proc.cpu_times()[:2])
+            w0 = sum(web.cpu_times()[:2])
+            t0 = time.perf_counter()
+            for raw in raws:
+                push.send(raw)
+            wait_for(lambda: srv.serving(n - 1), 300, "the last step served", interval=0.01)
+            dt = time.perf_counter() - t0
+            cpu = sum(proc.cpu_times()[:2]) - c0
+            web_cpu = sum(web.cpu_times()[:2]) - w0
+            push.close(linger=0)
+            ctx.term()
+        finally:
+            srv.close()
+    return {"per_s": n / dt, "seconds": dt, "broker_cpu_us_per_step": cpu / n * 1e6,
+            "web_cpu_us_per_step": web_cpu / n * 1e6}
+
+
 def run(quick: bool) -> list[dict[str, Any]]:
     rounds = 5 if quick else 100
-    floor = floor_rate(rounds)
+    floor, floor_cpu = floor_rate(rounds)
     rate, closed, cpu = broker_rate(rounds)
     out = [result("steps_ingest_frames_per_s", round(rate), "frames/s", baseline=round(floor),
                   ratio=round(rate / floor, 3), frames=RANKS * rounds, ranks=RANKS,
                   points_per_frame=3, metrics=len(METRICS), closed_steps=closed,
                   broker_cpu_us_per_frame=round(cpu * 1e6, 2),
                   one_core_frames_per_s=round(1 / cpu) if cpu else None)]
+    # the same frames: broker / floor, by wall clock (value) and by the CPU of each one's
+    # receiving thread (robust to what else the machine runs)
+    out.append(result("steps_floor_ratio", round(rate / floor, 3), "ratio",
+                      cpu_ratio=round(floor_cpu / cpu, 3) if cpu else None,
+                      floor_cpu_us_per_frame=round(floor_cpu * 1e6, 2),
+                      broker_cpu_us_per_frame=round(cpu * 1e6, 2)))
+    n = 20_000 if quick else 200_000
+    cr = close_rate(n)
+    out.append(result("steps_close_per_s", round(cr["per_s"]), "steps/s", steps=n,
+                      points_per_frame=1000, metrics=len(METRICS), seconds=round(cr["seconds"], 2),
+                      broker_cpu_us_per_step=round(cr["broker_cpu_us_per_step"], 2),
+                      web_cpu_us_per_step=round(cr["web_cpu_us_per_step"], 2),
+                      one_core_steps_per_s=round(1e6 / cr["broker_cpu_us_per_step"])
+                      if cr["broker_cpu_us_per_step"] else None))
+    c1 = close_1024(10 if quick else 50)
+    out.append(result("steps_close_1024_ms", round(c1["close_ms"], 3), "ms", ranks=RANKS,
+                      metrics=len(METRICS), best_ms=round(c1["best_ms"], 3),
+                      add_us_per_frame=round(c1["add_us_per_frame"], 2)))
     out += million(20_000 if quick else 1_000_000, 20 if quick else 300)
     out += e2e(20 if quick else 200)
     return out

@@ -465,9 +465,9 @@ class RunSink:
 
     def _on_steps(self, frame: Steps, st: RankState, now: float) -> None:
         st.stalled = False  # the loop moves (section 3)
-        if self._closer.add(frame, now, not st.finished):
-            self._close_steps(now)  # (grace and force close also run in tick)
-        self._publish_steps_due(now)
+        # (grace and force close also run in tick)
+        if self._steps.add(frame, now, not st.finished, self.world_size):
+            self._publish_steps(now)
 
     def _close_steps(self, now: float) -> None:
         """Queue what the closer lets close now (watermark, grace, force close)."""
@@ -481,17 +481,15 @@ class RunSink:
     def _publish_steps(self, now: float) -> None:
         """One ``steps`` event with every step closed since the last one (at most one per
         STEPS_INTERVAL, or at once when the run ends)."""
+        before = self.steps.rows
         out = self._steps.take(now)
         self._emit("steps", {"steps": out})
         if self.status == "waiting":
             self.status = "training"
             self._header_changed = True
-        for record in reversed(out):
-            loss = record["metrics"].get("loss")
-            if loss is not None and not math.isfinite(loss[0]):
-                self._raise("nonfinite_loss", None, f"step {record['step']}: loss is {loss[0]}",
-                            now)
-                break
+        bad = self.steps.last_nonfinite("loss", since=before)  # array scan, not per record
+        if bad is not None:
+            self._raise("nonfinite_loss", None, f"step {bad[0]}: loss is {bad[1]}", now)
 
     def _on_metrics(self, frame: Metrics, st: RankState, now: float) -> None:
         rank = st.rank

@@ -23,7 +23,9 @@ million-step run travels as ~40 MB of arrays and loads with ``np.frombuffer``.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from itertools import compress, repeat
+from operator import is_not, itemgetter
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -52,10 +54,6 @@ def _grow(arr: np.ndarray, need: int) -> np.ndarray:
                    dtype=arr.dtype)
     new[:len(arr)] = arr
     return new
-
-
-def _f(x: Optional[float]) -> float:
-    return _NAN if x is None else x
 
 
 class Series:
@@ -171,42 +169,92 @@ class StepStore:
         return start
 
     def append(self, records: Sequence[Dict[str, Any]]) -> None:
-        """Append closed step records (PROTOCOL 2.4 dicts), ascending and above the last."""
+        """Append closed step records (PROTOCOL 2.4 dicts), ascending and above the last.
+
+        The web's path for every ``steps`` event: the columns are pulled out with C-level
+        ``map``/``zip`` and converted by numpy (None -> NaN), and when every record has the
+        same metric names (the usual case) each series is one array, so there is no
+        bytecode per record. Everything is converted before anything is stored: a record
+        that does not convert (KeyError, TypeError, ValueError) leaves the store as it was."""
         k = len(records)
+        if not k:
+            return
+        step, time, n, slowest, samples, tokens, ms, mets = zip(*map(_RECORD, records))
+        step_a = np.array(step, np.int64)
+        time_a = np.array(time, np.float64)  # None -> NaN
+        n_a = np.array(n, np.int32)
+        slow_f = np.array(slowest, np.float64)
+        slow_a = np.where(np.isnan(slow_f), -1, slow_f).astype(np.int32)
+        samples_a = np.array(samples, np.int64)
+        tokens_a = np.array(tokens, np.int64)
+        has = np.fromiter(map(is_not, ms, repeat(None)), bool, k)
+        ms_rows = np.flatnonzero(has)
+        ms_trip = _trip_array(list(compress(ms, has)))
+        series_in: List[tuple[str, np.ndarray, np.ndarray]] = []
+        keys = mets[0].keys()
+        if all(map(keys.__eq__, map(dict.keys, mets))):  # every record: the same names
+            every = np.arange(k)
+            for name in keys:
+                series_in.append((name, every, _trip_array(list(map(itemgetter(name), mets)))))
+        else:
+            per_metric: Dict[str, tuple[List[int], List[Any]]] = {}
+            for row, m in enumerate(mets):
+                for name, triple in m.items():
+                    got = per_metric.get(name)
+                    if got is None:
+                        got = per_metric[name] = ([], [])
+                    got[0].append(row)
+                    got[1].append(triple)
+            for name, (rows, vals) in per_metric.items():
+                series_in.append((name, np.array(rows, np.int64), _trip_array(vals)))
+        base = self._reserve(k)
+        cols = self._cols
+        end = base + k
+        cols["step"][base:end] = step_a
+        cols["time"][base:end] = time_a
+        cols["n"][base:end] = n_a
+        cols["slowest"][base:end] = slow_a
+        cols["samples"][base:end] = samples_a
+        cols["tokens"][base:end] = tokens_a
+        if len(ms_rows):
+            self.step_ms.extend(ms_rows + base, ms_trip[:, 0], ms_trip[:, 1], ms_trip[:, 2])
+        for name, at, trip in series_in:
+            series = self.metrics.get(name)
+            if series is None:
+                series = self.metrics[name] = Series()
+                self._names = None
+            series.extend(at + base, trip[:, 0], trip[:, 1], trip[:, 2])
+        self.rows = end
+
+    def append_columns(self, step: np.ndarray, time: np.ndarray, n: np.ndarray,
+                       slowest: np.ndarray, samples: np.ndarray, tokens: np.ndarray,
+                       step_ms: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+                       metrics: Iterable[tuple[str, np.ndarray, np.ndarray, np.ndarray,
+                                               np.ndarray]]) -> None:
+        """Append a batch of closed steps given as arrays (the broker's close: one call per
+        batch, no Python per step): the row columns (``time`` NaN: none; ``slowest`` -1:
+        none), then each series as ``(idx, mean, lo, hi)`` with ``idx`` the position in the
+        batch (ascending) of the steps where it has a value."""
+        k = len(step)
         if not k:
             return
         base = self._reserve(k)
         cols = self._cols
         end = base + k
-        cols["step"][base:end] = [r["step"] for r in records]
-        cols["time"][base:end] = [_f(r["time"]) for r in records]
-        cols["n"][base:end] = [r["n"] for r in records]
-        cols["slowest"][base:end] = [-1 if r["slowest_rank"] is None else r["slowest_rank"]
-                                     for r in records]
-        cols["samples"][base:end] = [r["samples"] for r in records]
-        cols["tokens"][base:end] = [r["tokens"] for r in records]
-        ms_rows: List[int] = []
-        ms_vals: List[List[Optional[float]]] = []
-        per_metric: Dict[str, tuple[List[int], List[List[Optional[float]]]]] = {}
-        for row, r in enumerate(records, base):
-            ms = r["step_ms"]
-            if ms is not None:
-                ms_rows.append(row)
-                ms_vals.append(ms)
-            for name, triple in r["metrics"].items():
-                got = per_metric.get(name)
-                if got is None:
-                    got = per_metric[name] = ([], [])
-                got[0].append(row)
-                got[1].append(triple)
-        if ms_rows:
-            _extend(self.step_ms, ms_rows, ms_vals)
-        for name, (rows, vals) in per_metric.items():
+        cols["step"][base:end] = step
+        cols["time"][base:end] = time
+        cols["n"][base:end] = n
+        cols["slowest"][base:end] = slowest
+        cols["samples"][base:end] = samples
+        cols["tokens"][base:end] = tokens
+        idx, mean, lo, hi = step_ms
+        self.step_ms.extend(idx + base, mean, lo, hi)
+        for name, idx, mean, lo, hi in metrics:
             series = self.metrics.get(name)
             if series is None:
                 series = self.metrics[name] = Series()
                 self._names = None
-            _extend(series, rows, vals)
+            series.extend(idx + base, mean, lo, hi)
         self.rows = end
 
     # ----------------------------------------------------------------- wire form
@@ -396,9 +444,18 @@ def _floats(arr: np.ndarray) -> List[str]:
     return [repr(v) if isfinite(v) else "" for v in arr.tolist()]
 
 
-def _extend(series: Series, rows: List[int], triples: List[List[Optional[float]]]) -> None:
-    series.extend(rows, [_f(t[0]) for t in triples], [_f(t[1]) for t in triples],
-                  [_f(t[2]) for t in triples])
+_RECORD = itemgetter("step", "time", "n", "slowest_rank", "samples", "tokens", "step_ms",
+                     "metrics")
+
+
+def _trip_array(triples: List[Any]) -> np.ndarray:
+    """``[mean, min, max]`` lists as a (n, 3) float64 array (None -> NaN)."""
+    if not triples:
+        return np.empty((0, 3), np.float64)
+    arr = np.array(triples, np.float64)
+    if arr.ndim != 2 or arr.shape[1] != 3:
+        raise ValueError("a step series value is not [mean, min, max]")
+    return arr
 
 
 def _series_wire(s: Series, start: int, end: int) -> List[bytes]:

@@ -126,8 +126,9 @@ class RankAgent:
 
     Keyword-only tuning: ``sndhwm`` (frames queued while the broker is slow or gone before
     new ones are dropped), ``linger_ms`` (how long ``close()`` may wait to deliver what is
-    queued), ``step_flush`` (seconds between two sends of the :meth:`log_step` buffer; a
-    point leaves the process within about that long, and at most 2 x ``step_flush``).
+    queued), ``step_flush`` (seconds between two sends of the :meth:`log_step` buffer; the
+    interval in force is ``max(step_flush, world_size / 16384)``, and a point leaves the
+    process within about that long, at most twice it).
 
     Diagnosis (PROTOCOL.md section 2.5): ``stall_after`` (``None`` automatic, ``0`` off,
     else seconds) sets the stall watch, a thread that dumps every thread's stack when
@@ -192,7 +193,8 @@ class RankAgent:
         self._send: Callable[[Any], bool] = self._pusher.send
         self._lose: Callable[..., bool] = self._pusher.lose
         self._steps = StepBuffer(self.run, rank, step_flush, send=self._send, lose=self._lose,
-                                 warn=self._warn, on_fork=self._reset_after_fork)
+                                 warn=self._warn, on_fork=self._reset_after_fork,
+                                 world_size=world_size)
         self.log_step = self._steps.log_step  # type: ignore[method-assign]
 
         # diagnosis (section 2.5): a bad stall_after is a set-up error (ValueError)

@@ -4,7 +4,9 @@ flusher thread that turns buffered points into ``steps`` frames (PROTOCOL.md sec
 ``log_step`` runs once per optimizer step in the training thread, so it only appends a tuple
 to a deque (lock-free: ``append``/``popleft`` are atomic) and never touches the socket; a
 daemon thread, started by the first call (and again in a forked child), sends the buffer
-every ``step_flush`` seconds through the pusher's ``send``. The frames themselves are built
+every flush interval in force (:func:`~rank_agent.stepframes.flush_interval`: ``step_flush``,
+or ``world_size / 16384`` seconds when that is longer, so a big run does not flood the
+broker with steps frames) through the pusher's ``send``. The frames themselves are built
 by the pure :func:`rank_agent.stepframes.step_frames`. At most :data:`MAX_PENDING_STEPS`
 points wait; beyond that the oldest are dropped and counted.
 """
@@ -18,7 +20,7 @@ from typing import Any, Callable, Deque, Dict, List, Mapping
 
 from .protocol import MAX_STEP_METRICS
 from .ratelimit import RateLimitedLog
-from .stepframes import StepPoint, step_frames
+from .stepframes import StepPoint, flush_interval, step_frames
 
 #: Most step points waiting in one agent's buffer (PROTOCOL.md section 5); beyond it the
 #: oldest are dropped and counted in ``RankAgent.dropped``.
@@ -43,12 +45,13 @@ class StepBuffer:
     ``send(frame)`` queues a frame (the pusher's, never blocking); ``lose(kind, msg, *args)``
     counts and logs a call that could not be recorded; ``on_fork()`` resets the owning
     agent's per-process state (this buffer's included) when a fork the at-fork hook missed
-    is noticed. ``step_flush`` is read by the flusher on each wait, so it may be changed."""
+    is noticed. ``step_flush`` is read by the flusher on each wait, so it may be changed;
+    ``world_size`` (the run's) sets the floor of the interval in force (:attr:`interval`)."""
 
     def __init__(self, run: str, rank: int, step_flush: float, *, send: Callable[[Any], bool],
                  lose: Callable[..., bool], warn: RateLimitedLog,
                  on_fork: Callable[[], None] | None = None, watch: Any = None,
-                 on_start: Callable[[], None] | None = None) -> None:
+                 on_start: Callable[[], None] | None = None, world_size: int = 1) -> None:
         self.run = run
         #: the agent's :class:`~rank_agent.stallwatch.StallWatch` (None: none): each call
         #: stores its two fields inline (its ``note()``, without the call)
@@ -58,6 +61,7 @@ class StepBuffer:
         self._on_start = on_start
         self.rank = rank
         self.step_flush = step_flush
+        self.world_size = world_size
         self._send = send
         self._lose = lose
         self._warn = warn
@@ -218,9 +222,15 @@ class StepBuffer:
             except Exception as exc:  # pragma: no cover - the owner's starts never raise
                 self._warn("diag_start", "rankboard: could not start diagnosis: %r", exc)
 
+    @property
+    def interval(self) -> float:
+        """Seconds between two flushes in force: ``max(step_flush, world_size / 16384)``."""
+        return flush_interval(self.step_flush, self.world_size)
+
     def _loop(self, stop: threading.Event) -> None:
-        """The flusher: every ``step_flush`` seconds, send the buffer; never dies on an error."""
-        while not stop.wait(self.step_flush):
+        """The flusher: every :attr:`interval` seconds, send the buffer; never dies on an
+        error."""
+        while not stop.wait(self.interval):
             try:
                 self.flush()
             except Exception as exc:  # pragma: no cover - send already swallows send trouble

@@ -11,7 +11,19 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .protocol import MAX_STEP_METRIC_NAME, MAX_STEP_METRICS, MAX_STEP_POINTS, Steps
 
-__all__ = ["StepPoint", "step_frames"]
+__all__ = ["StepPoint", "step_frames", "flush_interval", "MAX_RUN_STEPS_FRAMES_PER_S"]
+
+#: Most ``steps`` frames a run of any size sends the broker a second (PROTOCOL.md 5, v3):
+#: each rank flushes at most every ``world_size / MAX_RUN_STEPS_FRAMES_PER_S`` seconds.
+MAX_RUN_STEPS_FRAMES_PER_S = 16384
+
+
+def flush_interval(step_flush: float, world_size: int) -> float:
+    """The flush interval in force (contract v3 section 5): ``max(step_flush, world_size /
+    16384)`` seconds, so a run sends at most ~16,384 ``steps`` frames a second whatever its
+    size (1,024 ranks: the 0.25 s default holds, 4,096 frames/s; 16,384 ranks: one frame a
+    rank a second; 65,536: one every 4 s). A point leaves within about twice that."""
+    return max(step_flush, world_size / MAX_RUN_STEPS_FRAMES_PER_S)
 
 #: One ``log_step`` call as buffered: (step, time.time(), step_ms, metrics or None, samples,
 #: tokens). A tuple, because building it is the cheapest thing the hot path can do.

@@ -17,7 +17,7 @@ import pytest
 
 from rank_agent.protocol import Finish, Steps
 from rank_agent.stepbuffer import MAX_PENDING_STEPS
-from rank_agent.stepframes import step_frames
+from rank_agent.stepframes import flush_interval, step_frames
 from tests.support.forking import fork as _fork
 from tests.support.forking import wait_child as _wait_child
 from tests.support.polling import wait_for
@@ -198,6 +198,39 @@ def test_flusher_sends_without_further_calls_within_two_flush_periods(receiver, 
     elapsed = time.monotonic() - t0
     assert elapsed < 2 * flush + 1.0, elapsed  # slack for a loaded CI machine
     assert agent.pending_steps == 0
+
+
+@pytest.mark.parametrize("step_flush, world_size, want", [
+    (0.25, 1, 0.25), (0.25, 1024, 0.25), (0.25, 4096, 0.25), (0.25, 16384, 1.0),
+    (0.25, 65536, 4.0), (2.0, 16384, 2.0), (0.01, 8192, 0.5),
+])
+def test_flush_interval_in_force_is_step_flush_or_world_size_over_16384(
+        step_flush, world_size, want):
+    assert flush_interval(step_flush, world_size) == want
+
+
+def test_a_big_run_flushes_at_most_every_world_size_over_16384_seconds(receiver, make_agent):
+    """Contract v3 section 5: with 65,536 ranks the interval in force is 4 s, whatever
+    ``step_flush`` says; the same agent in a 1-rank run sends within its step_flush."""
+    small = make_agent(broker=receiver.endpoint, step_flush=0.05, rank=0, world_size=1,
+                       run="small-run")
+    big = make_agent(broker=receiver.endpoint, step_flush=0.05, rank=0, world_size=65536)
+    assert (big._steps.interval, small._steps.interval) == (4.0, 0.05)
+    big.log_step(0, {"loss": 1.0})
+    small.log_step(0, {"loss": 1.0})
+    # the small run's point arrives within a few of its flush periods ...
+    receiver.wait_for(lambda fs: any(isinstance(f, Steps) and f.run == "small-run"
+                                     for f in fs), 10.0)
+    t0 = time.monotonic()
+    # ... the big run's does not before its 4 s interval (polled, not slept: any frame of
+    # it ends the wait and fails the test)
+    with pytest.raises(AssertionError):
+        receiver.wait_for(lambda fs: any(isinstance(f, Steps) and f.run == "test-run"
+                                         for f in fs), 1.5)
+    assert time.monotonic() - t0 < 4.0  # (the 1.5 s window was inside the interval)
+    assert big.pending_steps == 1
+    big.close()  # close() sends what is pending at once
+    wait_points(receiver, 2)
 
 
 def test_points_are_batched_not_sent_one_frame_per_call(receiver, make_agent):

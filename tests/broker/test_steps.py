@@ -462,6 +462,33 @@ def test_metric_mean_of_finite_values_that_overflow_a_naive_sum_stays_finite() -
     assert rec["metrics"]["loss"][0] == math.fsum([0.1, 0.2, 0.3]) / 3
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_means_of_many_ranks_are_exactly_rounded(seed: int) -> None:
+    """Issue 17: a step's sums are vectorised (a long-double sum is used where it provably
+    rounds to the exact sum, else ``fsum``): the mean is still exactly ``fsum / n``, for
+    few and for many ranks, values of mixed signs and magnitudes, sums that cancel."""
+    import random
+
+    rng = random.Random(seed)
+    for n in (3, 4, 17, 300, 1024):
+        kind = rng.randrange(4)
+        if kind == 0:
+            vals = [rng.uniform(-1, 1) * 10 ** rng.randrange(-8, 8) for _ in range(n)]
+        elif kind == 1:
+            vals = [rng.choice((0.1, 0.2, 0.3, 0.7)) for _ in range(n)]
+        elif kind == 2:  # cancellation: the exact sum is tiny next to the values
+            half = [rng.uniform(0, 1e6) for _ in range(n // 2)]
+            vals = half + [-v for v in half] + [rng.uniform(0, 1e-9)] * (n - 2 * (n // 2))
+            vals = vals or [1.0]
+        else:
+            vals = [rng.gauss(2.5, 0.01) for _ in range(n)]
+        rng.shuffle(vals)
+        rec = step_record(7, reports(*[(r, dict(loss=v, ms=abs(v))) for r, v in enumerate(vals)]))
+        assert rec["metrics"]["loss"] == [math.fsum(vals) / n, min(vals), max(vals)], (n, kind)
+        ms = [abs(v) for v in vals]
+        assert rec["step_ms"] == [math.fsum(ms) / n, min(ms), max(ms)]
+
+
 @pytest.mark.parametrize("values, want", [
     ([1.0, math.nan, 3.0], [math.nan, 1.0, 3.0]),
     ([math.inf, 1.0, 5.0], [math.inf, 1.0, 5.0]),
