@@ -20,6 +20,8 @@ import { profilePair } from "./profileview.js";
 const MIN_FETCH_MS = 1000;
 /** Rank chips shown per group before "+N more". */
 const MAX_CHIPS = 48;
+/** Groups whose shared stack is shown open without a click. */
+const OPEN_GROUPS = 3;
 /** Functions named in a group's one-line summary. */
 const SUMMARY_DEPTH = 3;
 /** The profile the buttons ask for. */
@@ -229,7 +231,7 @@ export class StallView {
       byRank.get(d.rank).push(d);
     }
     const groups = [...stallGroups, ...requestGroups];
-    groups.forEach((g, i) => out.push(this._group(g, i === 0, byRank, g.reason === "request" ? latest : null)));
+    groups.forEach((g, i) => out.push(this._group(g, i < OPEN_GROUPS, byRank, g.reason === "request" ? latest : null)));
     if (this.focus !== null) out.push(this._rank(this.focus, byRank.get(this.focus) || []));
     if (shownProfiles.length) {
       const stepMs = new Map(store.ranks.filter((r) => isNum(r.step_ms)).map((r) => [r.rank, r.step_ms]));
@@ -242,19 +244,19 @@ export class StallView {
   }
 
   _group(g, open, byRank, requestId) {
-    const box = this._details("stall-group", `g:${g.reason}:${innermost(g.frames, 99)}`, open);
+    const box = h("div", "stall-group");
     box.dataset.testid = "stall-group";
     box.dataset.reason = g.reason;
-    const summary = h("summary", "stall-group-line");
-    summary.append(h("span", "group-count mono", g.ranks.length === 1 ? "1" : fmtInt(g.ranks.length)));
-    summary.append(h("span", "group-text", groupLine(g)));
-    if (requestId) summary.append(h("span", "card-sub", `answers to request ${requestId}`));
+    const line = h("div", "stall-group-line");
+    line.append(h("span", "group-count mono", fmtInt(g.ranks.length)));
+    line.append(h("span", "group-text", groupLine(g)));
+    if (requestId) line.append(h("span", "card-sub", `answers to request ${requestId}`));
     else {
       const idle = g.ranks.map((r) => (byRank.get(r) || []).find((d) => d.reason === "stall"))
         .filter((d) => d && isNum(d.idle_s)).map((d) => d.idle_s);
-      if (idle.length) summary.append(h("span", "card-sub", `idle ${fmtDur(Math.max(...idle))}`));
+      if (idle.length) line.append(h("span", "card-sub", `idle ${fmtDur(Math.max(...idle))}`));
     }
-    box.append(summary);
+    box.append(line);
     const chips = h("div", "group-ranks");
     for (const r of g.ranks.slice(0, MAX_CHIPS)) {
       const chip = button("rank-chip mono", String(r), () => this.setFocus(r));
@@ -264,7 +266,11 @@ export class StallView {
     }
     if (g.ranks.length > MAX_CHIPS) chips.append(h("span", "muted", ` +${fmtInt(g.ranks.length - MAX_CHIPS)} more`));
     box.append(chips);
-    box.append(frameList(g.frames));
+    // the shared stack: open without a click (the first groups), as the user left it after
+    const stack = this._details("group-stack", `g:${g.reason}:${innermost(g.frames, 99)}`, open);
+    stack.append(h("summary", "muted", `shared stack, innermost first (${(g.frames || []).length} frames)`));
+    stack.append(frameList(g.frames));
+    box.append(stack);
     return box;
   }
 
