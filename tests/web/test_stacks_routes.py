@@ -260,3 +260,28 @@ def test_real_agents_are_grouped_and_answer_only_when_asked(
     assert any(g["reason"] == "request" and g["request_id"] == request_id and g["ranks"] == [1]
                for g in view["groups"])
     assert len(answers[0]["threads"]) >= 2  # every thread: the training one and the agent's
+
+
+def test_read_only_flag_reaches_web_up_demo_and_workers() -> None:
+    """``--read-only`` parses on ``web``, ``up`` and ``demo``, and a ``--workers`` supervisor
+    writes it into its workers' command lines (WebConfig.argv), which parse back to it."""
+    from rankboard import cli
+    from rankboard.config import DemoConfig, UpConfig, WebConfig, from_args
+
+    parser = cli.build_parser()
+
+    def web_of(*argv: str) -> WebConfig:
+        cfg = from_args(parser.parse_args(list(argv)))
+        if isinstance(cfg, DemoConfig):
+            return cfg.up.web
+        if isinstance(cfg, UpConfig):
+            return cfg.web
+        assert isinstance(cfg, WebConfig)
+        return cfg
+
+    for command in ("web", "up", "demo"):
+        assert web_of(command, "--read-only").read_only is True, command
+        assert web_of(command).read_only is False, command
+    worker = web_of("web", "--read-only", "--workers", "2").worker(1, 8585)
+    assert "--read-only" in worker.argv()
+    assert web_of(*worker.argv()).read_only is True
