@@ -18,6 +18,7 @@ from playwright.sync_api import expect
 
 from rank_agent import protocol as wire
 from tests.support.browser import ARTIFACTS, HOSTILE, Stack, wait_js
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -64,6 +65,22 @@ def inert(page: Any) -> None:
     assert page.locator("#stall-view img, #stall-view script").count() == 0
 
 
+def ask(page: Any, button: Any, said: str) -> None:
+    """Click a request button until the page says ``said`` (a 429, the web's one request per
+    run a second, is clicked again: the test does not depend on the machine's speed)."""
+    message = page.locator("#stall-view .stall-message")
+
+    def answered() -> bool:
+        button.click()
+        wait_js(page, "!/^(asking|profiling)/.test(document.querySelector("
+                      "'#stall-view .stall-message').textContent)")
+        text = message.text_content() or ""
+        assert said in text or "(429)" in text, text
+        return said in text
+
+    wait_for(answered, 10.0, said, interval=0.3)
+
+
 @pytest.fixture(scope="module")
 def read_only_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s = Stack(tmp_path_factory.mktemp("rankboard-ro"), command=[
@@ -106,8 +123,7 @@ def test_stall_view_groups_hostile_frames_as_text(stack: Stack, page: Any) -> No
     inert(page)
 
     # the run's buttons: a dump request is accepted (202) and said so
-    view.locator("[data-testid=dump-run]").click()
-    expect(view.locator(".stall-message")).to_contain_text("dump requested from every rank")
+    ask(page, view.locator("[data-testid=dump-run]"), "dump requested from every rank")
     expect(rank.locator("[data-testid=profile-rank]")).to_be_visible()
 
     # a profile answer (as an agent sends one) arrives by SSE and shows its heaviest stacks
@@ -125,6 +141,15 @@ def test_stall_view_groups_hostile_frames_as_text(stack: Stack, page: Any) -> No
     expect(block.locator(".icicle-cell", has_text="train_step")).to_have_count(2)
     assert page.evaluate("() => window.__rankboard.stacksFetches()") > fetches
     inert(page)
+
+    # any rank can be asked from its tab, stalled in a group or not
+    rank.locator("button", has_text="close").click()
+    expect(rank).to_have_count(0)
+    page.locator('#rank-tabs [data-rank="2"]').click()
+    expect(rank).to_contain_text("rank 2 · node-1")
+    ask(page, rank.locator("[data-testid=profile-rank]"), "profile requested from rank 2")
+    page.locator("#tab-home").click()
+    expect(rank).to_have_count(0)
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot: Path = ARTIFACTS / "stall_view.png"

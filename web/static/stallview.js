@@ -69,7 +69,8 @@ export class StallView {
     this.page = page;
     this.box = $("stall-view");
     this.readOnly = document.body.dataset.readOnly !== "false";
-    this.focus = null; // the rank whose own dump is shown
+    this.focus = null; // the rank clicked in a group (its own dump is shown)
+    this.closed = null; // the open tab's rank whose dump the user closed
     this.lastFetch = 0;
     this.inFlight = false;
     this.timer = null;
@@ -85,6 +86,7 @@ export class StallView {
     clearTimeout(this.timer);
     this.timer = null;
     this.focus = null;
+    this.closed = null;
     this.stalledKey = "";
     this.message = "";
     this.lastFetch = 0;
@@ -165,10 +167,19 @@ export class StallView {
     });
   }
 
-  /** Show `rank`'s own dump (null: none). */
+  /** Show `rank`'s own dump (a second click on it: hide it again). */
   setFocus(rank) {
-    this.focus = this.focus === rank ? null : rank;
+    this.focus = this.shownRank() === rank ? null : rank;
+    this.closed = this.focus === null ? rank : null;
     this.render();
+  }
+
+  /** The rank whose own dump and buttons are shown: the one clicked in a group, else the
+   * rank whose tab is open (so any rank can be asked, stalled or not); null: none. */
+  shownRank() {
+    if (this.focus !== null) return this.focus;
+    const tab = this.page.store.tab;
+    return typeof tab === "number" && tab !== this.closed ? tab : null;
   }
 
   _buttons(ranks, what) {
@@ -195,7 +206,7 @@ export class StallView {
     const view = store.stacks || { dumps: [], groups: [] };
     const stalled = store.stalledRanks();
     // a `ranks` event a second redraws nothing unless what this view shows changed
-    const key = [view, stalled.join(","), this.focus, this.message, store.run];
+    const key = [view, stalled.join(","), this.focus, this.closed, this.message, store.run, store.tab];
     if (this.drawn && key.every((v, i) => v === this.drawn[i])) return;
     this.drawn = key;
     const stallGroups = view.groups.filter((g) => g.reason === "stall");
@@ -205,7 +216,7 @@ export class StallView {
     const latestProfileId = profiles.reduce((best, d) => (!best || d.taken_at > best.taken_at ? d : best), null);
     const shownProfiles = latestProfileId ? profiles.filter((d) => d.request_id === latestProfileId.request_id) : [];
     const trouble = stalled.length > 0 || stallGroups.length > 0;
-    const anything = trouble || requestGroups.length || shownProfiles.length || this.focus !== null || this.message;
+    const anything = trouble || requestGroups.length || shownProfiles.length || this.shownRank() !== null || this.message;
     this.box.hidden = !anything && this.readOnly;
     this.box.dataset.state = trouble ? "stalled" : "ok";
     if (this.box.hidden) return;
@@ -232,12 +243,13 @@ export class StallView {
     }
     const groups = [...stallGroups, ...requestGroups];
     groups.forEach((g, i) => out.push(this._group(g, i < OPEN_GROUPS, byRank, g.reason === "request" ? latest : null)));
-    if (this.focus !== null) out.push(this._rank(this.focus, byRank.get(this.focus) || []));
+    const focus = this.shownRank();
+    if (focus !== null) out.push(this._rank(focus, byRank.get(focus) || []));
     if (shownProfiles.length) {
       const stepMs = new Map(store.ranks.filter((r) => isNum(r.step_ms)).map((r) => [r.rank, r.step_ms]));
       const sec = h("div", "stall-profiles");
       sec.append(h("h4", "stall-sub", "profile: heaviest stacks of the training thread"));
-      sec.append(profilePair(shownProfiles, this.focus, stepMs));
+      sec.append(profilePair(shownProfiles, this.shownRank(), stepMs));
       out.push(sec);
     }
     this.box.replaceChildren(...out);
@@ -260,7 +272,7 @@ export class StallView {
     const chips = h("div", "group-ranks");
     for (const r of g.ranks.slice(0, MAX_CHIPS)) {
       const chip = button("rank-chip mono", String(r), () => this.setFocus(r));
-      chip.classList.toggle("active", r === this.focus);
+      chip.classList.toggle("active", r === this.shownRank());
       chip.title = `rank ${r}: its own dump, every thread`;
       chips.append(chip);
     }
