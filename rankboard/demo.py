@@ -308,8 +308,13 @@ class Cluster:
     job and, unless ``step_job`` is false, the step job beside it."""
 
     def __init__(self, ingest: str, *, ranks: int, hosts: int, epochs: int,
-                 epoch_seconds: float, port: int, step_job: bool = True) -> None:
+                 epoch_seconds: float, port: int, step_job: bool = True,
+                 control: str | None = None) -> None:
         self.ingest = ingest
+        #: the broker's publish endpoint, the ranks' control channel (``RANKBOARD_CONTROL``):
+        #: the demo's ephemeral ports break the default "ingest port + 1", and the page's
+        #: "dump stacks" and "profile 5 s" buttons should reach the simulated ranks
+        self.control = control
         self.ranks = ranks
         self.hosts = max(1, min(hosts, ranks))
         self.epochs = epochs
@@ -353,7 +358,10 @@ class Cluster:
                 args += ["--epochs", str(self.epochs), "--epoch-seconds", repr(self.epoch_seconds)]
             else:
                 args += ["--steps", str(self.steps)] + self._stall_args(rank)
-            cmd, env = child_command("rankboard.demo", args)
+            base = dict(os.environ)
+            if self.control:
+                base["RANKBOARD_CONTROL"] = self.control
+            cmd, env = child_command("rankboard.demo", args, base)
             self.procs[job].append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env))
         return run
 
