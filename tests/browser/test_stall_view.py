@@ -81,6 +81,47 @@ def ask(page: Any, button: Any, said: str) -> None:
     wait_for(answered, 10.0, said, interval=0.3)
 
 
+def test_straggler_profile_beside_the_median_rank(stack: Stack, page: Any) -> None:
+    """A run-wide profile of a run with a straggler: the slowest rank's profile (by
+    ``step_ms``) beside the median rank's, each with its own heaviest stacks."""
+    run = "stall-profile"
+    step_ms = {0: 100.0, 1: 102.0, 2: 110.0, 3: 300.0}
+    for rank in range(WORLD):
+        stack.send(wire.Register(run=run, rank=rank, world_size=WORLD, host="node-a",
+                                 local_rank=rank))
+    now = time.time()
+    for rank, ms in step_ms.items():
+        stack.send(wire.Steps(run=run, rank=rank, steps=list(range(5)),
+                              times=[now + i for i in range(5)], step_ms=[ms] * 5))
+    open_run(page, stack, run)
+    wait_js(page, "document.querySelectorAll('#rank-table tbody tr').length === 4")
+
+    def ranks_timed() -> bool:
+        ranks = stack.get_json(f"/api/runs/{run}")["ranks"]
+        return all(r.get("step_ms") is not None for r in ranks)
+
+    wait_for(ranks_timed, 15.0, "step_ms of every rank")
+    for rank in range(WORLD):
+        work = "slow_io" if rank == 3 else "matmul"
+        stack.send(wire.Stacks(
+            run=run, rank=rank, reason="request", request_id="cafe000000000002",
+            taken_at=time.time(), samples=50, seconds=0.5, profile=[
+                wire.ProfileEntry(stack=["train_step (/job/t.py:1)", f"{work} (/job/t.py:9)"],
+                                  count=40),
+                wire.ProfileEntry(stack=["train_step (/job/t.py:1)", "log (/job/t.py:5)"],
+                                  count=10)]))
+    pair = page.locator("#stall-view .profiles.side-by-side")
+    expect(pair.locator("[data-testid=profile]")).to_have_count(2, timeout=15_000)
+    expect(pair.locator(".profile-title").nth(0)).to_contain_text("rank 3 (slowest)")
+    expect(pair.locator(".profile-title").nth(1)).to_contain_text("rank 1 (median)")
+    expect(pair.locator("[data-testid=profile]").nth(0).locator(".stack-line").nth(0)).to_have_text(
+        "slow_io ← train_step")
+    expect(pair.locator("[data-testid=profile]").nth(1).locator(".stack-line").nth(0)).to_have_text(
+        "matmul ← train_step")
+    expect(pair.locator(".share-pct").nth(0)).to_have_text("80.0%")
+    page.errors.check()
+
+
 @pytest.fixture(scope="module")
 def read_only_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s = Stack(tmp_path_factory.mktemp("rankboard-ro"), command=[

@@ -205,16 +205,19 @@ export class StallView {
     const store = this.page.store;
     const view = store.stacks || { dumps: [], groups: [] };
     const stalled = store.stalledRanks();
-    // a `ranks` event a second redraws nothing unless what this view shows changed
-    const key = [view, stalled.join(","), this.focus, this.closed, this.message, store.run, store.tab];
-    if (this.drawn && key.every((v, i) => v === this.drawn[i])) return;
-    this.drawn = key;
     const stallGroups = view.groups.filter((g) => g.reason === "stall");
     const requestGroups = view.groups.filter((g) => g.reason === "request");
     const latest = requestGroups.length ? requestGroups[0].request_id : null;
     const profiles = view.dumps.filter((d) => d.reason === "request" && Array.isArray(d.profile) && d.profile.length);
     const latestProfileId = profiles.reduce((best, d) => (!best || d.taken_at > best.taken_at ? d : best), null);
     const shownProfiles = latestProfileId ? profiles.filter((d) => d.request_id === latestProfileId.request_id) : [];
+    const stepMs = new Map(store.ranks.filter((r) => isNum(r.step_ms)).map((r) => [r.rank, r.step_ms]));
+    // a `ranks` event a second redraws nothing unless what this view shows changed (the
+    // profiled ranks' step times label the profiles and choose the median one)
+    const timing = shownProfiles.map((d) => (stepMs.has(d.rank) ? stepMs.get(d.rank).toFixed(1) : "")).join(",");
+    const key = [view, stalled.join(","), this.focus, this.closed, this.message, store.run, store.tab, timing];
+    if (this.drawn && key.every((v, i) => v === this.drawn[i])) return;
+    this.drawn = key;
     const trouble = stalled.length > 0 || stallGroups.length > 0;
     const anything = trouble || requestGroups.length || shownProfiles.length || this.shownRank() !== null || this.message;
     this.box.hidden = !anything && this.readOnly;
@@ -246,7 +249,6 @@ export class StallView {
     const focus = this.shownRank();
     if (focus !== null) out.push(this._rank(focus, byRank.get(focus) || []));
     if (shownProfiles.length) {
-      const stepMs = new Map(store.ranks.filter((r) => isNum(r.step_ms)).map((r) => [r.rank, r.step_ms]));
       const sec = h("div", "stall-profiles");
       sec.append(h("h4", "stall-sub", "profile: heaviest stacks of the training thread"));
       sec.append(profilePair(shownProfiles, this.shownRank(), stepMs));
