@@ -24,6 +24,8 @@ const MAX_CHIPS = 48;
 const OPEN_GROUPS = 3;
 /** Functions named in a group's one-line summary. */
 const SUMMARY_DEPTH = 3;
+/** After an accepted request the buttons wait this long (ms): the web's 429 rule is 1 s. */
+const HOLD_MS = 1100;
 /** The profile the buttons ask for. */
 const PROFILE = { seconds: 5, hz: 100 };
 
@@ -77,6 +79,7 @@ export class StallView {
     this.stalledKey = "";
     this.message = "";
     this.fetches = 0;
+    this.held = false; // a request is on its way, or was accepted less than HOLD_MS ago
     this.drawn = null; // what the last render drew from (skip a render that would not differ)
     this.opened = new Map(); // <details> key -> open, as the user left it
   }
@@ -87,6 +90,7 @@ export class StallView {
     this.timer = null;
     this.focus = null;
     this.closed = null;
+    this.held = false;
     this.stalledKey = "";
     this.message = "";
     this.lastFetch = 0;
@@ -146,12 +150,18 @@ export class StallView {
     const body = { kind, ranks };
     if (kind === "profile") Object.assign(body, PROFILE);
     this.message = kind === "profile" ? `profiling for ${PROFILE.seconds} s…` : "asking for stacks…";
+    this.held = true; // no second request while this one is on its way
     this.render();
     fetch(`/api/runs/${enc(store.run)}/stacks`, {
       method: "POST", credentials: "same-origin", cache: "no-store",
       headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
     }).then(async (r) => {
       const answer = await r.json().catch(() => ({}));
+      // the web accepts one request per run a second (429): the buttons wait that long
+      setTimeout(() => {
+        this.held = false;
+        this.render();
+      }, r.status === 202 ? HOLD_MS : 0);
       if (r.status === 202) {
         const who = ranks ? `rank ${ranks.join(", ")}` : "every rank";
         this.message = `${kind === "profile" ? "profile" : "dump"} requested from ${who} (${answer.request_id})`;
@@ -162,6 +172,7 @@ export class StallView {
       }
       this.render();
     }).catch(() => {
+      this.held = false;
       this.message = "request failed: the dashboard is unreachable";
       this.render();
     });
@@ -189,6 +200,7 @@ export class StallView {
     dump.dataset.testid = `dump-${what}`;
     const prof = button("btn btn-small", `profile ${PROFILE.seconds} s`, () => this.request("profile", ranks));
     prof.dataset.testid = `profile-${what}`;
+    dump.disabled = prof.disabled = this.held;
     bar.append(dump, prof);
     return bar;
   }
@@ -215,7 +227,8 @@ export class StallView {
     // a `ranks` event a second redraws nothing unless what this view shows changed (the
     // profiled ranks' step times label the profiles and choose the median one)
     const timing = shownProfiles.map((d) => (stepMs.has(d.rank) ? stepMs.get(d.rank).toFixed(1) : "")).join(",");
-    const key = [view, stalled.join(","), this.focus, this.closed, this.message, store.run, store.tab, timing];
+    const key = [view, stalled.join(","), this.focus, this.closed, this.message, this.held, store.run,
+      store.tab, timing];
     if (this.drawn && key.every((v, i) => v === this.drawn[i])) return;
     this.drawn = key;
     const trouble = stalled.length > 0 || stallGroups.length > 0;
