@@ -192,6 +192,20 @@ def test_stall_view_groups_hostile_frames_as_text(stack: Stack, page: Any) -> No
     page.locator("#tab-home").click()
     expect(rank).to_have_count(0)
 
+    # a burst of dumps: the page reads /stacks at most once a second, not once per event
+    events = page.evaluate("() => window.__rankboard.stacksEvents()")
+    fetches = page.evaluate("() => window.__rankboard.stacksFetches()")
+    started = time.monotonic()
+
+    def burst() -> bool:
+        stack.send(stall(run, 0, COLLECTIVE))
+        return bool(page.evaluate("() => window.__rankboard.stacksEvents()") - events >= 6)
+
+    wait_for(burst, 20.0, "six SSE stacks events", interval=0.1)
+    elapsed = time.monotonic() - started
+    read = page.evaluate("() => window.__rankboard.stacksFetches()") - fetches
+    assert 1 <= read <= elapsed + 1, (read, elapsed)
+
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot: Path = ARTIFACTS / "stall_view.png"
     view.screenshot(path=str(shot))

@@ -139,6 +139,7 @@ function exposeHooks() {
     stripColumns: () => stragglers.strip.cols.length,
     heatmapCells: () => overview.heatmap.drawnCells || 0,
     stacksFetches: () => page.stall.fetches,
+    stacksEvents: () => page.stall.events,
     applyRanksNow: (ranks) => {
       store.applyRanks(ranks, true, serverNow());
       renderNow();

@@ -78,7 +78,8 @@ export class StallView {
     this.timer = null;
     this.stalledKey = "";
     this.message = "";
-    this.fetches = 0;
+    this.fetches = 0; // /stacks reads and SSE `stacks` events seen (tests read both)
+    this.events = 0;
     this.held = false; // a request is on its way, or was accepted less than HOLD_MS ago
     this.drawn = null; // what the last render drew from (skip a render that would not differ)
     this.opened = new Map(); // <details> key -> open, as the user left it
@@ -103,6 +104,7 @@ export class StallView {
 
   /** SSE `stacks` event: dumps arrived; read /stacks (rate-limited). */
   onStacks() {
+    this.events += 1;
     this.refresh();
   }
 
