@@ -177,6 +177,7 @@ def test_stall_view_groups_hostile_frames_as_text(stack: Stack, page: Any) -> No
                            taken_at=time.time(), profile=profile, samples=100, seconds=1.0))
     block = view.locator("[data-testid=profile]")
     expect(block).to_have_count(1)
+    expect(block.locator(".profile-title")).to_have_text("rank 3")  # no step times: no "slowest"
     expect(block.locator(".share-pct").nth(0)).to_have_text("75.0%")
     expect(block.locator(".stack-line").nth(0)).to_have_text(f"{HOSTILE} ← train_step ← <module>")
     expect(block.locator(".icicle-cell", has_text="train_step")).to_have_count(2)
@@ -208,7 +209,12 @@ def test_stall_view_groups_hostile_frames_as_text(stack: Stack, page: Any) -> No
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot: Path = ARTIFACTS / "stall_view.png"
-    view.screenshot(path=str(shot))
+    page.evaluate("() => window.scrollTo(0, 0)")  # the sticky top bar stays above the card
+    box = view.bounding_box()
+    assert box is not None
+    page.screenshot(path=str(shot), full_page=True, clip={
+        "x": box["x"], "y": box["y"] + page.evaluate("() => window.scrollY"),
+        "width": box["width"], "height": box["height"]})
     assert shot.stat().st_size > 10_000
     page.errors.check()
 

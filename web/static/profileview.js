@@ -133,9 +133,15 @@ export function profilePair(profiles, focus, stepMs) {
   const timed = profiles.filter((d) => isNum(stepMs.get(d.rank)))
     .sort((a, b) => stepMs.get(a.rank) - stepMs.get(b.rank));
   let main = byRank.get(focus);
-  if (!main) main = timed.length ? timed[timed.length - 1] : profiles[0];
+  let why = "";
+  if (!main && timed.length > 1) {
+    main = timed[timed.length - 1];
+    why = " (slowest)";
+  } else if (!main) {
+    main = timed.length ? timed[0] : profiles[0];
+  }
   const label = (d, what) => `rank ${d.rank}${what}${isNum(stepMs.get(d.rank)) ? ` · ${stepMs.get(d.rank).toFixed(1)} ms/step` : ""}`;
-  wrap.append(profileBlock(main, label(main, main === byRank.get(focus) ? "" : " (slowest)")));
+  wrap.append(profileBlock(main, label(main, why)));
   const median = timed.length ? timed[Math.floor((timed.length - 1) / 2)] : null;
   if (median && median !== main) {
     wrap.classList.add("side-by-side");
