@@ -153,6 +153,9 @@ def _web_flags(p: argparse.ArgumentParser, *, port_default: int | None) -> None:
                         "a proxy in front of it")
     p.add_argument("--insecure-no-auth", action="store_true",
                    help="allow a non-loopback --host without a token")
+    p.add_argument("--read-only", action="store_true",
+                   help="refuse requests for stack dumps and profiles (POST .../stacks: "
+                        "403) and show no request buttons; the dashboard only reads")
     p.add_argument("--curve-server-key", type=Path, default=None, metavar="FILE",
                    help="the broker's public key file (server.key from `rankboard keys`): "
                         "connect to its publish and snapshot sockets with CURVE; needs "

@@ -83,7 +83,8 @@ def _web(args: argparse.Namespace, *, with_broker: bool) -> WebConfig:
         curve_server_flag=flag,
         workers=args.workers, metrics_port=args.metrics_port,
         metrics_host=args.metrics_host, worker_id=args.worker_id,
-        allowed_hosts=tuple(args.allowed_host), log_level=log_level(args))
+        allowed_hosts=tuple(args.allowed_host), read_only=bool(args.read_only),
+        log_level=log_level(args))
 
 
 def from_args(args: argparse.Namespace) -> Config:

@@ -13,6 +13,13 @@ each ``--ranks`` processes spread over ``--hosts`` simulated hosts (``node-a``, 
   each logged with the real :meth:`RankAgent.log_step` (loss, lr, grad_norm, samples and
   tokens); the last rank, on the last host, is deliberately slower, so the straggler board
   has someone to point at. Its steps take as long as the epoch job's epochs in all.
+  Half-way through, one rank's data loader hangs for :data:`STALL_SECONDS` (a dead loader
+  worker, :class:`DataLoader`) while every other rank waits for it in :func:`all_reduce`, as
+  ranks wait in a collective for a missing peer; the agents' stall watch (at
+  :data:`STALL_AFTER`) dumps their stacks, so the page shows the ranks ``stalled`` and the
+  two groups ("3 ranks in all_reduce ← backward ← train_step; rank 1 in __next__ ←
+  train_step"), then the rank recovers and every rank steps again. The others wait by
+  polling a file a few times a second (the demo stays cheap on CPU).
 
 This module imports nothing heavy at import time: rank processes load only rank_agent. It
 sits in ``rankboard/`` beside ``up`` because it drives the whole stack (agents, broker, web).
@@ -25,9 +32,11 @@ import logging
 import math
 import os
 import random
+import shutil
 import signal
 import string
 import sys
+import tempfile
 import time
 from typing import Any, Sequence
 
@@ -46,6 +55,13 @@ SLOW_STEP = 1.3
 SEQ_LEN = 512
 STEP_BATCH = 16
 MIN_STEPS = 100
+#: The step job's stall: how long the stalling rank's loader hangs, and the agents'
+#: ``stall_after`` (short, so a newcomer sees the dumps within seconds; the default
+#: automatic one is at least 60 s).
+STALL_SECONDS = 12.0
+STALL_AFTER = 3.0
+#: How often a rank waiting in the demo's all_reduce looks for its peer.
+BARRIER_POLL = 0.1
 
 
 def host_name(index: int) -> str:
@@ -148,6 +164,44 @@ def step_curves(step: int, steps: int, rank: int, rng: random.Random) -> dict[st
     return {"loss": max(0.0, loss), "lr": lr, "grad_norm": grad_norm}
 
 
+class DataLoader:
+    """The step job's data loader: ``hang_s`` > 0 makes its next batch hang that long (a
+    worker that died), then release the ranks waiting in :func:`all_reduce` (``barrier``
+    appears)."""
+
+    def __init__(self, hang_s: float, barrier: str) -> None:
+        self.hang_s = hang_s
+        self.barrier = barrier
+
+    def __iter__(self) -> DataLoader:
+        return self
+
+    def __next__(self) -> None:
+        if self.hang_s > 0:
+            time.sleep(self.hang_s)  # releases the GIL: the agent's watcher still dumps
+            with open(self.barrier, "w"):
+                pass
+
+
+def all_reduce(barrier: str, timeout: float) -> None:
+    """Wait for every peer, as a collective does: here, until ``barrier`` exists (at most
+    ``timeout`` seconds, so a demo rank never hangs for good)."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(barrier) and time.monotonic() < deadline:
+        time.sleep(BARRIER_POLL)
+
+
+def backward(barrier: str, timeout: float) -> None:
+    all_reduce(barrier, timeout)
+
+
+def train_step(loader: DataLoader, timeout: float) -> None:
+    """The step at which the demo stalls: the batch (one rank's loader hangs), then the
+    gradients' collective (the others wait in it)."""
+    next(loader)
+    backward(loader.barrier, timeout)
+
+
 def run_steps(ns: argparse.Namespace) -> int:
     """One rank of the step job: ``ns.steps`` optimizer steps at ~10/s, then one epoch."""
     from rank_agent import RankAgent
@@ -155,7 +209,9 @@ def run_steps(ns: argparse.Namespace) -> int:
     rng = random.Random(f"{ns.run}:{ns.rank}:steps")
     slow = SLOW_STEP if ns.rank == ns.world_size - 1 and ns.world_size > 1 else 1.0
     agent = RankAgent(broker=ns.broker, run=ns.run, rank=ns.rank, world_size=ns.world_size,
-                      local_rank=ns.local_rank, host=ns.host)
+                      local_rank=ns.local_rank, host=ns.host,
+                      stall_after=STALL_AFTER if ns.barrier else None)
+    loader = DataLoader(ns.stall_seconds, ns.barrier) if ns.barrier else None
     try:
         agent.register(port=ns.port, total_epochs=1)
         if ns.rank == 0:
@@ -173,6 +229,9 @@ def run_steps(ns: argparse.Namespace) -> int:
         for step in range(ns.steps):
             next_at += STEP_SECONDS * slow * (1.0 + rng.uniform(-0.08, 0.08))
             time.sleep(max(0.0, next_at - time.monotonic()))
+            if loader is not None and step == ns.stall_at:
+                train_step(loader, timeout=4 * STALL_SECONDS + 10)
+                next_at = time.monotonic()
             values = step_curves(step, ns.steps, ns.rank, rng)
             losses.append(values["loss"])
             agent.log_step(step, values, samples=STEP_BATCH, tokens=STEP_BATCH * SEQ_LEN)
@@ -201,6 +260,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--epoch-seconds", type=float, default=1.0)
     p.add_argument("--steps", type=int, default=MIN_STEPS)
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--barrier", default="",
+                   help="steps: the file the stall's all_reduce waits for (empty: no stall)")
+    p.add_argument("--stall-at", type=int, default=-1, help="steps: the step that stalls")
+    p.add_argument("--stall-seconds", type=float, default=0.0,
+                   help="steps: how long this rank's loader hangs there (0: it waits)")
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s rank {ns.rank}: %(message)s")
@@ -244,8 +308,13 @@ class Cluster:
     job and, unless ``step_job`` is false, the step job beside it."""
 
     def __init__(self, ingest: str, *, ranks: int, hosts: int, epochs: int,
-                 epoch_seconds: float, port: int, step_job: bool = True) -> None:
+                 epoch_seconds: float, port: int, step_job: bool = True,
+                 control: str | None = None) -> None:
         self.ingest = ingest
+        #: the broker's publish endpoint, the ranks' control channel (``RANKBOARD_CONTROL``):
+        #: the demo's ephemeral ports break the default "ingest port + 1", and the page's
+        #: "dump stacks" and "profile 5 s" buttons should reach the simulated ranks
+        self.control = control
         self.ranks = ranks
         self.hosts = max(1, min(hosts, ranks))
         self.epochs = epochs
@@ -256,6 +325,10 @@ class Cluster:
         self.jobs = ["epochs", "steps"] if step_job else ["epochs"]
         self.procs: dict[str, list[Any]] = {job: [] for job in self.jobs}
         self.runs_started = 0
+        #: the step job's stall: which rank hangs (not the slow last one, which the
+        #: straggler board points at) and the run's barrier dir (removed after the run)
+        self.stall_rank = 1 if ranks > 2 else 0
+        self._barrier_dir: str | None = None
         self._stopping = False
         self._greenlets: list[Any] = []
 
@@ -284,10 +357,30 @@ class Cluster:
             if job == "epochs":
                 args += ["--epochs", str(self.epochs), "--epoch-seconds", repr(self.epoch_seconds)]
             else:
-                args += ["--steps", str(self.steps)]
-            cmd, env = child_command("rankboard.demo", args)
+                args += ["--steps", str(self.steps)] + self._stall_args(rank)
+            base = dict(os.environ)
+            if self.control:
+                base["RANKBOARD_CONTROL"] = self.control
+            cmd, env = child_command("rankboard.demo", args, base)
             self.procs[job].append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env))
         return run
+
+    def _stall_args(self, rank: int) -> list[str]:
+        """The step job's stall (module docstring): half-way, at most once per run."""
+        if rank == 0:
+            self._drop_barrier()
+            self._barrier_dir = tempfile.mkdtemp(prefix="rankboard-demo-")
+        assert self._barrier_dir is not None
+        args = ["--barrier", os.path.join(self._barrier_dir, "released"),
+                "--stall-at", str(self.steps // 2)]
+        if rank == self.stall_rank:
+            args += ["--stall-seconds", repr(STALL_SECONDS)]
+        return args
+
+    def _drop_barrier(self) -> None:
+        if self._barrier_dir is not None:
+            shutil.rmtree(self._barrier_dir, ignore_errors=True)
+            self._barrier_dir = None
 
     def _loop(self, job: str) -> None:
         import gevent
@@ -317,6 +410,7 @@ class Cluster:
             terminate(proc, timeout=5.0)
         for g in self._greenlets:
             g.kill(block=True, timeout=2.0)
+        self._drop_barrier()
 
 
 if __name__ == "__main__":

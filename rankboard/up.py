@@ -238,6 +238,7 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
             cluster = Cluster(
                 broker.endpoints["ingest"], ranks=demo.ranks, hosts=demo.hosts,
                 epochs=demo.epochs, epoch_seconds=demo.epoch_seconds, port=web.port,
+                control=broker.endpoints["publish"],
             )
             cluster.start()
             if not demo.no_browser:

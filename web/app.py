@@ -17,6 +17,10 @@ Config keys (all optional):
   without a token answers; others get 421 (PROTOCOL 4 "Hardening"; default: loopback names,
   see :func:`web.serve.allowed_hosts`);
 * ``ping_interval``: seconds between ``: ping`` comments on idle and busy streams (15);
+* ``read_only``: refuse ``POST /stacks`` with 403 and leave the page's request buttons out
+  (``--read-only``);
+* ``request_stacks``: the callable that sends a stacks request to the broker
+  (:meth:`web.pump.FeedPump.request_stacks`); None: ``POST /stacks`` answers 503;
 * ``template_folder`` / ``static_folder``: override the page's folders (tests).
 """
 from __future__ import annotations
@@ -27,8 +31,8 @@ import hmac
 import io
 import logging
 import re
-from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import gevent
 import msgspec
@@ -39,10 +43,12 @@ from werkzeug.exceptions import HTTPException
 from rank_agent.protocol import valid_run_id
 from web.hub import Hub, parse_position
 from web.metrics import make_registry
+from web.pump import StacksRequestError
 from web.report import attachment_name, report_of_state
 from web.report import render as render_report
 from web.report import shell as report_shell
 from web.runstate import RunState
+from web.stacksapi import BadBody, RequestGate, StacksCollector, check_media_type, parse_body
 from web.stream import client_stream
 
 log = logging.getLogger(__name__)
@@ -76,6 +82,9 @@ _json = msgspec.json.Encoder()
 MAX_POINTS = 10_000
 DEFAULT_POINTS = 1000
 _INT = re.compile(r"^[0-9]{1,19}$")
+#: ``POST /stacks``: the largest body read (PROTOCOL 4 names no bound; 1 MiB holds every
+#: rank of the largest world size as a JSON list)
+MAX_BODY = 1 << 20
 
 
 class BadQuery(ValueError):
@@ -201,6 +210,12 @@ class Board:
     allowed_hosts: frozenset[str]
     ping_interval: float
     registry: CollectorRegistry
+    #: ``--read-only``: ``POST /stacks`` answers 403
+    read_only: bool = False
+    #: ``FeedPump.request_stacks`` (None: no feed to send it on, 503)
+    request_stacks: Optional[Callable[..., str]] = None
+    #: the 429 rule and the request counters of ``POST /stacks``
+    gate: RequestGate = field(default_factory=RequestGate)
 
 
 def _board() -> Board:
@@ -303,6 +318,18 @@ def unknown_run(run: str) -> Response:
 
 
 @bp.before_request
+def _refuse_writes() -> Response | None:
+    """``--read-only`` refuses the one route that acts (``POST /stacks``) with 403, after
+    the ``Host`` check and auth (app-wide hooks) and before the run lookup (PROTOCOL 4's
+    order: a read-only web tells a would-be writer nothing about which runs exist)."""
+    board = _board()
+    if request.method != "POST" or not board.read_only:
+        return None
+    board.gate.count("read_only")
+    return error(403, "this dashboard is read-only (rankboard web --read-only)")
+
+
+@bp.before_request
 def _find_run() -> Response | None:
     """The one run lookup of every ``<run>`` route: 404 for a run this web does not have (or
     a malformed id), else the run's state in ``g.run_state`` (read by :func:`_run`).
@@ -333,7 +360,7 @@ def _run() -> RunState:
 # -------------------------------------------------------------------------- views
 @bp.get("/")
 def index() -> str:
-    return render_template("index.html")
+    return render_template("index.html", read_only=_board().read_only)
 
 
 @bp.get("/healthz")
@@ -436,6 +463,63 @@ def report(run: str) -> Response:
     return response
 
 
+@bp.get("/api/runs/<run>/stacks")
+def stacks(run: str) -> Response:
+    view = _board().hub.stacks_view(run)
+    if view is None:  # the run went between the lookup and here
+        return unknown_run(run)
+    return json_response(view)
+
+
+def _body() -> bytes:
+    """The request body, at most :data:`MAX_BODY` bytes (a request is a few dozen; one
+    naming every rank of a 65,536-rank run fits): larger is a 400, never read whole."""
+    if (request.content_length or 0) > MAX_BODY:
+        raise BadBody(400, f"the body is over {MAX_BODY} bytes")
+    data = request.stream.read(MAX_BODY + 1)
+    if len(data) > MAX_BODY:
+        raise BadBody(400, f"the body is over {MAX_BODY} bytes")
+    return data
+
+
+@bp.post("/api/runs/<run>/stacks")
+def request_stacks(run: str) -> Response:
+    """Ask the run's ranks for dumps or a profile (PROTOCOL 4; 421/401/403/404 were
+    answered by the hooks above, in that order; ``web/stacksapi.py`` has the rest)."""
+    board = _board()
+    gate = board.gate
+    world = _run().header.get("world_size")
+    try:
+        check_media_type(request.mimetype or None)
+        asked = parse_body(_body(), world if isinstance(world, int) and world > 0 else None)
+    except BadBody as exc:
+        gate.count("unsupported_media_type" if exc.status == 415 else "bad_request")
+        return error(exc.status, str(exc))
+    wait = gate.wait_left(run)
+    if wait > 0:
+        gate.count("rate_limited")
+        response = error(429, "a request for this run was accepted less than 1 s ago")
+        response.headers["Retry-After"] = "1"
+        return response
+    if board.request_stacks is None:
+        gate.count("unavailable")
+        return error(503, "this web has no broker connection to send requests on")
+    try:
+        request_id = board.request_stacks(run, asked.kind, asked.ranks,
+                                          seconds=asked.seconds, hz=asked.hz)
+    except ValueError as exc:  # a field the agents would refuse that the rules above let by
+        gate.count("bad_request")
+        return error(400, str(exc).splitlines()[0] if str(exc) else "bad request")
+    except StacksRequestError as exc:
+        gate.count("unavailable")
+        return error(503, str(exc))
+    gate.accepted(run)
+    log.info("stacks request %s for run %s: %s, ranks %s", request_id, run, asked.kind,
+             "all" if asked.ranks is None else len(asked.ranks))
+    return json_response({"request_id": request_id, "kind": asked.kind, "ranks": asked.ranks},
+                         202)
+
+
 @bp.get("/api/runs/<run>/events")
 def events(run: str) -> Response:
     board = _board()
@@ -469,12 +553,18 @@ def create_app(hub: Hub, config: Mapping[str, Any] | None = None) -> Flask:
         if config.get(key):
             kwargs[key] = config[key]
     app = Flask(__name__, **kwargs)
+    gate = RequestGate()
+    registry = make_registry(hub)
+    registry.register(StacksCollector(gate, hub))  # type: ignore[arg-type]
     app.extensions["rankboard"] = Board(
         hub=hub,
         token=config.get("token") or None,
         allowed_hosts=frozenset(config.get("allowed_hosts") or LOOPBACK_HOSTS),
         ping_interval=float(config.get("ping_interval") or DEFAULT_PING_INTERVAL),
-        registry=make_registry(hub),
+        registry=registry,
+        read_only=bool(config.get("read_only")),
+        request_stacks=config.get("request_stacks"),
+        gate=gate,
     )
     app.config["RANKBOARD_HUB"] = hub
     app.register_blueprint(bp)

@@ -45,6 +45,8 @@ class WebConfig:
     #: ``--allowed-host``: names a web without a token answers besides loopback and its
     #: bound address (PROTOCOL 4 "Hardening", for a proxy)
     allowed_hosts: tuple[str, ...] = ()
+    #: ``--read-only``: refuse ``POST /stacks`` (403) and show no request buttons
+    read_only: bool = False
     log_level: str = "INFO"
 
     def argv(self) -> list[str]:
@@ -69,6 +71,8 @@ class WebConfig:
             cmd += ["--worker-id", str(self.worker_id)]
         for name in self.allowed_hosts:
             cmd += ["--allowed-host", name]
+        if self.read_only:
+            cmd.append("--read-only")
         return cmd + ["--log-level", self.log_level]
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:

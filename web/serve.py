@@ -455,6 +455,8 @@ class Web:
             "token": cfg.token,
             "allowed_hosts": allowed_hosts(cfg.host, hosts),
             "ping_interval": _env_number("RANKBOARD_SSE_PING", 15.0, float),
+            "read_only": cfg.read_only,
+            "request_stacks": self.pump.request_stacks,
         })
         if self.worker_id is not None:
             self.app.wsgi_app = worker_header(self.app.wsgi_app, self.worker_id)  # type: ignore[method-assign]

@@ -4,8 +4,9 @@
 //
 // Data flow: GET /api/runs (picker, app.js) -> Stream (stream.js: GET /api/runs/<run> and
 // EventSource /api/runs/<run>/events) -> Store (store.js, no DOM) -> views (headerview,
-// overview, ranksview, stragglers, rankpanel, tabs; steps.js and compare.js own their data
-// fetches). Step series come from /steps up to the `steps_done` of each connection's first
+// overview, ranksview, stragglers, rankpanel, tabs, stallview; steps.js, compare.js and
+// stallview.js (/stacks, on SSE `stacks` events) own their data fetches). Step series
+// come from /steps up to the `steps_done` of each connection's first
 // `run` event, then from live `steps` events (steps.js). All text from a training job goes
 // into the DOM through textContent; the model graph is only ever an <img>.
 //
@@ -22,6 +23,7 @@ import { HeaderView } from "./headerview.js";
 import { Overview } from "./overview.js";
 import { RankPanel } from "./rankpanel.js";
 import { RanksView } from "./ranksview.js";
+import { StallView } from "./stallview.js";
 import { StepView } from "./steps.js";
 import { Store } from "./store.js";
 import { Stragglers } from "./stragglers.js";
@@ -57,6 +59,7 @@ function renderNow() {
     }
     if (parts.has("records") || parts.has("ranks") || parts.has("header")) ranks.render();
     if (parts.has("records") || parts.has("ranks") || parts.has("tab")) rankPanel.render();
+    if (parts.has("stacks") || parts.has("ranks") || parts.has("tab")) page.stall.render();
     header.tick();
   } catch (err) {
     console.warn("rankboard: render failed", err); // never let one bad value kill the page
@@ -82,6 +85,7 @@ const page = {
     page.steps.reset(run);
     page.ranks.reset();
     page.stragglers.reset();
+    page.stall.reset();
   },
 };
 const app = new App(page);
@@ -97,6 +101,7 @@ function build() {
   page.tabs = new Tabs(page);
   page.stragglers = new Stragglers(page);
   page.ranks = new RanksView(page);
+  page.stall = new StallView(page);
   page.compare = new CompareView($("compare-view"), {
     runs: () => store.runs,
     close: () => app.closeCompare(),
@@ -104,9 +109,13 @@ function build() {
   page.stream = new Stream(store, {
     onConn: (st, text) => app.setConn(st, text),
     onSteps: (d) => page.steps.onSteps(d),
+    onStacks: (d) => page.stall.onStacks(d),
     onMissing: () => app.runMissing(),
   });
   store.hooks.header = (hd, first) => page.steps.onHeader(hd, first);
+  store.subscribe((...parts) => {
+    if (parts.includes("ranks")) page.stall.onRanks();
+  });
   store.hooks.stepTimes = (t, stepMs) => page.stragglers.push(t, stepMs);
 }
 
@@ -129,6 +138,8 @@ function exposeHooks() {
     compareChart: () => compare.snapshot(),
     stripColumns: () => stragglers.strip.cols.length,
     heatmapCells: () => overview.heatmap.drawnCells || 0,
+    stacksFetches: () => page.stall.fetches,
+    stacksEvents: () => page.stall.events,
     applyRanksNow: (ranks) => {
       store.applyRanks(ranks, true, serverNow());
       renderNow();

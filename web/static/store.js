@@ -5,7 +5,7 @@
 // Records are kept in a map keyed by epoch, so the replay after a reconnect (or the overlap
 // between the JSON snapshot and the stream) never duplicates a point.
 //
-// Parts: "header", "records", "ranks", "steps", "tab".
+// Parts: "header", "records", "ranks", "steps", "tab", "stacks".
 
 import { isNum } from "./fmt.js";
 
@@ -43,6 +43,7 @@ export class Store {
     this.expandedAlerts = new Set();
     this.stepRanks = false; // some rank has sent steps
     this.rows = null; // the rank row models last rendered (model.rankRows)
+    this.stacks = null; // the last GET /stacks answer ({dumps, groups}); null: none yet
   }
 
   /** `fn(...parts)` after every update. */
@@ -152,6 +153,18 @@ export class Store {
     if (!series) this.rankSeries.set(r.rank, (series = []));
     series.push({ t: r.last_seen, util: isNum(util) ? util : null, vu, vt });
     if (series.length > cap) series.splice(0, series.length - cap);
+  }
+
+  /** A `GET /api/runs/<run>/stacks` answer (stallview.js fetches it). */
+  setStacks(view) {
+    if (!view || !Array.isArray(view.dumps) || !Array.isArray(view.groups)) return;
+    this.stacks = view;
+    this.changed("stacks");
+  }
+
+  /** The ranks whose latest `ranks` entry says `stalled`, ascending. */
+  stalledRanks() {
+    return this.ranks.filter((r) => r.status === "stalled").map((r) => r.rank);
   }
 
   noteRank(rank) {

@@ -1,5 +1,5 @@
 // rankboard live feed of one run: the JSON snapshot (GET /api/runs/<run>) and one
-// EventSource (/api/runs/<run>/events: run / epoch / ranks / steps / complete), with our
+// EventSource (/api/runs/<run>/events: run / epoch / ranks / steps / stacks / complete), with our
 // own reconnect when the browser gives up. It only calls the store (and the `steps`
 // handler); a page fed from embedded JSON simply has no Stream.
 
@@ -8,7 +8,8 @@ import { api, enc, serverNow } from "./api.js";
 export class Stream {
   /**
    * `hooks`: onConn(state, text) (the connection badge), onSteps(data) (`steps` events),
-   * onMissing() (the run is gone: 404 on its snapshot).
+   * onStacks(data) (`stacks` events: new dumps, the page reads /stacks), onMissing() (the
+   * run is gone: 404 on its snapshot).
    */
   constructor(store, hooks) {
     this.store = store;
@@ -72,6 +73,7 @@ export class Stream {
     on("epoch", (d) => store.addRecord(d));
     on("ranks", (d) => store.applyRanks(d, true, serverNow()));
     on("steps", (d) => this.hooks.onSteps(d));
+    on("stacks", (d) => this.hooks.onStacks && this.hooks.onStacks(d));
     on("complete", (d) => store.setStatus(d && d.status));
     es.addEventListener("error", () => {
       if (gen !== store.gen) return;

@@ -1,0 +1,64 @@
+"""``rankboard demo``'s step job stalls half-way (``rankboard/demo.py``): one rank's data
+loader hangs while the others wait in ``all_reduce``; the real agents' stall watch dumps
+them, the web groups them at ``GET /stacks`` and marks them ``stalled``, a request from the
+web reaches the simulated ranks over their control channel, and every rank recovers."""
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+from typing import Any
+
+from tests.support.http import fetch, get_json
+from tests.support.polling import wait_for
+
+
+def _steps_run(port: int) -> Any:
+    runs = [r["run"] for r in get_json(port, "/api/runs") if r["run"].startswith("demo-steps-")]
+    return runs[0] if runs else None
+
+
+def test_demo_step_run_stalls_groups_answers_and_recovers(spawn: Any) -> None:
+    demo = spawn("demo", "--port", "0", "--ranks", "4", "--hosts", "2", "--epochs", "2",
+                 "--epoch-seconds", "0.5", "--no-browser")
+    port = demo.wait_dashboard(timeout=30)
+    run = wait_for(lambda: _steps_run(port), timeout=30, what="the demo's step run")
+    path = f"/api/runs/{run}/stacks"
+
+    def grouped() -> Any:
+        groups = get_json(port, path)["groups"]
+        by_fn = {g["frames"][-1]["function"]: g["ranks"] for g in groups if g["reason"] == "stall"}
+        return by_fn if by_fn.get("all_reduce") == [0, 2, 3] and by_fn.get("__next__") == [1] \
+            else None
+
+    groups = wait_for(grouped, timeout=40, what="the demo's stall groups")
+    assert groups == {"all_reduce": [0, 2, 3], "__next__": [1]}
+    view = get_json(port, path)
+    collective = next(g for g in view["groups"] if g["frames"][-1]["function"] == "all_reduce")
+    assert [f["function"] for f in collective["frames"]][-3:] == ["train_step", "backward",
+                                                                "all_reduce"]
+    statuses = {r["rank"]: r["status"] for r in get_json(port, f"/api/runs/{run}")["ranks"]}
+    assert statuses[1] == "stalled", statuses
+
+    # the page's "dump stacks" for rank 1 reaches the hung rank (its agent's own thread answers)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("POST", path, body=json.dumps({"kind": "stacks", "ranks": [1]}),
+                 headers={"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    assert answer.status == 202, answer.read()
+    request_id = json.loads(answer.read())["request_id"]
+    conn.close()
+    wait_for(lambda: [d["rank"] for d in get_json(port, path)["dumps"]
+                      if d["reason"] == "request" and d["request_id"] == request_id] == [1],
+             timeout=10, what="rank 1's answer")
+
+    # and the stall ends: every rank steps again (ok), no stall group left
+    def recovered() -> bool:
+        ranks = get_json(port, f"/api/runs/{run}")["ranks"]
+        stall = [g for g in get_json(port, path)["groups"] if g["reason"] == "stall"]
+        return all(r["status"] in ("ok", "finished") for r in ranks) and not stall
+
+    wait_for(recovered, timeout=40, what="the demo ranks to recover")
+    assert fetch(port, "/healthz").status == 200
+    assert demo.stop(signal.SIGINT, timeout=20) == 0
+    assert "Traceback" not in demo.output()
