@@ -42,6 +42,8 @@ def send(stack: Stack, run: str, rank: int, sample: wire.ResourceSample) -> None
 
 
 def alert_kinds(stack: Stack, run: str) -> set:
+    """(kind, rank) of the run's alerts; the run must exist (a 404's HTTPError would leave
+    its socket to the garbage collector)."""
     return {(a["kind"], a["rank"]) for a in stack.get_json(f"/api/runs/{run}")["alerts"]}
 
 
@@ -59,6 +61,7 @@ def test_rank_table_tags_alerts_and_health_tiles(stack: Stack, page: Any) -> Non
                                        sm_clock_mhz=1410.0))
         send(stack, run, 2, gpu_sample(2, 2))
         send(stack, run, 3, gpu_sample(3, 3, name=HOSTILE, **bad))
+    stack.wait_run(run)
     wait_until(lambda: {("gpu_throttle", 1), ("gpu_ecc", 3), ("gpu_pcie", 3),
                         ("gpu_row_remap", 3)} <= alert_kinds(stack, run), 15.0, "the broker's GPU alerts")
 
@@ -169,6 +172,7 @@ def test_big_run_heatmap_coloured_by_health(stack: Stack, page: Any) -> None:
                 send(stack, run, r, gpu_sample(r, r % 8, throttle_reasons=["hw_power_brake"]))
             else:
                 send(stack, run, r, gpu_sample(r, r % 8))
+    stack.wait_run(run)
     wait_until(lambda: ("gpu_throttle", 9) in alert_kinds(stack, run), 15.0, "the throttle alerts")
 
     page.goto(f"{stack.url}/#run={run}")
