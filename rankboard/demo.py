@@ -6,7 +6,9 @@ each ``--ranks`` processes spread over ``--hosts`` simulated hosts (``node-a``, 
 
 * the **epoch job**: each process runs :func:`main` (``python -m rankboard.demo ...``): it
   registers the web's port and the epoch count, rank 0 sends the model graph and the
-  hyperparameters, every rank sends its hardware, samples resources with the real sampler,
+  hyperparameters, every rank sends its hardware, samples resources with the real sampler
+  reading a simulated GPU (:mod:`rankboard.demogpu`: one throttles thermally for a while,
+  another reports an XID, so the GPU health panels and alerts have something to show),
   and logs plausible loss/accuracy curves with noise per epoch (the last rank is a bit
   slower, as real clusters have a straggler);
 * the **step job** (``--mode steps``): one epoch of optimizer steps at about 10 steps/s,
@@ -40,6 +42,7 @@ import tempfile
 import time
 from typing import Any, Sequence
 
+from rankboard.demogpu import use_simulated_gpu
 from rankboard.process import child_command, terminate
 
 log = logging.getLogger(__name__)
@@ -134,6 +137,7 @@ def run_rank(ns: argparse.Namespace) -> int:
                 "epochs": ns.epochs, "world_size": ns.world_size, "hosts": ns.hosts,
                 "precision": "bf16", "seed": 1234,
             })
+        use_simulated_gpu(agent, ns.world_size, seed=f"{ns.run}:{ns.rank}")
         agent.set_hardware()
         agent.start_sampling(interval=max(0.5, min(2.0, ns.epoch_seconds / 2)))
         for epoch in range(ns.epochs):
@@ -221,6 +225,7 @@ def run_steps(ns: argparse.Namespace) -> int:
                 "micro_batch": STEP_BATCH, "steps": ns.steps, "world_size": ns.world_size,
                 "hosts": ns.hosts, "precision": "bf16",
             })
+        use_simulated_gpu(agent, ns.world_size, seed=f"{ns.run}:{ns.rank}:steps")
         agent.set_hardware()
         agent.start_sampling(interval=1.0)
         started = time.monotonic()

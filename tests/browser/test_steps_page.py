@@ -540,7 +540,7 @@ def test_a_1024_rank_run_fits_in_about_three_screens(stack: Stack, page: Any) ->
     open_run(page, stack, run)
     expect(page.locator("#rank-count")).to_contain_text("1,024", timeout=20_000)
     wait_chart(page, "loss", lambda s: s["range"][1] == 39, "step charts drawn")
-    wait_js(page, "window.__rankboard.heatmapCells() === 2048")
+    wait_js(page, "window.__rankboard.heatmapCells() === 2048", timeout=30.0)
     # scale: a picker instead of 1,024 tabs, a heatmap instead of 1,024 tiles, one page of
     # the table, grouped alerts
     expect(page.locator("#rank-tabs [data-rank]")).to_have_count(0)

@@ -107,8 +107,10 @@ function placeTip(tip, body, px, py) {
  * const hm = new HostHeatmap(host, {onPick: (rank) => open(rank)});
  * hm.setData(groups, layers, flags);
  * ```
- * `groups`: `[{host, ranks: [int]}]` in topology order; `layers`: `[{key, label, format(v),
- * value(rank) -> number|null, scale(v) -> t in [0,1], legend: [loText, hiText]}]`;
+ * `groups`: `[{host, ranks: [int]}]` in topology order; `layers`: `[{key, label, format(v, rank),
+ * value(rank) -> number|null, scale(v) -> t in [0,1], legend: [loText, hiText]}]`, or for
+ * categories `colorOf(v) -> CSS colour` and `keys: [[label, colour|null], ...]` (a legend of
+ * swatches; null is the no-figure grey) instead of `scale` and `legend`;
  * `flags(rank)`: "stale" | "error" | null (outlined cells).
  */
 export class HostHeatmap {
@@ -220,27 +222,15 @@ export class HostHeatmap {
       ctx.fillStyle = text;
       ctx.textAlign = "left";
       ctx.fillText(layer.label, left, top + head / 2);
-      // legend: lo ▮▮▮▮ hi at the right of the section
-      const [lo, hi] = layer.legend || ["", ""];
-      const lw = 48;
-      const hiW = ctx.measureText(hi).width;
-      const lx = left + sw - hiW - 6 - lw;
-      for (let i = 0; i < lw; i++) {
-        ctx.fillStyle = rgb(ramp(layer.stops || GOOD_HIGH, i / (lw - 1)));
-        ctx.fillRect(lx + i, top + head / 2 - 4, 1, 8);
-      }
-      ctx.fillStyle = text;
-      ctx.textAlign = "right";
-      ctx.fillText(lo, lx - 6, top + head / 2);
-      ctx.textAlign = "left";
-      ctx.fillText(hi, lx + lw + 6, top + head / 2);
+      if (layer.keys) this._keys(ctx, layer.keys, left + sw, top + head / 2, text, none);
+      else this._ramp(ctx, layer, left + sw, top + head / 2, text);
       const y0 = top + head;
       for (let i = 0; i < pos.length; i += 3) {
         const px = left + pos[i];
         const py = y0 + pos[i + 1];
         const rank = pos[i + 2];
         const v = layer.value(rank);
-        ctx.fillStyle = isNum(v) ? shade(layer.stops || GOOD_HIGH, layer.scale(v)) : none;
+        ctx.fillStyle = !isNum(v) ? none : layer.colorOf ? layer.colorOf(v) || none : shade(layer.stops || GOOD_HIGH, layer.scale(v));
         ctx.fillRect(px, py, inner, inner);
         const flag = this.flags(rank);
         if (flag) {
@@ -258,6 +248,39 @@ export class HostHeatmap {
     });
     this.cells = cells.subarray(0, k);
     this.drawnCells = k / 5;
+  }
+
+  /** A colour ramp legend, "lo ▮▮▮▮ hi", ending at `right`. */
+  _ramp(ctx, layer, right, y, text) {
+    const [lo, hi] = layer.legend || ["", ""];
+    const lw = 48;
+    const hiW = ctx.measureText(hi).width;
+    const lx = right - hiW - 6 - lw;
+    for (let i = 0; i < lw; i++) {
+      ctx.fillStyle = rgb(ramp(layer.stops || GOOD_HIGH, i / (lw - 1)));
+      ctx.fillRect(lx + i, y - 4, 1, 8);
+    }
+    ctx.fillStyle = text;
+    ctx.textAlign = "right";
+    ctx.fillText(lo, lx - 6, y);
+    ctx.textAlign = "left";
+    ctx.fillText(hi, lx + lw + 6, y);
+  }
+
+  /** A legend of discrete colours, "▮ label ▮ label", ending at `right` (colour null: the
+   * no-figure grey). */
+  _keys(ctx, keys, right, y, text, none) {
+    ctx.textAlign = "left";
+    let x = right;
+    const items = keys.map(([label, colour]) => [label, colour, ctx.measureText(label).width]);
+    for (const [, , w] of items) x -= 8 + 4 + w + 12;
+    for (const [label, colour, w] of items) {
+      ctx.fillStyle = colour || none;
+      ctx.fillRect(Math.round(x), Math.round(y - 4), 8, 8); // whole pixels: a crisp swatch
+      ctx.fillStyle = text;
+      ctx.fillText(label, x + 12, y);
+      x += 8 + 4 + w + 12;
+    }
   }
 
   _hit(e) {
@@ -289,7 +312,7 @@ export class HostHeatmap {
     const rows = [h("div", "tip-x", `rank ${hit.rank}${host ? ` · ${host}` : ""}`)];
     for (const layer of this.layers) {
       const row = h("div", "tip-row");
-      row.append(h("span", "tip-name", layer.label), h("span", "tip-val", layer.format(layer.value(hit.rank))));
+      row.append(h("span", "tip-name", layer.label), h("span", "tip-val", layer.format(layer.value(hit.rank), hit.rank)));
       rows.push(row);
     }
     const flag = this.flags(hit.rank);

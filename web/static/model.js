@@ -2,6 +2,7 @@
 // marks, host groups, cluster "now" resources, metric names). Pure functions, no DOM.
 
 import { isNum } from "./fmt.js";
+import { rankHealth } from "./gpuhealth.js";
 import { BIG, rankGpu } from "./store.js";
 
 export function rankInfo(store, rank) {
@@ -79,6 +80,11 @@ export function rankRows(store, lastStep) {
     }
   }
   const meanMs = cnt ? sum / cnt : null;
+  // a rank's gpu_xid alert keeps its XID tag after the one sample that carried the code
+  const xidAlerts = new Map();
+  for (const a of (store.header && store.header.alerts) || []) {
+    if (a && a.kind === "gpu_xid" && isNum(a.rank)) xidAlerts.set(a.rank, [a]);
+  }
   return ranks.map((rank) => {
     const r = rankInfo(store, rank);
     const g = rankGpu(r || { rank });
@@ -97,6 +103,7 @@ export function rankRows(store, lastStep) {
       share: m ? m.chunk_ratio : null, stepMs,
       stepRatio: stepMs !== null && meanMs ? stepMs / meanMs : null,
       slowShare: share, marks,
+      health: rankHealth(r ? r.resources : null, xidAlerts.get(rank) || null),
     };
   });
 }

@@ -7,10 +7,17 @@ import { $, button, h, setText } from "./dom.js";
 import {
   DASH, fmtBytes, fmtDur, fmtInt, fmtLoss, fmtMs, fmtPct, fmtPctAxis, formatNumber, isNum, pct,
 } from "./fmt.js";
+import { levelValue } from "./gpuhealth.js";
 import { HostHeatmap } from "./heatmap.js";
 import { LineChart } from "./linechart.js";
 import { currentResources, hostGroups, hostOf, median, metricNames, rankInfo } from "./model.js";
 import { rankGpu } from "./store.js";
+
+/** The per-rank picture's health colours (canvas needs concrete colours): act on it, look
+ * at it, healthy; a rank without GPU figures is the picture's no-figure grey. */
+const HEALTH_COLOURS = { 3: "#f2495c", 2: "#ff9830", 1: "#3f8a4f" };
+const HEALTH_KEYS = [["XID · ECC · remap", HEALTH_COLOURS[3]], ["throttle · PCIe · NVLink", HEALTH_COLOURS[2]],
+  ["ok", HEALTH_COLOURS[1]], ["no GPU", null]];
 
 export class Overview {
   /** `page`: {store, steps, selectTab}. */
@@ -28,6 +35,35 @@ export class Overview {
       chartId: "rank-heatmap", title: "per-rank GPU utilisation and throughput",
       onPick: (rank) => page.selectTab(rank), hostOf: (rank) => hostOf(page.store, rank),
     });
+    /** What the per-rank picture (heatmap, or the GPU tiles of a small run) is coloured by:
+     * "load" (utilisation, throughput) or "health" (GPU health, PROTOCOL section 4). */
+    this.colourBy = "load";
+    this.colourChoice = this._colourChoice();
+  }
+
+  /** "colour by: load | health", shown beside the per-rank picture while some rank reports
+   * GPU health. */
+  _colourChoice() {
+    const wrap = h("span", "colour-choice");
+    wrap.dataset.testid = "colour-by";
+    wrap.setAttribute("role", "group");
+    wrap.setAttribute("aria-label", "colour the per-rank picture by");
+    wrap.append(h("span", "colour-choice-label", "colour by"));
+    for (const [key, text, title] of [
+      ["load", "load", "GPU utilisation and throughput"],
+      ["health", "health", "GPU health: red XID, ECC or row remap; amber throttling, PCIe or NVLink; green ok; grey no GPU"],
+    ]) {
+      const b = button("tool-btn", text, () => {
+        this.colourBy = key;
+        for (const x of wrap.querySelectorAll("button")) x.setAttribute("aria-pressed", String(x.dataset.colour === key));
+        this.page.store.changed("ranks");
+      });
+      b.dataset.colour = key;
+      b.title = title;
+      b.setAttribute("aria-pressed", String(key === this.colourBy));
+      wrap.append(b);
+    }
+    return wrap;
   }
 
   reset() {
@@ -178,35 +214,63 @@ export class Overview {
 
     const minis = $("gpu-minis");
     $("heat-card").hidden = !big;
+    const withHealth = rows.some((x) => x.health.level !== "none");
+    const health = withHealth && this.colourBy === "health";
+    this.colourChoice.hidden = !withHealth;
     if (big) {
-      minis.replaceChildren(h("div", "gpu-minis-title", "per-rank GPU utilisation: see the heatmap below"));
-      this._heatmap(rows);
+      const title = $("heat-card").querySelector(".card-title");
+      if (title && this.colourChoice.parentNode !== title) title.append(this.colourChoice);
+      minis.replaceChildren(h("div", "gpu-minis-title", `per-rank GPU ${health ? "health" : "utilisation"}: see the heatmap below`));
+      this._heatmap(rows, health);
       return;
     }
-    // one tile per GPU: utilisation as the fill, VRAM as text
-    const tiles = rows.filter((x) => isNum(x.util) || isNum(x.vu)).map((x) => {
+    // one tile per GPU: utilisation as the fill, VRAM as text; or coloured by GPU health
+    const tiles = rows.filter((x) => isNum(x.util) || isNum(x.vu) || x.health.level !== "none").map((x) => {
       const t = button("gpu-tile", null, () => this.page.selectTab(x.rank));
       t.dataset.rank = String(x.rank);
+      t.dataset.health = x.health.level;
       const name = rankGpu(rankInfo(store, x.rank) || { rank: x.rank }).name;
-      t.title = `rank ${x.rank}${x.host ? ` on ${x.host}` : ""}${name ? ` · ${name}` : ""}`;
+      t.title = `rank ${x.rank}${x.host ? ` on ${x.host}` : ""}${name ? ` · ${name}` : ""}${health ? `\n${x.health.title}` : ""}`;
       const fill = h("span", "gpu-tile-fill");
-      fill.style.height = `${isNum(x.util) ? Math.max(0, Math.min(100, x.util)) : 0}%`;
-      t.append(fill, h("span", "gpu-tile-rank", `r${x.rank}`), h("span", "gpu-tile-val mono", fmtPct(x.util)));
+      fill.style.height = health ? "100%" : `${isNum(x.util) ? Math.max(0, Math.min(100, x.util)) : 0}%`;
+      const val = health ? (x.health.tags.length ? x.health.tags[0].text : x.health.level === "ok" ? "ok" : DASH) : fmtPct(x.util);
+      t.append(fill, h("span", "gpu-tile-rank", `r${x.rank}`), h("span", "gpu-tile-val mono", val));
       return t;
     });
     if (tiles.length) {
       const grid = h("div", "gpu-grid");
+      grid.dataset.colour = health ? "health" : "load";
       grid.append(...tiles);
-      minis.replaceChildren(h("div", "gpu-minis-title", "GPU utilisation per rank"), grid);
+      const title = h("div", "gpu-minis-title", health ? "GPU health per rank" : "GPU utilisation per rank");
+      title.append(this.colourChoice);
+      minis.replaceChildren(title, grid);
     } else {
       minis.replaceChildren();
     }
   }
 
-  _heatmap(rows) {
+  _heatmap(rows, health) {
     const store = this.page.store;
     const byRank = new Map(rows.map((r) => [r.rank, r]));
     const groups = hostGroups(store, rows);
+    const flags = (rank) => {
+      const st = byRank.get(rank)?.status;
+      return st === "stale" || st === "error" ? st : null;
+    };
+    if (health) {
+      const of = (rank) => byRank.get(rank)?.health ?? null;
+      this.heatmap.setData(groups, [{
+        key: "health", label: "GPU health", keys: HEALTH_KEYS,
+        value: (rank) => levelValue(of(rank)?.level ?? "none"),
+        colorOf: (v) => HEALTH_COLOURS[v] ?? null,
+        format: (v, rank) => {
+          const hl = of(rank);
+          if (!hl || hl.level === "none") return "no GPU figures";
+          return hl.tags.length ? hl.text : "ok";
+        },
+      }], flags);
+      return;
+    }
     const layers = [{
       key: "util", label: "GPU utilisation", legend: ["0%", "100%"],
       value: (rank) => byRank.get(rank)?.util ?? null, scale: (v) => v / 100, format: (v) => fmtPct(v),
@@ -225,9 +289,6 @@ export class Overview {
         format: (v) => (isNum(v) ? (epochs ? `${formatNumber(v * 1000)}/s` : `${formatNumber(v)} steps/s`) : DASH),
       });
     }
-    this.heatmap.setData(groups, layers, (rank) => {
-      const st = byRank.get(rank)?.status;
-      return st === "stale" || st === "error" ? st : null;
-    });
+    this.heatmap.setData(groups, layers, flags);
   }
 }

@@ -8,6 +8,7 @@ import { button, h, statusDot } from "./dom.js";
 import {
   DASH, fmtAgo, fmtBytes, fmtInt, fmtMs, fmtPct, fmtThroughput, isNum, numOrNull, pct,
 } from "./fmt.js";
+import { GPU_ALERT_HINTS, GPU_ALERT_LEVEL, GPU_ALERT_TEXT } from "./gpuhealth.js";
 
 const PAGE = 12;
 const LIST_MAX = 60;
@@ -44,6 +45,25 @@ function miniBar(value, warnHigh) {
 }
 
 const num = numOrNull;
+
+/** A rank's GPU health as tags (text and a title each), or a quiet "ok" / dash. */
+export function healthTags(health) {
+  const wrap = h("span", "health-tags");
+  wrap.dataset.health = health.level;
+  if (!health.tags.length) {
+    const t = h("span", `health-tag health-${health.level}`, health.level === "ok" ? "ok" : DASH);
+    t.title = health.title;
+    wrap.append(t);
+    return wrap;
+  }
+  for (const tag of health.tags) {
+    const t = h("span", `health-tag health-${tag.level}`, tag.text);
+    t.dataset.tag = tag.key;
+    t.title = tag.title;
+    wrap.append(t);
+  }
+  return wrap;
+}
 
 /** Column definitions: key, header, sort value, cell builder, when shown. */
 const COLUMNS = [
@@ -82,6 +102,11 @@ const COLUMNS = [
     const v = h("span", "vram-cell");
     v.append(miniBar(pct(r.vu, r.vt), true), h("span", "mono", isNum(r.vu) ? `${fmtBytes(r.vu)} / ${fmtBytes(r.vt)}` : DASH));
     td.append(v);
+    return td;
+  } },
+  { key: "health", label: "GPU health", when: "health", title: "sort by GPU health, worst first (XID, ECC, row remap; then throttling, PCIe, NVLink)", sort: (r) => (r.health.level === "none" ? null : r.health.score), cell: (r) => {
+    const td = h("td", "health-cell");
+    td.append(healthTags(r.health));
     return td;
   } },
   { key: "throughput", label: "throughput", when: "epochs", num: true, sort: (r) => num(r.throughput), cell: (r) => h("td", "num mono", fmtThroughput(r.throughput)) },
@@ -126,7 +151,8 @@ export class RankTable {
     this._headKey = null;
   }
 
-  /** `rows`: row models; `flags`: {epochs, steps, big}. */
+  /** `rows`: row models; `flags`: {epochs, steps, big, health} (health: some rank reports
+   * GPU health fields, so the column has something to say). */
   update(rows, flags) {
     this.flags = flags;
     const cols = COLUMNS.filter((c) => !c.when || flags[c.when]);
@@ -368,7 +394,14 @@ export class RankPicker {
 
 // ------------------------------------------------------------------------ alerts
 
-const ALERT_TEXT = { stale: "stale rank", rank_error: "rank error", nonfinite_loss: "non-finite loss" };
+const ALERT_TEXT = { stale: "stale rank", rank_error: "rank error", nonfinite_loss: "non-finite loss", ...GPU_ALERT_TEXT };
+/** What to do about an alert kind: the list's tooltip. */
+const ALERT_HINTS = {
+  stale: "The rank sent nothing for the broker's --stale-after seconds: its process, host or network may be gone.",
+  rank_error: "The rank finished with an error: see that rank's own log.",
+  nonfinite_loss: "The loss became NaN or infinite: check the learning rate, the data and mixed-precision scaling.",
+  ...GPU_ALERT_HINTS,
+};
 const GROUP_AT = 4; // a kind with this many alerts or more is one line until expanded
 const EXPANDED_MAX = 100;
 
@@ -381,6 +414,7 @@ function groupLine(kind, list, rankStatus) {
   }
   if (kind === "rank_error") return `${fmtInt(n)} ranks failed`;
   if (kind === "nonfinite_loss") return `${fmtInt(n)} non-finite losses`;
+  if (kind in GPU_ALERT_TEXT) return `${fmtInt(n)} ranks: ${GPU_ALERT_TEXT[kind]} (latest: ${list[0].message ?? ""})`;
   return `${fmtInt(n)} alerts`;
 }
 
@@ -393,8 +427,15 @@ function alertItem(a, rankStatus) {
   const at = h("span", "alert-time");
   at.dataset.at = String(a.at ?? "");
   at.textContent = isNum(a.at) ? fmtAgo(serverNow() - a.at) : "";
+  const kind = h("span", "alert-kind", ALERT_TEXT[a.kind] || String(a.kind ?? "alert"));
+  const hint = ALERT_HINTS[a.kind];
+  if (hint) {
+    kind.title = hint;
+    item.title = hint;
+  }
+  if (GPU_ALERT_LEVEL[a.kind]) item.dataset.level = GPU_ALERT_LEVEL[a.kind];
   item.append(
-    h("span", "alert-kind", ALERT_TEXT[a.kind] || String(a.kind ?? "alert")),
+    kind,
     h("span", "alert-rank", a.rank === null || a.rank === undefined ? "run" : `rank ${a.rank}`),
     h("span", "alert-msg", a.message ?? ""),
     h("span", "alert-at", recovered ? "recovered" : ""),
@@ -432,7 +473,10 @@ export function renderAlerts(box, alerts, rankStatus, expanded, onToggle) {
     const t = button("link alert-toggle", open ? "hide" : "show all", () => onToggle(kind));
     t.dataset.action = "toggle-alerts";
     t.setAttribute("aria-expanded", String(open));
-    g.append(h("span", "alert-kind", ALERT_TEXT[kind] || kind || "alert"),
+    const gk = h("span", "alert-kind", ALERT_TEXT[kind] || kind || "alert");
+    if (ALERT_HINTS[kind]) gk.title = ALERT_HINTS[kind];
+    if (GPU_ALERT_LEVEL[kind]) g.dataset.level = GPU_ALERT_LEVEL[kind];
+    g.append(gk,
       h("span", "alert-msg alert-summary", groupLine(kind, list, rankStatus)), t, at);
     out.push(g);
     if (open) {

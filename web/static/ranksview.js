@@ -28,7 +28,8 @@ export class RanksView {
     const hd = store.header;
     const world = hd && isNum(hd.world_size) ? hd.world_size : null;
     store.rows = rows;
-    this.table.update(rows, { epochs: store.records.length > 0, steps: store.stepRanks, big });
+    const health = rows.some((r) => r.health.level !== "none");
+    this.table.update(rows, { epochs: store.records.length > 0, steps: store.stepRanks, big, health });
     tabs.render(rows, big);
 
     const hosts = (hd && hd.hosts) || [];
