@@ -16,7 +16,8 @@ import pytest
 
 from broker.runs import Runs
 from broker.sink import STEPS_INTERVAL, Event, Rejected, RunSink
-from broker.steps import SHARE_WINDOW, STEP_MS_WINDOW, StepCloser, step_record
+from broker.stepclose import step_record
+from broker.steps import SHARE_WINDOW, STEP_MS_WINDOW, StepCloser
 from rank_agent import protocol
 from rank_agent.protocol import Finish, Register, Steps, decode, encoder
 

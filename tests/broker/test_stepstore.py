@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.steps import step_record
+from broker.stepclose import step_record
 from broker.stepstore import SAMPLES_PER_S, STEP_MS, TOKENS_PER_S, StepStore, csv_header
 from rank_agent.protocol import Steps
 

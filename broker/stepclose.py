@@ -1,0 +1,554 @@
+"""The columnar arithmetic of closing steps (PROTOCOL.md 2.4): pending points as arrays,
+reduced per step into a :class:`ClosedSteps` batch.
+
+Split from :mod:`broker.steps`, which keeps the *when* (the watermark, grace and force-close
+rules of :class:`~broker.steps.StepCloser`) while this module holds the *how*: it reads no
+clock, keeps no per-rank state and knows nothing of activity. Why columnar (issue 17): the
+broker pays per frame and per closed step, and a frame of 1,000 points that closes 1,000
+steps, or a step of 1,024 ranks, must not be Python per value.
+
+* **A frame** is appended, by reference, to a :class:`FrameBuffer` (a frame whose first
+  points are late is replaced by its :func:`slice_frame` tail). Nothing is copied per point.
+* **A close** (:func:`close_columns`) takes the batch as flat arrays built with C-level
+  ``map``/``chain`` (``np.fromiter``), one entry per (rank, step) point: sorted by (step,
+  rank) (stable, so the last write of a rank's point wins), then every field is reduced per
+  step with ``np.add/fmin/fmax.reduceat`` over the step segments (a ranks x k matrix reduced
+  along the rank axis, stored flat so sparse reports cost what they hold). The metrics go
+  through the same arrays in *long* form (one entry per (name, rank, step) value, sorted by
+  (name, step, rank)), so the number of numpy calls per close does not depend on how many
+  names a run has. The slowest rank is the first (lowest-rank) entry of a step whose finite
+  ``step_ms`` equals the step's max.
+* **Means are exactly rounded** (``math.fsum``, as the contract's tests pin): a step with
+  one or two values per name is exact in float arithmetic already (vectorised); a step of
+  three or more all-finite values takes one C ``fsum`` call over its slice (per step and
+  name, not per value); non-finite means follow 2.4 through per-step counts of NaN/+inf/-inf.
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from itertools import chain, repeat
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+
+import msgspec
+import numpy as np
+
+from rank_agent.protocol import Steps
+
+__all__ = ["ClosedSteps", "Columns", "FrameBuffer", "close_columns", "close_frames",
+           "slice_frame", "step_record"]
+
+_NAN = math.nan
+_INF = math.inf
+_fsum = math.fsum
+_chain = chain.from_iterable
+_EMPTY_I = np.empty(0, np.int64)
+_EMPTY_F = np.empty(0, np.float64)
+
+# ------------------------------------------------------------------ array helpers
+
+
+def _opt_floats(values: Iterable[Any], count: int,
+                listed: Optional[Callable[[], List[Any]]] = None
+                ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """``count`` values (floats and ``None``) as float64, and which are not ``None`` (None:
+    all are). One C pass (``np.fromiter``, which makes ``None`` NaN); only when there is a
+    NaN are the values listed again (``listed()``, or ``values`` when it is a list) and the
+    NaN positions looked at (a value that really is NaN is one of them)."""
+    arr = np.fromiter(values, np.float64, count)
+    nan = np.flatnonzero(arr != arr)
+    if not len(nan):
+        return arr, None
+    seq = values if isinstance(values, list) else listed() if listed is not None else []
+    idx = nan.tolist()
+    gone = [i for i, v in zip(idx, map(seq.__getitem__, idx)) if v is None]
+    if not gone:
+        return arr, None
+    has = np.ones(len(arr), dtype=bool)
+    has[gone] = False
+    return arr, has
+
+
+def _starts(keys: np.ndarray) -> np.ndarray:
+    """Indices where a run of equal ``keys`` (sorted) starts."""
+    if not len(keys):
+        return _EMPTY_I
+    change = np.empty(len(keys), dtype=bool)
+    change[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=change[1:])
+    return np.flatnonzero(change)
+
+
+def _reduce(vals: np.ndarray, starts: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``[mean, min, max]`` of PROTOCOL 2.4 for every group of ``vals`` (groups start at
+    ``starts``, none empty): min/max over the finite values (NaN: none), the mean exactly
+    rounded (``fsum``; one or two values need no help), non-finite if any value is."""
+    n = len(vals)
+    cnt = np.diff(np.append(starts, n))
+    fin = np.isfinite(vals)
+    every = bool(fin.all())
+    with np.errstate(all="ignore"):
+        mean = np.add.reduceat(vals, starts) / cnt
+    if every:
+        lo = np.minimum.reduceat(vals, starts)
+        hi = np.maximum.reduceat(vals, starts)
+        need = cnt >= 3
+        need |= ~np.isfinite(mean)  # finite values overflowing the sum
+    else:
+        fv = np.where(fin, vals, _NAN)
+        lo = np.fmin.reduceat(fv, starts)
+        hi = np.fmax.reduceat(fv, starts)
+        nfin = np.add.reduceat(fin, starts, dtype=np.int64)
+        bad = nfin < cnt
+        nan = np.add.reduceat(np.isnan(vals), starts, dtype=np.int64) > 0
+        pinf = np.add.reduceat(vals == _INF, starts, dtype=np.int64) > 0
+        ninf = np.add.reduceat(vals == -_INF, starts, dtype=np.int64) > 0
+        rule = np.where(nan | (pinf & ninf), _NAN, np.where(pinf, _INF, -_INF))
+        mean = np.where(bad, rule, mean)
+        need = (cnt >= 3) | ~np.isfinite(mean)
+        need &= ~bad
+    groups = np.flatnonzero(need)
+    if len(groups) and _LD_CERTIFY:
+        groups = _exact_sums(vals, starts, cnt, groups, mean)
+    if len(groups):  # fsum, one C call per group (no bytecode per value)
+        vl = vals.tolist()
+        st = starts[groups].tolist()
+        en = (starts[groups] + cnt[groups]).tolist()
+        segs = list(map(vl.__getitem__, map(slice, st, en)))
+        try:
+            sums = np.array(list(map(_fsum, segs)))
+        except OverflowError:  # some group overflows: one by one
+            sums = np.array([_fsum_or_inf(seg) for seg in segs])
+        with np.errstate(all="ignore"):
+            means = sums / cnt[groups]
+        for i in np.flatnonzero(~np.isfinite(means)).tolist():  # an intermediate overflow of finite values: scale
+            seg = segs[i]
+            k = len(seg)
+            means[i] = _fsum([v / k for v in seg])
+        mean[groups] = means
+    return mean, lo, hi
+
+
+#: Sums in long double can be certified exactly rounded where it is wider than float64
+#: (x86: 64-bit mantissa); where it is not, every group takes ``fsum``.
+_LD_CERTIFY = np.finfo(np.longdouble).nmant > np.finfo(np.float64).nmant + 8
+#: unit roundoff of long double, with a margin for the rounding of the bound itself
+_LD_U = float(np.finfo(np.longdouble).eps) / 2 * 1.01
+#: values per block of the two-level long-double sum (the error bound grows with the
+#: block size plus the number of blocks, not with n)
+_BLOCK = 32
+
+
+def _exact_sums(vals: np.ndarray, starts: np.ndarray, cnt: np.ndarray, groups: np.ndarray,
+                mean: np.ndarray) -> np.ndarray:
+    """Set ``mean`` of the ``groups`` (all-finite values) whose float64 sum a long-double
+    sum proves exactly rounded; return the groups it could not prove (for ``fsum``).
+
+    Each group is summed in long double in two levels (blocks of ``_BLOCK`` values, then
+    the blocks), which is within ``(_BLOCK + blocks) * u * sum|v|`` of the exact sum (u:
+    the long-double unit roundoff); when both ends of that interval round to the same
+    float64, so does the exact sum, which is then what ``fsum`` returns. A few vectorised
+    passes instead of a C ``fsum`` per group over a Python list of the values (a 1,024-rank
+    step: 5 x 1,024 values); a sum that cancels to near a rounding boundary is left to
+    ``fsum``."""
+    nb = (cnt + (_BLOCK - 1)) // _BLOCK  # blocks per group (every group: reduceat needs
+    first = np.cumsum(nb) - nb           # the blocks to tile the array)
+    total_nb = int(first[-1] + nb[-1])
+    bstarts = np.repeat(starts, nb) + (np.arange(total_nb) - np.repeat(first, nb)) * _BLOCK
+    ld = vals.astype(np.longdouble)
+    with np.errstate(all="ignore"):
+        total = np.add.reduceat(np.add.reduceat(ld, bstarts), first)[groups]
+        mag = np.add.reduceat(np.abs(vals), starts)[groups]
+        # (+ 4: the roundings of total -/+ err themselves, each <= u * sum|v|)
+        err = (mag * ((_BLOCK + 4 + nb[groups]) * _LD_U)).astype(np.longdouble)
+        lo = (total - err).astype(np.float64)
+        hi = (total + err).astype(np.float64)
+    ok = (lo == hi) & np.isfinite(lo) & np.isfinite(mag)
+    mean[groups[ok]] = lo[ok] / cnt[groups[ok]]
+    return groups[~ok]
+
+
+def _fsum_or_inf(values: List[float]) -> float:
+    try:
+        return _fsum(values)
+    except OverflowError:
+        return math.inf
+
+
+def slice_frame(frame: Steps, i: int, j: int) -> Steps:
+    """The frame's points ``[i, j)`` (a late head cut off, a closed head left behind)."""
+    return msgspec.structs.replace(
+        frame, steps=frame.steps[i:j], times=frame.times[i:j], step_ms=frame.step_ms[i:j],
+        samples=frame.samples[i:j], tokens=frame.tokens[i:j],
+        metrics={name: v[i:j] for name, v in frame.metrics.items()})
+
+
+# ------------------------------------------------------------------ a closed batch
+
+
+class ClosedSteps:
+    """Steps closed together, as arrays (one entry per step, ascending): the row columns of
+    :class:`~broker.stepstore.StepStore`, the step-time series and every metric in long
+    form (``metric_*``: one entry per (name, step) with a value, sorted by name then step;
+    ``names``: the names, sorted, ``metric_name`` indexing them; ``*_idx``: the step's
+    position in this batch)."""
+
+    __slots__ = ("step", "time", "n", "slowest", "samples", "tokens", "ms_idx", "ms_mean",
+                 "ms_lo", "ms_hi", "names", "metric_name", "metric_idx", "metric_mean",
+                 "metric_lo", "metric_hi")
+
+    def __init__(self) -> None:
+        self.step = self.n = self.slowest = self.samples = self.tokens = _EMPTY_I
+        self.time = _EMPTY_F
+        self.ms_idx = self.metric_name = self.metric_idx = _EMPTY_I
+        self.ms_mean = self.ms_lo = self.ms_hi = _EMPTY_F
+        self.metric_mean = self.metric_lo = self.metric_hi = _EMPTY_F
+        self.names: List[str] = []
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def per_metric(self) -> Iterator[Tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """``(name, idx, mean, lo, hi)`` of each metric with a value in the batch."""
+        vid = self.metric_name
+        if not len(vid):
+            return
+        starts = _starts(vid).tolist()
+        ends = starts[1:] + [len(vid)]
+        names = self.names
+        ids = vid[starts].tolist()
+        for a, b, i in zip(starts, ends, ids):
+            yield (names[i], self.metric_idx[a:b], self.metric_mean[a:b], self.metric_lo[a:b],
+                   self.metric_hi[a:b])
+
+    def last_nonfinite(self, metric: str) -> Optional[Tuple[int, float]]:
+        """``(step, mean)`` of the last step whose ``metric`` mean is not finite."""
+        for name, idx, mean, _, _ in self.per_metric():
+            if name == metric:
+                bad = np.flatnonzero(~np.isfinite(mean))
+                if len(bad):
+                    i = int(bad[-1])
+                    return int(self.step[idx[i]]), float(mean[i])
+        return None
+
+    def records(self) -> List[Dict[str, Any]]:
+        """The closed step records of PROTOCOL 2.4 (the ``steps`` event), from the arrays.
+
+        The dicts and lists are made by C-level ``map``/``zip`` over ``tolist()`` columns
+        (NaN -> None done on object arrays), so no bytecode runs per step or per value
+        unless the batch's metrics are sparse (then one dict store per (step, name))."""
+        k = len(self.step)
+        ms = _spread(k, self.ms_idx, _triples(self.ms_mean, self.ms_lo, self.ms_hi))
+        names = self.names
+        metrics: List[Dict[str, Any]]
+        vid = self.metric_name
+        if not len(vid):
+            metrics = [{} for _ in range(k)]
+        else:
+            trip = _triples(self.metric_mean, self.metric_lo, self.metric_hi)
+            per = len(names)
+            if len(vid) == per * k:  # every name at every step: name-major blocks of k
+                cols = [trip[i * k:(i + 1) * k] for i in range(per)]
+                metrics = list(map(dict, map(zip, repeat(names), zip(*cols))))
+            else:
+                metrics = [{} for _ in range(k)]
+                for v, i, t in zip(vid.tolist(), self.metric_idx.tolist(), trip):
+                    metrics[i][names[v]] = t  # sorted by name: each dict in name order
+        hi = np.full(k, _NAN)
+        hi[self.ms_idx] = self.ms_hi
+        with np.errstate(all="ignore"):
+            seconds = hi / 1000.0  # NaN: no finite step time
+            ok_t = np.isfinite(seconds) & (seconds != 0)
+            sps = _none_where(self.samples / seconds, ~(ok_t & (self.samples != 0)))
+            tps = _none_where(self.tokens / seconds, ~(ok_t & (self.tokens != 0)))
+        times = _none_where(self.time, np.isnan(self.time))
+        slowest = _none_where(self.slowest, self.slowest < 0)
+        return list(map(dict, map(zip, repeat(_RECORD_KEYS), zip(
+            self.step.tolist(), times, self.n.tolist(), metrics, ms, slowest,
+            self.samples.tolist(), self.tokens.tolist(), sps, tps))))
+
+
+_RECORD_KEYS = ("step", "time", "n", "metrics", "step_ms", "slowest_rank", "samples", "tokens",
+                "samples_per_s", "tokens_per_s")
+
+
+def _none_where(arr: np.ndarray, mask: np.ndarray) -> List[Any]:
+    """``arr.tolist()`` with None where ``mask``."""
+    if not mask.any():
+        return arr.tolist()
+    obj = arr.astype(object)
+    obj[mask] = None
+    return obj.tolist()
+
+
+def _triples(mean: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> List[List[Any]]:
+    """``[mean, min, max]`` lists (None for a NaN min/max: no finite value)."""
+    return list(map(list, zip(mean.tolist(), _none_where(lo, np.isnan(lo)),
+                              _none_where(hi, np.isnan(hi)))))
+
+
+def _spread(k: int, idx: np.ndarray, items: List[Any]) -> List[Any]:
+    """``items`` at positions ``idx`` of a list of ``k`` (None elsewhere)."""
+    if len(items) == k:
+        return items
+    out: List[Any] = [None] * k
+    for i, item in zip(idx.tolist(), items):
+        out[i] = item
+    return out
+
+
+class Columns:
+    """Pending points as flat arrays, one entry per received (rank, step) point, arrival
+    order; metric values in long form (``m_pos``: the entry, ``m_name``: index into
+    ``names``; ``None`` values are not entries)."""
+
+    __slots__ = ("step", "rank", "time", "ms", "ms_has", "samples", "tokens", "m_pos",
+                 "m_name", "m_val", "names")
+
+    def __init__(self, step: np.ndarray, rank: np.ndarray, time: np.ndarray, ms: np.ndarray,
+                 ms_has: np.ndarray, samples: np.ndarray, tokens: np.ndarray,
+                 m_pos: np.ndarray, m_name: np.ndarray, m_val: np.ndarray,
+                 names: List[str]) -> None:
+        self.step, self.rank, self.time, self.ms, self.ms_has = step, rank, time, ms, ms_has
+        self.samples, self.tokens = samples, tokens
+        self.m_pos, self.m_name, self.m_val, self.names = m_pos, m_name, m_val, names
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def select(self, keep: np.ndarray) -> Columns:
+        """The entries where ``keep`` (arrival order kept)."""
+        new = np.cumsum(keep) - 1
+        mk = keep[self.m_pos]
+        return Columns(self.step[keep], self.rank[keep], self.time[keep], self.ms[keep],
+                     self.ms_has[keep], self.samples[keep], self.tokens[keep],
+                     new[self.m_pos[mk]], self.m_name[mk], self.m_val[mk], self.names)
+
+    def then(self, later: Columns) -> Columns:
+        """These entries followed by ``later``'s (which arrived after them)."""
+        if not len(self):
+            return later
+        if not len(later):
+            return self
+        names = self.names
+        m_name = later.m_name
+        if later.names != names:
+            ids = {name: i for i, name in enumerate(names)}
+            names = names + [n for n in later.names if n not in ids]
+            ids = {name: i for i, name in enumerate(names)}
+            remap = np.array([ids[n] for n in later.names], np.int64)
+            m_name = remap[m_name] if len(m_name) else m_name
+        n = len(self)
+        cat = np.concatenate
+        return Columns(cat((self.step, later.step)), cat((self.rank, later.rank)),
+                     cat((self.time, later.time)), cat((self.ms, later.ms)),
+                     cat((self.ms_has, later.ms_has)), cat((self.samples, later.samples)),
+                     cat((self.tokens, later.tokens)), cat((self.m_pos, later.m_pos + n)),
+                     cat((self.m_name, m_name)), cat((self.m_val, later.m_val)), names)
+
+
+class FrameBuffer:
+    """Points received since the last close, as flat Python lists: a frame's lists are
+    appended as slices (``list.extend``, C), so a frame costs a fixed number of calls; its
+    metric values go in as the frame's lists, with the frame's names noted once per run of
+    frames that name the same metrics (nearly always one run: every rank logs the same)."""
+
+    __slots__ = ("step", "time", "ms", "samples", "tokens", "frank", "fk", "mvals", "groups",
+                 "gnames")
+
+    def __init__(self) -> None:
+        self.step: List[int] = []
+        self.time: List[float] = []
+        self.ms: List[Optional[float]] = []
+        self.samples: List[int] = []
+        self.tokens: List[int] = []
+        self.frank: List[int] = []  # per frame: its rank
+        self.fk: List[int] = []  # per frame: its number of points
+        self.mvals: List[List[Optional[float]]] = []  # per frame and name, the frame's list
+        self.groups: List[List[Any]] = []  # [names, frames]: consecutive frames naming them
+        self.gnames: Optional[List[str]] = None
+
+    def __bool__(self) -> bool:
+        return bool(self.fk)
+
+    def add(self, frame: Steps) -> None:
+        steps = frame.steps
+        k = len(steps)
+        self.step += steps
+        self.time += frame.times
+        self.ms += frame.step_ms
+        samples = frame.samples
+        self.samples += samples if samples else _zeros(k)
+        tokens = frame.tokens
+        self.tokens += tokens if tokens else _zeros(k)
+        self.frank.append(frame.rank)
+        self.fk.append(k)
+        metrics = frame.metrics
+        names = list(metrics)
+        if names == self.gnames:
+            self.groups[-1][1] += 1
+        else:
+            self.gnames = names
+            self.groups.append([names, 1])
+        self.mvals += metrics.values()
+
+    def take(self) -> Columns:
+        """The buffered points as :class:`Columns` (the buffer is emptied)."""
+        fk = np.array(self.fk, np.int64)
+        step = np.array(self.step, np.int64)
+        ms, has = _opt_floats(self.ms, len(self.ms))
+        names: List[str] = []
+        ids: Dict[str, int] = {}
+        cid, clen, cbase = [], [], []
+        fbase = np.cumsum(fk) - fk
+        f0 = 0
+        for gnames, n in self.groups:
+            if gnames:
+                for name in gnames:
+                    if name not in ids:
+                        ids[name] = len(names)
+                        names.append(name)
+                g = len(gnames)
+                cid.append(np.tile(np.array([ids[x] for x in gnames], np.int64), n))
+                clen.append(np.repeat(fk[f0:f0 + n], g))
+                cbase.append(np.repeat(fbase[f0:f0 + n], g))
+            f0 += n
+        if cid:
+            lens = np.concatenate(clen)
+            mvals = self.mvals
+            vals, vhas = _opt_floats(_chain(mvals), int(lens.sum()),
+                                     lambda: list(_chain(mvals)))
+            m_name = np.repeat(np.concatenate(cid), lens)
+            m_pos = np.repeat(np.concatenate(cbase) - (np.cumsum(lens) - lens), lens) + \
+                np.arange(len(vals))
+            if vhas is not None:
+                vals, m_name, m_pos = vals[vhas], m_name[vhas], m_pos[vhas]
+        else:
+            vals, m_name, m_pos = _EMPTY_F, _EMPTY_I, _EMPTY_I
+        total = len(step)
+        cols = Columns(step, np.repeat(np.fromiter(self.frank, np.int64, len(fk)), fk),
+                     np.fromiter(self.time, np.float64, total), ms,
+                     np.ones(total, bool) if has is None else has,
+                     np.fromiter(self.samples, np.int64, total),
+                     np.fromiter(self.tokens, np.int64, total), m_pos, m_name, vals, names)
+        self.__init__()  # type: ignore[misc]
+        return cols
+
+
+_ZEROS: List[int] = [0] * 1024
+
+
+def _zeros(k: int) -> List[int]:
+    return _ZEROS if k == 1024 else _ZEROS[:k]
+
+
+def close_columns(cols: Columns) -> Optional[ClosedSteps]:
+    """Every point of ``cols`` (per (rank, step) the last one wins) closed into one
+    :class:`ClosedSteps` (None: no point). See the module docstring for how."""
+    total = len(cols)
+    if not total:
+        return None
+    step, rank = cols.step, cols.rank
+    # (step, rank) order; stable, so of a rank's repeated points the last sent is last
+    if total == 1 or (not (rank != rank[0]).any() and bool((step[1:] > step[:-1]).all())):
+        sel: Optional[np.ndarray] = None  # one rank, ascending: already in order, no repeat
+        step_s, rank_s = step, rank
+    else:
+        order = np.lexsort((rank, step))
+        step_s, rank_s = step[order], rank[order]
+        dup = (step_s[1:] == step_s[:-1]) & (rank_s[1:] == rank_s[:-1])
+        if dup.any():
+            keep = np.ones(total, dtype=bool)
+            keep[:-1] = ~dup
+            order = order[keep]
+            step_s, rank_s = step[order], rank[order]
+        sel = order
+    entries = len(step_s)
+    starts = _starts(step_s)
+    nsteps = len(starts)
+    counts = np.diff(np.append(starts, entries))
+    seg = np.repeat(np.arange(nsteps), counts)
+
+    def pick(arr: np.ndarray) -> np.ndarray:
+        return arr if sel is None else arr[sel]
+
+    out = ClosedSteps()
+    out.step = step_s[starts]
+    out.n = counts
+    out.time = np.fmax.reduceat(pick(cols.time), starts)
+    out.samples = np.add.reduceat(pick(cols.samples), starts)
+    out.tokens = np.add.reduceat(pick(cols.tokens), starts)
+    # step_ms: its reduction, and the slowest rank
+    ms, has = pick(cols.ms), pick(cols.ms_has)
+    ms_seg, ms_rank = seg, rank_s
+    if not has.all():
+        ms, ms_seg, ms_rank = ms[has], seg[has], rank_s[has]
+    slowest = np.full(nsteps, -1, np.int64)
+    if len(ms):
+        g0 = _starts(ms_seg)
+        out.ms_idx = ms_seg[g0]
+        out.ms_mean, out.ms_lo, out.ms_hi = _reduce(ms, g0)
+        top = np.repeat(out.ms_hi, np.diff(np.append(g0, len(ms))))
+        at_top = np.flatnonzero(ms == top)  # NaN top (no finite value) matches nothing
+        if len(at_top):
+            tseg = ms_seg[at_top]
+            first = at_top[_starts(tseg)]  # the lowest rank of a step at its top
+            slowest[ms_seg[first]] = ms_rank[first]
+    out.slowest = slowest
+    # metrics, long form, sorted by (name, step, rank)
+    if len(cols.m_val):
+        names = cols.names
+        by_name = sorted(range(len(names)), key=names.__getitem__)
+        rank_of = np.empty(len(names), np.int64)
+        rank_of[by_name] = np.arange(len(names))
+        vid = rank_of[cols.m_name]
+        vals = cols.m_val
+        if sel is None:
+            entry = cols.m_pos
+        else:
+            inv = np.full(total, -1, np.int64)
+            inv[sel] = np.arange(entries)
+            entry = inv[cols.m_pos]
+            ok = entry >= 0
+            if not ok.all():
+                vid, entry, vals = vid[ok], entry[ok], vals[ok]
+        if len(vals):
+            key = vid * entries + entry  # unique: one value per (name, point)
+            span = len(names) * entries
+            if span <= 4 * len(key) + 4096:  # dense enough: order by scattering, O(span)
+                at = np.full(span, -1, np.int64)
+                at[key] = np.arange(len(key))
+                order2 = at[at >= 0]
+            else:  # names of their own per rank: sort
+                order2 = np.argsort(key)
+            vid, entry, vals = vid[order2], entry[order2], vals[order2]
+            vstep = seg[entry]
+            g = _starts(vid * nsteps + vstep)
+            out.names = [names[i] for i in by_name]
+            out.metric_name = vid[g]
+            out.metric_idx = vstep[g]
+            out.metric_mean, out.metric_lo, out.metric_hi = _reduce(vals, g)
+    return out
+
+
+def close_frames(frames: Iterable[Steps]) -> Optional[ClosedSteps]:
+    """Every point of ``frames`` (arrival order) closed into one :class:`ClosedSteps`."""
+    buf = FrameBuffer()
+    for frame in frames:
+        buf.add(frame)
+    return close_columns(buf.take()) if buf else None
+
+
+def step_record(step: int, reports: Dict[int, Steps]) -> Dict[str, Any]:
+    """The closed step record of PROTOCOL 2.4 from the ranks' reports (rank -> a frame that
+    holds its point of ``step``), through the same arrays as a close."""
+    frames = []
+    for frame in reports.values():
+        i = bisect_left(frame.steps, step)
+        frames.append(slice_frame(frame, i, i + 1))
+    batch = close_frames(frames)
+    assert batch is not None and len(batch) == 1
+    return batch.records()[0]
+
+
+# ------------------------------------------------------------------ per rank
