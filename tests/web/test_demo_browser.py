@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.support.http import fetch
 from tests.support.polling import wait_for
-from web.serve import redact_token
+from web.httpguard import redact_token
 
 
 def _browser_env(tmp_path: Path) -> tuple[dict[str, str], Path]:

@@ -25,10 +25,11 @@ from tests.support.polling import wait_for
 from tests.web.test_hub import RUN, drain, ev, hb, header, ready_hub, record
 from web.app import create_app, history_csv, host_name, steps_csv_header, text_cell
 from web.config import WebConfig
+from web.httpguard import framing_problem
 from web.hub import Hub
 from web.metrics import make_registry
 from web.runstate import MAX_QUEUED_BYTES, Subscriber
-from web.serve import allowed_hosts, dashboard_lines, framing_problem
+from web.serve import allowed_hosts, dashboard_lines
 from web.stream import client_stream
 
 

@@ -14,7 +14,8 @@ import gevent
 from gevent import socket as gsocket
 
 from web.config import WebConfig
-from web.serve import Web, nodelay_handler_class
+from web.httpguard import nodelay_handler_class
+from web.serve import Web
 
 
 def test_accepted_connections_have_tcp_nodelay() -> None:
