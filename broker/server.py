@@ -8,7 +8,8 @@ moves bytes, in one thread, around one ``zmq.Poller``:
   Flushing before publishing means no event leaves the broker before the frame that caused
   it is handed to the OS, and sequence reservations are written before their ids are used.
 * The ROUTER answers snapshot requests between batches (Clone pattern), at most
-  ``SNAPSHOT_SLICE_S`` of them a turn, from a cache of encoded snapshots: since every event is
+  ``SNAPSHOT_SLICE_S`` of them a turn, from a cache of encoded snapshots
+  (:mod:`broker.snapshots`): since every event is
   published as soon as it exists, a snapshot is always exactly "everything published so far".
 * The poll timeout (``poll_interval``) drives ``Runs.tick`` and the 1 s heartbeat.
 * Alert webhooks (PROTOCOL 3.1) run in a thread of their own (:mod:`broker.webhooks`): the
@@ -28,8 +29,6 @@ import re
 import threading
 import time
 import uuid
-import weakref
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Sequence, Union
 
@@ -38,6 +37,7 @@ import zmq
 from broker import feed
 from broker.runs import Runs
 from broker.sink import Event, RunSink
+from broker.snapshots import SnapshotCache, msgpack_ints
 from broker.webhooks import DEFAULT_REPEAT, WebhookNotifier
 from rank_agent import protocol
 from rank_agent.controlwire import ControlError, encode_request
@@ -84,14 +84,6 @@ INGEST_BATCH_BYTES = 16 * 1024 * 1024
 #: run's first frame by about this much plus one encoding, not by the whole storm (issue 19
 #: finding 10: 60 requests for a wide run held the ingest 12.7 s).
 SNAPSHOT_SLICE_S = 0.02
-#: Bytes of encoded run snapshots kept for reuse; a run's entry is good while its ``seq`` is
-#: unchanged (everything published is in it, ids never repeat). The most recent entry is
-#: kept even when it alone is larger.
-SNAPSHOT_CACHE_BYTES = 64 * 1024 * 1024
-#: ... and for at most this long (seconds): state that changes without an event (a rank's
-#: ``last_seen``, the header's ``updated_at``) stays at most a second behind, as PROTOCOL 4
-#: promises of ``ranks``.
-SNAPSHOT_CACHE_MAX_AGE_S = 1.0
 
 
 class StartError(OSError):
@@ -124,28 +116,6 @@ def is_loopback_endpoint(endpoint: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # "*", an interface name or a host name: assume reachable from outside
-
-
-def _msgpack_ints(obj: Any) -> Any:
-    """A copy of ``obj`` whose ints outside MessagePack's range (-2**63 .. 2**64-1) are
-    floats. Every wire integer fits, but aggregates of them may not (a cluster's summed
-    bytes); without this one hostile sample makes a record, and the run's snapshot,
-    unencodable. Iterative: metadata may legitimately nest close to the recursion limit."""
-    root = [obj]
-    stack: list[tuple[Any, Any]] = [(root, 0)]
-    while stack:
-        parent, key = stack.pop()
-        value = parent[key]
-        if isinstance(value, dict):
-            value = parent[key] = dict(value)
-            stack.extend((value, k) for k in value)
-        elif isinstance(value, (list, tuple)):
-            value = parent[key] = list(value)
-            stack.extend((value, i) for i in range(len(value)))
-        elif isinstance(value, int) and not isinstance(value, bool) and not (
-                -(2**63) <= value < 2**64):
-            parent[key] = float(value)
-    return root[0]
 
 
 class BrokerServer:
@@ -232,12 +202,8 @@ class BrokerServer:
         #: requests for dumps forwarded to ranks, and the malformed ones refused
         self.stacks_requests = 0
         self.stacks_requests_refused = 0
-        # run -> (its sink, weakly: an evicted run's sink must not live on here; the seq
-        # encoded; the encoded parts; their bytes; when, monotonic). LRU, bounded by
-        # SNAPSHOT_CACHE_BYTES.
-        self._snap_cache: OrderedDict[
-            str, tuple[weakref.ref[RunSink], int, list[bytes], int, float]] = OrderedDict()
-        self._snap_cache_bytes = 0
+        #: encoded run snapshots, reused while their run's seq has not moved
+        self.snapshots = SnapshotCache(self._rlog)
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -545,7 +511,7 @@ class BrokerServer:
             try:
                 return feed.encode_event(run, event)
             except OverflowError:
-                return feed.encode_event(run, event._replace(data=_msgpack_ints(event.data)))
+                return feed.encode_event(run, event._replace(data=msgpack_ints(event.data)))
         except (TypeError, ValueError, OverflowError, RecursionError):
             # A sink bug (unencodable data); the web will see a gap and re-snapshot.
             self._rlog.error("encode", "cannot encode %s event %d of run %r",
@@ -567,19 +533,6 @@ class BrokerServer:
             webhooks_failed=hooks["failed"], webhooks_dropped=hooks["dropped"], journal=journal,
         ))
 
-    def _encode_snapshot(self, snap: dict[str, Any]) -> list[bytes] | None:
-        """A run snapshot's parts; None (logged) if even the widened copy cannot be encoded,
-        so one bad run never takes the loop, or the other runs' snapshots, with it."""
-        try:
-            try:
-                return feed.encode_run_snapshot(snap)
-            except OverflowError:
-                return feed.encode_run_snapshot(_msgpack_ints(snap))
-        except (TypeError, ValueError, OverflowError, RecursionError):
-            self._rlog.error("encode_snapshot", "cannot encode the snapshot of run %r",
-                             snap.get("run"), exc_info=True)
-            return None
-
     def _forward_stacks_request(self, body: list[bytes]) -> None:
         """A web's request for dumps (docs/DESIGN.md "Requests for dumps"): forwarded to the
         run's agents on the publish socket, framed by ``rank_agent.controlwire``. Only a
@@ -598,41 +551,6 @@ class BrokerServer:
         self.stacks_requests += 1
         log.info("stacks request %s (%s) forwarded to run %r, ranks %s", req["request_id"],
                  req["kind"], req["run"], "all" if req["ranks"] is None else req["ranks"])
-
-    def _run_snapshots(self, run: str | None) -> list[list[bytes]]:
-        """The encoded snapshots of ``run`` (None: every run), each reused from the cache
-        while its run's ``seq`` has not moved (for at most SNAPSHOT_CACHE_MAX_AGE_S): building and encoding a wide run's snapshot
-        costs tens of milliseconds, a request storm must not pay it per request."""
-        if run is None:
-            sinks = self.runs.sinks()
-        else:
-            one = self.runs.get(run)
-            sinks = [] if one is None else [one]
-        cache = self._snap_cache
-        out: list[list[bytes]] = []
-        fresh = time.monotonic() - SNAPSHOT_CACHE_MAX_AGE_S
-        for sink in sinks:
-            entry = cache.get(sink.run)
-            if (entry is not None and entry[0]() is sink and entry[1] == sink.seq
-                    and entry[4] >= fresh):
-                cache.move_to_end(sink.run)
-                out.append(entry[2])
-                continue
-            seq = sink.seq
-            parts = self._encode_snapshot(sink.snapshot())
-            if parts is None:
-                continue
-            out.append(parts)
-            if entry is not None:
-                self._snap_cache_bytes -= entry[3]
-            size = sum(len(p) for p in parts)
-            cache[sink.run] = (weakref.ref(sink), seq, parts, size, time.monotonic())
-            cache.move_to_end(sink.run)
-            self._snap_cache_bytes += size
-            while self._snap_cache_bytes > SNAPSHOT_CACHE_BYTES and len(cache) > 1:
-                _, gone = cache.popitem(last=False)
-                self._snap_cache_bytes -= gone[3]
-        return out
 
     def _serve_snapshots(self) -> None:
         """Answer pending snapshot requests (one RUN per run, then END) for at most
@@ -664,7 +582,12 @@ class BrokerServer:
             except feed.FeedError as exc:
                 self._rlog.warning("snapshot_request", "bad snapshot request: %s", exc)
                 continue
-            encoded = self._run_snapshots(run)
+            if run is None:
+                sinks = self.runs.sinks()
+            else:
+                one = self.runs.get(run)
+                sinks = [] if one is None else [one]
+            encoded = self.snapshots.encoded(sinks)
             try:
                 for parts in encoded:
                     router.send_multipart(envelope + parts, zmq.NOBLOCK, copy=False)

@@ -260,7 +260,7 @@ def test_a_cached_snapshot_is_never_behind_what_was_published(
             again, _ = client.snapshot("c")  # from the cache: the same
             assert again[0]["seq"] == snaps[0]["seq"] and again[0]["records"] == snaps[0]["records"]
         sink = thread_broker.server.runs.get("c")
-        assert sink is not None and thread_broker.server._snap_cache["c"][0]() is sink
+        assert sink is not None and thread_broker.server.snapshots.entries["c"][0]() is sink
     finally:
         pusher.close()
         client.close()

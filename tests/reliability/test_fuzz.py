@@ -12,7 +12,7 @@ import pytest
 
 from broker import feed
 from broker.runs import Runs
-from broker.server import _msgpack_ints
+from broker.snapshots import msgpack_ints
 from rank_agent import protocol as P
 from tests.support import fuzzgen
 from tests.support.brokers import Pusher
@@ -69,7 +69,7 @@ def test_fuzzed_ingest_in_process_counts_within_bounds_and_closes_every_check_st
         try:
             feed.encode_run_snapshot(one)
         except OverflowError:  # summed byte counts past 64 bits: widened, as the server does
-            feed.encode_run_snapshot(_msgpack_ints(one))
+            feed.encode_run_snapshot(msgpack_ints(one))
 
 
 def test_fuzzed_ingest_no_crash_no_valid_frame_lost_rejects_counted(
