@@ -51,7 +51,7 @@ from broker.events import Event, Rejected
 from broker.gpualerts import GpuAlertRules
 from broker.metadata import parse_metadata
 from broker.rankstate import RankSamples, RankState, ranks_array
-from broker.stackgroups import main_frames
+from broker.stackfeed import StackFeed, stall_message
 from broker.stackstore import RunStacks
 from broker.steps import RunSteps
 from broker.stepstore import StepStore
@@ -81,10 +81,6 @@ PORT_WARN_INTERVAL = 60.0
 ENDED = ("complete", "failed")
 #: Seconds between two ``steps`` events of a run (PROTOCOL 4: at most 4 a second).
 STEPS_INTERVAL = 0.25
-#: Seconds between two ``stacks`` events of a run (PROTOCOL 4: SSE ``stacks`` at most 4 a
-#: second per run; the broker coalesces, so every web streams one per feed event).
-STACKS_INTERVAL = 0.25
-
 #: ``on_alert(run, kind, rank, message, host, now)``: an alert raised live (webhooks, 3.1).
 OnAlert = Callable[[str, str, Optional[int], str, Optional[str], float], None]
 #: ``on_end(run, status, now)``: the run ended live (``status``: complete or failed).
@@ -166,9 +162,7 @@ class RunSink:
         self.on_end: OnEnd | None = None
         #: Each rank's latest dump per reason (section 2.5), compact and capped in bytes.
         self.stacks = RunStacks()
-        # Dumps kept since the last ``stacks`` event, (rank, reason) in arrival order.
-        self._stacks_pending: Dict[Tuple[int, str], None] = {}
-        self._stacks_sent_at: float | None = None
+        self._stack_feed = StackFeed(self.stacks, self._emit)
 
     # ------------------------------------------------------------------ public API
 
@@ -284,8 +278,8 @@ class RunSink:
                             notify=st.last_seen >= self.liveness_floor)
         self._close_steps(now)
         self._publish_steps_due(now)
-        if self._stacks_pending:
-            self._publish_stacks_due(now)
+        if self._stack_feed.pending:
+            self._stack_feed.publish_due(now)
         if self._header_changed or (self._header_pending and (
             self._header_sent_at is None or now - self._header_sent_at >= self.ranks_interval
         )):
@@ -531,41 +525,17 @@ class RunSink:
     def _on_stacks(self, frame: Stacks, st: RankState, now: float) -> None:
         """Keep the dump (section 2.5); a ``stall`` dump makes the rank ``stalled`` and
         raises the ``stalled`` alert (section 3). Kept dumps go out in ``stacks`` events."""
-        self.stacks.put(frame)
-        # kept or not (the cap), the web learns it: the dump, or that the rank has none
-        self._stacks_pending[(frame.rank, frame.reason)] = None
-        self._publish_stacks_due(now)
-        if frame.reason != "stall":
-            return
-        st.stalled = True
-        frames = main_frames(frame)
-        where = ""
-        if frames:
-            inner = frames[-1]
-            where = f" in {inner.function} ({inner.file}:{inner.line})"
-        idle = frame.idle_s
-        idle_text = f"{round(idle)}" if math.isfinite(idle) else f"{idle}"
-        self._raise("stalled", st.rank, f"stalled {idle_text}s{where}", now)
-
-    def _publish_stacks_due(self, now: float) -> None:
-        """One ``stacks`` event with the dumps kept since the last one, at most one per
-        STACKS_INTERVAL (the rest wait for :meth:`tick`)."""
-        sent = self._stacks_sent_at
-        if sent is not None and now - sent < STACKS_INTERVAL and now >= sent:
-            return
-        keys, self._stacks_pending = self._stacks_pending, {}
-        if keys:
-            stacks = self.stacks
-            self._stacks_sent_at = now
-            self._emit("stacks", {"dumps": stacks.wire(keys),
-                                  "gone": [list(k) for k in keys if k not in stacks]})
+        self._stack_feed.put(frame, now)
+        if frame.reason == "stall":
+            st.stalled = True
+            self._raise("stalled", st.rank, stall_message(frame), now)
 
     def forget_stalls(self) -> None:
         """After a journal replay: dumps are still listed, but only a dump received since
         the restart makes a rank ``stalled`` (section 2), and none is pending publication."""
         for st in self._ranks.values():
             st.stalled = False
-        self._stacks_pending.clear()
+        self._stack_feed.pending.clear()
 
     def _summary_of(self, rank: int) -> str | None:
         st = self._ranks.get(rank)

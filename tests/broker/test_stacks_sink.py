@@ -13,7 +13,8 @@ from broker import feed
 from broker import journal as jmod
 from broker.journal import Journal
 from broker.server import BrokerServer
-from broker.sink import STACKS_INTERVAL, RunSink
+from broker.sink import RunSink
+from broker.stackfeed import STACKS_INTERVAL
 from broker.stackstore import DUMP_OVERHEAD, RunStacks
 from rank_agent.controlwire import decode_request
 from rank_agent.protocol import (

@@ -1,0 +1,68 @@
+"""A run's stack dumps on their way to the feed: kept, coalesced into ``stacks`` events.
+
+Split from :class:`broker.sink.RunSink`, which owns the rank states and the alerts: this
+module holds what the sink does with a ``stacks`` frame (section 2.5) besides marking the
+rank ``stalled``: keep the dump in the run's :class:`~broker.stackstore.RunStacks`, note it
+as pending, and emit at most one ``stacks`` event per :data:`STACKS_INTERVAL` (the rest wait
+for the sink's tick); and the ``stalled`` alert's text (:func:`stall_message`). Pure: no
+clock, no I/O.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, Tuple
+
+from broker.stackgroups import main_frames
+from broker.stackstore import RunStacks
+from rank_agent.protocol import Stacks
+
+__all__ = ["STACKS_INTERVAL", "StackFeed", "stall_message"]
+
+#: Seconds between two ``stacks`` events of a run (PROTOCOL 4: SSE ``stacks`` at most 4 a
+#: second per run; the broker coalesces, so every web streams one per feed event).
+STACKS_INTERVAL = 0.25
+
+
+def stall_message(frame: Stacks) -> str:
+    """The ``stalled`` alert's message for a ``stall`` dump: how long, and where the main
+    thread's innermost frame is."""
+    frames = main_frames(frame)
+    where = ""
+    if frames:
+        inner = frames[-1]
+        where = f" in {inner.function} ({inner.file}:{inner.line})"
+    idle = frame.idle_s
+    idle_text = f"{round(idle)}" if math.isfinite(idle) else f"{idle}"
+    return f"stalled {idle_text}s{where}"
+
+
+class StackFeed:
+    """Dumps kept since the last ``stacks`` event, published through ``emit(kind, data)``
+    (the sink's ``_emit``) at most once per :data:`STACKS_INTERVAL`."""
+
+    def __init__(self, stacks: RunStacks, emit: Callable[[str, Any], int]) -> None:
+        self.stacks = stacks
+        self._emit = emit
+        #: (rank, reason) kept since the last ``stacks`` event, in arrival order
+        self.pending: Dict[Tuple[int, str], None] = {}
+        self._sent_at: float | None = None
+
+    def put(self, frame: Stacks, now: float) -> None:
+        """Keep the dump (section 2.5) and publish it if one is due."""
+        self.stacks.put(frame)
+        # kept or not (the cap), the web learns it: the dump, or that the rank has none
+        self.pending[(frame.rank, frame.reason)] = None
+        self.publish_due(now)
+
+    def publish_due(self, now: float) -> None:
+        """One ``stacks`` event with the dumps kept since the last one, at most one per
+        STACKS_INTERVAL (the rest wait for the sink's tick)."""
+        sent = self._sent_at
+        if sent is not None and now - sent < STACKS_INTERVAL and now >= sent:
+            return
+        keys, self.pending = self.pending, {}
+        if keys:
+            stacks = self.stacks
+            self._sent_at = now
+            self._emit("stacks", {"dumps": stacks.wire(keys),
+                                  "gone": [list(k) for k in keys if k not in stacks]})
