@@ -28,15 +28,13 @@ import socket as _socket
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, Mapping, Tuple, Union
+from typing import Any, Callable, Mapping, Tuple, Union
 
 from . import shared
 from .control import Control, control_endpoint
 from .launcher import DEFAULT_BROKER, generated_run_id, launch_args, sanitize_run_id
 from .protocol import (
     MAX_METADATA_BYTES,
-    MAX_SCALAR_NAME,
-    MAX_SCALARS,
     MAX_SHORT,
     MAX_SUMMARY,
     MAX_SVG_BYTES,
@@ -56,6 +54,7 @@ from .pusher import Pusher
 from .ratelimit import RateLimitedLog
 from .stallwatch import StallWatch
 from .stepbuffer import MAX_PENDING_STEPS, StepBuffer
+from .values import clamp, finite_or_none, wire_scalars
 
 log = logging.getLogger(__name__)
 
@@ -94,24 +93,6 @@ if hasattr(os, "register_at_fork"):
 # registered after ``import zmq`` (by .pusher), so it runs before pyzmq's own exit hook
 # (atexit is LIFO)
 atexit.register(_close_all_at_exit)
-
-
-def _clamp(text: str | None, limit: int) -> str | None:
-    if text is None:
-        return None
-    text = str(text)
-    return text if len(text) <= limit else text[:limit]
-
-
-def _finite_or_none(obj: Any) -> Any:
-    """A copy of JSON-like ``obj`` with NaN/Infinity replaced by ``None`` (strict JSON has neither)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite_or_none(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite_or_none(v) for v in obj]
-    return obj
 
 
 class RankAgent:
@@ -175,7 +156,7 @@ class RankAgent:
         self.rank = rank
         self.world_size = world_size
         self.local_rank = local_rank
-        self.host = _clamp(host if host is not None else _socket.gethostname(), MAX_SHORT) or "unknown"
+        self.host = clamp(host if host is not None else _socket.gethostname(), MAX_SHORT) or "unknown"
         self.sndhwm = max(1, int(sndhwm))
         self.linger_ms = max(0, int(linger_ms))
         self._finished = False
@@ -374,7 +355,7 @@ class RankAgent:
             if utf8_over(svg, MAX_SVG_BYTES):
                 return self._lose("svg", "rankboard: SVG over 2 MiB; not sent")
             frame = Svg(run=self.run, rank=self.rank, svg=svg,
-                        label=_clamp(label, MAX_SHORT), hash=_clamp(hash, MAX_SHORT))
+                        label=clamp(label, MAX_SHORT), hash=clamp(hash, MAX_SHORT))
         except Exception as exc:
             return self._lose("svg", "rankboard: bad SVG arguments: %r", exc)
         return self._send(frame)
@@ -395,7 +376,7 @@ class RankAgent:
                 try:
                     text = json.dumps(obj_or_json_str, allow_nan=False)
                 except ValueError:
-                    text = json.dumps(_finite_or_none(obj_or_json_str), allow_nan=False)
+                    text = json.dumps(finite_or_none(obj_or_json_str), allow_nan=False)
         except Exception as exc:
             return self._lose("metadata", "rankboard: metadata is not JSON-serialisable; skipped: %r", exc)
         if utf8_over(text, MAX_METADATA_BYTES):
@@ -408,7 +389,7 @@ class RankAgent:
         try:
             if summary is None:
                 summary = self._get_sampler().hardware_summary()
-            frame = Hardware(run=self.run, rank=self.rank, summary=_clamp(str(summary), MAX_SUMMARY) or "")
+            frame = Hardware(run=self.run, rank=self.rank, summary=clamp(str(summary), MAX_SUMMARY) or "")
         except Exception as exc:
             return self._lose("hardware", "rankboard: could not build the hardware summary: %r", exc)
         return self._send(frame)
@@ -459,42 +440,11 @@ class RankAgent:
                 run=self.run, rank=self.rank, epoch=epoch, avg_loss=avg_loss,
                 batches=batches, samples=samples, epoch_ms=epoch_ms,
                 share_complete_ms=share_complete_ms,
-                scalars=self._scalars(scalars) if scalars else {}, resources=self._latest,
+                scalars=wire_scalars(scalars, self._warn) if scalars else {}, resources=self._latest,
             )
         except Exception as exc:
             return self._lose("metrics", "rankboard: bad log_epoch arguments; epoch not sent: %r", exc)
         return self._send(frame)
-
-    def _scalars(self, scalars: Mapping[Any, Any]) -> Dict[str, Tuple[float, int]]:
-        """``log_epoch``'s scalars as the wire wants them: ``{name: (sum, count)}``, names
-        clamped to 128 characters, at most 256 entries. Raises for a bad value (the caller
-        drops the frame)."""
-        sc: Dict[str, Tuple[float, int]] = {}
-        capped = type(scalars) is not dict or len(scalars) > MAX_SCALARS  # else it cannot bite
-        for name, value in scalars.items():
-            if capped and len(sc) >= MAX_SCALARS:
-                self._warn("scalars", "rankboard: more than %d scalars; the rest are not sent", MAX_SCALARS)
-                break
-            kind = type(value)
-            if kind is float:
-                pair: Tuple[float, int] = (value, 1)
-            elif kind is tuple or isinstance(value, (tuple, list)):
-                total, count = value[0], value[1]
-                if type(total) is not float:
-                    total = float(total)
-                if type(count) is not int:
-                    count = int(count)
-                if count < 0:
-                    raise ValueError(f"scalar {name!r} has a negative count")
-                pair = (total, count)
-            else:
-                pair = (float(value), 1)
-            if type(name) is not str:
-                name = str(name)
-            if len(name) > MAX_SCALAR_NAME:
-                name = name[:MAX_SCALAR_NAME]
-            sc[name] = pair
-        return sc
 
     # -- per-step points ---------------------------------------------------------------------
 
