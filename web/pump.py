@@ -44,6 +44,11 @@ class FeedPump:
 
     #: seconds between two log lines about refused handshakes
     REFUSAL_LOG_INTERVAL = 60.0
+    #: seconds after start with no heartbeat before the pump says so, once (libzmq does not
+    #: retry a connection whose handshake failed, so a refusal it reported while the
+    #: monitor's event was lost, or none it reported at all, would otherwise leave the web
+    #: at 503 with nothing in its log)
+    SILENCE_LOG_AFTER = 10.0
 
     def __init__(self, hub: Hub, publish: str, snapshot: str, *, poll_ms: int = 250,
                  curve: dict[int, bytes] | None = None) -> None:
@@ -62,6 +67,7 @@ class FeedPump:
         self._failure_logged_at: float | None = None
         self._greenlet: gevent.Greenlet | None = None
         self._stopping = False
+        self._silence_logged = False
         self._dealer: Any = None  # the snapshot socket in use (requests for dumps go on it)
         #: requests for dumps handed to the broker
         self.stacks_requests = 0
@@ -142,6 +148,7 @@ class FeedPump:
         poller.register(monitor, zmq.POLLIN)
         log.info("web feed: SUB %s, snapshot %s%s", self.publish, self.snapshot,
                  " (CURVE)" if self.curve else "")
+        started = time.monotonic()
         try:
             while not self._stopping:
                 if self.hub.take_socket_reset():
@@ -159,6 +166,8 @@ class FeedPump:
                     self._drain(dealer, self.hub.handle_snapshot, zmq)
                 if monitor in ready:
                     self._drain(monitor, self._on_monitor_event, zmq)
+                if not self._silence_logged and self.hub.heartbeat is None:
+                    self._check_silence(started)
         finally:
             self._dealer = None
             for sock in (sub, dealer, monitor):
@@ -168,6 +177,24 @@ class FeedPump:
             sub.close(linger=0)
             dealer.close(linger=0)
             ctx.term()
+
+    def _check_silence(self, started: float) -> None:
+        """Log once when no heartbeat came within ``SILENCE_LOG_AFTER`` of start and no
+        refusal was logged: the broker is not there, or its handshake failed unseen."""
+        if time.monotonic() - started < self.SILENCE_LOG_AFTER:
+            return
+        self._silence_logged = True
+        if self._failure_logged_at is not None:
+            return  # the refusal was logged already, with its reason
+        if self.curve:
+            log.error("no heartbeat from the broker at %s after %.0f s: is it running, started "
+                      "with --curve-secret-key, and is --curve-server-key its public key?",
+                      self.publish, self.SILENCE_LOG_AFTER)
+        else:
+            log.error("no heartbeat from the broker at %s after %.0f s: is it running? (or the "
+                      "handshake with the broker at %s failed unseen: a broker started with "
+                      "--curve-secret-key needs --curve-server-key and --curve-client-key)",
+                      self.publish, self.SILENCE_LOG_AFTER, self.publish)
 
     def _on_monitor_event(self, parts: list[bytes]) -> None:
         """Log handshake refusals: the first at once, then at most one per interval."""

@@ -138,6 +138,9 @@ def test_oversize_message_does_not_stop_the_loop(ctx: zmq.Context, broker: Runni
 
 def test_register_with_port_is_announced(broker: RunningBroker, client: FeedClient,
                                          push: zmq.Socket) -> None:
+    # the !port message goes out once: wait until the SUB has joined (a heartbeat came
+    # through), or a slow join under load loses it (ZeroMQ's slow-joiner)
+    client.until(lambda u: isinstance(u, feed.Heartbeat), what="a heartbeat")
     push.send(enc(register(run="p", rank=0, world_size=2)))  # port 0: no announcement
     push.send(enc(register(run="p", rank=1, world_size=2, port=8600)))
     port, before = client.until(lambda u: isinstance(u, feed.PortUpdate), what="!port")

@@ -558,7 +558,9 @@ def test_a_1024_rank_run_fits_in_about_three_screens(stack: Stack, page: Any) ->
     height = page.evaluate("document.documentElement.scrollHeight")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "ranks-1024.png"), full_page=True)
-    assert height <= 3.3 * 900, f"the page is {height} px tall"
+    # about three screens: 3.4 since v3 (the report link, the stall card's slot and the
+    # colour-by choice of the heatmap header add a few pixels)
+    assert height <= 3.4 * 900, f"the page is {height} px tall"
     group.locator('[data-action="toggle-alerts"]').click()
     expect(page.locator('#alerts .alert-group-list .alert[data-kind="rank_error"]')).to_have_count(40)
 

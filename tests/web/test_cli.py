@@ -203,3 +203,21 @@ def test_another_loopback_host_prints_a_url_that_reaches_it(spawn: Any, broker: 
             conn.close()
 
     wait_for(answered, what="the web at the printed URL", retry_on=(OSError,))
+
+
+def test_a_web_with_no_broker_says_so_once_in_its_log(spawn: Any) -> None:
+    """No heartbeat within FeedPump.SILENCE_LOG_AFTER of start: one error line naming the
+    endpoint (libzmq does not retry a connection whose handshake failed, so without it a web
+    meeting a broker it cannot talk to could sit at 503 with nothing in its log)."""
+    from tests.support.procs import Endpoints, start_web
+
+    with socket.socket() as a, socket.socket() as b:  # two ports nobody listens on
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        dead = Endpoints("tcp://127.0.0.1:1", f"tcp://127.0.0.1:{a.getsockname()[1]}",
+                         f"tcp://127.0.0.1:{b.getsockname()[1]}")
+        web = start_web(spawn, dead, healthy=False)
+        line = web.wait_line(r"no heartbeat from the broker at (\S+) after 10 s", stream="stderr",
+                             timeout=30.0)
+        assert line.group(1) == dead.publish
+        assert "Traceback" not in web.output()
