@@ -158,7 +158,15 @@ class FeedPump:
                     poller.register(dealer, zmq.POLLIN)
                 request = self.hub.next_request()
                 if request is not None:
-                    dealer.send_multipart(request)
+                    try:
+                        # never a blocking send: a DEALER whose connection failed its
+                        # handshake has no pipe, libzmq does not retry it, and a blocking
+                        # send would stop this loop (and so the monitor's log) for good;
+                        # unsent, the request is "unanswered" and asked again on a new
+                        # socket after SNAPSHOT_TIMEOUT
+                        dealer.send_multipart(request, zmq.NOBLOCK)
+                    except zmq.Again:
+                        log.debug("snapshot request not sent: no broker connection yet")
                 ready = dict(poller.poll(self.poll_ms))
                 if sub in ready:
                     self._drain(sub, self.hub.handle_pub, zmq)
