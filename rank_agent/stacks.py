@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple, TypeVar
 
 from .protocol import (
     MAX_FRAME_BYTES,
@@ -104,33 +104,35 @@ def collect_threads(frames: Mapping[int, FrameType], names: Mapping[int, str],
     return out
 
 
+#: what :func:`_fit_leading` cuts: threads or profile entries
+_Fit = TypeVar("_Fit", ThreadStack, ProfileEntry)
+
+
+def _fit_leading(items: Iterable[_Fit], budget: int) -> List[_Fit]:
+    """The leading ``items`` whose encoded sizes together fit ``budget`` bytes: the first
+    one that would pass it, and everything after, is left out (the order is the priority)."""
+    kept: List[_Fit] = []
+    used = 0
+    for item in items:
+        size = len(_encode(item))
+        if used + size > budget:
+            break
+        kept.append(item)
+        used += size
+    return kept
+
+
 def fit_threads(threads: Iterable[ThreadStack], budget: int = FRAME_BUDGET) -> List[ThreadStack]:
     """The leading threads whose encoded size fits ``budget`` bytes (the first thread is
     the training thread: it is kept whenever it fits; the others are left out from the
     first that would pass the budget on, so the frame stays under 4 MiB)."""
-    kept: List[ThreadStack] = []
-    used = 0
-    for thread in threads:
-        size = len(_encode(thread))
-        if used + size > budget:
-            break
-        kept.append(thread)
-        used += size
-    return kept
+    return _fit_leading(threads, budget)
 
 
 def fit_profile(entries: Iterable[ProfileEntry], budget: int = FRAME_BUDGET) -> List[ProfileEntry]:
     """The leading (heaviest) profile entries whose encoded size fits ``budget`` bytes: 2,000
     stacks of 256 long entries would pass 4 MiB, and the heaviest are the ones worth sending."""
-    kept: List[ProfileEntry] = []
-    used = 0
-    for entry in entries:
-        size = len(_encode(entry))
-        if used + size > budget:
-            break
-        kept.append(entry)
-        used += size
-    return kept
+    return _fit_leading(entries, budget)
 
 
 def dump_threads(main_ident: Optional[int], *, source: bool = True) -> List[ThreadStack]:
