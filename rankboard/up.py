@@ -216,10 +216,7 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
             return _up_pool(wcfg, prog, broker, stopper, curve)
         web = Web(wcfg, curve=curve)
         if wcfg.port is None:
-            binder = LazyBinder(web)
-            web.hub.port_listeners.append(binder.on_port)
-            web.hub.snapshot_listeners.append(binder.on_snapshot)
-            log.info("the web binds on the first port a rank registers (or pass --port)")
+            LazyBinder(web).listen(web.hub)
         else:
             try:
                 web.bind(wcfg.port)
@@ -280,11 +277,8 @@ def _up_pool(cfg: WebConfig, prog: str, broker: BrokerChild, stopper: Stopper,
         if cfg.port is None:
             hub = Hub()
             pump = FeedPump(hub, cfg.publish, cfg.snapshot, curve=curve)
-            binder = LazyBinder(pool)
-            hub.port_listeners.append(binder.on_port)
-            hub.snapshot_listeners.append(binder.on_snapshot)
+            LazyBinder(pool).listen(hub)
             pump.start()
-            log.info("the web binds on the first port a rank registers (or pass --port)")
         else:
             try:
                 pool.bind(cfg.port)

@@ -327,6 +327,13 @@ class LazyBinder:
         self.ignored: set[int] = set()
         self._binding = False
 
+    def listen(self, hub: Any) -> LazyBinder:
+        """Hear ``hub``'s port registrations and snapshots (both may name the port)."""
+        hub.port_listeners.append(self.on_port)
+        hub.snapshot_listeners.append(self.on_snapshot)
+        log.info("the web binds on the first port a rank registers (or pass --port)")
+        return self
+
     def on_snapshot(self, hub: Any) -> None:
         """A rank may have registered before the web subscribed: take the port of the newest
         unfinished run in the snapshot, as if its registration had just arrived."""
