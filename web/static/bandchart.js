@@ -12,7 +12,7 @@
 
 import { colorAt, elapsedTicks, ema, niceTicks, timeTicks, yTicks } from "./axes.js";
 import { nanMax, nanMin } from "./buckets.js";
-import { ChartKit } from "./chartkit.js";
+import { ChartKit, strokeWithGaps } from "./chartkit.js";
 import { h } from "./dom.js";
 import { fmtElapsed, fmtInt, formatClock, formatNumber } from "./fmt.js";
 
@@ -295,21 +295,7 @@ export class BandChart extends ChartKit {
     ctx.globalAlpha = alpha;
     ctx.lineJoin = "round";
     ctx.lineCap = "round";
-    ctx.beginPath();
-    let pen = false;
-    for (let i = 0; i < idx.length; i++) {
-      const v = vals[i];
-      if (v === null || Number.isNaN(v)) {
-        pen = false;
-        continue;
-      }
-      const x = cx(idx[i]);
-      const y = sy(v);
-      if (pen) ctx.lineTo(x, y);
-      else ctx.moveTo(x, y);
-      pen = true;
-    }
-    ctx.stroke();
+    strokeWithGaps(ctx, vals, 0, idx.length - 1, (i) => cx(idx[i]), sy);
     ctx.globalAlpha = 1;
   }
 

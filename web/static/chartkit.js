@@ -36,6 +36,27 @@ function chartTheme(card) {
   };
 }
 
+/** Stroke one polyline through (xAt(i), yAt(vals[i])) for i in [lo, hi], lifting the pen
+ * over null and NaN values (a gap in the data is a gap in the line). Both charts draw their
+ * series with it. */
+export function strokeWithGaps(ctx, vals, lo, hi, xAt, yAt) {
+  ctx.beginPath();
+  let pen = false;
+  for (let i = lo; i <= hi; i++) {
+    const v = vals[i];
+    if (v === null || Number.isNaN(v)) {
+      pen = false;
+      continue;
+    }
+    const px = xAt(i);
+    const py = yAt(v);
+    if (pen) ctx.lineTo(px, py);
+    else ctx.moveTo(px, py);
+    pen = true;
+  }
+  ctx.stroke();
+}
+
 /** Size `canvas` to `w` x `h` css px at the device pixel ratio; its context, scaled to css px. */
 export function fitCanvas(canvas, w, ht) {
   const dpr = window.devicePixelRatio || 1;

@@ -2,7 +2,7 @@
 // null gaps, EMA smoothing, a log toggle and drag-to-zoom on x; on the chart kit.
 
 import { colorAt, ema, niceTicks, timeTicks, yTicks } from "./axes.js";
-import { ChartKit } from "./chartkit.js";
+import { ChartKit, strokeWithGaps } from "./chartkit.js";
 import { h } from "./dom.js";
 import { formatClock, formatNumber, numOrNull } from "./fmt.js";
 
@@ -209,23 +209,9 @@ export class LineChart extends ChartKit {
     ctx.globalAlpha = alpha;
     ctx.lineJoin = "round";
     ctx.lineCap = "round";
-    ctx.beginPath();
-    let pen = false;
     const lo = Math.max(0, i0 - 1);
     const hi = Math.min(x.length - 1, i1 + 1);
-    for (let i = lo; i <= hi; i++) {
-      const v = vals[i];
-      if (v === null) {
-        pen = false;
-        continue;
-      }
-      const px = sx(x[i]);
-      const py = sy(v);
-      if (pen) ctx.lineTo(px, py);
-      else ctx.moveTo(px, py);
-      pen = true;
-    }
-    ctx.stroke();
+    strokeWithGaps(ctx, vals, lo, hi, (i) => sx(x[i]), sy);
     // isolated points (gaps on both sides) and sparse data get a dot so they show
     for (let i = lo; i <= hi; i++) {
       const v = vals[i];
