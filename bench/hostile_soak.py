@@ -443,15 +443,34 @@ def _soak(up: common.Proc, eps: dict[str, str], seconds: float, scale: float,
     common.wait_for(lambda: common.http_get(port, f"/api/runs/{HONEST}")[0] == 200, 60,
                     "the honest run on the web")
     arrivals: dict[int, float] = {}
-    reader = common.SseReader(port, HONEST)
+    readers: list[common.SseReader] = []
+    reconnects = [0]
+    reading = threading.Event()
+    reading.set()
 
     def read() -> None:
-        try:
-            for kind, _, data, t in reader.events():
-                if kind == "epoch":
-                    arrivals.setdefault(int(json.loads(data)["epoch"]), t)
-        except OSError:
-            pass
+        """The honest run's stream, read as a browser's EventSource reads it: when the
+        stream ends (the broker evicted the run at ``--max-runs`` and the web dropped it,
+        contract v3 section 6) or cannot be opened (404 until the run's next frame brings it
+        back), reconnect with the last id seen, so the replay hands over what was missed."""
+        last: int | None = None
+        while reading.is_set():
+            try:
+                reader = common.SseReader(port, HONEST, last_event_id=last)
+            except OSError:
+                time.sleep(0.05)  # a retry interval, as EventSource's, not synchronisation
+                continue
+            readers.append(reader)
+            try:
+                for kind, ident, data, t in reader.events():
+                    if ident is not None:
+                        last = ident if last is None else max(last, ident)
+                    if kind == "epoch":
+                        arrivals.setdefault(int(json.loads(data)["epoch"]), t)
+            except OSError:
+                pass
+            reader.close()
+            reconnects[0] += 1
     threading.Thread(target=read, daemon=True).start()
     peak = [_tree_rss(tree)]
     idle_rss = peak[0]
@@ -488,7 +507,9 @@ def _soak(up: common.Proc, eps: dict[str, str], seconds: float, scale: float,
     steps_served = served_steps()
     stop.set()
     sampler.join(5)
-    reader.close()
+    reading.clear()
+    for reader in readers:
+        reader.close()
     lat = [(arrivals[e] - t) * 1000 for e, t in sent["epochs"] if e in arrivals]
     lost = (len(want_epochs - set(arrivals))) + max(0, sent["steps"] - steps_served)
     status, metrics_text = common.http_get(port, "/metrics")
@@ -503,6 +524,7 @@ def _soak(up: common.Proc, eps: dict[str, str], seconds: float, scale: float,
         "steps": sent["steps"], "steps_served": steps_served,
         "healthz": common.http_get(port, "/healthz")[0], "attacks": counts,
         "limits": limits, "old_records": old_records, "up_alive": up.proc.poll() is None,
+        "sse_reconnects": reconnects[0],
     }
 
 

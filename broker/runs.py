@@ -266,6 +266,14 @@ class Runs:
                          run, type(frame).__name__, exc_info=True)
         return []
 
+    def count_superseded(self, n: int) -> None:
+        """``n`` large metadata frames were replaced by a newer one of their run before they
+        were applied (:mod:`broker.coalesce`): counted, logged rate-limited, never applied."""
+        if n > 0:
+            self.rejected["metadata_superseded"] += n
+            self._rlog.warning("metadata_superseded", "%d metadata frames replaced by a newer "
+                               "one of their run before they were applied (last write wins)", n)
+
     def tick(self, now: float) -> list[tuple[str, Event]]:
         """Liveness timers of every run (stale ranks, alerts, throttled ``ranks`` events)."""
         out: list[tuple[str, Event]] = []

@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence, Union
 import zmq
 
 from broker import feed
+from broker.coalesce import COALESCE_MIN_BYTES, Coalescer
 from broker.runs import Runs
 from broker.sink import Event, RunSink
 from broker.snapshots import SnapshotCache, msgpack_ints
@@ -204,6 +205,8 @@ class BrokerServer:
         self.stacks_requests_refused = 0
         #: encoded run snapshots, reused while their run's seq has not moved
         self.snapshots = SnapshotCache(self._rlog)
+        #: the current batch's large metadata frames, newest per run (broker/coalesce.py)
+        self._aside = Coalescer()
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -434,7 +437,9 @@ class BrokerServer:
         The per-message loop is the broker's hot path: lookups are hoisted out of it, a
         message is taken with one non-blocking ``recv`` (copied: small frames are cheaper
         as bytes than as zero-copy Frames), and a frame that causes no event (nearly all)
-        costs nothing here beyond the call into :class:`Runs`.
+        costs nothing here beyond the call into :class:`Runs`. Large ``metadata`` frames
+        are taken aside and only the newest of each run is applied, after the batch's other
+        frames (:mod:`broker.coalesce`: why, and what it changes).
         """
         pull = self._pull
         assert pull is not None
@@ -446,6 +451,8 @@ class BrokerServer:
         ingest = self.runs.ingest
         ports = self._pending_ports
         budget = INGEST_BATCH_BYTES
+        aside = self._aside
+        offer = aside.offer
         for _ in range(self.batch_limit):
             if budget < 0:
                 break
@@ -453,12 +460,18 @@ class BrokerServer:
                 raw = recv(noblock)
             except again:
                 break
-            budget -= len(raw)
+            n = len(raw)
+            budget -= n
+            if n >= COALESCE_MIN_BYTES or aside:  # (small frames only while some are aside:
+                taken, freed = offer(raw)         # a later small metadata must still win)
+                if taken:
+                    budget += freed
+                    continue
             try:
                 events = ingest(raw, now)
             except Exception:  # a bug, not bad input (Runs counts those): keep serving
                 self.runs.rejected["internal"] += 1
-                self._rlog.error("ingest", "ingesting a %d-byte message failed", len(raw),
+                self._rlog.error("ingest", "ingesting a %d-byte message failed", n,
                                  exc_info=True)
                 events = []
             if events:
@@ -469,12 +482,36 @@ class BrokerServer:
             if ports:
                 out.extend(feed.encode_port(*p) for p in ports)
                 ports.clear()
+        if aside:
+            for raw in aside.take():
+                self._ingest_one(raw, now, out)
+            self.runs.count_superseded(aside.superseded)
+            aside.superseded = 0
         if self._journal is not None:
             try:
                 self._journal.flush()
             except Exception:
                 self._rlog.error("journal", "journal write failed", exc_info=True)
         self._send_all(out)
+
+    def _ingest_one(self, raw: bytes, now: float, out: list[list[bytes]]) -> None:
+        """Apply one message through :class:`Runs` and queue what it caused for the PUB."""
+        try:
+            events = self.runs.ingest(raw, now)
+        except Exception:  # a bug, not bad input (Runs counts those): keep serving
+            self.runs.rejected["internal"] += 1
+            self._rlog.error("ingest", "ingesting a %d-byte message failed", len(raw),
+                             exc_info=True)
+            events = []
+        if events:
+            for run, event in events:
+                msg = self._encode(run, event)
+                if msg is not None:
+                    out.append(msg)
+        ports = self._pending_ports
+        if ports:
+            out.extend(feed.encode_port(*p) for p in ports)
+            ports.clear()
 
     def _send_all(self, messages: list[list[bytes]]) -> None:
         """PUBlish encoded messages (two parts each; ``send`` twice beats ``send_multipart``)."""

@@ -47,11 +47,34 @@ HEARTBEAT_TIMEOUT = 3.0
 SNAPSHOT_TIMEOUT = 5.0
 #: Buffered updates beyond this are dropped; the gap that causes is healed by a snapshot.
 MAX_BUFFERED = 100_000
+#: Seconds the SSE streams of a run the broker evicted stay open waiting for it to come back
+#: (its next frame reloads it from the journal); then they end, as at once before.
+PARK_S = 30.0
+#: Evicted runs whose streams are kept open at once; the oldest beyond it end first.
+MAX_PARKED_RUNS = 1024
 
 ENDED = ("complete", "failed")
 
 #: The first chunk of every stream (shared, like every other chunk of a replay).
 _RETRY = sse.retry(RETRY_MS)
+
+
+class _Parked:
+    """The open SSE streams of a run the broker evicted from memory (PROTOCOL 6), without
+    the run's state: the web drops that (its records and steps) as the broker did, but a
+    run that is still training comes back on its next frame, and its streams resume where
+    they were (the catch-up of :meth:`Hub._replace`) instead of ending and reconnecting to
+    a 404. Why it matters: under a flood of new runs past ``--max-runs`` a live run whose
+    ranks pause longer than the flood takes to pass it is evicted every such pause."""
+
+    __slots__ = ("subscribers", "seq", "last_step", "header", "since")
+
+    def __init__(self, state: RunState, since: float) -> None:
+        self.subscribers = state.subscribers
+        self.seq = state.seq
+        self.last_step = state.steps.last_step
+        self.header = state.header
+        self.since = since
 
 
 class Hub:
@@ -104,6 +127,8 @@ class Hub:
         #: events and run snapshots, read by :meth:`stacks_view`
         self.stacks: dict[str, RunDumps] = {}
         self._snap_stacks: dict[str, RunDumps] = {}  # the dumps of the RUN replies
+        #: evicted runs' open streams, oldest first (:class:`_Parked`)
+        self._parked: dict[str, _Parked] = {}
 
     # ----------------------------------------------------------------- status
     @property
@@ -144,7 +169,11 @@ class Hub:
 
     def take_socket_reset(self) -> bool:
         """True once when the snapshot socket should be replaced (timeout or broker restart):
-        a reply to the abandoned request must never be mistaken for the next one's."""
+        a reply to the abandoned request must never be mistaken for the next one's.
+        (Called on every turn of the pump's loop, so it also ends parked streams whose run
+        did not come back within PARK_S.)"""
+        if self._parked:
+            self._expire_parked(self.clock() - PARK_S)
         if self._outstanding is not None and self.clock() - self._outstanding[1] > SNAPSHOT_TIMEOUT:
             log.warning("snapshot request unanswered for %.0f s; asking again", SNAPSHOT_TIMEOUT)
             self._abandon_outstanding()
@@ -217,7 +246,7 @@ class Hub:
         broker dropped the run from memory at ``--max-runs``, PROTOCOL 6) drops it here too,
         whatever its sequence number: a web must not keep what the broker let go."""
         if update.kind == "evicted":
-            if self.drop_run(update.run):
+            if self.drop_run(update.run, park=True):
                 log.info("run %s evicted by the broker; dropped", update.run)
             return
         state = self.runs.get(update.run)
@@ -322,13 +351,26 @@ class Hub:
         else:
             self._finish_run(target, snap_runs.get(target))
 
-    def drop_run(self, run: str) -> bool:
+    def _expire_parked(self, before: float) -> None:
+        while self._parked:
+            run, parked = next(iter(self._parked.items()))
+            if parked.since > before and len(self._parked) <= MAX_PARKED_RUNS:
+                return
+            del self._parked[run]
+            for sub in list(parked.subscribers):
+                sub.close()
+            log.info("run %s did not come back; its %d streams end", run,
+                     len(parked.subscribers))
+
+    def drop_run(self, run: str, park: bool = False) -> bool:
         """Forget ``run``: its state, its pending snapshot request and buffered updates are
         freed and each of its SSE streams ends cleanly (the close sentinel: the client's
         body returns, so the browser sees the stream end and reconnects, to a 404 while the
         run stays away). For a run the broker evicted from memory (PROTOCOL 6, ``--max-runs``
         bounds the webs too) or that a full snapshot no longer holds. A later frame of the
         run brings it back as a new run, healed by its snapshot (a gap from seq 0).
+        With ``park`` (an eviction) the streams stay open instead, for up to PARK_S, and
+        resume with what they missed if the run comes back (:class:`_Parked`).
         Returns False when this web did not hold the run."""
         state = self.runs.pop(run, None)
         self.stacks.pop(run, None)
@@ -339,9 +381,14 @@ class Hub:
             self._full_buffer = deque(u for u in self._full_buffer if u.run != run)
         if state is None:
             return False
-        for sub in list(state.subscribers):
-            sub.close()
-        state.subscribers.clear()
+        if park and state.subscribers:
+            self._parked.pop(run, None)
+            self._parked[run] = _Parked(state, self.clock())
+            self._expire_parked(self.clock() - PARK_S)
+        else:
+            for sub in list(state.subscribers):
+                sub.close()
+        state.subscribers = set()
         log.info("run %s dropped (%d records freed)", run, len(state.records))
         return True
 
@@ -396,11 +443,17 @@ class Hub:
                 dumps._requested = previous._requested
             self.stacks[run] = dumps
         if old is None:
-            return
-        new.subscribers = old.subscribers
+            parked = self._parked.pop(run, None)
+            if parked is None:
+                return
+            subscribers, last, old_last, old_header = (parked.subscribers, parked.seq,
+                                                       parked.last_step, parked.header)
+        else:
+            subscribers, last, old_last, old_header = (old.subscribers, old.seq,
+                                                       old.steps.last_step, old.header)
+        new.subscribers = subscribers
         if not new.subscribers:
             return
-        last = old.seq
         for seq, record in new.records:
             if seq > last:
                 self._broadcast(new, seq, new.record_event(seq, record))
@@ -414,11 +467,10 @@ class Hub:
         # steps_done); it shares the snapshot's id with a changed header, so both travel as
         # one queue item (a reader skips a second item with the same id).
         chunk = b""
-        old_last = old.steps.last_step
         r0 = 0 if old_last is None else new.steps.row_range(old_last + 1, None)[0]
         if r0 < new.steps.rows and new.seq > last:
             chunk = sse.json_event("steps", new.seq, {"steps": new.steps.records(r0)})
-        if new.seq > last and new.header != old.header:
+        if new.seq > last and new.header != old_header:
             chunk += sse.json_event("run", new.seq, new.public_header())
         if chunk:
             self._broadcast(new, new.seq, chunk)
@@ -442,6 +494,9 @@ class Hub:
         state = self.runs.get(sub.run)
         if state is not None:
             state.subscribers.discard(sub)
+        parked = self._parked.get(sub.run)
+        if parked is not None:
+            parked.subscribers.discard(sub)
         if sub.dropped:
             return
         sub.dropped = True
@@ -485,6 +540,9 @@ class Hub:
         state = self.runs.get(sub.run)
         if state is not None:
             state.subscribers.discard(sub)
+        parked = self._parked.get(sub.run)
+        if parked is not None:
+            parked.subscribers.discard(sub)
 
     def close_all(self) -> None:
         """End every stream (server shutdown)."""
@@ -492,6 +550,10 @@ class Hub:
             for sub in list(state.subscribers):
                 sub.close()
             state.subscribers.clear()
+        for parked in self._parked.values():
+            for sub in list(parked.subscribers):
+                sub.close()
+        self._parked.clear()
 
     # ---------------------------------------------------------------- stacks
     def _dumps(self, run: str) -> RunDumps:

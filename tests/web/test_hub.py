@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from broker import feed
 from web import sse
 from web.app import history_csv
-from web.hub import Hub, parse_position
+from web.hub import PARK_S, Hub, parse_position
 from web.metrics import make_registry
 from web.runstate import Subscriber
 from web.stream import COALESCE_BYTES, replay
@@ -113,19 +113,52 @@ def test_updates_during_the_first_snapshot_are_buffered_then_applied_above_its_s
     assert hub.connected
 
 
-def test_an_evicted_event_drops_the_run_and_ends_its_streams() -> None:
+def test_an_evicted_event_drops_the_run_and_parks_its_streams_until_it_comes_back() -> None:
     """Issue 19 finding 5: the broker's ``evicted`` event (``--max-runs``) makes every web
-    drop the run; a later frame of the run brings it back through a snapshot."""
-    hub = ready_hub(records=2)
+    drop the run (its records and steps freed); a later frame of the run brings it back
+    through a snapshot. Its open streams are parked meanwhile, not ended: a live run evicted
+    by a flood of new runs resumes on the same connection with exactly what it missed."""
+    hub = ready_hub(records=2)  # seq 2, 3
     got = hub.subscribe(RUN, 0)
     assert got is not None
     sub = got[0]
-    hub.handle_pub(ev(4, "evicted", {"run": RUN}))
+    hub.handle_pub(ev(4, "epoch", record(2)))
+    assert [i for i, _ in drain(sub)] == [4]
+    hub.handle_pub(ev(5, "evicted", {"run": RUN}))
     assert RUN not in hub.runs
-    assert sub.closed and hub.client_count == 0  # its stream ends
-    hub.handle_pub(ev(6, "run", header()))  # the run is back: a gap, healed by its snapshot
+    assert not sub.closed and drain(sub) == []  # parked: open, nothing sent
+    assert hub.client_count == 0
+    hub.handle_pub(ev(7, "run", header()))  # the run is back: a gap, healed by its snapshot
     assert RUN not in hub.runs
     assert hub.next_request() == [b"SNAP", RUN.encode()]
+    recs = [(2, record(0)), (3, record(1)), (4, record(2)), (6, record(3))]
+    hub.handle_snapshot(run_snap(7, recs, hdr=header(hardware="new")))
+    hub.handle_snapshot(feed.encode_snapshot_end("i1", 1))
+    assert hub.runs[RUN].subscribers == {sub} and hub.client_count == 1
+    events = parse([data for _, data in drain(sub)])
+    assert [(e["event"], e["id"]) for e in events] == [("epoch", "6"), ("run", "7")]
+    hub.handle_pub(ev(8, "epoch", record(4)))
+    assert [i for i, _ in drain(sub)] == [8]  # and live again
+
+
+def test_parked_streams_end_when_the_run_does_not_come_back() -> None:
+    clock = Clock()
+    hub = ready_hub(records=1, clock=clock)
+    gone = hub.subscribe(RUN, 0)[0]  # type: ignore[index]
+    stays = hub.subscribe(RUN, 0)[0]  # type: ignore[index]
+    hub.handle_pub(ev(3, "evicted", {"run": RUN}))
+    hub.unsubscribe(gone)  # a client that goes away while parked is forgotten
+    clock.now += PARK_S - 1
+    hub.take_socket_reset()
+    assert not stays.closed
+    clock.now += 2
+    hub.take_socket_reset()
+    assert stays.closed and drain(stays) == [None]  # the close sentinel: its stream ends
+    hub.handle_pub(ev(5, "run", header()))
+    hub.next_request()
+    hub.handle_snapshot(run_snap(5, [(2, record(0))]))
+    hub.handle_snapshot(feed.encode_snapshot_end("i1", 1))
+    assert hub.runs[RUN].subscribers == set()
 
 
 def test_connected_needs_fresh_heartbeats_of_the_snapshot_instance() -> None:
