@@ -62,6 +62,10 @@ def peek_metadata_run(raw: bytes) -> str | None:
 class Coalescer:
     """One batch's taken-aside ``metadata`` frames, newest per run, in arrival order.
 
+    A frame under COALESCE_MIN_BYTES is taken only to replace one of its run already aside
+    (else that older, larger blob would be applied after it and win); other small frames,
+    metadata of other runs included, are applied as they come and checked as usual.
+
     ``offer(raw)`` -> ``(taken, freed)``: ``taken`` when the frame was kept aside (the caller
     must not apply it now), ``freed`` the byte size of the frame it superseded (0 if none),
     which the caller's byte budget gets back. ``take()`` returns the kept frames (oldest
@@ -82,6 +86,8 @@ class Coalescer:
         run = peek_metadata_run(raw)
         if run is None:
             return False, 0
+        if len(raw) < COALESCE_MIN_BYTES and run not in self._kept:
+            return False, 0  # small, and nothing of its run aside: the ordinary path
         old = self._kept.pop(run, None)  # popped: the newest goes to the end (arrival order)
         self._kept[run] = raw
         if old is None:

@@ -48,9 +48,12 @@ def test_only_the_newest_large_metadata_of_each_run_is_kept_in_arrival_order() -
 
 def test_a_small_metadata_supersedes_a_large_one_kept_aside() -> None:
     """Last write wins even when the later frame is small (the server offers small frames
-    while anything is aside)."""
+    while anything is aside); a small one of another run is not taken (it is parsed, and
+    counted malformed when it is)."""
     c = Coalescer()
     c.offer(big_metadata("a", 0))
+    other = enc(protocol.Metadata(run="b", rank=0, json='{"x\\udcff": 1}'))
+    assert c.offer(other) == (False, 0)
     small = enc(protocol.Metadata(run="a", rank=0, json='{"lr": 1}'))
     assert c.offer(small) == (True, len(big_metadata("a", 0)))
     assert c.take() == [small]
