@@ -511,6 +511,9 @@ def _soak(up: common.Proc, eps: dict[str, str], seconds: float, scale: float,
     for reader in readers:
         reader.close()
     lat = [(arrivals[e] - t) * 1000 for e, t in sent["epochs"] if e in arrivals]
+    t0 = sent["epochs"][0][1] if sent["epochs"] else 0.0
+    worst = sorted(((round((arrivals[e] - t) * 1000, 1), e, round(t - t0, 1))
+                    for e, t in sent["epochs"] if e in arrivals), reverse=True)[:5]
     lost = (len(want_epochs - set(arrivals))) + max(0, sent["steps"] - steps_served)
     status, metrics_text = common.http_get(port, "/metrics")
     limits = [line for line in metrics_text.decode().splitlines()
@@ -525,6 +528,7 @@ def _soak(up: common.Proc, eps: dict[str, str], seconds: float, scale: float,
         "healthz": common.http_get(port, "/healthz")[0], "attacks": counts,
         "limits": limits, "old_records": old_records, "up_alive": up.proc.poll() is None,
         "sse_reconnects": reconnects[0],
+        "worst": [{"ms": ms, "epoch": e, "at_s": at} for ms, e, at in worst],
     }
 
 

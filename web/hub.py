@@ -266,7 +266,8 @@ class Hub:
         data = update.data
         if update.kind == "epoch":
             state.records.append((update.seq, data))
-            self._broadcast(state, update.seq, state.record_event(update.seq, data))
+            if state.subscribers:  # else encoded when a replay first needs it
+                self._broadcast(state, update.seq, state.record_event(update.seq, data))
             return
         if update.kind == "run":
             state.set_header(data)
@@ -293,7 +294,9 @@ class Hub:
         else:
             log.debug("unknown event kind %r in run %s ignored", update.kind, update.run)
             return
-        self._broadcast(state, update.seq, sse.json_event(update.kind, update.seq, payload))
+        if state.subscribers:  # nobody to send it to: nothing encoded (a 1 MiB metadata
+            # header, a 65,536-rank ranks array: milliseconds each, on the web's one thread)
+            self._broadcast(state, update.seq, sse.json_event(update.kind, update.seq, payload))
 
     @staticmethod
     def _append_steps(state: RunState, data: Any) -> bool:

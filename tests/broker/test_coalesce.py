@@ -131,7 +131,7 @@ def test_without_a_burst_nothing_is_superseded(ctx: zmq.Context) -> None:
         runs = server.runs
         for i in range(3):
             push.send(big_metadata("md", i))
-            wait_for(lambda: runs.accepted == i + 1, 10, f"metadata {i} applied")
+            wait_for(lambda n=i + 1: runs.accepted == n, 10, f"metadata {i} applied")
         bad = msgspec.msgpack.encode({"type": "metadata", "run": "md", "rank": 0,
                                       "json": "{" + " " * COALESCE_MIN_BYTES})
         push.send(bad)

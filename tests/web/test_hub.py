@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import gevent.queue
+import pytest
 from prometheus_client import generate_latest
 
 from broker import feed
@@ -396,3 +397,28 @@ def test_history_csv_columns_and_empty_cells() -> None:
         "1,,,3,,,,,,,\r\n"
     )
     assert history_csv([]).startswith("epoch,duration_secs,cpu_percent,")
+
+
+def test_events_of_a_run_without_subscribers_are_not_encoded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19 soak: the web JSON-encoded every event for SSE even with nobody to send it
+    to (a flood of 1 MiB metadata headers: milliseconds each on the web's one thread). Now
+    nothing is encoded until a client subscribes; a replay then encodes what it needs."""
+    hub = ready_hub(records=1)
+    calls: list[str] = []
+    real = sse.json_event
+
+    def counting(kind: str, seq: int, data: Any) -> bytes:
+        calls.append(kind)
+        return real(kind, seq, data)
+    monkeypatch.setattr(sse, "json_event", counting)
+    hub.handle_pub(ev(3, "run", header(metadata={"v": list(range(1000))})))
+    hub.handle_pub(ev(4, "ranks", [{"rank": 0, "status": "ok"}]))
+    hub.handle_pub(ev(5, "epoch", record(1)))
+    hub.handle_pub(ev(6, "complete", {"status": "complete"}))
+    assert calls == []
+    got = hub.subscribe(RUN, 0)
+    assert got is not None
+    assert [e["event"] for e in parse(got[1][1:])] == ["run", "epoch", "epoch", "complete"]
+    hub.handle_pub(ev(7, "run", header(status="training")))
+    assert [e["id"] for e in parse([d for _, d in drain(got[0])])] == ["7"]
