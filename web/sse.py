@@ -75,7 +75,14 @@ def comment(text: str) -> bytes:
 def json_event(kind: str, seq: int, payload: Any) -> bytes:
     """An event whose data is ``payload`` as compact JSON (non-finite floats become null).
 
-    Compact JSON never contains a raw newline (they are escaped inside strings), so the data
-    is always a single ``data:`` line.
+    Compact JSON never contains a raw CR or LF (msgspec escapes them inside strings), so the
+    data is always a single ``data:`` line: the bytes are assembled around the encoder's
+    output as they are, exactly what :func:`event` writes for it, without decoding,
+    splitting and re-encoding a payload that may be megabytes (a 65,536-rank ``ranks``
+    event). ``kind`` is one of the hub's own event names; it is still made single-line.
     """
-    return event(_json.encode(payload).decode("utf-8"), event=kind, id=seq)
+    body = _json.encode(payload)
+    if b"\r" in body or b"\n" in body:  # cannot happen with msgspec; kept exact if it did
+        return event(body.decode("utf-8"), event=kind, id=seq)
+    return b"".join((b"id: %d\nevent: " % int(seq), _single_line(kind).encode("utf-8"),
+                     b"\ndata: ", body, b"\n\n"))

@@ -1,6 +1,7 @@
 """web/sse.py: the SSE wire format, byte for byte."""
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from web import sse
@@ -68,3 +69,15 @@ def test_json_event_is_compact_single_line_with_null_for_non_finite() -> None:
     got = sse.json_event("epoch", 12, payload)
     assert got == (b'id: 12\nevent: epoch\n'
                    b'data: {"loss":null,"up":null,"down":null,"text":"two\\nlines","n":3}\n\n')
+
+
+@pytest.mark.parametrize("payload", [
+    {"text": "cr\rlf\ncrlf\r\n", "sep": "\u2028\u2029", "uni": "żółw ✓ \U0001F600"},
+    [{"rank": i, "host": "h" * 50, "loss": i / 7} for i in range(2000)],
+    "plain", None, 3.5, [],
+])
+def test_json_event_bytes_equal_the_general_formatter(payload: object) -> None:
+    """json_event assembles bytes around the encoder's output (no decode, split, re-encode
+    of megabyte payloads); it must write exactly what ``event`` writes for the same JSON."""
+    text = msgspec.json.encode(payload).decode()
+    assert sse.json_event("ranks", 7, payload) == sse.event(text, event="ranks", id=7)
