@@ -472,6 +472,31 @@ def _soak(up: common.Proc, eps: dict[str, str], seconds: float, scale: float,
             reader.close()
             reconnects[0] += 1
     threading.Thread(target=read, daemon=True).start()
+    # The same epochs as the broker publishes them (a SUB of the honest run's topic on the
+    # feed): the broker's share of each latency, the rest being the web's.
+    published: dict[int, float] = {}
+    feed_ctx = zmq.Context()
+    feed_sub = feed_ctx.socket(zmq.SUB)
+    feed_sub.linger = 0
+    feed_sub.rcvtimeo = 200
+    feed_sub.setsockopt(zmq.SUBSCRIBE, b"r:" + HONEST.encode())
+    feed_sub.connect(eps["publish"])
+
+    def watch_feed() -> None:
+        from broker import feed
+        while reading.is_set():
+            try:
+                parts = feed_sub.recv_multipart()
+            except zmq.Again:
+                continue
+            except zmq.ZMQError:
+                return
+            t = time.monotonic()
+            update = feed.decode_update(parts)
+            if isinstance(update, feed.EventUpdate) and update.kind == "epoch":
+                published.setdefault(int(update.data["epoch"]), t)
+    feed_thread = threading.Thread(target=watch_feed, daemon=True)
+    feed_thread.start()
     peak = [_tree_rss(tree)]
     idle_rss = peak[0]
     stop = threading.Event()
@@ -510,6 +535,10 @@ def _soak(up: common.Proc, eps: dict[str, str], seconds: float, scale: float,
     reading.clear()
     for reader in readers:
         reader.close()
+    feed_thread.join(5)
+    feed_sub.close()
+    feed_ctx.term()
+    broker_lat = [(published[e] - t) * 1000 for e, t in sent["epochs"] if e in published]
     lat = [(arrivals[e] - t) * 1000 for e, t in sent["epochs"] if e in arrivals]
     t0 = sent["epochs"][0][1] if sent["epochs"] else 0.0
     worst = sorted(((round((arrivals[e] - t) * 1000, 1), e, round(t - t0, 1))
@@ -528,7 +557,11 @@ def _soak(up: common.Proc, eps: dict[str, str], seconds: float, scale: float,
         "healthz": common.http_get(port, "/healthz")[0], "attacks": counts,
         "limits": limits, "old_records": old_records, "up_alive": up.proc.poll() is None,
         "sse_reconnects": reconnects[0],
-        "worst": [{"ms": ms, "epoch": e, "at_s": at} for ms, e, at in worst],
+        "worst": [{"ms": ms, "epoch": e, "at_s": at,
+                   "broker_ms": round((published[e] - sent["epochs"][e][1]) * 1000, 1)
+                   if e in published else None} for ms, e, at in worst],
+        "broker_p99_ms": round(common.percentile(broker_lat, 99), 1) if broker_lat else None,
+        "broker_p50_ms": round(common.percentile(broker_lat, 50), 1) if broker_lat else None,
     }
 
 
