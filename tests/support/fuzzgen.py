@@ -45,6 +45,7 @@ import msgspec
 import zmq
 
 from broker import feed
+from broker.coalesce import COALESCE_MIN_BYTES, peek_metadata_run
 from broker.stepstore import SAMPLES_PER_S, STEP_MS, StepStore
 from rank_agent import protocol
 
@@ -798,14 +799,23 @@ class Report:
 
 
 def bounds(msgs: list[Msg]) -> dict[str, tuple[int, int]]:
-    """outcome -> (frames that must have it, frames that may have it)."""
+    """outcome -> (frames that must have it, frames that may have it).
+
+    A ``metadata`` frame of a run that also has one of COALESCE_MIN_BYTES or more in the
+    stream may be replaced unread by a later one of its run in the same ingest batch
+    (``metadata_superseded``, broker/coalesce.py): that is one more outcome it may have."""
+    big = {peek_metadata_run(m.data) for m in msgs if len(m.data) >= COALESCE_MIN_BYTES}
+    big.discard(None)
     must: Counter[str] = Counter()
     may: Counter[str] = Counter()
     for m in msgs:
-        for outcome in m.expect:
+        expect = m.expect
+        if big and peek_metadata_run(m.data) in big:
+            expect = expect | {"metadata_superseded"}
+        for outcome in expect:
             may[outcome] += 1
-        if len(m.expect) == 1:
-            must[next(iter(m.expect))] += 1
+        if len(expect) == 1:
+            must[next(iter(expect))] += 1
     return {k: (must[k], may[k]) for k in may}
 
 
