@@ -23,11 +23,14 @@ the run keeps the blob it had before the batch (the superseded ones were never c
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Tuple, Union
 
 import msgspec
 
-__all__ = ["COALESCE_MIN_BYTES", "Coalescer", "peek_metadata_run"]
+__all__ = ["COALESCE_MIN_BYTES", "Coalescer", "peek_metadata", "peek_metadata_run"]
+
+#: What a received message may be: bytes, or a zero-copy buffer of one (server.py).
+Buffer = Union[bytes, memoryview]
 
 #: Messages this large or larger are looked at for coalescing; smaller ones are applied as
 #: they arrive (a peek costs ~1 us, their apply not much more). 64 KiB: an honest run's
@@ -42,21 +45,29 @@ class _Peek(msgspec.Struct, gc=False):
 
     type: str = ""
     run: str = ""
+    rank: int = -1
 
 
 _peek = msgspec.msgpack.Decoder(_Peek).decode
 
 
-def peek_metadata_run(raw: bytes) -> str | None:
-    """The run of ``raw`` when it is a ``metadata`` frame, else None (not metadata, or not
-    even a map with string ``type`` and ``run``: the ordinary path rejects and counts it)."""
+def peek_metadata(raw: Buffer) -> Tuple[str, int] | None:
+    """``(run, rank)`` of ``raw`` when it is a ``metadata`` frame, else None (not metadata,
+    or not even a map with string ``type`` and ``run``: the ordinary path rejects and
+    counts it). The journal's replay uses it too (:mod:`broker.journal_rebuild`)."""
     try:
         head = _peek(raw)
     except (msgspec.DecodeError, RecursionError):
         return None
     if head.type != "metadata" or not head.run:
         return None
-    return head.run
+    return head.run, head.rank
+
+
+def peek_metadata_run(raw: Buffer) -> str | None:
+    """The run of ``raw`` when it is a ``metadata`` frame, else None."""
+    got = peek_metadata(raw)
+    return None if got is None else got[0]
 
 
 class Coalescer:
@@ -76,13 +87,13 @@ class Coalescer:
     __slots__ = ("_kept", "superseded")
 
     def __init__(self) -> None:
-        self._kept: Dict[str, bytes] = {}
+        self._kept: Dict[str, Buffer] = {}
         self.superseded = 0
 
     def __len__(self) -> int:
         return len(self._kept)
 
-    def offer(self, raw: bytes) -> Tuple[bool, int]:
+    def offer(self, raw: Buffer) -> Tuple[bool, int]:
         run = peek_metadata_run(raw)
         if run is None:
             return False, 0
@@ -95,7 +106,7 @@ class Coalescer:
         self.superseded += 1
         return True, len(old)
 
-    def take(self) -> List[bytes]:
+    def take(self) -> List[Buffer]:
         kept = list(self._kept.values())
         self._kept.clear()
         return kept

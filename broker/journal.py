@@ -275,7 +275,7 @@ class Journal:
 
     # -- the hot path ------------------------------------------------------------------
 
-    def record(self, run: str, raw: bytes, frame: Frame, now: float) -> None:
+    def record(self, run: str, raw: bytes | memoryview, frame: Frame, now: float) -> None:
         """Journal one accepted frame (the sink already applied it). Buffers only.
 
         What is journaled is the frame's known fields (the decoded Struct, encoded again),
@@ -292,7 +292,7 @@ class Journal:
         self._record(st, frame, now)
         self._grew(len(st.buf) - n)
 
-    def accept(self, sink: RunSink, raw: bytes, frame: Frame, now: float) -> None:
+    def accept(self, sink: RunSink, raw: bytes | memoryview, frame: Frame, now: float) -> None:
         """:meth:`record` then :meth:`note_seq`, for the frame the sink just applied: the
         broker's per-frame call. In the common case (a ``resources`` frame to hold, or a
         frame that issued no id) it is a few attribute checks and one dict store."""

@@ -15,6 +15,7 @@ from typing import Iterable
 
 import msgspec
 
+from broker.coalesce import peek_metadata
 from broker.journal_codec import (
     KIND_COMPLETE_SEQ,
     KIND_FRAME,
@@ -46,6 +47,41 @@ class Replayed:
     stacks_bytes: int = 0  # bytes of the ``stacks`` frames in the file (the journal's budget)
 
 
+#: Journaled ``metadata`` frames at least this large are looked at before the replay.
+_LARGE_METADATA = 4096
+
+
+def _superseded_metadata(entries: list[tuple[int, memoryview]]) -> dict[int, protocol.Metadata]:
+    """Stand-ins for the large metadata frames that a later one replaced: entry index ->
+    the same rank's frame carrying the *last* large blob's JSON.
+
+    Why: every journaled metadata frame was valid, and the last write wins, so parsing each
+    replaced blob again rebuilt nothing that lasts, yet a run that received a flood of
+    1 MiB blobs took milliseconds a blob to reload (a run evicted at ``--max-runs`` reloads
+    on its next frame, on the broker's only thread: seconds of stalled ingest for every
+    run). A stand-in keeps the frame's other effects (its rank seen, the run's first frame
+    time) and parses nothing: the sink skips a blob equal to the one it holds, so the last
+    blob is parsed once, where it first stands in (small metadata frames between them are
+    replayed as they are, so the order of blobs the sink sees ends the same)."""
+    large: list[tuple[int, str, int]] = []
+    for i, (kind, payload) in enumerate(entries):
+        if kind == KIND_FRAME and len(payload) >= 8 + _LARGE_METADATA:
+            head = peek_metadata(payload[8:])
+            if head is not None:
+                large.append((i, head[0], head[1]))
+    if len(large) < 2:
+        return {}
+    last = large[-1][0]
+    try:
+        final = protocol.decode(bytes(entries[last][1][8:]))
+    except Exception:  # the replay loop reports a frame it cannot decode
+        return {}
+    if not isinstance(final, protocol.Metadata):
+        return {}
+    return {i: protocol.Metadata(run=run, rank=rank, json=final.json)
+            for i, run, rank in large[:-1] if rank >= 0}
+
+
 def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
            stale_after: float, step_close_after: float, now: float | None) -> Replayed:
     """Feed ``entries`` to a fresh sink and number it: ``sink.seq`` ends above every id
@@ -60,12 +96,15 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
     frames = applied = failures = 0
     unchanged = Unchanged()
     stacks_bytes = 0
-    for kind, payload in entries:
+    entries = list(entries)
+    superseded = _superseded_metadata(entries)
+    for i, (kind, payload) in enumerate(entries):
         if kind == KIND_FRAME:
             (t,) = struct.unpack_from("<d", payload)
             frames += 1
             try:
-                frame = protocol.decode(bytes(payload[8:]))
+                stand_in = superseded.get(i) if superseded else None
+                frame = stand_in if stand_in is not None else protocol.decode(bytes(payload[8:]))
                 if type(frame) is protocol.Stacks:
                     stacks_bytes += len(payload) - 8
                 sink.apply(frame, t)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Union
 
 import msgspec
 
@@ -21,18 +21,21 @@ from rank_agent import protocol
 from rank_agent.protocol import Frame, Register
 from rank_agent.ratelimit import RateLimitedLog
 
-__all__ = ["Runs", "OnAccept", "Recorder"]
+__all__ = ["Runs", "OnAccept", "Raw", "Recorder"]
 
 log = logging.getLogger(__name__)
 
+#: A received message: bytes, or a zero-copy buffer of a large one (broker/server.py).
+Raw = Union[bytes, memoryview]
+
 #: Called with (run, raw, frame, now) for every accepted frame, after the sink applied it
 #: (the server journals it and notes registered ports).
-OnAccept = Callable[[str, bytes, Frame, float], None]
+OnAccept = Callable[[str, "Raw", Frame, float], None]
 
 #: Called with (sink, raw, frame, now) for every accepted frame, after the sink applied it
 #: and before ``on_accept``: the journal's ``accept`` (it needs the sink, which this hands
 #: over without a second lookup).
-Recorder = Callable[[RunSink, bytes, Frame, float], None]
+Recorder = Callable[[RunSink, "Raw", Frame, float], None]
 
 #: How many evicted runs' last sequence numbers are remembered (see ``_evicted``).
 _EVICTED_MEMORY = 100_000
@@ -156,7 +159,7 @@ class Runs:
 
     # -- the handler -------------------------------------------------------------------
 
-    def ingest(self, raw: bytes, now: float) -> list[tuple[str, Event]]:
+    def ingest(self, raw: Raw, now: float) -> list[tuple[str, Event]]:
         """Apply one received message; returns the events it caused, tagged with the run.
 
         Never raises for bad input: a rejected frame is counted by reason, logged
@@ -176,7 +179,7 @@ class Runs:
             return self._reject(exc.reason, "%s", exc)
         return self.apply(frame, now, raw)
 
-    def apply(self, frame: Frame, now: float, raw: bytes = b"") -> list[tuple[str, Event]]:
+    def apply(self, frame: Frame, now: float, raw: Raw = b"") -> list[tuple[str, Event]]:
         """Apply an already decoded frame (``raw`` is handed to ``on_accept``)."""
         run = frame.run
         sink = self._sinks.get(run)
@@ -208,7 +211,7 @@ class Runs:
             return [(run, ev) for ev in events]
         return []
 
-    def _apply_new(self, frame: Frame, now: float, raw: bytes) -> list[tuple[str, Event]]:
+    def _apply_new(self, frame: Frame, now: float, raw: Raw) -> list[tuple[str, Event]]:
         """A frame naming a run not in memory: bring it back or make it, within the cap."""
         run = frame.run
         # The least recently active run, whatever its status (scans nothing: the order is
@@ -230,7 +233,7 @@ class Runs:
         self._mru = run
         return gone + self._accepted(sink, raw, frame, now, events)
 
-    def _accepted(self, sink: RunSink, raw: bytes, frame: Frame, now: float,
+    def _accepted(self, sink: RunSink, raw: Raw, frame: Frame, now: float,
                   events: list[Event]) -> list[tuple[str, Event]]:
         run = sink.run
         self.accepted += 1
@@ -245,7 +248,7 @@ class Runs:
             return [(run, ev) for ev in events]
         return []
 
-    def _hooks(self, run: str, raw: bytes, frame: Frame, now: float) -> None:
+    def _hooks(self, run: str, raw: Raw, frame: Frame, now: float) -> None:
         if self.on_register is not None and type(frame) is Register:
             try:
                 self.on_register(frame)  # type: ignore[arg-type]

@@ -80,6 +80,14 @@ INGEST_RCVHWM = 32
 #: not by ``batch_limit`` messages of up to 4 MiB each.
 INGEST_BATCH_BYTES = 16 * 1024 * 1024
 
+#: A message this large is expensive to copy out of ZeroMQ (a 4 MiB copy measured 0.65 ms
+#: here, against 1.8 us zero-copy), a small one cheaper copied (0.5 us) than wrapped in a
+#: Frame (1.5 us). So after a message of ZERO_COPY_BYTES or more the loop receives the next
+#: ZERO_COPY_RUN zero-copy (a flood of large frames alternates with the other senders' in
+#: the socket's fair queue), then copies again; the buffers live no longer than the batch.
+ZERO_COPY_BYTES = 64 * 1024
+ZERO_COPY_RUN = 256
+
 #: Snapshot work (seconds) the loop does before it turns back to the ingest: requests left
 #: over wait in the ROUTER for the next turn, so a storm of snapshot requests delays a new
 #: run's first frame by about this much plus one encoding, not by the whole storm (issue 19
@@ -207,6 +215,8 @@ class BrokerServer:
         self.snapshots = SnapshotCache(self._rlog)
         #: the current batch's large metadata frames, newest per run (broker/coalesce.py)
         self._aside = Coalescer()
+        #: messages still to receive zero-copy (ZERO_COPY_RUN after each large one)
+        self._zero_copy = 0
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -453,15 +463,23 @@ class BrokerServer:
         budget = INGEST_BATCH_BYTES
         aside = self._aside
         offer = aside.offer
+        zero_copy = self._zero_copy
+        raw: bytes | memoryview
         for _ in range(self.batch_limit):
             if budget < 0:
                 break
             try:
-                raw = recv(noblock)
+                if zero_copy:
+                    zero_copy -= 1
+                    raw = recv(noblock, copy=False).buffer
+                else:
+                    raw = recv(noblock)
             except again:
                 break
             n = len(raw)
             budget -= n
+            if n >= ZERO_COPY_BYTES:
+                zero_copy = ZERO_COPY_RUN
             if n >= COALESCE_MIN_BYTES or aside:  # (small frames only while some are aside:
                 taken, freed = offer(raw)         # a later small metadata must still win)
                 if taken:
@@ -482,6 +500,7 @@ class BrokerServer:
             if ports:
                 out.extend(feed.encode_port(*p) for p in ports)
                 ports.clear()
+        self._zero_copy = zero_copy
         if aside:
             for raw in aside.take():
                 self._ingest_one(raw, now, out)
@@ -494,7 +513,7 @@ class BrokerServer:
                 self._rlog.error("journal", "journal write failed", exc_info=True)
         self._send_all(out)
 
-    def _ingest_one(self, raw: bytes, now: float, out: list[list[bytes]]) -> None:
+    def _ingest_one(self, raw: bytes | memoryview, now: float, out: list[list[bytes]]) -> None:
         """Apply one message through :class:`Runs` and queue what it caused for the PUB."""
         try:
             events = self.runs.ingest(raw, now)

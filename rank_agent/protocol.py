@@ -330,7 +330,7 @@ def check_limits(frame: Frame) -> None:
         check(frame)
 
 
-def decode(data: bytes) -> Frame:
+def decode(data: bytes | memoryview) -> Frame:
     """Decode and fully validate one frame.
 
     Raises ``msgspec.DecodeError`` (not MessagePack), ``msgspec.ValidationError``

@@ -802,3 +802,40 @@ def test_sigkill_loses_nothing_that_was_reported(tmp_path: Path) -> None:
         assert sink.seq > max(rep["issued"] for rep in reported)
     finally:
         j.close()
+
+
+def test_a_flood_of_replaced_metadata_is_parsed_once_on_reload(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19 soak: a run evicted at --max-runs reloads on its next frame, on the broker's
+    only thread; one that had received 40 large metadata blobs parsed all 40 again (a flood
+    of 1 MiB blobs: seconds). Every journaled blob was valid and the last write wins, so the
+    replaced ones are replayed as stand-ins carrying the last blob: parsed once, the same
+    state (header, ranks seen, the first frame's time) as a full replay."""
+    import broker.sink as sink_module
+    srv = Server(tmp_path / "d")
+    srv.send(protocol.Metadata(run="md", rank=1, json=json.dumps({"i": -1})))  # small, first
+    for i in range(40):
+        blob = json.dumps({"i": i, "v": list(range(2000))})
+        srv.send(protocol.Metadata(run="md", rank=i % 3, json=blob))
+        if i == 20:
+            srv.send(Register(run="md", rank=0, world_size=4, host="h0"))
+            srv.send(protocol.Metadata(run="md", rank=2, json='{"small": true}'))
+    before = srv.sinks["md"].snapshot()
+    srv.close()
+    parsed: list[int] = []
+    real = sink_module.parse_metadata
+
+    def counting(text: str) -> Any:
+        parsed.append(len(text))
+        return real(text)
+    monkeypatch.setattr(sink_module, "parse_metadata", counting)
+    j, sinks = reload(tmp_path / "d")
+    try:
+        snap = sinks["md"].snapshot()
+        assert snap["header"]["metadata"]["i"] == 39
+        assert same(snap["header"], before["header"]) and same(snap["ranks"], before["ranks"])
+        # the first small blob, the last large one where it first stands in, the small one
+        # sent between, and the last large one again after it (it differs from the small)
+        assert len(parsed) == 4
+    finally:
+        j.close()
