@@ -475,6 +475,7 @@ def _soak(up: common.Proc, eps: dict[str, str], seconds: float, scale: float,
     # The same epochs as the broker publishes them (a SUB of the honest run's topic on the
     # feed): the broker's share of each latency, the rest being the web's.
     published: dict[int, float] = {}
+    evictions = [0]
     feed_ctx = zmq.Context()
     feed_sub = feed_ctx.socket(zmq.SUB)
     feed_sub.linger = 0
@@ -495,6 +496,8 @@ def _soak(up: common.Proc, eps: dict[str, str], seconds: float, scale: float,
             update = feed.decode_update(parts)
             if isinstance(update, feed.EventUpdate) and update.kind == "epoch":
                 published.setdefault(int(update.data["epoch"]), t)
+            elif isinstance(update, feed.EventUpdate) and update.kind == "evicted":
+                evictions[0] += 1
     feed_thread = threading.Thread(target=watch_feed, daemon=True)
     feed_thread.start()
     peak = [_tree_rss(tree)]
@@ -556,7 +559,7 @@ def _soak(up: common.Proc, eps: dict[str, str], seconds: float, scale: float,
         "steps": sent["steps"], "steps_served": steps_served,
         "healthz": common.http_get(port, "/healthz")[0], "attacks": counts,
         "limits": limits, "old_records": old_records, "up_alive": up.proc.poll() is None,
-        "sse_reconnects": reconnects[0],
+        "sse_reconnects": reconnects[0], "honest_evictions": evictions[0],
         "worst": [{"ms": ms, "epoch": e, "at_s": at,
                    "broker_ms": round((published[e] - sent["epochs"][e][1]) * 1000, 1)
                    if e in published else None} for ms, e, at in worst],

@@ -94,6 +94,9 @@ class Runs:
         self.on_evict = on_evict
         self.on_alert = on_alert
         self.on_run_end = on_run_end
+        #: called with a sink that published events on its way out of memory (eviction),
+        #: before ``on_evict``: the server's journal notes them (``Journal.note_seq``)
+        self.on_settle: Callable[[RunSink], None] | None = None
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
         #: runs evicted from memory to make room for a new one (see the class docstring)
@@ -228,7 +231,7 @@ class Runs:
             return self._internal(run, frame)
         gone: list[tuple[str, Event]] = []
         if victim is not None:
-            gone.append((victim, self._evict(victim)))
+            gone.extend((victim, ev) for ev in self._evict(victim, now))
         self._sinks[run] = sink
         self._mru = run
         return gone + self._accepted(sink, raw, frame, now, events)
@@ -371,9 +374,23 @@ class Runs:
         except Exception:
             self._rlog.error(("evict", run), "on_evict of run %r failed", run, exc_info=True)
 
-    def _evict(self, run: str) -> Event:
-        """Drop ``run`` from memory; returns its ``evicted`` event (the run's next seq)."""
+    def _evict(self, run: str, now: float) -> list[Event]:
+        """Drop ``run`` from memory; returns what it published on leaving
+        (:meth:`RunSink.settle`: its steps in flight), noted by ``on_settle``, then its
+        ``evicted`` event (the run's next seq)."""
         sink = self._sinks.pop(run)
+        try:
+            events = sink.settle(now)
+        except Exception:
+            self._rlog.error(("settle", run), "settling run %r before eviction failed", run,
+                             exc_info=True)
+            events = []
+        if events and self.on_settle is not None:
+            try:
+                self.on_settle(sink)
+            except Exception:
+                self._rlog.error(("settle", run), "on_settle of run %r failed", run,
+                                 exc_info=True)
         sink.seq += 1
         event = Event(sink.seq, "evicted", {"run": run})
         self.evictions += 1
@@ -387,7 +404,8 @@ class Runs:
         self._notify_evict(run)
         log.info("run %r (%s) evicted from memory: %d runs held, the cap", run, sink.status,
                  len(self._sinks))
-        return event
+        events.append(event)
+        return events
 
     def _reject(self, reason: str, detail: str, *args: Any) -> list[tuple[str, Event]]:
         self.rejected[reason] += 1

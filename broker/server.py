@@ -347,6 +347,7 @@ class BrokerServer:
         # record + note_seq per frame, not per batch: the journal reserves ids in blocks and
         # a batch may issue more events for one run than half a block.
         self.runs.recorder = journal.accept
+        self.runs.on_settle = journal.note_seq  # an evicted run's last steps, before forget
         self.runs.loader = lambda run: journal.load_run(
             run, stale_after=self.stale_after, step_close_after=self.step_close_after)
         forget_webhooks = self.webhooks.forget_run

@@ -463,6 +463,21 @@ class RunSink:
         if self._steps.add(frame, now, not st.finished, self.world_size):
             self._publish_steps(now)
 
+    def settle(self, now: float) -> List[Event]:
+        """The run leaves memory (``--max-runs`` eviction): every pending step closes with
+        the points it has, and every closed step still waiting for its ``steps`` event
+        (at most one per STEPS_INTERVAL) is published now; returns the events.
+
+        Why: the journal keeps closed steps as they are published (STEPS blocks), not the
+        points of steps in flight, so a run evicted between a step's close and its event,
+        or with points of a step not every rank had reported, lost those steps for good: in
+        the hostile soak, a 64-rank run evicted at each pause by a flood of junk runs lost
+        a step or two each time. A later point of a step closed here is late (dropped and
+        counted), as after ``--step-close-after``."""
+        if self._steps.close_all():
+            self._publish_steps(now)
+        return self._take_events()
+
     def _close_steps(self, now: float) -> None:
         """Queue what the closer lets close now (watermark, grace, force close)."""
         self._steps.close(now, self.world_size)

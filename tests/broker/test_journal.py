@@ -37,6 +37,7 @@ from rank_agent.protocol import (
     Register,
     Resources,
     ResourceSample,
+    Steps,
     Svg,
 )
 
@@ -839,3 +840,51 @@ def test_a_flood_of_replaced_metadata_is_parsed_once_on_reload(
         assert len(parsed) == 4
     finally:
         j.close()
+
+
+def test_an_evicted_run_keeps_every_step_it_had_accepted(tmp_path: Path) -> None:
+    """Issue 19 soak: a live run evicted at ``--max-runs`` (a flood of junk runs passing it
+    during a pause) lost the steps closed but not yet published (one ``steps`` event per
+    0.25 s) and the points of steps in flight: the journal keeps closed steps as published
+    STEPS blocks only. Eviction now settles the run first (every pending step closes with
+    the points it has, every closed step is published and journaled), through the server's
+    own wiring of Runs and Journal."""
+    from broker.server import BrokerServer
+    any_port = "tcp://127.0.0.1:*"
+    srv = BrokerServer(any_port, any_port, any_port, data_dir=tmp_path / "d", max_runs=2)
+    srv.bind()
+    try:
+        runs, journal = srv.runs, srv._journal
+        assert journal is not None
+        now = T0
+
+        def send(frame: Frame) -> None:
+            runs.ingest(protocol.encoder.encode(frame), now)
+            journal.flush()
+        for r in range(2):
+            send(Register(run="h", rank=r, world_size=2, host="x"))
+        sent = 0
+        for round_ in range(4):
+            for _ in range(3):  # both ranks: closed by the watermark, published within 0.25 s
+                for r in range(2):
+                    send(Steps(run="h", rank=r, steps=[sent], times=[now], step_ms=[1.0],
+                               metrics={"loss": [float(sent)]}))
+                sent += 1
+                now += 0.01
+            send(Steps(run="h", rank=0, steps=[sent], times=[now], step_ms=[1.0],
+                       metrics={"loss": [float(sent)]}))  # rank 1 never reports this one
+            sent += 1
+            now += 0.01
+            send(Register(run=f"junk{round_}a", rank=0, world_size=1, host="j"))
+            send(Register(run=f"junk{round_}b", rank=0, world_size=1, host="j"))  # h evicted
+            assert "h" not in runs
+        send(Finish(run="h", rank=0))  # back from the journal
+        sink = runs.get("h")
+        assert sink is not None
+        steps = [int(s) for s in sink.steps.column("step")]
+        assert steps == list(range(sent))
+        n = [int(x) for x in sink.steps.column("n")]
+        assert n == [2, 2, 2, 1] * 4  # the step rank 1 never sent closed with rank 0's point
+        assert runs.evictions >= 4
+    finally:
+        srv.close()
