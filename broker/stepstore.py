@@ -29,7 +29,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["StepStore", "Series", "STEP_MS", "SAMPLES_PER_S", "TOKENS_PER_S", "csv_header"]
+__all__ = ["StepStore", "Series", "STEP_MS", "SAMPLES_PER_S", "TOKENS_PER_S", "csv_header",
+           "wire_records"]
 
 #: ``/steps`` names of the series that are not user metrics (they shadow a metric of the
 #: same name there; ``/steps.csv`` has every metric under its own name).
@@ -259,23 +260,42 @@ class StepStore:
 
     # ----------------------------------------------------------------- wire form
 
-    def to_wire(self, start: int = 0, end: Optional[int] = None) -> Dict[str, Any]:
+    def to_wire(self, start: int = 0, end: Optional[int] = None,
+                names: Optional[Iterable[str]] = None) -> Dict[str, Any]:
         """Rows ``start:end`` as ``{"base", "rows", <column>: bytes, "step_ms": [4 x bytes],
-        "metrics": {name: [4 x bytes]}}``; row indices stay absolute."""
+        "metrics": {name: [4 x bytes]}}``; row indices stay absolute. ``names``: the only
+        metrics that can have a point there (the broker's ``steps`` event knows them from
+        the batch), so a block of a few rows does not visit a run's 1,024 series; None:
+        every series is looked at."""
         end = self.rows if end is None else min(end, self.rows)
         out: Dict[str, Any] = {"base": start, "rows": end - start}
         for name, _ in _ROW_FIELDS:
             out[name] = self._cols[name][start:end].tobytes()
         out["step_ms"] = _series_wire(self.step_ms, start, end)
-        out["metrics"] = {name: _series_wire(s, start, end) for name, s in self.metrics.items()
-                          if s.n and s.row[s.n - 1] >= start}
+        metrics = self.metrics
+        if names is None:
+            names = list(metrics)
+        wire: Dict[str, List[bytes]] = {}
+        for name in names:
+            s = metrics.get(name)
+            if s is not None and s.n and s.row[s.n - 1] >= start:
+                parts = _series_wire(s, start, end)
+                if parts[0]:
+                    wire[name] = parts
+        out["metrics"] = wire
         return out
 
-    def extend_wire(self, block: Dict[str, Any]) -> None:
+    def extend_wire(self, block: Dict[str, Any], *, rebase: bool = False) -> None:
         """Append a :meth:`to_wire` block whose ``base`` is this store's row count. Raises
-        ``ValueError`` (nothing changed) for a block that does not fit."""
+        ``ValueError`` (nothing changed) for a block that does not fit: rows outside the
+        block, columns of the wrong length, steps that do not ascend (within the block, and
+        from this store's last step), series rows that do not ascend.
+
+        ``rebase``: the block's rows are moved to follow this store's whatever its
+        ``base`` (the web's ``steps`` events: what must hold there is the contract's, that
+        the steps ascend past the last one, not the broker's row numbering)."""
         base, k = int(block["base"]), int(block["rows"])
-        if base != self.rows or k < 0:
+        if k < 0 or (base != self.rows and not rebase):
             raise ValueError(f"step block at row {base} does not follow row {self.rows}")
         cols = {name: np.frombuffer(block[name], dtype=dt) for name, dt in _ROW_FIELDS}
         series: List[tuple[Optional[str], tuple[np.ndarray, ...]]] = [
@@ -284,12 +304,22 @@ class StepStore:
         for name, arr in cols.items():
             if len(arr) != k:
                 raise ValueError(f"step block column {name} has {len(arr)} rows, not {k}")
+        if base != self.rows:  # (rebase) rows as this store numbers them
+            delta = self.rows - base
+            series = [(key, (rows.astype(np.int64) + delta, mean, lo, hi))
+                      for key, (rows, mean, lo, hi) in series]
+            base = self.rows
         for _, (rows, mean, lo, hi) in series:
             if not (len(rows) == len(mean) == len(lo) == len(hi)):
                 raise ValueError("step block series of unequal lengths")
             if len(rows) and (rows[0] < base or rows[-1] >= base + k):
                 raise ValueError("step block series row outside the block")
-        if k and self.rows and cols["step"][0] <= self._cols["step"][self.rows - 1]:
+            if len(rows) > 1 and not bool((rows[1:] > rows[:-1]).all()):
+                raise ValueError("step block series rows do not ascend")
+        step = cols["step"]
+        if k > 1 and not bool(np.greater(step[1:], step[:-1]).all()):
+            raise ValueError("step block steps do not ascend")
+        if k and self.rows and step[0] <= self._cols["step"][self.rows - 1]:
             raise ValueError("step block does not ascend from the last step")
         start = self._reserve(k)
         for col, arr in cols.items():
@@ -416,6 +446,15 @@ class StepStore:
     @staticmethod
     def _dense_cells(s: Series, r0: int, r1: int) -> List[List[str]]:
         return [_floats(s.dense(arr, r0, r1)) for arr in (s.mean, s.lo, s.hi)]
+
+
+def wire_records(block: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The closed step records (PROTOCOL 2.4 dicts, as :meth:`StepStore.records` gives them)
+    of one :meth:`StepStore.to_wire` block, whatever its ``base``: for what needs records
+    from a ``steps`` event of the feed (tests, tools), which carries the block, not them."""
+    store = StepStore()
+    store.extend_wire(block, rebase=True)
+    return store.records(0)
 
 
 def csv_header(metric_names: Sequence[str]) -> str:
