@@ -263,12 +263,21 @@ class StepCloser:
         return cols
 
     def _close_through(self, target: int) -> Optional[ClosedSteps]:
-        cols = self._take_pending()
         if target > self.last_closed:
             self.last_closed = target
         force = self._force
         while force and force[0][1] <= target:
             force.popleft()
+        if self._carry is None and self._lo == self._hi <= target and self._buf:
+            # Every pending point is of one step (lo <= each <= hi), all closing: the live
+            # case of one-point frames, which FrameBuffer.close_one_step reduces without
+            # the general sort (None: a rank sent it twice, or the names differ).
+            batch = self._buf.close_one_step()
+            if batch is not None:
+                self._lo = -1
+                self._note_slowest_batch(batch.slowest)
+                return batch
+        cols = self._take_pending()
         if cols is None:
             self._lo = -1
             return None
