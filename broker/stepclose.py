@@ -71,12 +71,14 @@ def _opt_floats(values: Iterable[Any], count: int,
 
 _pack = msgspec.msgpack.Encoder().encode
 _LIST_DTYPES: Dict[int, np.dtype] = {}
+#: one MessagePack float64: the ``0xcb`` tag, then the value big-endian
+_FLOAT_DTYPE = np.dtype([("t", "u1"), ("v", ">f8")])
 
 
 def _list_floats(lists: List[Any], k: int) -> Optional[np.ndarray]:
-    """The values of ``lists`` (each a list of ``k`` values, 1 <= k <= 15) concatenated, as
-    float64, or None when some value is not a float (``None``, an int): then the caller
-    converts them one by one.
+    """The values of ``lists`` (each a list of ``k`` values, 1 <= k <= 15; ``k`` = 0:
+    ``lists`` is itself a list of values) concatenated, as float64, or None when some value
+    is not a float (``None``, an int): then the caller converts them one by one.
 
     Why: a ``steps`` frame's metric values are one Python list per name, so a close of
     1,024 one-point frames x 4 names has 4,096 lists of one float; iterating them
@@ -86,19 +88,22 @@ def _list_floats(lists: List[Any], k: int) -> Optional[np.ndarray]:
     checked, not assumed: the total length and every header and tag byte (no other
     MessagePack value of a float list is 9 bytes with an ``0xcb`` tag)."""
     n = len(lists)
-    if not n or not 1 <= k <= 15:
+    if not n or not 0 <= k <= 15:
         return None
     try:
         buf = _pack(lists)
     except (TypeError, OverflowError):  # (values of a frame built in code, not decoded)
         return None
-    size = 1 + 9 * k
+    size = 1 + 9 * k if k else 9
     head = 1 if n <= 15 else 3 if n <= 0xFFFF else 5
     if len(buf) != head + n * size:
         return None
+    if not k:
+        flat = np.frombuffer(buf, _FLOAT_DTYPE, n, head)
+        return flat["v"].astype(np.float64) if bool((flat["t"] == 0xCB).all()) else None
     dt = _LIST_DTYPES.get(k)
     if dt is None:
-        dt = _LIST_DTYPES[k] = np.dtype([("h", "u1"), ("p", [("t", "u1"), ("v", ">f8")], (k,))])
+        dt = _LIST_DTYPES[k] = np.dtype([("h", "u1"), ("p", _FLOAT_DTYPE, (k,))])
     rec = np.frombuffer(buf, dt, n, head)
     if not ((rec["h"] == 0x90 | k).all() and (rec["p"]["t"] == 0xCB).all()):
         return None
@@ -521,7 +526,10 @@ class FrameBuffer:
             return None
         gnames: List[str] = self.groups[0][0] if self.groups else []
         g = len(gnames)
-        ms, ms_has = _opt_floats(self.ms, nf)
+        ms_has: Optional[np.ndarray] = None
+        ms = _list_floats(self.ms, 0)
+        if ms is None:  # a None (or an int) among them
+            ms, ms_has = _opt_floats(self.ms, nf)
         mat = np.empty((1 + g, nf))
         mat[0] = ms
         has: Optional[np.ndarray] = None
@@ -550,7 +558,10 @@ class FrameBuffer:
         out = ClosedSteps()
         out.step = np.array(self.step[:1], np.int64)
         out.n = np.array([nf], np.int64)
-        out.time = np.fmax.reduce(np.fromiter(self.time, np.float64, nf), keepdims=True)
+        times = _list_floats(self.time, 0)
+        if times is None:
+            times = np.fromiter(self.time, np.float64, nf)
+        out.time = np.fmax.reduce(times, keepdims=True)
         # (counts are <= 2**40: a Python sum of them is the int64 sum)
         out.samples = np.array([sum(self.samples)], np.int64)
         out.tokens = np.array([sum(self.tokens)], np.int64)

@@ -78,10 +78,11 @@ class Series:
             return
         n = self.n
         need = n + k
-        self.row = _grow(self.row, need)
-        self.mean = _grow(self.mean, need)
-        self.lo = _grow(self.lo, need)
-        self.hi = _grow(self.hi, need)
+        if need > len(self.row):  # (the four grow together)
+            self.row = _grow(self.row, need)
+            self.mean = _grow(self.mean, need)
+            self.lo = _grow(self.lo, need)
+            self.hi = _grow(self.hi, need)
         self.row[n:need] = rows
         self.mean[n:need] = mean
         self.lo[n:need] = lo
@@ -94,8 +95,8 @@ class Series:
 
     def span(self, r0: int, r1: int) -> tuple[int, int]:
         """Positions ``[p0, p1)`` of this series' points on rows ``[r0, r1)``."""
-        srow = self.row[: self.n]
-        return (int(np.searchsorted(srow, r0, "left")), int(np.searchsorted(srow, r1, "left")))
+        p0, p1 = self.row[: self.n].searchsorted((r0, r1)).tolist()
+        return p0, p1
 
     def dense(self, arr: np.ndarray, r0: int, r1: int) -> np.ndarray:
         """``arr`` (``mean``, ``lo`` or ``hi``) spread over rows ``[r0, r1)``: NaN where the

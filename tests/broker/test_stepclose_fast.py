@@ -192,6 +192,16 @@ def test_list_floats_reads_what_chain_gives(n: int, k: int) -> None:
     assert got is not None and got.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("n", [1, 15, 16, 1024, 65536])
+def test_list_floats_of_a_flat_list(n: int) -> None:
+    rng = random.Random(n)
+    values = [rng.choice((rng.random(), *VALUES)) for _ in range(n)]
+    got = stepclose._list_floats(values, 0)
+    assert got is not None and got.tobytes() == np.array(values).tobytes()
+    assert stepclose._list_floats(values[:-1] + [None], 0) is None
+    assert stepclose._list_floats(values[:-1] + [7], 0) is None
+
+
 @pytest.mark.parametrize("odd", [None, 1, 2**70, True])
 def test_list_floats_declines_anything_but_floats(odd: Any) -> None:
     lists = [[0.5], [1.5], [odd], [2.5]] * 5
