@@ -209,15 +209,22 @@ def _exact_sums(vals: np.ndarray, starts: np.ndarray, cnt: np.ndarray, groups: n
     return groups[~ok]
 
 
-def _reduce_rows(mat: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_reduce` of each row of ``mat`` (every value present), the same results: for
-    all-finite rows of >= 3 values (the live case) the long-double certification of
-    :func:`_exact_sums` done on the matrix itself (rows padded to whole blocks,
-    two ``sum`` calls), which needs no segment bookkeeping; anything else (non-finite
-    values, a sum it cannot certify, no wide long double) goes through :func:`_reduce`."""
+def _reduce_rows(mat: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """:func:`_reduce` of each row of ``mat`` (every value present), the same results
+    whatever the order of the values in a row; None where that cannot be promised.
+
+    For all-finite rows of >= 3 values (the live case) the long-double certification of
+    :func:`_exact_sums` is done on the matrix itself (rows padded to whole blocks, two
+    ``sum`` calls), with no segment bookkeeping; anything else (non-finite values, a sum it
+    cannot certify, no wide long double) goes through :func:`_reduce`. Its results do not
+    depend on the order of a group's values (the mean is exact or by the non-finite rule,
+    min/max are order-free but for a tie of signed zeros, which the caller checks), except
+    where ``fsum`` meets an intermediate overflow, which depends on the order of the adds:
+    possible only when the finite values' magnitudes sum past the float64 range; then
+    None, and the caller closes in rank order (:func:`close_columns`)."""
     c, n = mat.shape
     if n < 3 or not _LD_CERTIFY or not np.isfinite(mat).all():
-        return _reduce(mat.ravel(), np.arange(c) * n)
+        return _reduce_checked(mat.ravel(), np.arange(c) * n)
     nb = -(-n // _BLOCK)
     ld = np.full((c, nb * _BLOCK), -0.0, np.longdouble)
     ld[:, :n] = mat
@@ -232,8 +239,22 @@ def _reduce_rows(mat: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         lo = (total - err).astype(np.float64)
         hi = (total + err).astype(np.float64)
     if not bool(((lo == hi) & np.isfinite(lo) & np.isfinite(mag)).all()):
+        if not bool(np.isfinite(mag).all()):
+            return None
         return _reduce(mat.ravel(), np.arange(c) * n)
     return lo / n, mat.min(axis=1), mat.max(axis=1)
+
+
+def _reduce_checked(vals: np.ndarray, starts: np.ndarray
+                    ) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """:func:`_reduce`, or None when a group's finite values have magnitudes summing past
+    the float64 range (its ``fsum`` could overflow in one order of the values and not in
+    another: see :func:`_reduce_rows`)."""
+    with np.errstate(all="ignore"):
+        mag = np.add.reduceat(np.abs(np.where(np.isfinite(vals), vals, 0.0)), starts)
+    if not bool(np.isfinite(mag).all()):
+        return None
+    return _reduce(vals, starts)
 
 
 def _fsum_or_inf(values: List[float]) -> float:
@@ -509,88 +530,121 @@ class FrameBuffer:
         return cols
 
 
-    def close_one_step(self) -> Optional[ClosedSteps]:
-        """The buffered points closed into one :class:`ClosedSteps`, when the caller knows
-        they are all of one step and every rank sent it once, in frames naming the same
-        metrics (the live case: 1,024 one-point frames); None otherwise, the buffer left
-        as it was (the caller then takes :meth:`take` and :func:`close_columns`).
+    def close_grid(self) -> Optional[ClosedSteps]:
+        """Every buffered point closed into one :class:`ClosedSteps` when they form a grid:
+        every frame holds the same ``k`` <= 15 steps (k = 1: the live case of 1,024
+        one-point frames), each rank sent them once, and the frames name the same metrics;
+        None otherwise, the buffer left as it was (the caller then goes the general way,
+        :meth:`take` and :func:`close_columns`). The caller knows every point closes.
 
-        The same rules as :func:`close_columns` without its machinery (issue 17: a sort by
-        (step, rank), segment bookkeeping and a long-form scatter, ~110 numpy calls): the
-        step time and every metric are rows of one (1 + names) x ranks matrix reduced in one
-        :func:`_reduce` (the same exact mean), the slowest rank is the lowest rank at the
-        finite ``step_ms`` max, and nothing is sorted but the names."""
+        The rules and results of :func:`close_columns` without its machinery (issue 17: a
+        sort by (step, rank), segment bookkeeping and a long-form scatter, ~110 numpy
+        calls): ``step_ms`` and every metric at every step are the rows of one
+        ((1 + names) x k) x ranks matrix, reduced by :func:`_reduce_rows` (the same exact
+        means); the slowest rank is the lowest rank at a step's finite ``step_ms`` max; only
+        the names are sorted. A tie of -0.0 and 0.0 at a min or max is left to the general
+        close (which zero wins depends on the order the values are scanned in)."""
+        fk = self.fk
+        nf = len(fk)
+        if not nf or len(self.groups) > 1:
+            return None
+        k = fk[0]
+        if k > 15 or fk.count(k) != nf:
+            return None
         frank = self.frank
-        nf = len(frank)
-        if not nf or len(self.step) != nf or len(self.groups) > 1 or len(set(frank)) != nf:
+        step = self.step
+        first = step[:k]
+        if (step.count(first[0]) != nf if k == 1 else step != first * nf) \
+                or len(set(frank)) != nf:
             return None
         gnames: List[str] = self.groups[0][0] if self.groups else []
         g = len(gnames)
-        ms_has: Optional[np.ndarray] = None
+        total = nf * k
+        # rows: step_ms at each step, then each name at each step; columns: the frames
+        mat = np.empty((1 + g, k, nf))
+        has: Optional[np.ndarray] = None
         ms = _list_floats(self.ms, 0)
         if ms is None:  # a None (or an int) among them
-            ms, ms_has = _opt_floats(self.ms, nf)
-        mat = np.empty((1 + g, nf))
-        mat[0] = ms
-        has: Optional[np.ndarray] = None
-        if ms_has is not None:
-            has = np.ones((1 + g, nf), dtype=bool)
-            has[0] = ms_has
+            ms, ms_has = _opt_floats(self.ms, total)
+            if ms_has is not None:
+                has = np.ones((1 + g, k, nf), dtype=bool)
+                has[0] = ms_has.reshape(nf, k).T
+        mat[0] = ms.reshape(nf, k).T
         if g:
             mvals = self.mvals
-            vals = _list_floats(mvals, 1)
+            vals = _list_floats(mvals, k)
             vhas = None
             if vals is None:
-                vals, vhas = _opt_floats(_chain(mvals), nf * g, lambda: list(_chain(mvals)))
-            mat[1:] = vals.reshape(nf, g).T
+                vals, vhas = _opt_floats(_chain(mvals), total * g, lambda: list(_chain(mvals)))
+            mat[1:] = vals.reshape(nf, g, k).transpose(1, 2, 0)
             if vhas is not None:
                 if has is None:
-                    has = np.ones((1 + g, nf), dtype=bool)
-                has[1:] = vhas.reshape(nf, g).T
+                    has = np.ones((1 + g, k, nf), dtype=bool)
+                has[1:] = vhas.reshape(nf, g, k).transpose(1, 2, 0)
+        rows = mat.reshape((1 + g) * k, nf)
+        reduced: Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]] = None
         if has is None:  # every value there: each row reduced whole
-            present = np.arange(1 + g)
-            mean, lo, hi = _reduce_rows(mat)
+            present = np.arange(len(rows))
+            reduced = _reduce_rows(rows)
+            if reduced is None:
+                return None
         else:
-            counts = has.sum(axis=1)
+            has2 = has.reshape(len(rows), nf)
+            counts = has2.sum(axis=1)
             present = np.flatnonzero(counts)
             if len(present):
-                mean, lo, hi = _reduce(mat[has], (np.cumsum(counts) - counts)[present])
-        out = ClosedSteps()
-        out.step = np.array(self.step[:1], np.int64)
-        out.n = np.array([nf], np.int64)
-        times = _list_floats(self.time, 0)
-        if times is None:
-            times = np.fromiter(self.time, np.float64, nf)
-        out.time = np.fmax.reduce(times, keepdims=True)
-        # (counts are <= 2**40: a Python sum of them is the int64 sum)
-        out.samples = np.array([sum(self.samples)], np.int64)
-        out.tokens = np.array([sum(self.tokens)], np.int64)
-        slowest = -1
-        if len(present):
+                reduced = _reduce_checked(rows[has2], (np.cumsum(counts) - counts)[present])
+                if reduced is None:
+                    return None
+        if reduced is not None:
+            mean, lo, hi = reduced
             zero = np.flatnonzero((lo == 0) | (hi == 0))
-            if len(zero):  # which zero is the min/max of -0.0 and 0.0 depends on the
-                sub = mat[present[zero]]  # order: the general close's is rank order
+            if len(zero):
+                sub = rows[present[zero]]
                 if bool(((sub == 0) & np.signbit(sub)).any()):
                     return None
-            at = 0
-            if present[0] == 0:  # step_ms
-                at = 1
-                out.ms_idx = np.zeros(1, np.int64)
-                out.ms_mean, out.ms_lo, out.ms_hi = mean[:1], lo[:1], hi[:1]
-                top = hi[0]
-                if top == top:  # a finite max: the lowest rank there (NaN: none)
-                    slowest = min(map(frank.__getitem__, np.flatnonzero(ms == top).tolist()))
-            if at < len(present):  # metrics, in name order
-                by_name = sorted(range(g), key=gnames.__getitem__)
-                rank_of = np.empty(g, np.int64)
-                rank_of[by_name] = np.arange(g)
-                key = rank_of[present[at:] - 1]
-                order = np.argsort(key) + at
-                out.names = [gnames[i] for i in by_name]
-                out.metric_name = np.sort(key)
-                out.metric_idx = np.zeros(len(key), np.int64)
-                out.metric_mean, out.metric_lo, out.metric_hi = mean[order], lo[order], hi[order]
-        out.slowest = np.array([slowest], np.int64)
+        out = ClosedSteps()
+        out.step = np.array(first, np.int64)
+        out.n = np.full(k, nf, np.int64)
+        times = _list_floats(self.time, 0)
+        if times is None:
+            times = np.fromiter(self.time, np.float64, total)
+        out.time = np.fmax.reduce(times.reshape(nf, k), axis=0)
+        if k == 1:  # (counts are <= 2**40: a Python sum of them is the int64 sum)
+            out.samples = np.array([sum(self.samples)], np.int64)
+            out.tokens = np.array([sum(self.tokens)], np.int64)
+        else:
+            out.samples = np.fromiter(self.samples, np.int64, total).reshape(nf, k).sum(axis=0)
+            out.tokens = np.fromiter(self.tokens, np.int64, total).reshape(nf, k).sum(axis=0)
+        slowest = np.full(k, -1, np.int64)
+        nms = int(np.searchsorted(present, k))  # rows of step_ms come first
+        if nms:
+            pos = present[:nms]
+            out.ms_idx = pos
+            out.ms_mean, out.ms_lo, out.ms_hi = mean[:nms], lo[:nms], hi[:nms]
+            top = hi[:nms]
+            fin = np.flatnonzero(top == top)  # a finite max (NaN: none)
+            if len(fin):
+                if k == 1:
+                    slowest[0] = min(map(frank.__getitem__, np.flatnonzero(ms == top[0]).tolist()))
+                else:  # per step, the lowest rank at its max
+                    at = mat[0][pos[fin]] == top[fin][:, None]
+                    ranks = np.array(frank, np.int64)
+                    slowest[pos[fin]] = np.where(at, ranks, np.iinfo(np.int64).max).min(axis=1)
+        out.slowest = slowest
+        if nms < len(present):  # metrics, sorted by (name, step)
+            by_name = sorted(range(g), key=gnames.__getitem__)
+            rank_of = np.empty(g, np.int64)
+            rank_of[by_name] = np.arange(g)
+            mrow = present[nms:] - k
+            name = rank_of[mrow // k]
+            at_step = mrow % k
+            order = np.argsort(name * k + at_step, kind="stable")
+            out.names = [gnames[i] for i in by_name]
+            out.metric_name = name[order]
+            out.metric_idx = at_step[order]
+            order += nms
+            out.metric_mean, out.metric_lo, out.metric_hi = mean[order], lo[order], hi[order]
         self.__init__()  # type: ignore[misc]
         return out
 

@@ -268,11 +268,11 @@ class StepCloser:
         force = self._force
         while force and force[0][1] <= target:
             force.popleft()
-        if self._carry is None and self._lo == self._hi <= target and self._buf:
-            # Every pending point is of one step (lo <= each <= hi), all closing: the live
-            # case of one-point frames, which FrameBuffer.close_one_step reduces without
-            # the general sort (None: a rank sent it twice, or the names differ).
-            batch = self._buf.close_one_step()
+        if self._carry is None and self._hi <= target and self._buf:
+            # Every pending point closes: the live case (the frames of one round of
+            # flushes, every rank the same steps once) FrameBuffer.close_grid reduces
+            # without the general sort (None: not a grid, e.g. a rank sent a step twice).
+            batch = self._buf.close_grid()
             if batch is not None:
                 self._lo = -1
                 self._note_slowest_batch(batch.slowest)
