@@ -379,47 +379,57 @@ class StepStore:
         return idx + r0, rates
 
     def records(self, r0: int, r1: Optional[int] = None) -> List[Dict[str, Any]]:
-        """Rows ``[r0, r1)`` as closed step records (PROTOCOL 2.4 dicts; NaN for the
-        non-finite values the record had, None for what it did not have)."""
+        """Rows ``[r0, r1)`` as closed step records (PROTOCOL 2.4 dicts in its key order;
+        NaN for the non-finite values the record had, None for what it did not have).
+
+        The web's SSE ``steps`` event for its subscribers (the broker's event carries the
+        rows, not records): built column by column with C-level ``map``/``zip`` over
+        ``tolist()`` columns, so no bytecode runs per step unless a metric is sparse (then
+        one dict per step)."""
         r1 = self.rows if r1 is None else min(r1, self.rows)
-        if r1 <= r0:
+        k = r1 - r0
+        if k <= 0:
             return []
         cols = self._cols
-        out: List[Dict[str, Any]] = []
-        ms = self._triples(self.step_ms, r0, r1)
-        per_metric = {name: self._triples(s, r0, r1) for name, s in
-                      sorted(self.metrics.items())}
-        rates = {}
+        ms = self._spread_triples(self.step_ms, r0, r1)
+        names = self.metric_names()
+        per: List[tuple[str, List[Any]]] = []
+        for name in names:
+            col = self._spread_triples(self.metrics[name], r0, r1)
+            if col is not None:
+                per.append((name, col))
+        metrics: List[Dict[str, Any]]
+        if not per:
+            metrics = [{} for _ in range(k)]
+        elif all(None not in col for _, col in per):  # every name at every row
+            metrics = list(map(dict, map(zip, repeat([n for n, _ in per]),
+                                         zip(*[col for _, col in per]))))
+        else:
+            metrics = [{name: col[i] for name, col in per if col[i] is not None}
+                       for i in range(k)]
+        rates = []
         for metric in (SAMPLES_PER_S, TOKENS_PER_S):
             rows, vals = self._rates(metric, r0, r1)
-            rates[metric] = dict(zip((rows - r0).tolist(), vals.tolist()))
-        steps = cols["step"][r0:r1].tolist()
-        times = cols["time"][r0:r1].tolist()
-        ns = cols["n"][r0:r1].tolist()
-        slowest = cols["slowest"][r0:r1].tolist()
-        samples = cols["samples"][r0:r1].tolist()
-        tokens = cols["tokens"][r0:r1].tolist()
-        for i in range(r1 - r0):
-            out.append({
-                "step": steps[i], "time": None if times[i] != times[i] else times[i],
-                "n": ns[i],
-                "metrics": {name: t[i] for name, t in per_metric.items() if i in t},
-                "step_ms": ms.get(i), "slowest_rank": None if slowest[i] < 0 else slowest[i],
-                "samples": samples[i], "tokens": tokens[i],
-                "samples_per_s": rates[SAMPLES_PER_S].get(i),
-                "tokens_per_s": rates[TOKENS_PER_S].get(i),
-            })
-        return out
+            rates.append(_spread(k, rows - r0, vals.tolist()))
+        times = cols["time"][r0:r1]
+        slowest = cols["slowest"][r0:r1]
+        return list(map(dict, map(zip, repeat(_RECORD_KEYS), zip(
+            cols["step"][r0:r1].tolist(), _none_where(times, np.isnan(times)),
+            cols["n"][r0:r1].tolist(), metrics, ms if ms is not None else repeat(None, k),
+            _none_where(slowest, slowest < 0), cols["samples"][r0:r1].tolist(),
+            cols["tokens"][r0:r1].tolist(), rates[0], rates[1]))))
 
     @staticmethod
-    def _triples(s: Series, r0: int, r1: int) -> Dict[int, List[Optional[float]]]:
-        """Offset from ``r0`` -> ``[mean, min, max]`` (None for NaN min/max) of a series."""
+    def _spread_triples(s: Series, r0: int, r1: int) -> Optional[List[Any]]:
+        """The series on rows ``[r0, r1)``: a list with ``[mean, min, max]`` (None for a NaN
+        min/max) at each row that has a point, None elsewhere; None when no row has one."""
         p0, p1 = s.span(r0, r1)
-        out: Dict[int, List[Optional[float]]] = {}
-        for row, mean, lo, hi in zip(s.row[p0:p1].tolist(), s.mean[p0:p1].tolist(),
-                                     s.lo[p0:p1].tolist(), s.hi[p0:p1].tolist()):
-            out[row - r0] = [mean, None if lo != lo else lo, None if hi != hi else hi]
-        return out
+        if p1 <= p0:
+            return None
+        lo, hi = s.lo[p0:p1], s.hi[p0:p1]
+        triples = list(map(list, zip(s.mean[p0:p1].tolist(), _none_where(lo, np.isnan(lo)),
+                                     _none_where(hi, np.isnan(hi)))))
+        return _spread(r1 - r0, s.row[p0:p1].astype(np.int64) - r0, triples)
 
     def csv_rows(self, chunk: int = 4096) -> Iterator[str]:
         """``/steps.csv`` body lines after the header, ``chunk`` rows per string (CRLF)."""
@@ -486,6 +496,29 @@ def _floats(arr: np.ndarray) -> List[str]:
 
 _RECORD = itemgetter("step", "time", "n", "slowest_rank", "samples", "tokens", "step_ms",
                      "metrics")
+#: PROTOCOL 2.4's closed step record keys, in its order (what :meth:`StepStore.records`
+#: gives, as the broker's records did: the SSE bytes are the same)
+_RECORD_KEYS = ("step", "time", "n", "metrics", "step_ms", "slowest_rank", "samples", "tokens",
+                "samples_per_s", "tokens_per_s")
+
+
+def _none_where(arr: np.ndarray, mask: np.ndarray) -> List[Any]:
+    """``arr.tolist()`` with None where ``mask``."""
+    if not mask.any():
+        return arr.tolist()
+    obj = arr.astype(object)
+    obj[mask] = None
+    return obj.tolist()
+
+
+def _spread(k: int, idx: np.ndarray, items: List[Any]) -> List[Any]:
+    """``items`` at positions ``idx`` of a list of ``k`` (None elsewhere)."""
+    if len(items) == k:
+        return items
+    out: List[Any] = [None] * k
+    for i, item in zip(idx.tolist(), items):
+        out[i] = item
+    return out
 
 
 def _trip_array(triples: List[Any]) -> np.ndarray:

@@ -470,6 +470,50 @@ def test_to_wire_of_named_series_and_wire_records() -> None:
     assert list(only["metrics"]) == ["loss"]
 
 
+def reference_records(store: StepStore, r0: int, r1: int) -> list[dict[str, Any]]:
+    """Rows as records, one at a time (what ``records`` did before it went columnar)."""
+    def triple(s: Any, row: int) -> Any:
+        p0, p1 = s.span(row, row + 1)
+        if p1 == p0:
+            return None
+        lo, hi = float(s.lo[p0]), float(s.hi[p0])
+        return [float(s.mean[p0]), None if lo != lo else lo, None if hi != hi else hi]
+
+    out = []
+    for row in range(r0, r1):
+        metrics = {}
+        for name in sorted(store.metrics):
+            t = triple(store.metrics[name], row)
+            if t is not None:
+                metrics[name] = t
+        rates = {}
+        for m in (SAMPLES_PER_S, TOKENS_PER_S):
+            rows, vals = store._rates(m, row, row + 1)
+            rates[m] = float(vals[0]) if len(rows) else None
+        time = float(store.column("time")[row])
+        slowest = int(store.column("slowest")[row])
+        out.append({"step": int(store.column("step")[row]), "time": None if time != time else time,
+                    "n": int(store.column("n")[row]), "metrics": metrics,
+                    "step_ms": triple(store.step_ms, row), "slowest_rank": None if slowest < 0 else slowest,
+                    "samples": int(store.column("samples")[row]),
+                    "tokens": int(store.column("tokens")[row]),
+                    "samples_per_s": rates[SAMPLES_PER_S], "tokens_per_s": rates[TOKENS_PER_S]})
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_records_equal_one_row_at_a_time(seed: int) -> None:
+    """``records`` (the web's SSE ``steps`` event) builds columns; the same dicts, in the
+    same key order, with NaN/None where they were, for dense and sparse metrics."""
+    rng = random.Random(seed)
+    src = store_of(random_records(rng, 120, ["loss", "acc", "lr"][: 1 + seed % 3]))
+    for a, b in ((0, 120), (5, 6), (40, 90), (119, 120)):
+        got, want = src.records(a, b), reference_records(src, a, b)
+        assert msgspec.json.encode(got) == msgspec.json.encode(want)
+        assert repr(got) == repr(want)
+    assert src.records(50, 50) == [] and src.records(200) == []
+
+
 # ---------------------------------------------------------------- csv
 
 
