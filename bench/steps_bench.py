@@ -23,7 +23,8 @@
   1,000 points to a real broker and web (processes); steps/s from the first frame sent to
   ``/steps`` serving the last; the broker process's CPU per closed step in the details.
 * ``steps_close_1024_ms`` (issue 17): the CPU time of closing one step reported by 1,024
-  ranks x 4 metrics (:class:`StepCloser`, in process: the close and the step's records),
+  ranks x 4 metrics (:class:`RunSteps`, in process: the close, the store append and the
+  ``steps`` event's wire block),
   median over rounds; the adds' CPU per frame in the details.
 * ``step_e2e_p99_ms``: ``log_step`` in a real agent process (2 ranks, ``step_flush`` 0.25,
   ~20 steps/s) to the ``steps`` event on an SSE client, from the record's ``time`` (the
@@ -388,31 +389,38 @@ def e2e(steps: int) -> list[dict[str, Any]]:
 
 def close_1024(rounds: int) -> dict[str, Any]:
     """One step closed for 1,024 ranks x 4 metrics: each round every rank's frame of one
-    point is added to a :class:`StepCloser` (its last add moves the watermark), then the
-    close (``ready_batch`` and the batch's records). CPU seconds (``thread_time``) of the
-    close per step, median over the rounds, and of the adds per frame."""
-    from broker.steps import StepCloser
+    point is added to a run's :class:`RunSteps` closer (its last add moves the watermark),
+    then the close and its publication, as the sink does them (``close``: the batch;
+    ``take``: into the store and the ``steps`` event's wire block). CPU seconds
+    (``thread_time``) of that per step, median over the rounds (``close_only_ms``: the
+    batch alone), and of the adds per frame."""
+    from broker.steps import RunSteps
 
     enc, dec = protocol.encoder.encode, protocol.decode
     frames = [[dec(enc(protocol.Steps(
         run=RUN, rank=r, steps=[s], times=[1.7e9 + s], step_ms=[100.0 + r % 7],
         samples=[32], tokens=[4096], metrics={m: [1.0 / (s + 1) + r * 1e-6] for m in METRICS})))
         for r in range(RANKS)] for s in range(rounds)]
-    closer = StepCloser(close_after=1e9, grace=0.0)
-    closes, adds = [], []
+    steps = RunSteps(close_after=1e9, interval=0.0)
+    steps.closer.grace = 0.0
+    closes, only, adds = [], [], []
     for s in range(rounds):
         t0 = time.thread_time()
         for f in frames[s]:
-            closer.add(f, 1.0, True)
+            steps.closer.add(f, 1.0, True)
         t1 = time.thread_time()
-        batch = closer.ready_batch(1.0, RANKS)
-        records = batch.records() if batch is not None else []
+        steps.close(1.0, RANKS)
         t2 = time.thread_time()
-        if len(records) != 1 or records[0]["n"] != RANKS:
-            raise RuntimeError(f"round {s}: {len(records)} steps closed")
+        block = steps.take(1.0)
+        t3 = time.thread_time()
+        n = np.frombuffer(block["n"], np.int32)
+        if block["rows"] != 1 or n[0] != RANKS or len(block["metrics"]) != len(METRICS):
+            raise RuntimeError(f"round {s}: {block['rows']} steps closed")
         adds.append((t1 - t0) / RANKS)
-        closes.append(t2 - t1)
+        closes.append(t3 - t1)
+        only.append(t2 - t1)
     return {"close_ms": float(np.median(closes)) * 1e3, "best_ms": min(closes) * 1e3,
+            "close_only_ms": float(np.median(only)) * 1e3,
             "add_us_per_frame": float(np.median(adds)) * 1e6}
 
 
@@ -495,6 +503,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
     c1 = close_1024(10 if quick else 50)
     out.append(result("steps_close_1024_ms", round(c1["close_ms"], 3), "ms", ranks=RANKS,
                       metrics=len(METRICS), best_ms=round(c1["best_ms"], 3),
+                      close_only_ms=round(c1["close_only_ms"], 3),
                       add_us_per_frame=round(c1["add_us_per_frame"], 2)))
     out += million(20_000 if quick else 1_000_000, 20 if quick else 300)
     out += e2e(20 if quick else 200)

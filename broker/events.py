@@ -15,7 +15,7 @@ class Event(NamedTuple):
 
     seq: int  # the run's sequence number; strictly increasing per run, never reused
     kind: str  # "run" | "epoch" | "ranks" | "steps" | "complete" | "evicted" (by Runs)
-    data: Any  # run header | epoch record | ranks list | {"steps": [records]} | {"status": ...}
+    data: Any  # run header | epoch record | ranks list | StepStore.to_wire block | {"status": ...}
     #            | {"run": run} (the run left the broker's memory: --max-runs)
 
 

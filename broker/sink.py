@@ -489,10 +489,10 @@ class RunSink:
 
     def _publish_steps(self, now: float) -> None:
         """One ``steps`` event with every step closed since the last one (at most one per
-        STEPS_INTERVAL, or at once when the run ends)."""
+        STEPS_INTERVAL, or at once when the run ends). Its data is the store's wire block
+        of those rows (:meth:`RunSteps.take`; records: ``stepstore.wire_records``)."""
         before = self.steps.rows
-        out = self._steps.take(now)
-        self._emit("steps", {"steps": out})
+        self._emit("steps", self._steps.take(now))
         if self.status == "waiting":
             self.status = "training"
             self._header_changed = True

@@ -69,6 +69,47 @@ def _opt_floats(values: Iterable[Any], count: int,
     return arr, has
 
 
+_pack = msgspec.msgpack.Encoder().encode
+_LIST_DTYPES: Dict[int, np.dtype] = {}
+#: one MessagePack float64: the ``0xcb`` tag, then the value big-endian
+_FLOAT_DTYPE = np.dtype([("t", "u1"), ("v", ">f8")])
+
+
+def _list_floats(lists: List[Any], k: int) -> Optional[np.ndarray]:
+    """The values of ``lists`` (each a list of ``k`` values, 1 <= k <= 15; ``k`` = 0:
+    ``lists`` is itself a list of values) concatenated, as float64, or None when some value
+    is not a float (``None``, an int): then the caller converts them one by one.
+
+    Why: a ``steps`` frame's metric values are one Python list per name, so a close of
+    1,024 one-point frames x 4 names has 4,096 lists of one float; iterating them
+    (``chain``) cost ~55 ns a value, 4x what converting a flat list costs. Encoded at once
+    (C, ~12 ns a value), the lists are fixed-size MessagePack records (``0x90|k``, then
+    ``0xcb`` + a big-endian float64 per value) that numpy reads in place. The layout is
+    checked, not assumed: the total length and every header and tag byte (no other
+    MessagePack value of a float list is 9 bytes with an ``0xcb`` tag)."""
+    n = len(lists)
+    if not n or not 0 <= k <= 15:
+        return None
+    try:
+        buf = _pack(lists)
+    except (TypeError, OverflowError):  # (values of a frame built in code, not decoded)
+        return None
+    size = 1 + 9 * k if k else 9
+    head = 1 if n <= 15 else 3 if n <= 0xFFFF else 5
+    if len(buf) != head + n * size:
+        return None
+    if not k:
+        flat = np.frombuffer(buf, _FLOAT_DTYPE, n, head)
+        return flat["v"].astype(np.float64) if bool((flat["t"] == 0xCB).all()) else None
+    dt = _LIST_DTYPES.get(k)
+    if dt is None:
+        dt = _LIST_DTYPES[k] = np.dtype([("h", "u1"), ("p", _FLOAT_DTYPE, (k,))])
+    rec = np.frombuffer(buf, dt, n, head)
+    if not ((rec["h"] == 0x90 | k).all() and (rec["p"]["t"] == 0xCB).all()):
+        return None
+    return rec["p"]["v"].astype(np.float64).ravel()
+
+
 def _starts(keys: np.ndarray) -> np.ndarray:
     """Indices where a run of equal ``keys`` (sorted) starts."""
     if not len(keys):
@@ -166,6 +207,54 @@ def _exact_sums(vals: np.ndarray, starts: np.ndarray, cnt: np.ndarray, groups: n
     ok = (lo == hi) & np.isfinite(lo) & np.isfinite(mag)
     mean[groups[ok]] = lo[ok] / cnt[groups[ok]]
     return groups[~ok]
+
+
+def _reduce_rows(mat: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """:func:`_reduce` of each row of ``mat`` (every value present), the same results
+    whatever the order of the values in a row; None where that cannot be promised.
+
+    For all-finite rows of >= 3 values (the live case) the long-double certification of
+    :func:`_exact_sums` is done on the matrix itself (rows padded to whole blocks, two
+    ``sum`` calls), with no segment bookkeeping; anything else (non-finite values, a sum it
+    cannot certify, no wide long double) goes through :func:`_reduce`. Its results do not
+    depend on the order of a group's values (the mean is exact or by the non-finite rule,
+    min/max are order-free but for a tie of signed zeros, which the caller checks), except
+    where ``fsum`` meets an intermediate overflow, which depends on the order of the adds:
+    possible only when the finite values' magnitudes sum past the float64 range; then
+    None, and the caller closes in rank order (:func:`close_columns`)."""
+    c, n = mat.shape
+    if n < 3 or not _LD_CERTIFY or not np.isfinite(mat).all():
+        return _reduce_checked(mat.ravel(), np.arange(c) * n)
+    nb = -(-n // _BLOCK)
+    ld = np.full((c, nb * _BLOCK), -0.0, np.longdouble)
+    ld[:, :n] = mat
+    with np.errstate(all="ignore"):
+        # the error bound of _exact_sums holds for any order of the adds within a block
+        # and over the blocks; the padding and the sums' start are -0.0, IEEE's additive
+        # identity (numpy starts a sum at +0.0: a sum of -0.0 values would turn +0.0,
+        # where _exact_sums, which starts at the first value, keeps -0.0)
+        total = ld.reshape(c, nb, _BLOCK).sum(axis=2, initial=-0.0).sum(axis=1, initial=-0.0)
+        mag = np.abs(mat).sum(axis=1)
+        err = (mag * ((_BLOCK + 4 + nb) * _LD_U)).astype(np.longdouble)
+        lo = (total - err).astype(np.float64)
+        hi = (total + err).astype(np.float64)
+    if not bool(((lo == hi) & np.isfinite(lo) & np.isfinite(mag)).all()):
+        if not bool(np.isfinite(mag).all()):
+            return None
+        return _reduce(mat.ravel(), np.arange(c) * n)
+    return lo / n, mat.min(axis=1), mat.max(axis=1)
+
+
+def _reduce_checked(vals: np.ndarray, starts: np.ndarray
+                    ) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """:func:`_reduce`, or None when a group's finite values have magnitudes summing past
+    the float64 range (its ``fsum`` could overflow in one order of the values and not in
+    another: see :func:`_reduce_rows`)."""
+    with np.errstate(all="ignore"):
+        mag = np.add.reduceat(np.abs(np.where(np.isfinite(vals), vals, 0.0)), starts)
+    if not bool(np.isfinite(mag).all()):
+        return None
+    return _reduce(vals, starts)
 
 
 def _fsum_or_inf(values: List[float]) -> float:
@@ -416,8 +505,14 @@ class FrameBuffer:
         if cid:
             lens = np.concatenate(clen)
             mvals = self.mvals
-            vals, vhas = _opt_floats(_chain(mvals), int(lens.sum()),
-                                     lambda: list(_chain(mvals)))
+            vhas = None
+            k0 = self.fk[0]
+            flat = _list_floats(mvals, k0) if self.fk.count(k0) == len(self.fk) else None
+            if flat is not None:
+                vals = flat
+            else:
+                vals, vhas = _opt_floats(_chain(mvals), int(lens.sum()),
+                                         lambda: list(_chain(mvals)))
             m_name = np.repeat(np.concatenate(cid), lens)
             m_pos = np.repeat(np.concatenate(cbase) - (np.cumsum(lens) - lens), lens) + \
                 np.arange(len(vals))
@@ -433,6 +528,125 @@ class FrameBuffer:
                      np.fromiter(self.tokens, np.int64, total), m_pos, m_name, vals, names)
         self.__init__()  # type: ignore[misc]
         return cols
+
+
+    def close_grid(self) -> Optional[ClosedSteps]:
+        """Every buffered point closed into one :class:`ClosedSteps` when they form a grid:
+        every frame holds the same ``k`` <= 15 steps (k = 1: the live case of 1,024
+        one-point frames), each rank sent them once, and the frames name the same metrics;
+        None otherwise, the buffer left as it was (the caller then goes the general way,
+        :meth:`take` and :func:`close_columns`). The caller knows every point closes.
+
+        The rules and results of :func:`close_columns` without its machinery (issue 17: a
+        sort by (step, rank), segment bookkeeping and a long-form scatter, ~110 numpy
+        calls): ``step_ms`` and every metric at every step are the rows of one
+        ((1 + names) x k) x ranks matrix, reduced by :func:`_reduce_rows` (the same exact
+        means); the slowest rank is the lowest rank at a step's finite ``step_ms`` max; only
+        the names are sorted. A tie of -0.0 and 0.0 at a min or max is left to the general
+        close (which zero wins depends on the order the values are scanned in)."""
+        fk = self.fk
+        nf = len(fk)
+        if not nf or len(self.groups) > 1:
+            return None
+        k = fk[0]
+        if k > 15 or fk.count(k) != nf:
+            return None
+        frank = self.frank
+        step = self.step
+        first = step[:k]
+        if (step.count(first[0]) != nf if k == 1 else step != first * nf) \
+                or len(set(frank)) != nf:
+            return None
+        gnames: List[str] = self.groups[0][0] if self.groups else []
+        g = len(gnames)
+        total = nf * k
+        # rows: step_ms at each step, then each name at each step; columns: the frames
+        mat = np.empty((1 + g, k, nf))
+        has: Optional[np.ndarray] = None
+        ms = _list_floats(self.ms, 0)
+        if ms is None:  # a None (or an int) among them
+            ms, ms_has = _opt_floats(self.ms, total)
+            if ms_has is not None:
+                has = np.ones((1 + g, k, nf), dtype=bool)
+                has[0] = ms_has.reshape(nf, k).T
+        mat[0] = ms.reshape(nf, k).T
+        if g:
+            mvals = self.mvals
+            vals = _list_floats(mvals, k)
+            vhas = None
+            if vals is None:
+                vals, vhas = _opt_floats(_chain(mvals), total * g, lambda: list(_chain(mvals)))
+            mat[1:] = vals.reshape(nf, g, k).transpose(1, 2, 0)
+            if vhas is not None:
+                if has is None:
+                    has = np.ones((1 + g, k, nf), dtype=bool)
+                has[1:] = vhas.reshape(nf, g, k).transpose(1, 2, 0)
+        rows = mat.reshape((1 + g) * k, nf)
+        reduced: Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]] = None
+        if has is None:  # every value there: each row reduced whole
+            present = np.arange(len(rows))
+            reduced = _reduce_rows(rows)
+            if reduced is None:
+                return None
+        else:
+            has2 = has.reshape(len(rows), nf)
+            counts = has2.sum(axis=1)
+            present = np.flatnonzero(counts)
+            if len(present):
+                reduced = _reduce_checked(rows[has2], (np.cumsum(counts) - counts)[present])
+                if reduced is None:
+                    return None
+        if reduced is not None:
+            mean, lo, hi = reduced
+            zero = np.flatnonzero((lo == 0) | (hi == 0))
+            if len(zero):
+                sub = rows[present[zero]]
+                if bool(((sub == 0) & np.signbit(sub)).any()):
+                    return None
+        out = ClosedSteps()
+        out.step = np.array(first, np.int64)
+        out.n = np.full(k, nf, np.int64)
+        times = _list_floats(self.time, 0)
+        if times is None:
+            times = np.fromiter(self.time, np.float64, total)
+        out.time = np.fmax.reduce(times.reshape(nf, k), axis=0)
+        if k == 1:  # (counts are <= 2**40: a Python sum of them is the int64 sum)
+            out.samples = np.array([sum(self.samples)], np.int64)
+            out.tokens = np.array([sum(self.tokens)], np.int64)
+        else:
+            out.samples = np.fromiter(self.samples, np.int64, total).reshape(nf, k).sum(axis=0)
+            out.tokens = np.fromiter(self.tokens, np.int64, total).reshape(nf, k).sum(axis=0)
+        slowest = np.full(k, -1, np.int64)
+        nms = int(np.searchsorted(present, k))  # rows of step_ms come first
+        if nms:
+            pos = present[:nms]
+            out.ms_idx = pos
+            out.ms_mean, out.ms_lo, out.ms_hi = mean[:nms], lo[:nms], hi[:nms]
+            top = hi[:nms]
+            fin = np.flatnonzero(top == top)  # a finite max (NaN: none)
+            if len(fin):
+                if k == 1:
+                    slowest[0] = min(map(frank.__getitem__, np.flatnonzero(ms == top[0]).tolist()))
+                else:  # per step, the lowest rank at its max
+                    at = mat[0][pos[fin]] == top[fin][:, None]
+                    ranks = np.array(frank, np.int64)
+                    slowest[pos[fin]] = np.where(at, ranks, np.iinfo(np.int64).max).min(axis=1)
+        out.slowest = slowest
+        if nms < len(present):  # metrics, sorted by (name, step)
+            by_name = sorted(range(g), key=gnames.__getitem__)
+            rank_of = np.empty(g, np.int64)
+            rank_of[by_name] = np.arange(g)
+            mrow = present[nms:] - k
+            name = rank_of[mrow // k]
+            at_step = mrow % k
+            order = np.argsort(name * k + at_step, kind="stable")
+            out.names = [gnames[i] for i in by_name]
+            out.metric_name = name[order]
+            out.metric_idx = at_step[order]
+            order += nms
+            out.metric_mean, out.metric_lo, out.metric_hi = mean[order], lo[order], hi[order]
+        self.__init__()  # type: ignore[misc]
+        return out
 
 
 _ZEROS: List[int] = [0] * 1024

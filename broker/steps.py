@@ -26,13 +26,13 @@ decides *when* steps close and keeps the per-rank figures.
   step so far), so it needs no per-step bookkeeping either.
 
 The batch then goes, as arrays, into the store (one append per batch, :meth:`StepStore.
-append_columns`) and into the ``steps`` event (records built from the same arrays).
+append_columns`), and the ``steps`` event carries the store's wire block of those rows
+(:meth:`RunSteps.take`), not records.
 The per-rank straggler figures (``step``, ``step_ms``, ``slowest_share``) live here too:
 they are what the closing sees.
 """
 from __future__ import annotations
 
-import gc
 import heapq
 from bisect import bisect_right
 from collections import Counter, deque
@@ -263,12 +263,21 @@ class StepCloser:
         return cols
 
     def _close_through(self, target: int) -> Optional[ClosedSteps]:
-        cols = self._take_pending()
         if target > self.last_closed:
             self.last_closed = target
         force = self._force
         while force and force[0][1] <= target:
             force.popleft()
+        if self._carry is None and self._hi <= target and self._buf:
+            # Every pending point closes: the live case (the frames of one round of
+            # flushes, every rank the same steps once) FrameBuffer.close_grid reduces
+            # without the general sort (None: not a grid, e.g. a rank sent a step twice).
+            batch = self._buf.close_grid()
+            if batch is not None:
+                self._lo = -1
+                self._note_slowest_batch(batch.slowest)
+                return batch
+        cols = self._take_pending()
         if cols is None:
             self._lo = -1
             return None
@@ -367,8 +376,8 @@ class RunSteps:
     :class:`~broker.stepstore.StepStore` of the published ones.
 
     Only published steps enter :attr:`store`, so a snapshot never holds a step an event
-    will bring again. Emitting the event is the sink's business: :meth:`take` hands the
-    records over (built from the batches' arrays, which enter the store one append each).
+    will bring again. Emitting the event is the sink's business: :meth:`take` hands over
+    the wire block of the rows it stored (the batches enter the store one append each).
     """
 
     def __init__(self, *, close_after: float = 10.0, interval: float = 0.25) -> None:
@@ -432,31 +441,30 @@ class RunSteps:
         """Closed steps not yet published."""
         return sum(map(len, self._out))
 
-    def take(self, now: float) -> List[Dict[str, Any]]:
-        """The waiting closed steps as records, now stored (one append per batch) as
-        published at ``now``."""
+    def take(self, now: float) -> Dict[str, Any]:
+        """The waiting closed steps, now stored (one append per batch) as published at
+        ``now``, as the ``steps`` event's data: the store's wire block of their rows
+        (:meth:`StepStore.to_wire`, the columnar form snapshots and the journal use).
+
+        Columnar rather than records (issue 17): a record is ~7 Python containers a step
+        to build, MessagePack-encode here and decode in every web, where most runs have no
+        SSE subscriber to show them to. The block is a few ``tobytes`` per series; a web
+        appends it with :meth:`StepStore.extend_wire` and builds records only for its
+        subscribers (:func:`broker.stepstore.wire_records` gives them to whoever else
+        needs them)."""
         out, self._out = self._out, []
-        records: List[Dict[str, Any]] = []
         store = self.store
-        # The records are a few acyclic containers per step; a 1,000-step batch makes
-        # ~10,000 of them, and each 700 allocations would start a collection that scans the
-        # broker's heap (measured: 7.4 us per step with the collector, 2.7 without). They
-        # are freed once the event is encoded, before the collector would find them.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            for batch in out:
-                store.append_columns(batch.step, batch.time, batch.n, batch.slowest,
-                                     batch.samples, batch.tokens,
-                                     (batch.ms_idx, batch.ms_mean, batch.ms_lo, batch.ms_hi),
-                                     batch.per_metric())
-                records += batch.records()
-        finally:
-            if collecting:
-                gc.enable()
-        self.published += len(records)
+        before = store.rows
+        names: set[str] = set()
+        for batch in out:
+            store.append_columns(batch.step, batch.time, batch.n, batch.slowest,
+                                 batch.samples, batch.tokens,
+                                 (batch.ms_idx, batch.ms_mean, batch.ms_lo, batch.ms_hi),
+                                 batch.per_metric())
+            names.update(batch.names)
+        self.published += store.rows - before
         self.sent_at = now
-        return records
+        return store.to_wire(before, store.rows, sorted(names))
 
     def restore(self, block: Dict[str, Any]) -> int | None:
         """Journal replay of a :meth:`StepStore.to_wire` block; returns the first new row

@@ -29,7 +29,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["StepStore", "Series", "STEP_MS", "SAMPLES_PER_S", "TOKENS_PER_S", "csv_header"]
+__all__ = ["StepStore", "Series", "STEP_MS", "SAMPLES_PER_S", "TOKENS_PER_S", "csv_header",
+           "wire_records"]
 
 #: ``/steps`` names of the series that are not user metrics (they shadow a metric of the
 #: same name there; ``/steps.csv`` has every metric under its own name).
@@ -77,10 +78,11 @@ class Series:
             return
         n = self.n
         need = n + k
-        self.row = _grow(self.row, need)
-        self.mean = _grow(self.mean, need)
-        self.lo = _grow(self.lo, need)
-        self.hi = _grow(self.hi, need)
+        if need > len(self.row):  # (the four grow together)
+            self.row = _grow(self.row, need)
+            self.mean = _grow(self.mean, need)
+            self.lo = _grow(self.lo, need)
+            self.hi = _grow(self.hi, need)
         self.row[n:need] = rows
         self.mean[n:need] = mean
         self.lo[n:need] = lo
@@ -93,8 +95,8 @@ class Series:
 
     def span(self, r0: int, r1: int) -> tuple[int, int]:
         """Positions ``[p0, p1)`` of this series' points on rows ``[r0, r1)``."""
-        srow = self.row[: self.n]
-        return (int(np.searchsorted(srow, r0, "left")), int(np.searchsorted(srow, r1, "left")))
+        p0, p1 = self.row[: self.n].searchsorted((r0, r1)).tolist()
+        return p0, p1
 
     def dense(self, arr: np.ndarray, r0: int, r1: int) -> np.ndarray:
         """``arr`` (``mean``, ``lo`` or ``hi``) spread over rows ``[r0, r1)``: NaN where the
@@ -259,23 +261,42 @@ class StepStore:
 
     # ----------------------------------------------------------------- wire form
 
-    def to_wire(self, start: int = 0, end: Optional[int] = None) -> Dict[str, Any]:
+    def to_wire(self, start: int = 0, end: Optional[int] = None,
+                names: Optional[Iterable[str]] = None) -> Dict[str, Any]:
         """Rows ``start:end`` as ``{"base", "rows", <column>: bytes, "step_ms": [4 x bytes],
-        "metrics": {name: [4 x bytes]}}``; row indices stay absolute."""
+        "metrics": {name: [4 x bytes]}}``; row indices stay absolute. ``names``: the only
+        metrics that can have a point there (the broker's ``steps`` event knows them from
+        the batch), so a block of a few rows does not visit a run's 1,024 series; None:
+        every series is looked at."""
         end = self.rows if end is None else min(end, self.rows)
         out: Dict[str, Any] = {"base": start, "rows": end - start}
         for name, _ in _ROW_FIELDS:
             out[name] = self._cols[name][start:end].tobytes()
         out["step_ms"] = _series_wire(self.step_ms, start, end)
-        out["metrics"] = {name: _series_wire(s, start, end) for name, s in self.metrics.items()
-                          if s.n and s.row[s.n - 1] >= start}
+        metrics = self.metrics
+        if names is None:
+            names = list(metrics)
+        wire: Dict[str, List[bytes]] = {}
+        for name in names:
+            s = metrics.get(name)
+            if s is not None and s.n and s.row[s.n - 1] >= start:
+                parts = _series_wire(s, start, end)
+                if parts[0]:
+                    wire[name] = parts
+        out["metrics"] = wire
         return out
 
-    def extend_wire(self, block: Dict[str, Any]) -> None:
+    def extend_wire(self, block: Dict[str, Any], *, rebase: bool = False) -> None:
         """Append a :meth:`to_wire` block whose ``base`` is this store's row count. Raises
-        ``ValueError`` (nothing changed) for a block that does not fit."""
+        ``ValueError`` (nothing changed) for a block that does not fit: rows outside the
+        block, columns of the wrong length, steps that do not ascend (within the block, and
+        from this store's last step), series rows that do not ascend.
+
+        ``rebase``: the block's rows are moved to follow this store's whatever its
+        ``base`` (the web's ``steps`` events: what must hold there is the contract's, that
+        the steps ascend past the last one, not the broker's row numbering)."""
         base, k = int(block["base"]), int(block["rows"])
-        if base != self.rows or k < 0:
+        if k < 0 or (base != self.rows and not rebase):
             raise ValueError(f"step block at row {base} does not follow row {self.rows}")
         cols = {name: np.frombuffer(block[name], dtype=dt) for name, dt in _ROW_FIELDS}
         series: List[tuple[Optional[str], tuple[np.ndarray, ...]]] = [
@@ -284,12 +305,22 @@ class StepStore:
         for name, arr in cols.items():
             if len(arr) != k:
                 raise ValueError(f"step block column {name} has {len(arr)} rows, not {k}")
+        if base != self.rows:  # (rebase) rows as this store numbers them
+            delta = self.rows - base
+            series = [(key, (rows.astype(np.int64) + delta, mean, lo, hi))
+                      for key, (rows, mean, lo, hi) in series]
+            base = self.rows
         for _, (rows, mean, lo, hi) in series:
             if not (len(rows) == len(mean) == len(lo) == len(hi)):
                 raise ValueError("step block series of unequal lengths")
             if len(rows) and (rows[0] < base or rows[-1] >= base + k):
                 raise ValueError("step block series row outside the block")
-        if k and self.rows and cols["step"][0] <= self._cols["step"][self.rows - 1]:
+            if len(rows) > 1 and not bool((rows[1:] > rows[:-1]).all()):
+                raise ValueError("step block series rows do not ascend")
+        step = cols["step"]
+        if k > 1 and not bool(np.greater(step[1:], step[:-1]).all()):
+            raise ValueError("step block steps do not ascend")
+        if k and self.rows and step[0] <= self._cols["step"][self.rows - 1]:
             raise ValueError("step block does not ascend from the last step")
         start = self._reserve(k)
         for col, arr in cols.items():
@@ -348,47 +379,57 @@ class StepStore:
         return idx + r0, rates
 
     def records(self, r0: int, r1: Optional[int] = None) -> List[Dict[str, Any]]:
-        """Rows ``[r0, r1)`` as closed step records (PROTOCOL 2.4 dicts; NaN for the
-        non-finite values the record had, None for what it did not have)."""
+        """Rows ``[r0, r1)`` as closed step records (PROTOCOL 2.4 dicts in its key order;
+        NaN for the non-finite values the record had, None for what it did not have).
+
+        The web's SSE ``steps`` event for its subscribers (the broker's event carries the
+        rows, not records): built column by column with C-level ``map``/``zip`` over
+        ``tolist()`` columns, so no bytecode runs per step unless a metric is sparse (then
+        one dict per step)."""
         r1 = self.rows if r1 is None else min(r1, self.rows)
-        if r1 <= r0:
+        k = r1 - r0
+        if k <= 0:
             return []
         cols = self._cols
-        out: List[Dict[str, Any]] = []
-        ms = self._triples(self.step_ms, r0, r1)
-        per_metric = {name: self._triples(s, r0, r1) for name, s in
-                      sorted(self.metrics.items())}
-        rates = {}
+        ms = self._spread_triples(self.step_ms, r0, r1)
+        names = self.metric_names()
+        per: List[tuple[str, List[Any]]] = []
+        for name in names:
+            col = self._spread_triples(self.metrics[name], r0, r1)
+            if col is not None:
+                per.append((name, col))
+        metrics: List[Dict[str, Any]]
+        if not per:
+            metrics = [{} for _ in range(k)]
+        elif all(None not in col for _, col in per):  # every name at every row
+            metrics = list(map(dict, map(zip, repeat([n for n, _ in per]),
+                                         zip(*[col for _, col in per]))))
+        else:
+            metrics = [{name: col[i] for name, col in per if col[i] is not None}
+                       for i in range(k)]
+        rates = []
         for metric in (SAMPLES_PER_S, TOKENS_PER_S):
             rows, vals = self._rates(metric, r0, r1)
-            rates[metric] = dict(zip((rows - r0).tolist(), vals.tolist()))
-        steps = cols["step"][r0:r1].tolist()
-        times = cols["time"][r0:r1].tolist()
-        ns = cols["n"][r0:r1].tolist()
-        slowest = cols["slowest"][r0:r1].tolist()
-        samples = cols["samples"][r0:r1].tolist()
-        tokens = cols["tokens"][r0:r1].tolist()
-        for i in range(r1 - r0):
-            out.append({
-                "step": steps[i], "time": None if times[i] != times[i] else times[i],
-                "n": ns[i],
-                "metrics": {name: t[i] for name, t in per_metric.items() if i in t},
-                "step_ms": ms.get(i), "slowest_rank": None if slowest[i] < 0 else slowest[i],
-                "samples": samples[i], "tokens": tokens[i],
-                "samples_per_s": rates[SAMPLES_PER_S].get(i),
-                "tokens_per_s": rates[TOKENS_PER_S].get(i),
-            })
-        return out
+            rates.append(_spread(k, rows - r0, vals.tolist()))
+        times = cols["time"][r0:r1]
+        slowest = cols["slowest"][r0:r1]
+        return list(map(dict, map(zip, repeat(_RECORD_KEYS), zip(
+            cols["step"][r0:r1].tolist(), _none_where(times, np.isnan(times)),
+            cols["n"][r0:r1].tolist(), metrics, ms if ms is not None else repeat(None, k),
+            _none_where(slowest, slowest < 0), cols["samples"][r0:r1].tolist(),
+            cols["tokens"][r0:r1].tolist(), rates[0], rates[1]))))
 
     @staticmethod
-    def _triples(s: Series, r0: int, r1: int) -> Dict[int, List[Optional[float]]]:
-        """Offset from ``r0`` -> ``[mean, min, max]`` (None for NaN min/max) of a series."""
+    def _spread_triples(s: Series, r0: int, r1: int) -> Optional[List[Any]]:
+        """The series on rows ``[r0, r1)``: a list with ``[mean, min, max]`` (None for a NaN
+        min/max) at each row that has a point, None elsewhere; None when no row has one."""
         p0, p1 = s.span(r0, r1)
-        out: Dict[int, List[Optional[float]]] = {}
-        for row, mean, lo, hi in zip(s.row[p0:p1].tolist(), s.mean[p0:p1].tolist(),
-                                     s.lo[p0:p1].tolist(), s.hi[p0:p1].tolist()):
-            out[row - r0] = [mean, None if lo != lo else lo, None if hi != hi else hi]
-        return out
+        if p1 <= p0:
+            return None
+        lo, hi = s.lo[p0:p1], s.hi[p0:p1]
+        triples = list(map(list, zip(s.mean[p0:p1].tolist(), _none_where(lo, np.isnan(lo)),
+                                     _none_where(hi, np.isnan(hi)))))
+        return _spread(r1 - r0, s.row[p0:p1].astype(np.int64) - r0, triples)
 
     def csv_rows(self, chunk: int = 4096) -> Iterator[str]:
         """``/steps.csv`` body lines after the header, ``chunk`` rows per string (CRLF)."""
@@ -416,6 +457,15 @@ class StepStore:
     @staticmethod
     def _dense_cells(s: Series, r0: int, r1: int) -> List[List[str]]:
         return [_floats(s.dense(arr, r0, r1)) for arr in (s.mean, s.lo, s.hi)]
+
+
+def wire_records(block: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The closed step records (PROTOCOL 2.4 dicts, as :meth:`StepStore.records` gives them)
+    of one :meth:`StepStore.to_wire` block, whatever its ``base``: for what needs records
+    from a ``steps`` event of the feed (tests, tools), which carries the block, not them."""
+    store = StepStore()
+    store.extend_wire(block, rebase=True)
+    return store.records(0)
 
 
 def csv_header(metric_names: Sequence[str]) -> str:
@@ -446,6 +496,29 @@ def _floats(arr: np.ndarray) -> List[str]:
 
 _RECORD = itemgetter("step", "time", "n", "slowest_rank", "samples", "tokens", "step_ms",
                      "metrics")
+#: PROTOCOL 2.4's closed step record keys, in its order (what :meth:`StepStore.records`
+#: gives, as the broker's records did: the SSE bytes are the same)
+_RECORD_KEYS = ("step", "time", "n", "metrics", "step_ms", "slowest_rank", "samples", "tokens",
+                "samples_per_s", "tokens_per_s")
+
+
+def _none_where(arr: np.ndarray, mask: np.ndarray) -> List[Any]:
+    """``arr.tolist()`` with None where ``mask``."""
+    if not mask.any():
+        return arr.tolist()
+    obj = arr.astype(object)
+    obj[mask] = None
+    return obj.tolist()
+
+
+def _spread(k: int, idx: np.ndarray, items: List[Any]) -> List[Any]:
+    """``items`` at positions ``idx`` of a list of ``k`` (None elsewhere)."""
+    if len(items) == k:
+        return items
+    out: List[Any] = [None] * k
+    for i, item in zip(idx.tolist(), items):
+        out[i] = item
+    return out
 
 
 def _trip_array(triples: List[Any]) -> np.ndarray:

@@ -288,9 +288,11 @@ class Hub:
             state.complete = (update.seq, str(status))
             payload = data
         elif update.kind == "steps":
-            if not self._append_steps(state, data):
-                return
-            payload = data
+            r0 = self._append_steps(state, data)
+            if r0 is None or not state.subscribers:
+                return  # nobody to show them to: stored, nothing encoded (issue 17)
+            # the contract's {"steps": [records]}, from the rows just stored
+            payload = {"steps": state.steps.records(r0)}
         else:
             log.debug("unknown event kind %r in run %s ignored", update.kind, update.run)
             return
@@ -299,24 +301,26 @@ class Hub:
             self._broadcast(state, update.seq, sse.json_event(update.kind, update.seq, payload))
 
     @staticmethod
-    def _append_steps(state: RunState, data: Any) -> bool:
-        """Add a ``steps`` event's records to the run's store; False (logged) when they do
-        not follow it (then nothing is added and nothing is broadcast)."""
-        records = data.get("steps") if isinstance(data, dict) else None
-        if not isinstance(records, list) or not records:
+    def _append_steps(state: RunState, data: Any) -> int | None:
+        """Add a ``steps`` event's closed steps (the broker's wire block of them,
+        :meth:`StepStore.to_wire`) to the run's store; returns the first new row, or None
+        (logged) when the block is malformed or does not ascend past the store's last step
+        (then nothing is added and nothing is broadcast). The rows are renumbered to follow
+        the store's (``rebase``): the rule is the contract's, on steps."""
+        if not isinstance(data, dict):
             log.warning("malformed steps event of run %s skipped", state.run)
-            return False
-        last = state.steps.last_step
+            return None
+        store = state.steps
+        r0 = store.rows
         try:
-            steps = [r["step"] for r in records]
-            if any(b <= a for a, b in zip(steps, steps[1:])) or (
-                    last is not None and steps[0] <= last):
-                raise ValueError("steps do not ascend past the last closed one")
-            state.steps.append(records)
+            store.extend_wire(data, rebase=True)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             log.warning("steps event of run %s skipped: %r", state.run, exc)
-            return False
-        return True
+            return None
+        if store.rows == r0:
+            log.warning("empty steps event of run %s skipped", state.run)
+            return None
+        return r0
 
     def _resnapshot(self, run: str) -> None:
         """Buffer the run's updates from now on and ask for its snapshot."""

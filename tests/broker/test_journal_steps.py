@@ -23,7 +23,7 @@ import pytest
 from broker import journal_codec as jmod
 from broker.journal import HEADER, Journal, read_entries
 from broker.sink import Event, Rejected, RunSink
-from broker.stepstore import SAMPLES_PER_S, STEP_MS, StepStore
+from broker.stepstore import SAMPLES_PER_S, STEP_MS, StepStore, wire_records
 from rank_agent import protocol
 from rank_agent.protocol import Finish, Frame, Register, Resources, ResourceSample, Steps
 
@@ -83,7 +83,7 @@ class Broker:
     def published(self, run: str) -> list[dict[str, Any]]:
         """Every closed step record that went out in a steps event, in order."""
         return [r for rn, ev in self.events if rn == run and ev.kind == "steps"
-                for r in ev.data["steps"]]
+                for r in wire_records(ev.data)]
 
     def close(self) -> None:
         self.journal.close()

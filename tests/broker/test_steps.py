@@ -18,6 +18,7 @@ from broker.runs import Runs
 from broker.sink import STEPS_INTERVAL, Event, Rejected, RunSink
 from broker.stepclose import step_record
 from broker.steps import SHARE_WINDOW, STEP_MS_WINDOW, StepCloser
+from broker.stepstore import wire_records
 from rank_agent import protocol
 from rank_agent.protocol import Finish, Register, Steps, decode, encoder
 
@@ -95,7 +96,7 @@ class Drive:
 
     @property
     def records(self) -> list[dict[str, Any]]:
-        return [r for _, e in self.events if e.kind == "steps" for r in e.data["steps"]]
+        return [r for _, e in self.events if e.kind == "steps" for r in wire_records(e.data)]
 
     @property
     def closed(self) -> list[int]:
@@ -335,7 +336,7 @@ def test_run_end_closes_everything_then_completes() -> None:
     events = d.send(fin(1), 2.02)  # within STEPS_INTERVAL of the last steps event
     kinds = [e.kind for e in events]
     assert kinds == ["steps", "run", "complete"]  # steps first: nothing after complete
-    assert numbers(events[0].data["steps"]) == [3, 4, 5]
+    assert numbers(wire_records(events[0].data)) == [3, 4, 5]
     assert d.closed == list(range(6))
     assert events[1].data["status"] == "complete" and events[1].data["steps_done"] == 5
 
@@ -375,8 +376,8 @@ def test_late_points_are_dropped_and_counted_the_rest_of_the_frame_applies() -> 
     events = runs.ingest(encoder.encode(stp(1, [1, 2, 3, 4], loss=[9.0, 9.0, 4.0, 4.0])), 3.0)
     assert sink.late_steps == 2
     assert runs.late_steps == 2 and runs.counters()["late_steps"] == 2
-    recs = [r for _, e in events if e.kind == "steps" for r in e.data["steps"]]
-    recs += [r for _, e in runs.tick(4.0) if e.kind == "steps" for r in e.data["steps"]]
+    recs = [r for _, e in events if e.kind == "steps" for r in wire_records(e.data)]
+    recs += [r for _, e in runs.tick(4.0) if e.kind == "steps" for r in wire_records(e.data)]
     assert numbers(recs) == [3, 4]
     assert [r["metrics"]["loss"] for r in recs] == [[2.5, 1.0, 4.0]] * 2
     # the closed steps 1 and 2 never changed
@@ -705,7 +706,7 @@ def test_steps_events_at_most_4_a_second_and_each_step_within_half_a_second() ->
     assert d.closed == list(range(60))  # every step once, ascending, batched
     assert len(steps_events) < 60
     for at, e in steps_events:
-        for rec in e.data["steps"]:
+        for rec in wire_records(e.data):
             assert at - closed_at[rec["step"]] <= 0.5 + 1e-9
     seqs = [e.seq for _, e in d.events]
     assert seqs == sorted(set(seqs))

@@ -18,7 +18,7 @@ import msgspec
 import zmq
 
 from broker import feed
-from broker.stepstore import SAMPLES_PER_S, STEP_MS, StepStore
+from broker.stepstore import SAMPLES_PER_S, STEP_MS, StepStore, wire_records
 from rank_agent.protocol import Register, Steps
 from tests.support.brokers import FeedClient, Pusher
 from tests.support.procs import Proc, no_traceback, start_broker
@@ -81,7 +81,7 @@ class Watcher:
             elif isinstance(update, feed.EventUpdate) and update.run == RUN:
                 self.seqs.append(update.seq)
                 if update.kind == "steps":
-                    self.records += update.data["steps"]
+                    self.records += wire_records(update.data)
 
     def steps(self) -> list[int]:
         return [r["step"] for r in self.records]

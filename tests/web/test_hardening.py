@@ -23,6 +23,7 @@ from rankboard.config import from_args
 from rankboard.process import PARENT_ENV, die_with_parent
 from tests.support.polling import wait_for
 from tests.web.test_hub import RUN, drain, ev, hb, header, ready_hub, record
+from tests.web.test_hub_steps import steps_data
 from web.app import create_app, history_csv, host_name, steps_csv_header, text_cell
 from web.config import WebConfig
 from web.httpguard import framing_problem
@@ -237,8 +238,8 @@ def step(n: int, metrics: dict[str, Any]) -> dict[str, Any]:
 
 def test_steps_csv_header_is_neutralised() -> None:
     hub = ready_hub(1)
-    hub.handle_pub(ev(3, "steps", {"steps": [
-        step(0, {name: [-1.0, -2.0, 0.0] for name in HOSTILE})]}))
+    hub.handle_pub(ev(3, "steps", steps_data([
+        step(0, {name: [-1.0, -2.0, 0.0] for name in HOSTILE})])))
     body = create_app(hub).test_client().get(f"/api/runs/{RUN}/steps.csv").get_data(
         as_text=True)
     rows = list(csv.reader(io.StringIO(body)))
