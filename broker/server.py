@@ -515,7 +515,9 @@ class BrokerServer:
         self._send_all(out)
 
     def _ingest_one(self, raw: bytes | memoryview, now: float, out: list[list[bytes]]) -> None:
-        """Apply one message through :class:`Runs` and queue what it caused for the PUB."""
+        """Apply one message through :class:`Runs` and queue what it caused for the PUB
+        (the batch's frames taken aside; the receive loop inlines the same steps, its
+        lookups hoisted, because it is the broker's per-frame hot path)."""
         try:
             events = self.runs.ingest(raw, now)
         except Exception:  # a bug, not bad input (Runs counts those): keep serving

@@ -33,6 +33,9 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import msgspec
 import numpy as np
 
+from broker.stepstore import RECORD_KEYS as _RECORD_KEYS
+from broker.stepstore import none_where as _none_where
+from broker.stepstore import spread as _spread
 from rank_agent.protocol import Steps
 
 __all__ = ["ClosedSteps", "Columns", "FrameBuffer", "close_columns", "close_frames",
@@ -357,33 +360,10 @@ class ClosedSteps:
             self.samples.tolist(), self.tokens.tolist(), sps, tps))))
 
 
-_RECORD_KEYS = ("step", "time", "n", "metrics", "step_ms", "slowest_rank", "samples", "tokens",
-                "samples_per_s", "tokens_per_s")
-
-
-def _none_where(arr: np.ndarray, mask: np.ndarray) -> List[Any]:
-    """``arr.tolist()`` with None where ``mask``."""
-    if not mask.any():
-        return arr.tolist()
-    obj = arr.astype(object)
-    obj[mask] = None
-    return obj.tolist()
-
-
 def _triples(mean: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> List[List[Any]]:
     """``[mean, min, max]`` lists (None for a NaN min/max: no finite value)."""
     return list(map(list, zip(mean.tolist(), _none_where(lo, np.isnan(lo)),
                               _none_where(hi, np.isnan(hi)))))
-
-
-def _spread(k: int, idx: np.ndarray, items: List[Any]) -> List[Any]:
-    """``items`` at positions ``idx`` of a list of ``k`` (None elsewhere)."""
-    if len(items) == k:
-        return items
-    out: List[Any] = [None] * k
-    for i, item in zip(idx.tolist(), items):
-        out[i] = item
-    return out
 
 
 class Columns:

@@ -410,13 +410,13 @@ class StepStore:
         rates = []
         for metric in (SAMPLES_PER_S, TOKENS_PER_S):
             rows, vals = self._rates(metric, r0, r1)
-            rates.append(_spread(k, rows - r0, vals.tolist()))
+            rates.append(spread(k, rows - r0, vals.tolist()))
         times = cols["time"][r0:r1]
         slowest = cols["slowest"][r0:r1]
-        return list(map(dict, map(zip, repeat(_RECORD_KEYS), zip(
-            cols["step"][r0:r1].tolist(), _none_where(times, np.isnan(times)),
+        return list(map(dict, map(zip, repeat(RECORD_KEYS), zip(
+            cols["step"][r0:r1].tolist(), none_where(times, np.isnan(times)),
             cols["n"][r0:r1].tolist(), metrics, ms if ms is not None else repeat(None, k),
-            _none_where(slowest, slowest < 0), cols["samples"][r0:r1].tolist(),
+            none_where(slowest, slowest < 0), cols["samples"][r0:r1].tolist(),
             cols["tokens"][r0:r1].tolist(), rates[0], rates[1]))))
 
     @staticmethod
@@ -427,9 +427,9 @@ class StepStore:
         if p1 <= p0:
             return None
         lo, hi = s.lo[p0:p1], s.hi[p0:p1]
-        triples = list(map(list, zip(s.mean[p0:p1].tolist(), _none_where(lo, np.isnan(lo)),
-                                     _none_where(hi, np.isnan(hi)))))
-        return _spread(r1 - r0, s.row[p0:p1].astype(np.int64) - r0, triples)
+        triples = list(map(list, zip(s.mean[p0:p1].tolist(), none_where(lo, np.isnan(lo)),
+                                     none_where(hi, np.isnan(hi)))))
+        return spread(r1 - r0, s.row[p0:p1].astype(np.int64) - r0, triples)
 
     def csv_rows(self, chunk: int = 4096) -> Iterator[str]:
         """``/steps.csv`` body lines after the header, ``chunk`` rows per string (CRLF)."""
@@ -498,11 +498,11 @@ _RECORD = itemgetter("step", "time", "n", "slowest_rank", "samples", "tokens", "
                      "metrics")
 #: PROTOCOL 2.4's closed step record keys, in its order (what :meth:`StepStore.records`
 #: gives, as the broker's records did: the SSE bytes are the same)
-_RECORD_KEYS = ("step", "time", "n", "metrics", "step_ms", "slowest_rank", "samples", "tokens",
+RECORD_KEYS = ("step", "time", "n", "metrics", "step_ms", "slowest_rank", "samples", "tokens",
                 "samples_per_s", "tokens_per_s")
 
 
-def _none_where(arr: np.ndarray, mask: np.ndarray) -> List[Any]:
+def none_where(arr: np.ndarray, mask: np.ndarray) -> List[Any]:
     """``arr.tolist()`` with None where ``mask``."""
     if not mask.any():
         return arr.tolist()
@@ -511,7 +511,7 @@ def _none_where(arr: np.ndarray, mask: np.ndarray) -> List[Any]:
     return obj.tolist()
 
 
-def _spread(k: int, idx: np.ndarray, items: List[Any]) -> List[Any]:
+def spread(k: int, idx: np.ndarray, items: List[Any]) -> List[Any]:
     """``items`` at positions ``idx`` of a list of ``k`` (None elsewhere)."""
     if len(items) == k:
         return items
