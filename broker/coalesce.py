@@ -84,10 +84,13 @@ class Coalescer:
     last ``take``'s caller read it (the server hands the count to :class:`broker.runs.Runs`).
     """
 
-    __slots__ = ("_kept", "superseded")
+    __slots__ = ("_kept", "held", "superseded")
 
     def __init__(self) -> None:
         self._kept: Dict[str, Buffer] = {}
+        #: the same dict, for the server's per-message test "is anything aside?" (a dict's
+        #: truth is a C slot; ``len(self)`` would be a Python call per message)
+        self.held: Dict[str, Buffer] = self._kept
         self.superseded = 0
 
     def __len__(self) -> int:

@@ -464,6 +464,7 @@ class BrokerServer:
         budget = INGEST_BATCH_BYTES
         aside = self._aside
         offer = aside.offer
+        held = aside.held
         zero_copy = self._zero_copy
         raw: bytes | memoryview
         for _ in range(self.batch_limit):
@@ -481,7 +482,7 @@ class BrokerServer:
             budget -= n
             if n >= ZERO_COPY_BYTES:
                 zero_copy = ZERO_COPY_RUN
-            if n >= COALESCE_MIN_BYTES or aside:  # (small frames only while some are aside:
+            if n >= COALESCE_MIN_BYTES or held:  # (small frames only while some are aside:
                 taken, freed = offer(raw)         # a later small metadata must still win)
                 if taken:
                     budget += freed
@@ -502,7 +503,7 @@ class BrokerServer:
                 out.extend(feed.encode_port(*p) for p in ports)
                 ports.clear()
         self._zero_copy = zero_copy
-        if aside:
+        if held:
             for raw in aside.take():
                 self._ingest_one(raw, now, out)
             self.runs.count_superseded(aside.superseded)
