@@ -14,6 +14,7 @@
 import { enc, serverNow } from "./api.js";
 import { $, button, h } from "./dom.js";
 import { fmtAgo, fmtDur, fmtInt, isNum } from "./fmt.js";
+import { hostOf } from "./model.js";
 import { profilePair } from "./profileview.js";
 
 /** At most one /stacks read this often (ms). */
@@ -307,8 +308,10 @@ export class StallView {
     const box = h("div", "stall-rank");
     box.dataset.testid = "stall-rank";
     const head = h("div", "stall-head");
-    const entry = this.page.store.rankMap.get(rank);
-    const host = entry && entry.host ? ` · ${entry.host}` : "";
+    // the ranks array's host, else the header's topology (the header is replayed on every
+    // SSE connection; a ranks event can fall between the page's snapshot and its stream)
+    const where = hostOf(this.page.store, rank);
+    const host = where ? ` · ${where}` : "";
     head.append(h("h4", "stall-sub", `rank ${rank}${host}`));
     head.append(this._buttons([rank], "rank"));
     head.append(button("btn btn-small", "close", () => this.setFocus(rank)));
