@@ -84,32 +84,32 @@ class Coalescer:
     last ``take``'s caller read it (the server hands the count to :class:`broker.runs.Runs`).
     """
 
-    __slots__ = ("_kept", "held", "superseded")
+    __slots__ = ("held", "superseded")
 
     def __init__(self) -> None:
-        self._kept: Dict[str, Buffer] = {}
-        #: the same dict, for the server's per-message test "is anything aside?" (a dict's
-        #: truth is a C slot; ``len(self)`` would be a Python call per message)
-        self.held: Dict[str, Buffer] = self._kept
+        #: run -> its newest frame aside; read-only outside, where the server tests "is
+        #: anything aside?" per message by this dict's truth (a C slot; ``len(self)`` would
+        #: be a Python call per message)
+        self.held: Dict[str, Buffer] = {}
         self.superseded = 0
 
     def __len__(self) -> int:
-        return len(self._kept)
+        return len(self.held)
 
     def offer(self, raw: Buffer) -> Tuple[bool, int]:
         run = peek_metadata_run(raw)
         if run is None:
             return False, 0
-        if len(raw) < COALESCE_MIN_BYTES and run not in self._kept:
+        if len(raw) < COALESCE_MIN_BYTES and run not in self.held:
             return False, 0  # small, and nothing of its run aside: the ordinary path
-        old = self._kept.pop(run, None)  # popped: the newest goes to the end (arrival order)
-        self._kept[run] = raw
+        old = self.held.pop(run, None)  # popped: the newest goes to the end (arrival order)
+        self.held[run] = raw
         if old is None:
             return True, 0
         self.superseded += 1
         return True, len(old)
 
     def take(self) -> List[Buffer]:
-        kept = list(self._kept.values())
-        self._kept.clear()
+        kept = list(self.held.values())
+        self.held.clear()
         return kept

@@ -53,7 +53,8 @@ _LARGE_METADATA = 4096
 
 def _superseded_metadata(entries: list[tuple[int, memoryview]]) -> dict[int, protocol.Metadata]:
     """Stand-ins for the large metadata frames that a later one replaced: entry index ->
-    the same rank's frame carrying the *last* large blob's JSON.
+    the same rank's frame carrying the *last* large blob's JSON (and, at the last one's own
+    index, that frame as decoded here, so it is not decoded twice).
 
     Why: every journaled metadata frame was valid, and the last write wins, so parsing each
     replaced blob again rebuilt nothing that lasts, yet a run that received a flood of
@@ -78,8 +79,10 @@ def _superseded_metadata(entries: list[tuple[int, memoryview]]) -> dict[int, pro
         return {}
     if not isinstance(final, protocol.Metadata):
         return {}
-    return {i: protocol.Metadata(run=run, rank=rank, json=final.json)
-            for i, run, rank in large[:-1] if rank >= 0}
+    stand_ins = {i: protocol.Metadata(run=run, rank=rank, json=final.json)
+                 for i, run, rank in large[:-1] if rank >= 0}
+    stand_ins[last] = final  # decoded once here: the replay takes it as it is
+    return stand_ins
 
 
 def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
