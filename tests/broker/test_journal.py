@@ -40,6 +40,7 @@ from rank_agent.protocol import (
     Steps,
     Svg,
 )
+from tests.support.spying import spy
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_800_000_000.0
@@ -823,13 +824,7 @@ def test_a_flood_of_replaced_metadata_is_parsed_once_on_reload(
             srv.send(protocol.Metadata(run="md", rank=2, json='{"small": true}'))
     before = srv.sinks["md"].snapshot()
     srv.close()
-    parsed: list[int] = []
-    real = sink_module.parse_metadata
-
-    def counting(text: str) -> Any:
-        parsed.append(len(text))
-        return real(text)
-    monkeypatch.setattr(sink_module, "parse_metadata", counting)
+    parsed = spy(monkeypatch, sink_module, "parse_metadata")
     j, sinks = reload(tmp_path / "d")
     try:
         snap = sinks["md"].snapshot()

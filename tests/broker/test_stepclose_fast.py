@@ -18,6 +18,7 @@ from broker import stepclose
 from broker.stepclose import ClosedSteps, FrameBuffer, close_columns, close_frames
 from broker.steps import StepCloser
 from rank_agent.protocol import Steps
+from tests.support.spying import spy
 
 FIELDS = ClosedSteps.__slots__
 
@@ -213,40 +214,36 @@ def test_what_the_fast_path_leaves_to_the_general_close(case: str) -> None:
 def test_the_closer_takes_the_fast_path_for_a_grid(monkeypatch: pytest.MonkeyPatch) -> None:
     """A close of one round of frames never reaches close_columns; a repeated point does,
     and closes the same as it would have; so do points left pending by an earlier close."""
-    calls: list[int] = []
-    real = stepclose.close_columns
-
-    def counted(cols: Any) -> Any:
-        calls.append(len(cols))
-        return real(cols)
-
     import broker.steps as steps_mod
-    monkeypatch.setattr(steps_mod, "close_columns", counted)
+    closes = spy(monkeypatch, steps_mod, "close_columns")
+
+    def calls() -> list[int]:  # the points of each general close
+        return [len(cols) for (cols,) in closes]
     c = StepCloser(close_after=100.0, grace=0.0)
     for r in range(4):
         c.add(frame(r, 0, ms=float(r), metrics={"loss": r / 3}), 1.0, True)
     (rec,) = c.ready(1.0, 4)
-    assert calls == [] and rec["n"] == 4 and rec["slowest_rank"] == 3
+    assert calls() == [] and rec["n"] == 4 and rec["slowest_rank"] == 3
     assert rec["metrics"]["loss"][0] == math.fsum(r / 3 for r in range(4)) / 4
     for r in range(4):
         c.add(frame(r, 1, ms=1.0, metrics={"loss": 1.0}), 2.0, True)
         if r == 1:
             c.add(frame(1, 1, ms=5.0, metrics={"loss": 5.0}), 2.0, True)  # rank 1 again
     (rec,) = c.ready(2.0, 4)
-    assert calls == [5] and rec["n"] == 4 and rec["step_ms"] == [2.0, 1.0, 5.0]
+    assert calls() == [5] and rec["n"] == 4 and rec["step_ms"] == [2.0, 1.0, 5.0]
     for r in range(4):  # two steps each: a grid
         c.add(Steps(run="r", rank=r, steps=[2, 3], times=[3.0, 3.0], step_ms=[1.0, float(r)],
                     metrics={"loss": [1.0, 2.0]}), 3.0, True)
     recs = c.ready(3.0, 4)
-    assert calls == [5] and [r["step"] for r in recs] == [2, 3]
+    assert calls() == [5] and [r["step"] for r in recs] == [2, 3]
     assert recs[1]["slowest_rank"] == 3 and recs[0]["slowest_rank"] == 0
     for r in range(3):  # rank 3 lags: 4 stays pending, carried into the next close
         c.add(Steps(run="r", rank=r, steps=[4, 5], times=[4.0, 4.0], step_ms=[1.0, 1.0]),
               4.0, True)
     c.add(Steps(run="r", rank=3, steps=[4], times=[4.0], step_ms=[1.0]), 4.0, True)
-    assert [r["step"] for r in c.ready(4.0, 4)] == [4] and calls == [5, 4]
+    assert [r["step"] for r in c.ready(4.0, 4)] == [4] and calls() == [5, 4]
     c.add(Steps(run="r", rank=3, steps=[5], times=[5.0], step_ms=[1.0]), 5.0, True)
-    assert [r["step"] for r in c.ready(5.0, 4)] == [5] and calls == [5, 4, 4]
+    assert [r["step"] for r in c.ready(5.0, 4)] == [5] and calls() == [5, 4, 4]
 
 
 # ------------------------------------------------------------------ the helpers

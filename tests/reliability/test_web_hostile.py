@@ -5,7 +5,6 @@ values): always a clear 4xx, never a traceback, and the web stays healthy."""
 from __future__ import annotations
 
 import base64
-import hmac
 import socket
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from tests.support.brokers import Pusher
 from tests.support.http import SSEClient, fetch
 from tests.support.polling import wait_for
 from tests.support.procs import Proc, no_traceback, start_broker, start_web
+from tests.support.spying import spy
 
 TOKEN = "tok-\u00e9-0123456789abcdef"  # non-ASCII on purpose: compared as UTF-8 bytes
 ASCII_TOKEN = "s3cr3t-0123456789abcdef"
@@ -111,14 +111,7 @@ def test_tokens_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -
     from web import app as web_app
     from web.hub import Hub
 
-    calls: list[tuple[bytes, bytes]] = []
-    real = hmac.compare_digest
-
-    def spy(a: Any, b: Any) -> bool:
-        calls.append((a, b))
-        return real(a, b)
-
-    monkeypatch.setattr(web_app.hmac, "compare_digest", spy)
+    calls = spy(monkeypatch, web_app.hmac, "compare_digest")
     client = web_app.create_app(Hub(), {"token": TOKEN}).test_client()
     assert client.get("/api/runs", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
     assert calls and all(isinstance(a, bytes) and isinstance(b, bytes) for a, b in calls)

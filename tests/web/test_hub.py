@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from broker import feed
+from tests.support.spying import spy
 from web import sse
 from web.app import history_csv
 from web.hub import PARK_S, Hub, parse_position
@@ -405,18 +406,12 @@ def test_events_of_a_run_without_subscribers_are_not_encoded(
     to (a flood of 1 MiB metadata headers: milliseconds each on the web's one thread). Now
     nothing is encoded until a client subscribes; a replay then encodes what it needs."""
     hub = ready_hub(records=1)
-    calls: list[str] = []
-    real = sse.json_event
-
-    def counting(kind: str, seq: int, data: Any) -> bytes:
-        calls.append(kind)
-        return real(kind, seq, data)
-    monkeypatch.setattr(sse, "json_event", counting)
+    calls = spy(monkeypatch, sse, "json_event")
     hub.handle_pub(ev(3, "run", header(metadata={"v": list(range(1000))})))
     hub.handle_pub(ev(4, "ranks", [{"rank": 0, "status": "ok"}]))
     hub.handle_pub(ev(5, "epoch", record(1)))
     hub.handle_pub(ev(6, "complete", {"status": "complete"}))
-    assert calls == []
+    assert [kind for kind, _, _ in calls] == []
     got = hub.subscribe(RUN, 0)
     assert got is not None
     assert [e["event"] for e in parse(got[1][1:])] == ["run", "epoch", "epoch", "complete"]

@@ -17,6 +17,7 @@ from broker.sink import Event, RunSink
 from broker.stepclose import close_frames
 from broker.stepstore import StepStore, wire_records
 from rank_agent.protocol import Finish, Register, Steps
+from tests.support.spying import spy
 from tests.web.test_hub import RUN, drain, ev, parse, ready_hub
 from web import hub as hub_mod
 from web import sse
@@ -156,22 +157,16 @@ class Counting:
     """Counts :func:`sse.json_event` calls by kind (the hub's only JSON for events)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.kinds: list[str] = []
-        real = sse.json_event
+        self._events = spy(monkeypatch, hub_mod.sse, "json_event")
+        self._records = spy(monkeypatch, StepStore, "records")
 
-        def counted(kind: str, seq: int, payload: Any) -> bytes:
-            self.kinds.append(kind)
-            return real(kind, seq, payload)
+    @property
+    def kinds(self) -> list[str]:
+        return [args[0] for args in self._events]
 
-        monkeypatch.setattr(hub_mod.sse, "json_event", counted)
-        self.records = 0
-        real_records = StepStore.records
-
-        def records(store: StepStore, r0: int, r1: int | None = None) -> Any:
-            self.records += 1
-            return real_records(store, r0, r1)
-
-        monkeypatch.setattr(StepStore, "records", records)
+    @property
+    def records(self) -> int:
+        return len(self._records)
 
 
 def test_a_run_without_subscribers_encodes_no_steps_json(
