@@ -170,7 +170,10 @@ def test_automatic_stall_after_follows_the_calls_the_watcher_sees() -> None:
     watch = StallWatch(lambda f: None, "r", 0, None)
     try:
         watch.start()
-        base = time.monotonic()
+        # a whole number of seconds: base + 8 i is then exact in a float, so the intervals
+        # the watcher takes as differences are exactly 8 (with base = monotonic() itself
+        # they were 7.9999999999990905 at some uptimes: a flake in CI)
+        base = float(int(time.monotonic()))
         for i in range(4):  # intervals of 8 s, as the watcher sees the timestamps change
             watch._last = base + 8.0 * i
             wait_for(lambda: watch._seen == watch._last, 3, "the watcher to see the call")
