@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests.support import polling
 from tests.support.integrations import EXAMPLES, REPO, example_env, run_script
 
 SCRIPT = str(EXAMPLES / "lightning_example.py")
@@ -72,7 +73,10 @@ def test_a_fit_that_raises_in_epoch_1_ends_failed(broker, web) -> None:
     state = web.wait_ended(run)
     assert state["status"] == "failed"
     assert [r["epoch"] for r in state["records"]] == [0]
-    assert [r["status"] for r in state["ranks"]] == ["error", "error"]
+    # the ranks array follows the completion by up to a second (ranks events are throttled
+    # to one a second): polled with a deadline, as the header is
+    polling.wait_for(lambda: [r["status"] for r in web.run(run)["ranks"]] == ["error", "error"],
+                     10, "both ranks shown as error")
     assert {a["kind"] for a in state["alerts"]} == {"rank_error"}
     finishes = {f.rank: f.status for f in broker.frames(run, "finish")}
     assert finishes == {0: "error", 1: "error"}
