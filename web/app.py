@@ -123,6 +123,10 @@ def steps_query(args: Mapping[str, str]) -> tuple[str, int | None, int | None, i
     return metric, start, end, points
 
 
+#: Response header of ``GET /api/runs/<run>``: the run sequence number its ``ranks`` are as of.
+RANKS_SEQ_HEADER = "X-Rankboard-Ranks-Seq"
+
+
 def json_response(payload: Any, status: int = 200) -> Response:
     """JSON via msgspec: non-finite floats become null (PROTOCOL 4)."""
     return Response(_json.encode(payload), status=status, mimetype="application/json")
@@ -389,7 +393,11 @@ def run_detail(run: str) -> Response:
     body = state.public_header()
     body["ranks"] = state.ranks
     body["records"] = [record for _, record in state.records]
-    return json_response(body)
+    response = json_response(body)
+    # the run sequence number the ranks are as of: the page fetches them once its stream is
+    # subscribed and keeps whichever of these and its stream's ``ranks`` events is newer
+    response.headers[RANKS_SEQ_HEADER] = str(state.ranks_seq)
+    return response
 
 
 @bp.get("/api/runs/<run>/history")

@@ -277,7 +277,7 @@ class Hub:
                 self._resnapshot(state.run)  # the SVG itself travels only in run snapshots
             payload: Any = state.public_header()
         elif update.kind == "ranks":
-            state.set_ranks(data)
+            state.set_ranks(data, update.seq)
             self._dumps(update.run).ranks_seq = update.seq
             payload = state.ranks
         elif update.kind == "stacks":

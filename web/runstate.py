@@ -89,8 +89,8 @@ class Subscriber:
 class RunState:
     """What the web knows of one run, with the sequence number of each piece."""
 
-    __slots__ = ("run", "seq", "header", "ranks", "ranks_full", "records", "complete", "svg",
-                 "steps", "subscribers", "_record_bytes", "_header_event")
+    __slots__ = ("run", "seq", "header", "ranks", "ranks_seq", "ranks_full", "records",
+                 "complete", "svg", "steps", "subscribers", "_record_bytes", "_header_event")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -99,6 +99,9 @@ class RunState:
         self.header: dict[str, Any] = {}
         #: the public ranks array (the feed's extra "loss" and "gpu_xids" stripped)
         self.ranks: list[dict[str, Any]] = []
+        #: the sequence number the ranks array is as of (its ``ranks`` event's, or the
+        #: snapshot's): the page orders the snapshot's ranks against its stream's by it
+        self.ranks_seq = 0
         #: the feed's ranks array as received (with "loss" and "gpu_xids", for /metrics)
         self.ranks_full: list[dict[str, Any]] = []
         #: (seq, record) in ascending epoch order
@@ -156,7 +159,8 @@ class RunState:
             self.svg = svg
         self.header = header
 
-    def set_ranks(self, ranks: Any) -> None:
+    def set_ranks(self, ranks: Any, seq: int) -> None:
+        self.ranks_seq = seq
         self.ranks_full = ranks if isinstance(ranks, list) else []
         self.ranks = [public_rank(r) for r in self.ranks_full]
 
@@ -169,7 +173,7 @@ class RunState:
         svg = snap.get("svg")
         if isinstance(svg, str) and svg:
             state.svg = svg
-        state.set_ranks(snap.get("ranks") or [])
+        state.set_ranks(snap.get("ranks") or [], state.seq)
         state.records = [(int(seq), rec) for seq, rec in snap.get("records") or []]
         complete = snap.get("complete")
         state.complete = (int(complete[0]), str(complete[1])) if complete else None

@@ -29,6 +29,7 @@ from tests.support.browser import (
     wait_drawn,
     wait_js,
 )
+from tests.support.polling import wait_for as wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -138,6 +139,56 @@ def test_rank_tabs_appear_for_late_ranks_before_any_epoch(stack: Stack, page: An
     expect(page.locator("#rank-kpis")).to_contain_text("node-b")
     page.locator("#tab-home").click()
     expect(page.locator("#panel-home")).to_be_visible()
+    page.errors.check()
+
+
+def test_ranks_that_change_while_the_page_connects_are_shown(stack: Stack, page: Any) -> None:
+    """The stream replays the header and the records, never the ranks: a ranks change
+    published between the page's snapshot and its stream's subscription must still reach
+    the page (it used to wait for the ranks' next change: never, for a finished rank), and
+    a snapshot answer that a newer ``ranks`` event overtook must not turn the page back."""
+    run = "ranks-race"
+    register(stack, run, world=2, total=3)
+    epoch(stack, run, 0, range(2))
+
+    def rank_status(rank: int) -> Any:
+        ranks = stack.get_json(f"/api/runs/{run}")["ranks"]
+        return next((r["status"] for r in ranks if r["rank"] == rank), None)
+
+    wait_until(lambda: rank_status(1) == "ok", 10, "both ranks known to the web")
+
+    def row(rank: int) -> Any:
+        return page.locator(f'#rank-table tr[data-rank="{rank}"]')
+
+    # 1. the stream is held at the door while rank 1 fails; then let in
+    held: list = []
+
+    def hold(route: Any) -> None:
+        held.append(route)
+
+    page.route(f"**/api/runs/{run}/events", hold)
+    page.goto(f"{stack.url}/#run={run}")
+    wait_until(lambda: page.evaluate("() => 1") and held, 10, "the page's stream request")
+    stack.send(wire.Finish(run=run, rank=1, status="error"))
+    wait_until(lambda: rank_status(1) == "error", 10, "rank 1 failed, as the web sees it")
+    held.pop().continue_()
+    expect(row(1)).to_have_attribute("data-status", "error")
+    page.unroute(f"**/api/runs/{run}/events", hold)
+
+    # 2. the snapshot answer is held (as the server gave it) while rank 0 finishes, then
+    # delivered after the stream's newer ranks event
+    page.route(f"**/api/runs/{run}", hold)
+    page.reload()
+    wait_until(lambda: page.evaluate("() => 1") and held, 10, "the page's snapshot request")
+    route = held.pop()
+    before = route.fetch()
+    assert before.headers["x-rankboard-ranks-seq"].isdigit()
+    stack.send(wire.Finish(run=run, rank=0))
+    expect(row(0)).to_have_attribute("data-status", "finished")
+    loads = page.evaluate("() => window.__rankboard.ranksLoads()")
+    route.fulfill(response=before)
+    wait_js(page, f"window.__rankboard.ranksLoads() === {loads + 1}")
+    expect(row(0)).to_have_attribute("data-status", "finished")
     page.errors.check()
 
 

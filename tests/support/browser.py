@@ -165,8 +165,14 @@ class Stack:
             self.push.send(wire.encoder.encode(frame))
 
     def get_json(self, path: str) -> Any:
-        with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as resp:
-            return json.loads(resp.read())
+        """GET a JSON route; an error answer raises HTTPError (a 404 of a run the web does
+        not know yet is "not yet" to :func:`wait_for`), its connection closed first."""
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=5) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            exc.close()  # else the socket is left to the garbage collector: a ResourceWarning
+            raise
 
     def wait_run(self, run: str, epochs: int = 0, timeout: float = 15.0) -> dict:
         """Poll /api/runs until ``run`` is listed with at least ``epochs`` records."""

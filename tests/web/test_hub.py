@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 from broker import feed
 from tests.support.spying import spy
 from web import sse
-from web.app import history_csv
+from web.app import RANKS_SEQ_HEADER, create_app, history_csv
 from web.hub import PARK_S, Hub, parse_position
 from web.metrics import make_registry
 from web.runstate import Subscriber
@@ -193,6 +193,20 @@ def test_a_gap_buffers_the_run_and_asks_its_snapshot() -> None:
     assert state.ranks == [{"rank": 0}]
     ids = [seq for seq, _ in drain(sub)]
     assert ids == [3, 4, 5, 6]  # the client got exactly what it missed, in order
+
+
+def test_the_snapshot_answer_says_which_ranks_it_holds() -> None:
+    """``GET /api/runs/<run>`` names the sequence number its ranks are as of: the ranks
+    event's, or the broker snapshot's; the page orders it against its stream's events."""
+    hub = ready_hub(1)  # run snapshot at seq 2
+    client = create_app(hub).test_client()
+    first = client.get(f"/api/runs/{RUN}", headers={"Host": "localhost"})
+    assert first.headers[RANKS_SEQ_HEADER] == "2"
+    hub.handle_pub(ev(3, "ranks", [{"rank": 0, "status": "ok"}]))
+    hub.handle_pub(ev(4, "epoch", record(1)))
+    answer = client.get(f"/api/runs/{RUN}", headers={"Host": "localhost"})
+    assert answer.headers[RANKS_SEQ_HEADER] == "3"  # the ranks' own, not the run's 4
+    assert answer.get_json()["ranks"] == [{"rank": 0, "status": "ok"}]
 
 
 def test_a_run_unknown_to_the_broker_is_not_asked_forever() -> None:

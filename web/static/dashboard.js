@@ -140,6 +140,7 @@ function exposeHooks() {
     heatmapCells: () => overview.heatmap.drawnCells || 0,
     stacksFetches: () => page.stall.fetches,
     stacksEvents: () => page.stall.events,
+    ranksLoads: () => page.stream.ranksLoads,
     applyRanksNow: (ranks) => {
       store.applyRanks(ranks, true, serverNow());
       renderNow();

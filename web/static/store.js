@@ -35,6 +35,7 @@ export class Store {
     this.byEpoch = new Map();
     this.ranks = [];
     this.rankMap = new Map(); // rank -> ranks entry
+    this.ranksSeq = null; // the run sequence number this.ranks are as of (null: unordered)
     this.hostOfRank = new Map(); // rank -> host (header topology)
     this.rankSeries = new Map(); // rank -> [{t, util, vu, vt}] sampled from `ranks` events
     this.rankSeen = new Map(); // rank -> last_seen already sampled
@@ -73,6 +74,9 @@ export class Store {
   /** A run header (`run` event or snapshot); `firstOfConnection` sets the steps cut. */
   applyHeader(hd, firstOfConnection) {
     if (!hd || typeof hd !== "object") return;
+    // a connection orders its own ranks (event ids and its snapshot); a broker that
+    // restarted may number them anew
+    if (firstOfConnection) this.ranksSeq = null;
     const out = {};
     for (const k of HEADER_KEYS) out[k] = hd[k];
     this.header = out;
@@ -120,10 +124,16 @@ export class Store {
 
   /**
    * A `ranks` array, received at server time `now` (from the stream; the JSON snapshot
-   * passes `sample` false: no step-time sample for the straggler strip).
+   * passes `sample` false: no step-time sample for the straggler strip). `seq`: the run
+   * sequence number it is as of (a `ranks` event's id, the snapshot's ranks header); one
+   * older than the ranks held is ignored (the snapshot answer a `ranks` event overtook).
    */
-  applyRanks(ranks, sample, now) {
+  applyRanks(ranks, sample, now, seq = null) {
     if (!Array.isArray(ranks)) return;
+    if (Number.isFinite(seq)) {
+      if (this.ranksSeq !== null && seq < this.ranksSeq) return;
+      this.ranksSeq = seq;
+    }
     this.ranks = ranks.slice().sort((a, b) => a.rank - b.rank);
     this.rankMap = new Map();
     const cap = this.ranks.length > BIG ? 600 : 5000;

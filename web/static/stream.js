@@ -3,7 +3,7 @@
 // own reconnect when the browser gives up. It only calls the store (and the `steps`
 // handler); a page fed from embedded JSON simply has no Stream.
 
-import { api, enc, serverNow } from "./api.js";
+import { enc, serverNow } from "./api.js";
 
 export class Stream {
   /**
@@ -16,6 +16,8 @@ export class Stream {
     this.hooks = hooks;
     this.es = null;
     this.fresh = false; // the next `run` event is the first of a connection
+    this.heard = false; // this EventSource has had a `run` event (the run exists)
+    this.ranksLoads = 0; // snapshot answers handled (applied, or older than the ranks held)
   }
 
   /** Is the open run's EventSource there (open, or reconnecting)? */
@@ -30,17 +32,33 @@ export class Stream {
     }
   }
 
-  /** Load the store's run (its generation `gen`): the snapshot, then the live events. */
+  /** Load the store's run (its generation `gen`): the live events, and the ranks once
+   * each connection is subscribed. The stream replays the header and the records but not the
+   * ranks, and a `ranks` event published between a snapshot and the stream's subscription
+   * would be missed until the ranks next change (never, for a finished run). */
   open(gen) {
-    const store = this.store;
-    api(`/api/runs/${enc(store.run)}`).then((data) => {
-      if (gen !== store.gen || !data) return;
-      store.loadSnapshot(data);
-    }).catch((err) => {
-      if (gen !== store.gen) return;
-      if (err.status === 404) this.hooks.onMissing();
-    });
     this._connect(gen);
+  }
+
+  /** The snapshot's ranks, fetched after this connection's first `run` event (so no `ranks`
+   * event can fall between the two); the store keeps whichever of them and the stream's
+   * `ranks` events is newer by run sequence number (a `ranks` event can overtake the answer). */
+  _loadRanks(gen) {
+    const store = this.store;
+    fetch(`/api/runs/${enc(store.run)}`, { credentials: "same-origin", cache: "no-store" })
+      .then((resp) => {
+        if (!resp.ok) {
+          if (resp.status === 404 && gen === store.gen) this.hooks.onMissing();
+          return null;
+        }
+        const seq = Number(resp.headers.get("X-Rankboard-Ranks-Seq"));
+        return resp.json().then((data) => {
+          if (gen !== store.gen || !data) return;
+          store.applyRanks(data.ranks, false, 0, Number.isFinite(seq) ? seq : null);
+          this.ranksLoads += 1;
+        });
+      })
+      .catch(() => {}); // the stream's next `ranks` event (or reconnection) brings them
   }
 
   _connect(gen) {
@@ -49,6 +67,7 @@ export class Stream {
     const es = new EventSource(`/api/runs/${enc(store.run)}/events`, { withCredentials: true });
     this.es = es;
     this.fresh = true;
+    this.heard = false;
     this.hooks.onConn("connecting", "connecting");
     const on = (kind, fn) => es.addEventListener(kind, (ev) => {
       if (gen !== store.gen) return;
@@ -58,7 +77,7 @@ export class Stream {
       } catch {
         return;
       }
-      fn(data);
+      fn(data, ev);
     });
     es.addEventListener("open", () => {
       if (gen !== store.gen) return;
@@ -68,16 +87,20 @@ export class Stream {
     on("run", (d) => {
       const first = this.fresh;
       this.fresh = false;
+      this.heard = true;
       store.applyHeader(d, first);
+      if (first) this._loadRanks(gen);
     });
     on("epoch", (d) => store.addRecord(d));
-    on("ranks", (d) => store.applyRanks(d, true, serverNow()));
+    on("ranks", (d, ev) => store.applyRanks(d, true, serverNow(), Number(ev.lastEventId)));
     on("steps", (d) => this.hooks.onSteps(d));
     on("stacks", (d) => this.hooks.onStacks && this.hooks.onStacks(d));
     on("complete", (d) => store.setStatus(d && d.status));
     es.addEventListener("error", () => {
       if (gen !== store.gen) return;
       if (es.readyState === EventSource.CLOSED) {
+        // never a `run` event: maybe no such run (an EventSource cannot see the 404)
+        if (!this.heard) this._loadRanks(gen);
         // The browser gave up (e.g. a non-200 answer): retry ourselves. A fresh
         // EventSource replays everything; records are keyed by epoch, so no duplicates.
         this.hooks.onConn("error", "disconnected, retrying");
