@@ -32,6 +32,7 @@ import gevent
 
 from broker import feed
 from web import sse
+from web.parking import ParkedStreams
 from web.runstate import MAX_QUEUED_BYTES, RunState, Subscriber, finite
 from web.stacksview import RunDumps
 
@@ -47,34 +48,11 @@ HEARTBEAT_TIMEOUT = 3.0
 SNAPSHOT_TIMEOUT = 5.0
 #: Buffered updates beyond this are dropped; the gap that causes is healed by a snapshot.
 MAX_BUFFERED = 100_000
-#: Seconds the SSE streams of a run the broker evicted stay open waiting for it to come back
-#: (its next frame reloads it from the journal); then they end, as at once before.
-PARK_S = 30.0
-#: Evicted runs whose streams are kept open at once; the oldest beyond it end first.
-MAX_PARKED_RUNS = 1024
 
 ENDED = ("complete", "failed")
 
 #: The first chunk of every stream (shared, like every other chunk of a replay).
 _RETRY = sse.retry(RETRY_MS)
-
-
-class _Parked:
-    """The open SSE streams of a run the broker evicted from memory (PROTOCOL 6), without
-    the run's state: the web drops that (its records and steps) as the broker did, but a
-    run that is still training comes back on its next frame, and its streams resume where
-    they were (the catch-up of :meth:`Hub._replace`) instead of ending and reconnecting to
-    a 404. Why it matters: under a flood of new runs past ``--max-runs`` a live run whose
-    ranks pause longer than the flood takes to pass it is evicted every such pause."""
-
-    __slots__ = ("subscribers", "seq", "last_step", "header", "since")
-
-    def __init__(self, state: RunState, since: float) -> None:
-        self.subscribers = state.subscribers
-        self.seq = state.seq
-        self.last_step = state.steps.last_step
-        self.header = state.header
-        self.since = since
 
 
 class Hub:
@@ -127,8 +105,8 @@ class Hub:
         #: events and run snapshots, read by :meth:`stacks_view`
         self.stacks: dict[str, RunDumps] = {}
         self._snap_stacks: dict[str, RunDumps] = {}  # the dumps of the RUN replies
-        #: evicted runs' open streams, oldest first (:class:`_Parked`)
-        self._parked: dict[str, _Parked] = {}
+        #: evicted runs' open streams (:mod:`web.parking`)
+        self._parked = ParkedStreams()
 
     # ----------------------------------------------------------------- status
     @property
@@ -171,9 +149,9 @@ class Hub:
         """True once when the snapshot socket should be replaced (timeout or broker restart):
         a reply to the abandoned request must never be mistaken for the next one's.
         (Called on every turn of the pump's loop, so it also ends parked streams whose run
-        did not come back within PARK_S.)"""
+        did not come back within ``web.parking.PARK_S``.)"""
         if self._parked:
-            self._expire_parked(self.clock() - PARK_S)
+            self._parked.expire(self.clock())
         if self._outstanding is not None and self.clock() - self._outstanding[1] > SNAPSHOT_TIMEOUT:
             log.warning("snapshot request unanswered for %.0f s; asking again", SNAPSHOT_TIMEOUT)
             self._abandon_outstanding()
@@ -358,17 +336,6 @@ class Hub:
         else:
             self._finish_run(target, snap_runs.get(target))
 
-    def _expire_parked(self, before: float) -> None:
-        while self._parked:
-            run, parked = next(iter(self._parked.items()))
-            if parked.since > before and len(self._parked) <= MAX_PARKED_RUNS:
-                return
-            del self._parked[run]
-            for sub in list(parked.subscribers):
-                sub.close()
-            log.info("run %s did not come back; its %d streams end", run,
-                     len(parked.subscribers))
-
     def drop_run(self, run: str, park: bool = False) -> bool:
         """Forget ``run``: its state, its pending snapshot request and buffered updates are
         freed and each of its SSE streams ends cleanly (the close sentinel: the client's
@@ -376,8 +343,8 @@ class Hub:
         run stays away). For a run the broker evicted from memory (PROTOCOL 6, ``--max-runs``
         bounds the webs too) or that a full snapshot no longer holds. A later frame of the
         run brings it back as a new run, healed by its snapshot (a gap from seq 0).
-        With ``park`` (an eviction) the streams stay open instead, for up to PARK_S, and
-        resume with what they missed if the run comes back (:class:`_Parked`).
+        With ``park`` (an eviction) the streams stay open instead, for up to ``PARK_S``, and
+        resume with what they missed if the run comes back (:mod:`web.parking`).
         Returns False when this web did not hold the run."""
         state = self.runs.pop(run, None)
         self.stacks.pop(run, None)
@@ -389,9 +356,7 @@ class Hub:
         if state is None:
             return False
         if park and state.subscribers:
-            self._parked.pop(run, None)
-            self._parked[run] = _Parked(state, self.clock())
-            self._expire_parked(self.clock() - PARK_S)
+            self._parked.park(state, self.clock())
         else:
             for sub in list(state.subscribers):
                 sub.close()
@@ -450,7 +415,7 @@ class Hub:
                 dumps._requested = previous._requested
             self.stacks[run] = dumps
         if old is None:
-            parked = self._parked.pop(run, None)
+            parked = self._parked.take(run)
             if parked is None:
                 return
             subscribers, last, old_last, old_header = (parked.subscribers, parked.seq,
@@ -501,9 +466,7 @@ class Hub:
         state = self.runs.get(sub.run)
         if state is not None:
             state.subscribers.discard(sub)
-        parked = self._parked.get(sub.run)
-        if parked is not None:
-            parked.subscribers.discard(sub)
+        self._parked.forget(sub)
         if sub.dropped:
             return
         sub.dropped = True
@@ -547,9 +510,7 @@ class Hub:
         state = self.runs.get(sub.run)
         if state is not None:
             state.subscribers.discard(sub)
-        parked = self._parked.get(sub.run)
-        if parked is not None:
-            parked.subscribers.discard(sub)
+        self._parked.forget(sub)
 
     def close_all(self) -> None:
         """End every stream (server shutdown)."""
@@ -557,10 +518,7 @@ class Hub:
             for sub in list(state.subscribers):
                 sub.close()
             state.subscribers.clear()
-        for parked in self._parked.values():
-            for sub in list(parked.subscribers):
-                sub.close()
-        self._parked.clear()
+        self._parked.close_all()
 
     # ---------------------------------------------------------------- stacks
     def _dumps(self, run: str) -> RunDumps:

@@ -14,9 +14,10 @@ from broker import feed
 from tests.support.spying import spy
 from web import sse
 from web.app import RANKS_SEQ_HEADER, create_app, history_csv
-from web.hub import PARK_S, Hub, parse_position
+from web.hub import Hub, parse_position
 from web.metrics import make_registry
-from web.runstate import Subscriber
+from web.parking import PARK_S, ParkedStreams
+from web.runstate import RunState, Subscriber
 from web.stream import COALESCE_BYTES, replay
 
 RUN = "r1"
@@ -141,6 +142,25 @@ def test_an_evicted_event_drops_the_run_and_parks_its_streams_until_it_comes_bac
     assert [(e["event"], e["id"]) for e in events] == [("epoch", "6"), ("run", "7")]
     hub.handle_pub(ev(8, "epoch", record(4)))
     assert [i for i, _ in drain(sub)] == [8]  # and live again
+
+
+def test_parked_streams_are_bounded_in_number_oldest_ending_first() -> None:
+    """Past ``max_runs`` parked runs the oldest one's streams end at once, whatever its age;
+    the rest stay open until their time is up."""
+    parked = ParkedStreams(park_s=30.0, max_runs=2)
+    subs = {}
+    for i, run in enumerate(["a", "b", "c"]):
+        state = RunState(run)
+        subs[run] = Subscriber(run, 8)
+        state.subscribers.add(subs[run])
+        parked.park(state, 100.0 + i)
+    assert len(parked) == 2 and subs["a"].closed
+    assert not subs["b"].closed and not subs["c"].closed
+    assert parked.take("a") is None
+    parked.expire(131.5)  # b parked at 101: past 30 s; c at 102: not yet
+    assert subs["b"].closed and not subs["c"].closed
+    back = parked.take("c")
+    assert back is not None and back.subscribers == {subs["c"]} and not parked
 
 
 def test_parked_streams_end_when_the_run_does_not_come_back() -> None:
