@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, OrderedDict
-from typing import Any, Callable, Iterator, Union
+from typing import Any, Callable, Iterable, Iterator, Union
 
 import msgspec
 
+from broker.coalesce import HeldSamples
 from broker.sink import Event, OnAlert, OnEnd, Rejected, RunSink
 from rank_agent import protocol
-from rank_agent.protocol import Frame, Register
+from rank_agent.protocol import Frame, Register, Resources
 from rank_agent.ratelimit import RateLimitedLog
 
 __all__ = ["Runs", "OnAccept", "Raw", "Recorder"]
 
 log = logging.getLogger(__name__)
+
+_decode = protocol.decoder.decode
+_check_of = protocol.check_of
 
 #: A received message: bytes, or a zero-copy buffer of a large one (broker/server.py).
 Raw = Union[bytes, memoryview]
@@ -80,6 +84,7 @@ class Runs:
         on_alert: OnAlert | None = None,
         on_run_end: OnEnd | None = None,
         rate_log: RateLimitedLog | None = None,
+        hold_samples: bool = False,
     ) -> None:
         if max_runs < 1:
             raise ValueError("max_runs must be >= 1")
@@ -99,6 +104,10 @@ class Runs:
         self.on_settle: Callable[[RunSink], None] | None = None
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
+        #: with ``hold_samples`` (the server's batches): each rank's newest ``resources``
+        #: frame is held until :meth:`release_samples` or another frame of its run
+        #: (:class:`broker.coalesce.HeldSamples`: why, and what it keeps)
+        self._held: HeldSamples | None = HeldSamples() if hold_samples else None
         #: runs evicted from memory to make room for a new one (see the class docstring)
         self.evictions = 0
         self._rlog = rate_log if rate_log is not None else RateLimitedLog(log)
@@ -171,7 +180,10 @@ class Runs:
         if len(raw) > protocol.MAX_FRAME_BYTES:
             return self._reject("oversize", "%d bytes", len(raw))
         try:
-            frame = protocol.decode(raw)
+            frame = _decode(raw)  # protocol.decode, inlined: the per-frame path
+            check = _check_of(type(frame))
+            if check is not None:
+                check(frame)
         except msgspec.ValidationError as exc:  # subclasses DecodeError: test it first
             return self._reject("schema", "%s", exc)
         except msgspec.DecodeError as exc:
@@ -180,7 +192,70 @@ class Runs:
             return self._reject("decode", "nested too deep to decode")
         except protocol.LimitExceeded as exc:  # "limit", or "steps_shape" (BadSteps)
             return self._reject(exc.reason, "%s", exc)
+        held = self._held
+        if held is not None:
+            run = frame.run
+            sink = self._sinks.get(run)
+            if sink is not None:
+                if type(frame) is Resources and self.on_accept is None and (
+                        sink.world_size is None or frame.rank < sink.world_size):
+                    # HeldSamples.put, inlined (nearly every frame of a sampler flood)
+                    ranks = held.runs.get(run)
+                    if ranks is None:
+                        ranks = held.runs[run] = {}
+                    old = ranks.pop(frame.rank, None)  # popped: the newest goes last
+                    ranks[frame.rank] = (frame, raw)
+                    if old is not None:
+                        held.replaced += 1
+                        self.accepted += 1
+                    try:
+                        sink.sample_arrived(frame, now)  # its GPU alerts, in arrival order
+                    except Exception:
+                        return self._internal(run, frame)
+                    return []
+                if run in held.runs:  # a frame the run's held samples must come before
+                    out = self._release(held.take(run), now)
+                    return out + self.apply(frame, now, raw)
+            elif held:  # a new run may evict one whose samples are held
+                return self.release_samples(now) + self.apply(frame, now, raw)
         return self.apply(frame, now, raw)
+
+    def release_samples(self, now: float) -> list[tuple[str, Event]]:
+        """Apply every held ``resources`` frame (the server calls it at the end of each
+        batch, before anything else reads the sinks); returns the events they caused."""
+        held = self._held
+        if not held:
+            return []
+        assert held is not None
+        return self._release(held.take_all(), now)
+
+    @property
+    def samples_replaced(self) -> int:
+        """``resources`` frames replaced by a newer one of their rank within a batch."""
+        return self._held.replaced if self._held is not None else 0
+
+    def _release(self, frames: Iterable[tuple[Frame, Raw]], now: float) -> list[tuple[str, Event]]:
+        """Apply held ``resources`` frames (their samples fed the GPU rules on arrival)."""
+        out: list[tuple[str, Event]] = []
+        for frame, raw in frames:
+            run = frame.run
+            sink = self._sinks.get(run)
+            if sink is None:  # (held frames' runs stay: a new run releases every one first)
+                out += self.apply(frame, now, raw)
+                continue
+            try:
+                events = sink.apply_held(frame, now)  # type: ignore[arg-type]
+            except Rejected as exc:
+                out += self._reject(exc.reason, "run %r rank %d: %s", run, frame.rank, exc)
+                continue
+            except Exception:
+                out += self._internal(run, frame)
+                continue
+            if run != self._mru:
+                self._sinks.move_to_end(run)
+                self._mru = run
+            out += self._accepted(sink, raw, frame, now, events)
+        return out
 
     def apply(self, frame: Frame, now: float, raw: Raw = b"") -> list[tuple[str, Event]]:
         """Apply an already decoded frame (``raw`` is handed to ``on_accept``)."""

@@ -193,7 +193,8 @@ class BrokerServer:
             alert_webhooks, repeat=alert_repeat, public_url=public_url)
         self.runs = Runs(stale_after=stale_after, max_runs=max_runs, on_register=self._on_register,
                          step_close_after=step_close_after, on_alert=self.webhooks.alert,
-                         on_run_end=self.webhooks.run_ended, on_evict=self.webhooks.forget_run)
+                         on_run_end=self.webhooks.run_ended, on_evict=self.webhooks.forget_run,
+                         hold_samples=True)
         self.endpoints: dict[str, str] = {}
         self._context = context
         self._own_context = context is None
@@ -503,6 +504,14 @@ class BrokerServer:
                 out.extend(feed.encode_port(*p) for p in ports)
                 ports.clear()
         self._zero_copy = zero_copy
+        try:  # each rank's newest sample of the batch (broker.coalesce.HeldSamples)
+            for run, event in self.runs.release_samples(now):
+                msg = self._encode(run, event)
+                if msg is not None:
+                    out.append(msg)
+        except Exception:
+            self.runs.rejected["internal"] += 1
+            self._rlog.error("ingest", "applying the batch's held samples failed", exc_info=True)
         if held:
             for raw in aside.take():
                 self._ingest_one(raw, now, out)

@@ -94,6 +94,8 @@ class RunSink:
                  step_close_after: float = 10.0) -> None:
         self.run = run
         self.stale_after = stale_after
+        # set while apply_held applies a sample the GPU rules already saw
+        self._gpu_fed = False
         self.ranks_interval = ranks_interval
         #: Last sequence number issued (0 = none). The server may raise it (after a restart).
         self.seq = 0
@@ -217,7 +219,7 @@ class RunSink:
         if tp is Resources:
             self._samples.put(rank, frame.sample)  # type: ignore[union-attr]
             st.sample_json = None
-            if self.live:
+            if self.live and not self._gpu_fed:
                 self._gpu_health(rank, frame.sample, now)  # type: ignore[union-attr]
             # A sample changes nothing in the header and cannot complete the run.
             return self._take_events() if self._header_changed else []
@@ -519,6 +521,25 @@ class RunSink:
         ws = self.world_size
         if ws is not None and reported == ws - self._n_finished:
             self._close_through(epoch)
+
+    def sample_arrived(self, frame: Resources, now: float) -> None:
+        """A ``resources`` frame of this run was accepted and held back
+        (:class:`broker.coalesce.HeldSamples`): its sample feeds the GPU alert rules now, in
+        arrival order, whether a newer one of its rank replaces it before it is applied (an
+        XID is in one sample only) or it is applied later by :meth:`apply_held`."""
+        sample = frame.sample
+        if self.live and sample.gpus:
+            for alert in self.gpu_rules.feed(frame.rank, sample):
+                self._raise(alert.kind, alert.rank, alert.message, now)
+
+    def apply_held(self, frame: Resources, now: float) -> List[Event]:
+        """:meth:`apply` of a held ``resources`` frame whose sample already fed the GPU
+        rules (:meth:`sample_arrived`)."""
+        self._gpu_fed = True
+        try:
+            return self.apply(frame, now)
+        finally:
+            self._gpu_fed = False
 
     def _gpu_health(self, rank: int, sample: ResourceSample, now: float) -> None:
         """The GPU alerts of one live sample (PROTOCOL 3); a sample without GPUs costs a
