@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import msgspec
 import numpy as np
 
+from broker.stepreduce import reduce_checked, reduce_groups, reduce_rows, starts_of
 from broker.stepstore import RECORD_KEYS as _RECORD_KEYS
 from broker.stepstore import none_where as _none_where
 from broker.stepstore import spread as _spread
@@ -42,8 +43,6 @@ __all__ = ["ClosedSteps", "Columns", "FrameBuffer", "close_columns", "close_fram
            "slice_frame", "step_record"]
 
 _NAN = math.nan
-_INF = math.inf
-_fsum = math.fsum
 _chain = chain.from_iterable
 _EMPTY_I = np.empty(0, np.int64)
 _EMPTY_F = np.empty(0, np.float64)
@@ -113,160 +112,6 @@ def _list_floats(lists: List[Any], k: int) -> Optional[np.ndarray]:
     return rec["p"]["v"].astype(np.float64).ravel()
 
 
-def _starts(keys: np.ndarray) -> np.ndarray:
-    """Indices where a run of equal ``keys`` (sorted) starts."""
-    if not len(keys):
-        return _EMPTY_I
-    change = np.empty(len(keys), dtype=bool)
-    change[0] = True
-    np.not_equal(keys[1:], keys[:-1], out=change[1:])
-    return np.flatnonzero(change)
-
-
-def _reduce(vals: np.ndarray, starts: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``[mean, min, max]`` of PROTOCOL 2.4 for every group of ``vals`` (groups start at
-    ``starts``, none empty): min/max over the finite values (NaN: none), the mean exactly
-    rounded (``fsum``; one or two values need no help), non-finite if any value is."""
-    n = len(vals)
-    cnt = np.diff(np.append(starts, n))
-    fin = np.isfinite(vals)
-    every = bool(fin.all())
-    with np.errstate(all="ignore"):
-        mean = np.add.reduceat(vals, starts) / cnt
-    if every:
-        lo = np.minimum.reduceat(vals, starts)
-        hi = np.maximum.reduceat(vals, starts)
-        need = cnt >= 3
-        need |= ~np.isfinite(mean)  # finite values overflowing the sum
-    else:
-        fv = np.where(fin, vals, _NAN)
-        lo = np.fmin.reduceat(fv, starts)
-        hi = np.fmax.reduceat(fv, starts)
-        nfin = np.add.reduceat(fin, starts, dtype=np.int64)
-        bad = nfin < cnt
-        nan = np.add.reduceat(np.isnan(vals), starts, dtype=np.int64) > 0
-        pinf = np.add.reduceat(vals == _INF, starts, dtype=np.int64) > 0
-        ninf = np.add.reduceat(vals == -_INF, starts, dtype=np.int64) > 0
-        rule = np.where(nan | (pinf & ninf), _NAN, np.where(pinf, _INF, -_INF))
-        mean = np.where(bad, rule, mean)
-        need = (cnt >= 3) | ~np.isfinite(mean)
-        need &= ~bad
-    groups = np.flatnonzero(need)
-    if len(groups) and _LD_CERTIFY:
-        groups = _exact_sums(vals, starts, cnt, groups, mean)
-    if len(groups):  # fsum, one C call per group (no bytecode per value)
-        vl = vals.tolist()
-        st = starts[groups].tolist()
-        en = (starts[groups] + cnt[groups]).tolist()
-        segs = list(map(vl.__getitem__, map(slice, st, en)))
-        try:
-            sums = np.array(list(map(_fsum, segs)))
-        except OverflowError:  # some group overflows: one by one
-            sums = np.array([_fsum_or_inf(seg) for seg in segs])
-        with np.errstate(all="ignore"):
-            means = sums / cnt[groups]
-        for i in np.flatnonzero(~np.isfinite(means)).tolist():  # an intermediate overflow of finite values: scale
-            seg = segs[i]
-            k = len(seg)
-            means[i] = _fsum([v / k for v in seg])
-        mean[groups] = means
-    return mean, lo, hi
-
-
-#: Sums in long double can be certified exactly rounded where it is wider than float64
-#: (x86: 64-bit mantissa); where it is not, every group takes ``fsum``.
-_LD_CERTIFY = np.finfo(np.longdouble).nmant > np.finfo(np.float64).nmant + 8
-#: unit roundoff of long double, with a margin for the rounding of the bound itself
-_LD_U = float(np.finfo(np.longdouble).eps) / 2 * 1.01
-#: values per block of the two-level long-double sum (the error bound grows with the
-#: block size plus the number of blocks, not with n)
-_BLOCK = 32
-
-
-def _exact_sums(vals: np.ndarray, starts: np.ndarray, cnt: np.ndarray, groups: np.ndarray,
-                mean: np.ndarray) -> np.ndarray:
-    """Set ``mean`` of the ``groups`` (all-finite values) whose float64 sum a long-double
-    sum proves exactly rounded; return the groups it could not prove (for ``fsum``).
-
-    Each group is summed in long double in two levels (blocks of ``_BLOCK`` values, then
-    the blocks), which is within ``(_BLOCK + blocks) * u * sum|v|`` of the exact sum (u:
-    the long-double unit roundoff); when both ends of that interval round to the same
-    float64, so does the exact sum, which is then what ``fsum`` returns. A few vectorised
-    passes instead of a C ``fsum`` per group over a Python list of the values (a 1,024-rank
-    step: 5 x 1,024 values); a sum that cancels to near a rounding boundary is left to
-    ``fsum``."""
-    nb = (cnt + (_BLOCK - 1)) // _BLOCK  # blocks per group (every group: reduceat needs
-    first = np.cumsum(nb) - nb           # the blocks to tile the array)
-    total_nb = int(first[-1] + nb[-1])
-    bstarts = np.repeat(starts, nb) + (np.arange(total_nb) - np.repeat(first, nb)) * _BLOCK
-    ld = vals.astype(np.longdouble)
-    with np.errstate(all="ignore"):
-        total = np.add.reduceat(np.add.reduceat(ld, bstarts), first)[groups]
-        mag = np.add.reduceat(np.abs(vals), starts)[groups]
-        # (+ 4: the roundings of total -/+ err themselves, each <= u * sum|v|)
-        err = (mag * ((_BLOCK + 4 + nb[groups]) * _LD_U)).astype(np.longdouble)
-        lo = (total - err).astype(np.float64)
-        hi = (total + err).astype(np.float64)
-    ok = (lo == hi) & np.isfinite(lo) & np.isfinite(mag)
-    mean[groups[ok]] = lo[ok] / cnt[groups[ok]]
-    return groups[~ok]
-
-
-def _reduce_rows(mat: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """:func:`_reduce` of each row of ``mat`` (every value present), the same results
-    whatever the order of the values in a row; None where that cannot be promised.
-
-    For all-finite rows of >= 3 values (the live case) the long-double certification of
-    :func:`_exact_sums` is done on the matrix itself (rows padded to whole blocks, two
-    ``sum`` calls), with no segment bookkeeping; anything else (non-finite values, a sum it
-    cannot certify, no wide long double) goes through :func:`_reduce`. Its results do not
-    depend on the order of a group's values (the mean is exact or by the non-finite rule,
-    min/max are order-free but for a tie of signed zeros, which the caller checks), except
-    where ``fsum`` meets an intermediate overflow, which depends on the order of the adds:
-    possible only when the finite values' magnitudes sum past the float64 range; then
-    None, and the caller closes in rank order (:func:`close_columns`)."""
-    c, n = mat.shape
-    if n < 3 or not _LD_CERTIFY or not np.isfinite(mat).all():
-        return _reduce_checked(mat.ravel(), np.arange(c) * n)
-    nb = -(-n // _BLOCK)
-    ld = np.full((c, nb * _BLOCK), -0.0, np.longdouble)
-    ld[:, :n] = mat
-    with np.errstate(all="ignore"):
-        # the error bound of _exact_sums holds for any order of the adds within a block
-        # and over the blocks; the padding and the sums' start are -0.0, IEEE's additive
-        # identity (numpy starts a sum at +0.0: a sum of -0.0 values would turn +0.0,
-        # where _exact_sums, which starts at the first value, keeps -0.0)
-        total = ld.reshape(c, nb, _BLOCK).sum(axis=2, initial=-0.0).sum(axis=1, initial=-0.0)
-        mag = np.abs(mat).sum(axis=1)
-        err = (mag * ((_BLOCK + 4 + nb) * _LD_U)).astype(np.longdouble)
-        lo = (total - err).astype(np.float64)
-        hi = (total + err).astype(np.float64)
-    if not bool(((lo == hi) & np.isfinite(lo) & np.isfinite(mag)).all()):
-        if not bool(np.isfinite(mag).all()):
-            return None
-        return _reduce(mat.ravel(), np.arange(c) * n)
-    return lo / n, mat.min(axis=1), mat.max(axis=1)
-
-
-def _reduce_checked(vals: np.ndarray, starts: np.ndarray
-                    ) -> Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """:func:`_reduce`, or None when a group's finite values have magnitudes summing past
-    the float64 range (its ``fsum`` could overflow in one order of the values and not in
-    another: see :func:`_reduce_rows`)."""
-    with np.errstate(all="ignore"):
-        mag = np.add.reduceat(np.abs(np.where(np.isfinite(vals), vals, 0.0)), starts)
-    if not bool(np.isfinite(mag).all()):
-        return None
-    return _reduce(vals, starts)
-
-
-def _fsum_or_inf(values: List[float]) -> float:
-    try:
-        return _fsum(values)
-    except OverflowError:
-        return math.inf
-
-
 def slice_frame(frame: Steps, i: int, j: int) -> Steps:
     """The frame's points ``[i, j)`` (a late head cut off, a closed head left behind)."""
     return msgspec.structs.replace(
@@ -305,7 +150,7 @@ class ClosedSteps:
         vid = self.metric_name
         if not len(vid):
             return
-        starts = _starts(vid).tolist()
+        starts = starts_of(vid).tolist()
         ends = starts[1:] + [len(vid)]
         names = self.names
         ids = vid[starts].tolist()
@@ -520,7 +365,7 @@ class FrameBuffer:
         The rules and results of :func:`close_columns` without its machinery (issue 17: a
         sort by (step, rank), segment bookkeeping and a long-form scatter, ~110 numpy
         calls): ``step_ms`` and every metric at every step are the rows of one
-        ((1 + names) x k) x ranks matrix, reduced by :func:`_reduce_rows` (the same exact
+        ((1 + names) x k) x ranks matrix, reduced by :func:`reduce_rows` (the same exact
         means); the slowest rank is the lowest rank at a step's finite ``step_ms`` max; only
         the names are sorted. A tie of -0.0 and 0.0 at a min or max is left to the general
         close (which zero wins depends on the order the values are scanned in)."""
@@ -565,7 +410,7 @@ class FrameBuffer:
         reduced: Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]] = None
         if has is None:  # every value there: each row reduced whole
             present = np.arange(len(rows))
-            reduced = _reduce_rows(rows)
+            reduced = reduce_rows(rows)
             if reduced is None:
                 return None
         else:
@@ -573,7 +418,7 @@ class FrameBuffer:
             counts = has2.sum(axis=1)
             present = np.flatnonzero(counts)
             if len(present):
-                reduced = _reduce_checked(rows[has2], (np.cumsum(counts) - counts)[present])
+                reduced = reduce_checked(rows[has2], (np.cumsum(counts) - counts)[present])
                 if reduced is None:
                     return None
         if reduced is not None:
@@ -658,7 +503,7 @@ def close_columns(cols: Columns) -> Optional[ClosedSteps]:
             step_s, rank_s = step[order], rank[order]
         sel = order
     entries = len(step_s)
-    starts = _starts(step_s)
+    starts = starts_of(step_s)
     nsteps = len(starts)
     counts = np.diff(np.append(starts, entries))
     seg = np.repeat(np.arange(nsteps), counts)
@@ -679,14 +524,14 @@ def close_columns(cols: Columns) -> Optional[ClosedSteps]:
         ms, ms_seg, ms_rank = ms[has], seg[has], rank_s[has]
     slowest = np.full(nsteps, -1, np.int64)
     if len(ms):
-        g0 = _starts(ms_seg)
+        g0 = starts_of(ms_seg)
         out.ms_idx = ms_seg[g0]
-        out.ms_mean, out.ms_lo, out.ms_hi = _reduce(ms, g0)
+        out.ms_mean, out.ms_lo, out.ms_hi = reduce_groups(ms, g0)
         top = np.repeat(out.ms_hi, np.diff(np.append(g0, len(ms))))
         at_top = np.flatnonzero(ms == top)  # NaN top (no finite value) matches nothing
         if len(at_top):
             tseg = ms_seg[at_top]
-            first = at_top[_starts(tseg)]  # the lowest rank of a step at its top
+            first = at_top[starts_of(tseg)]  # the lowest rank of a step at its top
             slowest[ms_seg[first]] = ms_rank[first]
     out.slowest = slowest
     # metrics, long form, sorted by (name, step, rank)
@@ -717,11 +562,11 @@ def close_columns(cols: Columns) -> Optional[ClosedSteps]:
                 order2 = np.argsort(key)
             vid, entry, vals = vid[order2], entry[order2], vals[order2]
             vstep = seg[entry]
-            g = _starts(vid * nsteps + vstep)
+            g = starts_of(vid * nsteps + vstep)
             out.names = [names[i] for i in by_name]
             out.metric_name = vid[g]
             out.metric_idx = vstep[g]
-            out.metric_mean, out.metric_lo, out.metric_hi = _reduce(vals, g)
+            out.metric_mean, out.metric_lo, out.metric_hi = reduce_groups(vals, g)
     return out
 
 

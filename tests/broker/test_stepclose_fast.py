@@ -14,7 +14,7 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
-from broker import stepclose
+from broker import stepclose, stepreduce
 from broker.stepclose import ClosedSteps, FrameBuffer, close_columns, close_frames
 from broker.steps import StepCloser
 from rank_agent.protocol import Steps
@@ -286,8 +286,8 @@ def test_reduce_rows_equals_reduce(seed: int) -> None:
                      for _ in range(n)] for _ in range(c)])
     if seed % 5 == 0 and n >= 3:
         mat[0, :3] = [1e308, 1e308, -1e308]  # an intermediate overflow of finite values
-    got = stepclose._reduce_rows(mat)
-    want = stepclose._reduce(mat.ravel(), np.arange(c) * n)
+    got = stepreduce.reduce_rows(mat)
+    want = stepreduce.reduce_groups(mat.ravel(), np.arange(c) * n)
     if got is None:  # only where fsum could overflow in one order and not another
         with np.errstate(over="ignore"):
             fin = np.where(np.isfinite(mat), np.abs(mat), 0.0).sum(axis=1)
@@ -295,7 +295,7 @@ def test_reduce_rows_equals_reduce(seed: int) -> None:
         return
     for g, w in zip(got, want):
         assert g.tobytes() == w.tobytes()
-    again = stepclose._reduce_rows(mat[:, rng.sample(range(n), n)])
+    again = stepreduce.reduce_rows(mat[:, rng.sample(range(n), n)])
     assert again is not None
     for g, w in zip(again, want):  # the order of a row's values does not matter (but for
         assert np.array_equal(g, w, equal_nan=True)  # which zero: -0.0 == 0.0 here)
@@ -303,7 +303,7 @@ def test_reduce_rows_equals_reduce(seed: int) -> None:
 
 def test_a_sum_that_fsum_may_overflow_in_one_order_is_left_to_rank_order() -> None:
     row = np.array([[1e308, 1e308, -1e308, -1e308, 1e16, 3.0]])
-    assert stepclose._reduce_rows(row) is None
+    assert stepreduce.reduce_rows(row) is None
     frames = [frame(r, 0, ms=v, metrics={}) for r, v in enumerate(row[0].tolist())]
     buf = FrameBuffer()
     for f in reversed(frames):
