@@ -66,6 +66,10 @@ class Runs:
     ends live (the broker's webhooks). Every sink this class takes in (new, brought back by
     ``loader``, or given to :meth:`restore`) is made ``live`` first: a journal replay happens before
     that, so what it replays is never handed to these two (PROTOCOL 3.1).
+
+    ``hold_samples`` (the server's): each rank's newest ``resources`` frame of a batch is held
+    back and applied by :meth:`release_samples` at the batch's end, or before another frame
+    of its run (:class:`broker.coalesce.HeldSamples`: why, and why the state is the same).
     """
 
     def __init__(
