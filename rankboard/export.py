@@ -73,7 +73,7 @@ def report_of_sink(sink: RunSink) -> RunReport:
     stack dumps grouped as a web groups them (after a replay no rank is ``stalled``, so
     the groups are the latest request's answers)."""
     ranks = sink.ranks()
-    stacks = RunDumps.from_snapshot(sink.stacks.wire(), sink.seq).view(ranks)
+    stacks = RunDumps.from_snapshot(sink.stacks.wire()).view(ranks, sink.seq)
     return from_parts(sink.run, sink.header(), ranks, sink.records, sink.steps,
                       sink.svg, stacks)
 

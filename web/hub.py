@@ -256,7 +256,6 @@ class Hub:
             payload: Any = state.public_header()
         elif update.kind == "ranks":
             state.set_ranks(data, update.seq)
-            self._dumps(update.run).ranks_seq = update.seq
             payload = state.ranks
         elif update.kind == "stacks":
             # live only (never replayed): the dumps received, the page then reads /stacks
@@ -325,7 +324,7 @@ class Hub:
                 log.warning("malformed run snapshot skipped: %r", exc)
                 return
             self._snap_runs[state.run] = state
-            self._snap_stacks[state.run] = RunDumps.from_snapshot(body.get("stacks"), state.seq)
+            self._snap_stacks[state.run] = RunDumps.from_snapshot(body.get("stacks"))
             self._outstanding = (self._outstanding[0], self.clock())  # progress: not timed out
             return
         target = self._outstanding[0]
@@ -543,7 +542,7 @@ class Hub:
         dumps = self.stacks.get(run)
         if dumps is None:
             return {"dumps": [], "groups": []}
-        return dumps.view(state.ranks)
+        return dumps.view(state.ranks, state.ranks_seq)
 
     # ---------------------------------------------------------------- reads
     def runs_newest_first(self) -> list[RunState]:

@@ -46,8 +46,6 @@ class RunDumps:
 
     def __init__(self) -> None:
         self.store = RunStacks()
-        #: seq of the last ``ranks`` event (or snapshot) applied
-        self.ranks_seq = 0
         # rank -> seq of the event that brought its latest stall dump
         self._stall_seq: Dict[int, int] = {}
         self._requested: Optional[str] = None  # the latest request this web sent
@@ -55,10 +53,9 @@ class RunDumps:
         self._decoded: Dict[bytes, Any] = {}
 
     @classmethod
-    def from_snapshot(cls, items: Any, seq: int) -> RunDumps:
+    def from_snapshot(cls, items: Any) -> RunDumps:
         """The dumps of a run snapshot (``items``: its ``stacks``; malformed ones skipped)."""
         dumps = cls()
-        dumps.ranks_seq = seq
         dumps._apply(items if isinstance(items, list) else [], 0)
         return dumps
 
@@ -117,11 +114,11 @@ class RunDumps:
             return self._answered[1]
         return self._requested
 
-    def stalled(self, ranks: List[Dict[str, Any]]) -> set[int]:
-        """The ranks stalled now (module docstring)."""
+    def stalled(self, ranks: List[Dict[str, Any]], ranks_seq: int) -> set[int]:
+        """The ranks stalled now (module docstring); ``ranks_seq``: the sequence number the
+        ranks array is as of (:attr:`web.runstate.RunState.ranks_seq`)."""
         now = {r.get("rank") for r in ranks if r.get("status") == "stalled"}
-        late = self.ranks_seq
-        now.update(rank for rank, seq in self._stall_seq.items() if seq > late)
+        now.update(rank for rank, seq in self._stall_seq.items() if seq > ranks_seq)
         return {r for r in now if isinstance(r, int)}
 
     def _dict(self, item: Wire, host: Any) -> Dict[str, Any]:
@@ -137,12 +134,14 @@ class RunDumps:
                 "profile": _decode(item[8]) if item[8] else [], "samples": item[5],
                 "seconds": item[6]}
 
-    def view(self, ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
+    def view(self, ranks: List[Dict[str, Any]], ranks_seq: int) -> Dict[str, Any]:
         """The ``GET /stacks`` JSON: every kept dump by rank then reason, with its host
-        (from ``ranks``, the run's ranks array), and the groups of section 2.5."""
+        (from ``ranks``, the run's ranks array as of ``ranks_seq``), and the groups of
+        section 2.5."""
         hosts = {r.get("rank"): r.get("host") for r in ranks}
         dumps = [self._dict(item, hosts.get(item[0])) for item in self.store.wire()]
         stall = {d["rank"]: d for d in dumps if d["reason"] == "stall"}
         answers = {d["rank"]: d for d in dumps if d["reason"] == "request"}
-        groups = stack_groups(stall, self.stalled(ranks), answers, self.latest_request)
+        groups = stack_groups(stall, self.stalled(ranks, ranks_seq), answers,
+                              self.latest_request)
         return {"dumps": dumps, "groups": groups}
