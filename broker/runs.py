@@ -203,7 +203,8 @@ class Runs:
             if sink is not None:
                 if type(frame) is Resources and self.on_accept is None and (
                         sink.world_size is None or frame.rank < sink.world_size):
-                    # HeldSamples.put, inlined (nearly every frame of a sampler flood)
+                    # held (inline, not a method of HeldSamples: nearly every frame of a
+                    # sampler flood takes this path)
                     ranks = held.runs.get(run)
                     if ranks is None:
                         ranks = held.runs[run] = {}

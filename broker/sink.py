@@ -527,10 +527,8 @@ class RunSink:
         (:class:`broker.coalesce.HeldSamples`): its sample feeds the GPU alert rules now, in
         arrival order, whether a newer one of its rank replaces it before it is applied (an
         XID is in one sample only) or it is applied later by :meth:`apply_held`."""
-        sample = frame.sample
-        if self.live and sample.gpus:
-            for alert in self.gpu_rules.feed(frame.rank, sample):
-                self._raise(alert.kind, alert.rank, alert.message, now)
+        if self.live:
+            self._gpu_health(frame.rank, frame.sample, now)
 
     def apply_held(self, frame: Resources, now: float) -> List[Event]:
         """:meth:`apply` of a held ``resources`` frame whose sample already fed the GPU
