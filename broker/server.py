@@ -505,10 +505,7 @@ class BrokerServer:
                 ports.clear()
         self._zero_copy = zero_copy
         try:  # each rank's newest sample of the batch (broker.coalesce.HeldSamples)
-            for run, event in self.runs.release_samples(now):
-                msg = self._encode(run, event)
-                if msg is not None:
-                    out.append(msg)
+            self._queue_events(self.runs.release_samples(now), out)
         except Exception:
             self.runs.rejected["internal"] += 1
             self._rlog.error("ingest", "applying the batch's held samples failed", exc_info=True)
@@ -535,11 +532,7 @@ class BrokerServer:
             self._rlog.error("ingest", "ingesting a %d-byte message failed", len(raw),
                              exc_info=True)
             events = []
-        if events:
-            for run, event in events:
-                msg = self._encode(run, event)
-                if msg is not None:
-                    out.append(msg)
+        self._queue_events(events, out)
         ports = self._pending_ports
         if ports:
             out.extend(feed.encode_port(*p) for p in ports)
@@ -572,8 +565,16 @@ class BrokerServer:
                 self._journal.flush()
             except Exception:
                 self._rlog.error("journal", "journal write failed", exc_info=True)
-        encoded = (self._encode(run, event) for run, event in events)
-        self._send_all([msg for msg in encoded if msg is not None])
+        out: list[list[bytes]] = []
+        self._queue_events(events, out)
+        self._send_all(out)
+
+    def _queue_events(self, events: list[tuple[str, Event]], out: list[list[bytes]]) -> None:
+        """Encode ``events`` for the PUB onto ``out`` (the unencodable ones are logged)."""
+        for run, event in events:
+            msg = self._encode(run, event)
+            if msg is not None:
+                out.append(msg)
 
     def _encode(self, run: str, event: Event) -> list[bytes] | None:
         try:
