@@ -25,8 +25,7 @@ function learnClock(resp) {
   }
 }
 
-/** GET a JSON route of this origin; rejects with `err.status` on a non-2xx answer. */
-export async function api(path, signal) {
+async function get(path, signal) {
   const resp = await fetch(path, { credentials: "same-origin", cache: "no-store", signal });
   learnClock(resp);
   if (!resp.ok) {
@@ -34,5 +33,16 @@ export async function api(path, signal) {
     err.status = resp.status;
     throw err;
   }
-  return resp.json();
+  return resp;
+}
+
+/** GET a JSON route of this origin; rejects with `err.status` on a non-2xx answer. */
+export async function api(path, signal) {
+  return (await get(path, signal)).json();
+}
+
+/** `api`, with the answer's headers: `{ data, headers }`. */
+export async function apiWithHeaders(path, signal) {
+  const resp = await get(path, signal);
+  return { data: await resp.json(), headers: resp.headers };
 }

@@ -3,7 +3,7 @@
 // own reconnect when the browser gives up. It only calls the store (and the `steps`
 // handler); a page fed from embedded JSON simply has no Stream.
 
-import { enc, serverNow } from "./api.js";
+import { apiWithHeaders, enc, serverNow } from "./api.js";
 
 export class Stream {
   /**
@@ -45,20 +45,15 @@ export class Stream {
    * `ranks` events is newer by run sequence number (a `ranks` event can overtake the answer). */
   _loadRanks(gen) {
     const store = this.store;
-    fetch(`/api/runs/${enc(store.run)}`, { credentials: "same-origin", cache: "no-store" })
-      .then((resp) => {
-        if (!resp.ok) {
-          if (resp.status === 404 && gen === store.gen) this.hooks.onMissing();
-          return null;
-        }
-        const seq = Number(resp.headers.get("X-Rankboard-Ranks-Seq"));
-        return resp.json().then((data) => {
-          if (gen !== store.gen || !data) return;
-          store.applyRanks(data.ranks, false, 0, Number.isFinite(seq) ? seq : null);
-          this.ranksLoads += 1;
-        });
-      })
-      .catch(() => {}); // the stream's next `ranks` event (or reconnection) brings them
+    apiWithHeaders(`/api/runs/${enc(store.run)}`).then(({ data, headers }) => {
+      if (gen !== store.gen || !data) return;
+      const seq = headers.get("X-Rankboard-Ranks-Seq");
+      store.applyRanks(data.ranks, false, 0, seq === null ? null : Number(seq));
+      this.ranksLoads += 1;
+    }).catch((err) => {
+      // (else the stream's next `ranks` event, or its reconnection, brings them)
+      if (gen === store.gen && err.status === 404) this.hooks.onMissing();
+    });
   }
 
   _connect(gen) {
