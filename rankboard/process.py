@@ -26,8 +26,10 @@ __all__ = ["ROOT", "PARENT_ENV", "child_command", "die_with_parent", "terminate"
 PARENT_ENV = "RANKBOARD_PARENT_PID"
 #: Linux ``prctl`` option: the signal the kernel sends us when our parent thread dies.
 PR_SET_PDEATHSIG = 1
-#: Seconds between checks of the parent where ``prctl`` is not available.
+#: Seconds between checks of the parent (the watch runs even where ``prctl`` is armed).
 PARENT_POLL = 1.0
+#: Seconds a clean stop may take once the parent is gone; then the process exits anyway.
+PARENT_GRACE = 10.0
 
 #: the directory holding rankboard's packages (rankboard, broker, web, rank_agent)
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,10 +87,17 @@ def die_with_parent(env: dict[str, str] | os._Environ[str] | None = None) -> boo
 
     ``rankboard up`` SIGKILLed cannot stop its broker, whose ports and data-dir lock would
     then stay held by an orphan (issue 19). On Linux the kernel delivers SIGTERM on the
-    parent's death (``prctl(PR_SET_PDEATHSIG)``; the broker stops cleanly on it); elsewhere a
-    daemon thread polls the parent pid. The parent may already be gone by the time we get
-    here: then we stop at once. Returns True when a watch was set up."""
+    parent's death (``prctl(PR_SET_PDEATHSIG)``; the broker stops cleanly on it); elsewhere
+    the watch thread sends it. The parent may already be gone by the time we get here: then
+    we stop at once.
+
+    The watch thread runs in both cases, because a SIGTERM only *asks*: once it sees the
+    parent gone it gives the clean stop :data:`PARENT_GRACE` seconds, then ends the process
+    with ``os._exit`` (a stop wedged anywhere must not leave the orphan this prevents).
+    Returns True when a watch was set up."""
     import signal
+    import threading
+    import time
 
     env = os.environ if env is None else env
     raw = env.pop(PARENT_ENV, None)
@@ -104,17 +113,22 @@ def die_with_parent(env: dict[str, str] | os._Environ[str] | None = None) -> boo
             armed = libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
         except (OSError, AttributeError):
             armed = False
-    if os.getppid() != parent:  # it died before the watch was armed
-        os.kill(os.getpid(), signal.SIGTERM)
-        return True
-    if not armed:
-        import threading
-        import time
 
-        def watch() -> None:
-            while os.getppid() == parent:
-                time.sleep(PARENT_POLL)
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL)
+        if not armed:
             os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(PARENT_GRACE)
+        try:
+            sys.stderr.write(f"rankboard: parent {parent} gone and the clean stop took over "
+                             f"{PARENT_GRACE:g} s: exiting\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):  # the parent held our stderr: nobody reads it now
+            pass
+        os._exit(1)
 
-        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    if armed and os.getppid() != parent:  # it died before prctl: the kernel sent nothing
+        os.kill(os.getpid(), signal.SIGTERM)
     return True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -326,12 +327,9 @@ def test_die_with_parent_ignores_a_stale_or_missing_owner() -> None:
     assert not die_with_parent(env) and PARENT_ENV not in env
 
 
-def test_a_child_whose_owner_is_killed_ends() -> None:
-    """A middle process starts a child that calls die_with_parent(), then is SIGKILLed:
-    the child must end (SIGTERM from the kernel) instead of living on as an orphan."""
-    child_code = ("import sys, time; sys.path.insert(0, sys.argv[1]); "
-                  "from rankboard.process import die_with_parent; "
-                  "assert die_with_parent(); print('armed', flush=True); time.sleep(60)")
+def _orphan_ends(child_code: str, timeout: float = 10.0) -> None:
+    """A middle process starts a child running ``child_code`` (which arms die_with_parent
+    and prints ``armed``), then is SIGKILLed: the orphaned child must end in ``timeout``."""
     middle_code = (
         "import os, subprocess, sys, time\n"
         f"env = dict(os.environ, {PARENT_ENV}=str(os.getpid()))\n"
@@ -343,6 +341,7 @@ def test_a_child_whose_owner_is_killed_ends() -> None:
     repo = str(Path(__file__).resolve().parents[2])
     middle = subprocess.Popen([sys.executable, "-c", middle_code, child_code, repo],
                               stdout=subprocess.PIPE, text=True)
+    child = 0
     try:
         assert middle.stdout is not None
         child = int(middle.stdout.readline())
@@ -357,10 +356,31 @@ def test_a_child_whose_owner_is_killed_ends() -> None:
             with open(f"/proc/{child}/stat") as fh:  # reparented but not reaped yet
                 return fh.read().split(")")[-1].split()[0] == "Z"
 
-        wait_for(gone, timeout=10, what="the orphaned child to end")
+        wait_for(gone, timeout=timeout, what="the orphaned child to end")
     finally:
         if middle.poll() is None:
             middle.kill()
             middle.wait(10)
         if middle.stdout is not None:
             middle.stdout.close()
+        if child:
+            try:
+                os.kill(child, signal.SIGKILL)  # a failure must not leave the orphan behind
+            except ProcessLookupError:
+                pass
+
+
+def test_a_child_whose_owner_is_killed_ends() -> None:
+    """The child ends on the kernel's SIGTERM instead of living on as an orphan."""
+    _orphan_ends("import sys, time; sys.path.insert(0, sys.argv[1]); "
+                 "from rankboard.process import die_with_parent; "
+                 "assert die_with_parent(); print('armed', flush=True); time.sleep(60)")
+
+
+def test_a_child_whose_clean_stop_hangs_still_ends() -> None:
+    """A SIGTERM only asks: a child whose stop never finishes (here it ignores SIGTERM) is
+    ended by the parent watch after PARENT_GRACE, so no orphan keeps the ports and lock."""
+    _orphan_ends("import signal, sys, time; sys.path.insert(0, sys.argv[1]); "
+                 "import rankboard.process as p; p.PARENT_POLL = 0.05; p.PARENT_GRACE = 0.5; "
+                 "signal.signal(signal.SIGTERM, lambda *_: None); "
+                 "assert p.die_with_parent(); print('armed', flush=True); time.sleep(60)")

@@ -14,6 +14,22 @@ import zmq
 from tests.support.polling import wait_for
 
 
+def _where(pid: int) -> str:
+    """The process's state, signal masks and each thread's kernel wait channel."""
+    lines = []
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            lines += [ln.rstrip() for ln in fh if ln.startswith(("State", "Sig", "Shd"))]
+        for tid in sorted(os.listdir(f"/proc/{pid}/task")):
+            with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+                comm = fh.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/wchan") as fh:
+                lines.append(f"thread {tid} {comm}: {fh.read().strip()}")
+    except OSError as exc:
+        lines.append(f"({exc})")
+    return "\n".join(lines)
+
+
 def test_a_sigkilled_up_takes_its_broker_with_it(spawn: Any, tmp_path: Path) -> None:
     data = tmp_path / "data"
     up = spawn("up", "--port", "0", "--ingest", "tcp://127.0.0.1:*", "--publish",
@@ -36,7 +52,11 @@ def test_a_sigkilled_up_takes_its_broker_with_it(spawn: Any, tmp_path: Path) -> 
             return True
 
     try:
-        wait_for(broker_gone, timeout=15, what="the broker to end with up")
+        try:
+            wait_for(broker_gone, timeout=15, what="the broker to end with up")
+        except AssertionError as exc:  # say where it is stuck, and what it last logged
+            raise AssertionError(f"{exc}\n{_where(broker.pid)}\nup's stderr (the broker's "
+                                 f"log relayed):\n{up.output('stderr')[-4000:]}") from None
     finally:
         if not broker_gone():  # the failure must not leave the orphan behind
             broker.kill()
