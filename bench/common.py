@@ -17,8 +17,9 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -28,6 +29,23 @@ from tests.support.polling import wait_for  # noqa: E402  (the one poll-with-dea
 
 EPHEMERAL = "tcp://127.0.0.1:*"
 T = TypeVar("T")
+
+
+@contextmanager
+def broker_gc() -> Iterator[None]:
+    """The broker process's collector settings (:func:`broker.server.tune_gc`, which
+    ``rankboard broker`` applies) while a benchmark hosts a ``BrokerServer`` in this
+    process; restored after, so the benchmarks that follow (the agent's: a user's
+    process) run with CPython's defaults."""
+    import gc
+
+    from broker.server import tune_gc
+
+    before = tune_gc()
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 _BOUND = re.compile(r"broker (ingest|publish|snapshot) bound at (\S+)")
 _DASHBOARD = re.compile(r"dashboard: http://localhost:(\d+)")

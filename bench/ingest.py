@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from common import Senders, pull_rate, result
+from common import Senders, broker_gc, pull_rate, result
 
 from broker.server import BrokerServer
 from broker.webhooks import WebhookNotifier
@@ -125,7 +125,7 @@ def broker_rate(epochs: int, resources_only: bool = False, xids: bool = False,
                 webhook: Any = None) -> tuple[float, int]:
     """The broker's frames/s and closed records; ``webhook``: a hanging receiver
     (``tests.support.receiver.Receiver``) holding a POST open when the clock starts."""
-    with tempfile.TemporaryDirectory(prefix="rankboard-bench-") as tmp:
+    with broker_gc(), tempfile.TemporaryDirectory(prefix="rankboard-bench-") as tmp:
         hooks = WebhookNotifier([webhook.url] if webhook else [], window=0.2)
         server = BrokerServer("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*",
                               data_dir=Path(tmp) / "data", webhooks=hooks)
@@ -226,7 +226,7 @@ def broker_64_thread(n: int) -> tuple[float, float]:
     process, no web, until it accepted every frame (as ``ingest_floor_ratio`` measures)."""
     cpu: dict[str, float] = {}
     total = SENDERS_64 * (n + RANKS_64 // SENDERS_64)
-    with tempfile.TemporaryDirectory(prefix="rankboard-bench-") as tmp:
+    with broker_gc(), tempfile.TemporaryDirectory(prefix="rankboard-bench-") as tmp:
         server = BrokerServer("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*",
                               data_dir=Path(tmp) / "data")
         endpoints = server.bind()

@@ -52,6 +52,7 @@ from common import (
     Proc,
     Senders,
     SseReader,
+    broker_gc,
     http_get,
     percentile,
     pull_rate,
@@ -106,7 +107,7 @@ def floor_rate(rounds: int) -> tuple[float, float]:
 def broker_rate(rounds: int) -> tuple[float, int, float]:
     """(frames/s, closed steps, CPU seconds of the broker's thread per frame)."""
     cpu: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="rankboard-bench-") as tmp:
+    with broker_gc(), tempfile.TemporaryDirectory(prefix="rankboard-bench-") as tmp:
         server = BrokerServer(EPHEMERAL, EPHEMERAL, EPHEMERAL, data_dir=Path(tmp) / "data")
         endpoints = server.bind()
 

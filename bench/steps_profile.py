@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import broker_gc  # noqa: E402
 
 from broker import feed  # noqa: E402
 from broker.journal import Journal  # noqa: E402
@@ -64,7 +67,7 @@ def frames_close_case(steps: int = 200_000, per: int = 1000) -> List[bytes]:
 def drive(raws: List[bytes], dt: float) -> tuple[Runs, float, int]:
     """Feed ``raws`` as the server would, ``dt`` simulated seconds apart; returns the runs,
     the CPU seconds the loop took and the events published."""
-    with tempfile.TemporaryDirectory(prefix="rankboard-prof-") as tmp:
+    with broker_gc(), tempfile.TemporaryDirectory(prefix="rankboard-prof-") as tmp:
         journal = Journal(Path(tmp) / "data")
         journal.load()
         runs = Runs(recorder=journal.accept)

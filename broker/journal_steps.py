@@ -18,7 +18,7 @@ each :class:`~broker.stepstore.Series`' arrays).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, Iterable, KeysView, List, Optional
 
 from broker.stepstore import Series, StepStore
 from rank_agent.protocol import Steps
@@ -30,16 +30,25 @@ COLUMNS = ("step", "time", "n", "slowest", "samples", "tokens")
 
 
 class InFlight:
-    """Metric names of one run's ``steps`` frames whose steps may not be written yet."""
+    """Metric names of one run's ``steps`` frames whose steps may not be written yet.
 
-    __slots__ = ("names", "published", "visited")
+    A run's frames nearly always name the same metrics, so :meth:`saw` keeps the latest
+    name set and the highest step of the frames naming it apart (one C-level set
+    comparison a frame, issue 17) and merges them into :attr:`names` only when the set
+    changes or the names are read."""
+
+    __slots__ = ("_names", "published", "visited", "_keys", "_last")
 
     def __init__(self, published: int = 0) -> None:
-        self.names: Dict[str, int] = {}  # name -> highest step a frame named it for
+        self._names: Dict[str, int] = {}  # name -> highest step a frame named it for
         #: the sink's ``steps_published`` when the journal last wrote its steps
         self.published = published
         #: series looked at while building blocks (work done, for tests and benchmarks)
         self.visited = 0
+        # the latest frames' names (in their order: blocks list series in first-seen
+        # order), not merged yet
+        self._keys: Optional[KeysView[str]] = None
+        self._last = -1  # and the highest step those frames named them for
 
     def saw(self, frame: Steps) -> None:
         """A ``steps`` frame of the run arrived (the sink accepted it)."""
@@ -47,11 +56,31 @@ class InFlight:
         if not metrics or not frame.steps:
             return
         last = frame.steps[-1]  # (steps ascend: PROTOCOL 2)
-        names = self.names
+        keys = self._keys
+        if keys is not None and metrics.keys() == keys:
+            if last > self._last:
+                self._last = last
+            return
+        self._merge()
+        self._keys = dict.fromkeys(metrics).keys()
+        self._last = last
+
+    def _merge(self) -> None:
+        keys = self._keys
+        if keys is None:
+            return
+        names, last = self._names, self._last
         get = names.get
-        for name in metrics:
+        for name in keys:
             if get(name, -1) < last:
                 names[name] = last
+        self._keys = None
+
+    @property
+    def names(self) -> Dict[str, int]:
+        """Each name a frame named, with the highest step it was named for."""
+        self._merge()
+        return self._names
 
     def candidates(self, first_step: int) -> List[str]:
         """Names that may have a point at ``first_step`` or later."""
@@ -60,7 +89,7 @@ class InFlight:
     def written_through(self, step: int) -> None:
         """Every closed step up to ``step`` is written: names not named beyond it can have
         no point in a later block (a later point of theirs would name them again)."""
-        self.names = {name: last for name, last in self.names.items() if last > step}
+        self._names = {name: last for name, last in self.names.items() if last > step}
 
 
 def _series_wire(s: Series, start: int, end: int) -> List[bytes]:

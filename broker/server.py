@@ -54,6 +54,8 @@ __all__ = [
     "DEFAULT_PUBLISH",
     "DEFAULT_SNAPSHOT",
     "is_loopback_endpoint",
+    "tune_gc",
+    "GC_YOUNG_THRESHOLD",
 ]
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,28 @@ ZERO_COPY_RUN = 256
 #: run's first frame by about this much plus one encoding, not by the whole storm (issue 19
 #: finding 10: 60 requests for a wide run held the ingest 12.7 s).
 SNAPSHOT_SLICE_S = 0.02
+
+
+#: The broker process's first-generation collection threshold (CPython's default is 700).
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def tune_gc() -> tuple[int, int, int]:
+    """Collect the young generation every :data:`GC_YOUNG_THRESHOLD` allocations, not 700:
+    process-wide, so only a broker's entry point calls it (``rankboard broker``, and the
+    benchmarks that host a :class:`BrokerServer`), never an import.
+
+    Why: a ``steps`` frame decodes into a dozen lists and a dict that the pending columns
+    hold until their step closes, so a flood triggers a collection every ~60 frames, each
+    walking survivors that are still young; 4 % of the broker's instructions per 3-point
+    frame went there (issue 17, measured with callgrind). The broker's own state is almost
+    all acyclic (freed by reference counting) or numpy, so the rarer collections free the
+    same garbage, a few MiB later at most. Returns the thresholds it replaced."""
+    import gc
+
+    before = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, before[1], before[2])
+    return before
 
 
 class StartError(OSError):

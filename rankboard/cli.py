@@ -258,6 +258,9 @@ def _install_stop_handlers(stop: Callable[[], None]) -> None:
 
 def run_broker(cfg: BrokerConfig) -> int:
     """``rankboard broker``: bind, serve until SIGINT/SIGTERM, close."""
+    from broker.server import tune_gc
+
+    tune_gc()  # process-wide: here in the entry point, not at import
     server = cfg.build_server()
     try:
         server.bind()

@@ -22,6 +22,7 @@ import pytest
 
 from broker import journal_codec as jmod
 from broker.journal import HEADER, Journal, read_entries
+from broker.journal_steps import InFlight
 from broker.sink import Event, Rejected, RunSink
 from broker.stepstore import SAMPLES_PER_S, STEP_MS, StepStore, wire_records
 from rank_agent import protocol
@@ -566,3 +567,28 @@ def test_restored_header_times_equal_the_live_ones(tmp_path: Path) -> None:
         assert h2["updated_at"] == header["updated_at"]
     finally:
         b2.close()
+
+
+def _named(steps: list[int], names: list[str]) -> Steps:
+    return Steps(run="r", rank=0, steps=steps, times=[1.0] * len(steps),
+                 step_ms=[None] * len(steps), metrics={n: [1.0] * len(steps) for n in names})
+
+
+def test_in_flight_names_follow_every_frame_whatever_order_frames_name_them() -> None:
+    """InFlight keeps the latest name set apart and merges it when the set changes or the
+    names are read: the names, their highest steps and their first-seen order must be as if
+    every frame had been merged at once."""
+    flight = InFlight()
+    flight.saw(_named([1, 2], ["loss", "lr"]))
+    flight.saw(_named([5], ["lr", "loss"]))  # the same names in another order
+    flight.saw(_named([3], ["acc"]))
+    flight.saw(_named([4], ["loss", "lr"]))
+    assert flight.names == {"loss": 5, "lr": 5, "acc": 3}
+    assert list(flight.names) == ["loss", "lr", "acc"]  # blocks list series in this order
+    assert flight.candidates(4) == ["loss", "lr"]
+    flight.written_through(4)
+    assert flight.names == {"loss": 5, "lr": 5}
+    flight.saw(_named([9], ["lr", "loss"]))  # (no merge yet: read through candidates)
+    assert flight.candidates(6) == ["loss", "lr"] and flight.names["lr"] == 9
+    flight.saw(_named([10], []))  # no names: nothing to note
+    assert flight.candidates(10) == []

@@ -305,3 +305,20 @@ def test_data_dir_held_by_another_broker_is_a_one_line_error(
     second.close()
     assert "in use by another broker" in str(info.value) and "\n" not in str(info.value)
     assert second.endpoints and second._pull is None  # its sockets were closed again
+
+
+def test_importing_the_broker_leaves_the_collector_alone_and_tune_gc_raises_it() -> None:
+    """``tune_gc`` is process-wide, so only the broker's entry point calls it: importing
+    the server changes nothing (fresh interpreter), calling it sets the young threshold."""
+    import subprocess
+    import sys
+
+    from broker.server import GC_YOUNG_THRESHOLD
+
+    code = ("import gc; default = gc.get_threshold(); import broker.server as s; "
+            "assert gc.get_threshold() == default, gc.get_threshold(); "
+            "assert s.tune_gc() == default; print(*gc.get_threshold())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2], timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[0]) == GC_YOUNG_THRESHOLD
