@@ -1,0 +1,234 @@
+"""Instructions the broker executes per frame, counted by valgrind (issue 17).
+
+Wall-clock and CPU-time figures swing by ±30 % on this shared 2-core VM within minutes,
+which hides a change of a few percent; an instruction count does not move between runs.
+This runs the broker's per-message path in process (as ``steps_profile.py`` does: no
+socket) under ``valgrind --tool=callgrind``, counting only inside the loop over the frames
+(the loop is driven by ``collections.deque(map(...))`` and callgrind collects only inside
+``deque_init``), and prints instructions per frame. Two cases:
+
+* ``steps``: ``steps`` frames of 3 points x 4 metrics from 1,024 ranks, 10 rounds
+  (``steps_ingest_frames_per_s``' frames), ``Runs.ingest`` with the journal, each event
+  encoded for the PUB;
+* ``resources``: ``resources`` frames of 64 ranks from 2 interleaved senders
+  (``ingest_floor_ratio_64r``' frames), held per batch of 256 and released as the server
+  does, the journal flushed per batch;
+
+and ``decode`` (``--case steps|resources``): the decode and check alone, the floor's share;
+``sketch``: the steps frames through decode, check and only the bookkeeping any closer
+must do (the rank looked up, the points appended to pending columns, the watermark
+counted), none of the rules, events, closes or journal: a lower bound for a broker written
+in Python (BENCHMARKS.md, issue 17's fourth pass).
+
+    python bench/frame_instructions.py steps [--gc 20000] [--annotate N]
+
+``--gc``: the young-generation threshold (default: the broker's, ``tune_gc``; 700 is
+CPython's). ``--annotate N``: also the N C functions with the most instructions
+(``callgrind_annotate``), which says where a Python path's cost lands (eval loop, dict
+lookups, allocation, msgspec). Needs valgrind; prints why and exits 2 without it.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+STEPS_ROUNDS = 10
+RESOURCE_FRAMES = 10_240
+BATCH = 256
+
+
+def _steps_frames() -> Tuple[List[bytes], List[bytes]]:
+    from steps_profile import frames_per_frame_case
+
+    raws = frames_per_frame_case(rounds=STEPS_ROUNDS)
+    return raws[:1024], raws[1024:]
+
+
+def _resources_frames() -> Tuple[List[bytes], List[bytes]]:
+    import ingest as ib
+
+    from rank_agent import protocol
+    from rank_agent.protocol import Register
+
+    enc = protocol.encoder.encode
+    reg = [enc(Register(run=ib.RUN_64, rank=r, world_size=ib.RANKS_64, host=f"n{r // 8}",
+                        local_rank=r % 8)) for r in range(ib.RANKS_64)]
+    half = RESOURCE_FRAMES // 2
+    a, b = ib.frames_64(0, half)[:half], ib.frames_64(1, half)[:half]
+    return reg, [x for pair in zip(a, b) for x in pair]
+
+
+class _Rank:
+    __slots__ = ("highest", "last_seen", "ms")
+
+    def __init__(self) -> None:
+        self.highest = -1
+        self.last_seen = 0.0
+        self.ms: List[float] = []
+
+
+def sketch(body: List[bytes]) -> None:
+    """The least a Python broker does per steps frame (see the module docstring)."""
+    from rank_agent import protocol
+
+    decode, check = protocol.decoder.decode, protocol.check_steps
+    ranks: dict[int, _Rank] = {}
+    count: dict[int, int] = {}
+    cols: List[list] = [[] for _ in range(7)]
+    step, time_, ms, samples, tokens, frank, mvals = cols
+
+    def one(raw: bytes) -> None:
+        f = decode(raw)
+        check(f)
+        rank = f.rank
+        rs = ranks.get(rank)
+        if rs is None:
+            rs = ranks[rank] = _Rank()
+        rs.last_seen = 1.0
+        steps = f.steps
+        top = steps[-1]
+        step.extend(steps)
+        time_.extend(f.times)
+        ms.extend(f.step_ms)
+        samples.extend(f.samples)
+        tokens.extend(f.tokens)
+        frank.append(rank)
+        mvals.extend(f.metrics.values())
+        old = rs.highest
+        if top > old:
+            rs.highest = top
+            c = count.get(old, 0) - 1
+            if c > 0:
+                count[old] = c
+            else:
+                count.pop(old, None)
+            count[top] = count.get(top, 0) + 1
+
+    collections.deque(map(one, body), maxlen=0)
+
+
+def inner(case: str, decode_only: bool) -> int:
+    """Drive the frames; callgrind counts inside the ``deque`` (returns the frame count)."""
+    from broker import feed
+    from broker.journal import Journal
+    from broker.runs import Runs
+    from rank_agent import protocol
+
+    if case in ("steps", "sketch"):
+        reg, body = _steps_frames()
+        if case == "sketch":
+            sketch(body)
+            return len(body)
+    else:
+        reg, body = _resources_frames()
+    if decode_only:
+        decode, check_of = protocol.decoder.decode, protocol.check_of
+
+        def one(raw: bytes) -> None:
+            frame = decode(raw)
+            check = check_of(type(frame))
+            if check is not None:
+                check(frame)
+
+        collections.deque(map(one, body), maxlen=0)
+        return len(body)
+    with tempfile.TemporaryDirectory(prefix="rankboard-instr-") as tmp:
+        journal = Journal(Path(tmp) / "data")
+        journal.load()
+        runs = Runs(recorder=journal.accept, hold_samples=case == "resources")
+        for raw in reg:
+            runs.ingest(raw, 1000.0)
+        runs.release_samples(1000.0)
+        ingest, encode = runs.ingest, feed.encode_event
+        if case == "steps":
+            now = [1000.0]
+
+            def one(raw: bytes) -> None:
+                for run, ev in ingest(raw, now[0]):
+                    encode(run, ev)
+                now[0] += 1e-5
+
+            collections.deque(map(one, body), maxlen=0)
+        else:
+            def batch(frames: List[bytes]) -> None:
+                for raw in frames:
+                    for run, ev in ingest(raw, 1000.0):
+                        encode(run, ev)
+                for run, ev in runs.release_samples(1000.0):
+                    encode(run, ev)
+                journal.flush()
+
+            collections.deque(map(batch, [body[i:i + BATCH] for i in range(0, len(body), BATCH)]),
+                              maxlen=0)
+        if runs.accepted < len(body):
+            raise RuntimeError(f"{runs.accepted} of {len(body)} frames accepted: {runs.rejected}")
+        journal.close()
+    return len(body)
+
+
+def main(argv: List[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("case", choices=("steps", "resources", "decode", "sketch"))
+    ap.add_argument("--case", dest="of", choices=("steps", "resources"), default="steps",
+                    help="for decode: whose frames")
+    ap.add_argument("--gc", type=int, default=None, help="young-generation GC threshold")
+    ap.add_argument("--annotate", type=int, default=0, metavar="N")
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.inner:
+        import gc
+
+        try:
+            from broker.server import tune_gc
+        except ImportError:  # a tree from before it (an A/B run): CPython's default
+            pass
+        else:
+            tune_gc()
+        if args.gc is not None:
+            gc.set_threshold(args.gc, *gc.get_threshold()[1:])
+        case = args.of if args.case == "decode" else args.case
+        print("frames", inner(case, args.case == "decode"), file=sys.stderr)
+        return 0
+    if shutil.which("valgrind") is None:
+        print("frame_instructions: needs valgrind (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="rankboard-cg-") as tmp:
+        out = os.path.join(tmp, "callgrind.out")
+        cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
+               "--toggle-collect=deque_init", f"--callgrind-out-file={out}", sys.executable,
+               __file__, *argv, "--inner"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(
+            os.environ, PYTHONDONTWRITEBYTECODE="1"))
+        collected = re.search(r"Collected : (\d+)", proc.stderr)
+        frames = re.search(r"^frames (\d+)$", proc.stderr, re.M)
+        if proc.returncode or not collected or not frames:
+            print(proc.stderr[-4000:], file=sys.stderr)
+            return 1
+        per = int(collected.group(1)) / int(frames.group(1))
+        what = {"decode": f"decode+check of {args.of} frames",
+                "sketch": "steps frames, decode + check + the least bookkeeping"}.get(
+                    args.case, args.case)
+        print(f"{what}: {per:,.0f} instructions per frame ({frames.group(1)} frames)")
+        if args.annotate:
+            table = subprocess.run(["callgrind_annotate", out], capture_output=True,
+                                   text=True).stdout
+            rows = [ln for ln in table.splitlines() if re.match(r"\s*[\d,]+ \(", ln)]
+            for ln in rows[1:args.annotate + 1]:  # (the first row is the total)
+                print(re.sub(r"/tmp/python-build[^ ]*?/Python-[\d.]+/", "", ln)[:140])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
