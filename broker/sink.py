@@ -190,15 +190,18 @@ class RunSink:
         and no event list unless something is emitted.
         """
         tp = type(frame)
-        if tp is Steps:
-            return self.apply_steps(frame, now)  # type: ignore[arg-type]
         rank = frame.rank
-        if tp is Resources or tp is Metrics:
+        if tp is Resources or tp is Metrics or tp is Steps:
             ws = self.world_size
             if ws is not None and rank >= ws:
                 raise Rejected("rank_out_of_range", f"rank {rank} >= world_size {ws}")
             if tp is Metrics:
                 self._pending.admit(frame.epoch)  # type: ignore[union-attr]
+            elif tp is Steps:
+                metrics = frame.metrics  # type: ignore[union-attr]
+                # only a new name needs the cap's check (issue 17: a call per frame saved)
+                if metrics and not self._steps.names.issuperset(metrics):
+                    self._steps.admit(frame)  # type: ignore[arg-type]
             parsed = None
         else:
             parsed = self._check(frame)
@@ -224,7 +227,12 @@ class RunSink:
             # A sample changes nothing in the header and cannot complete the run.
             return self._take_events() if self._header_changed else []
         try:
-            if tp is Metrics:
+            if tp is Steps:  # (inline: the per-frame path of a step flood)
+                st.stalled = False  # the loop moves (section 3)
+                # (grace and force close also run in tick)
+                if self._steps.add(frame, now, not st.finished, self.world_size):  # type: ignore[arg-type]
+                    self._publish_steps(now)
+            elif tp is Metrics:
                 self._on_metrics(frame, st, now)  # type: ignore[arg-type]
             elif tp is Register:
                 self._on_register(frame, st, now)  # type: ignore[arg-type]
@@ -456,57 +464,6 @@ class RunSink:
         self._closer.set_active(rank, False)
         self._close_ready()
         self._close_steps(now)
-
-    def apply_steps(self, frame: Steps, now: float) -> List[Event]:
-        """:meth:`apply` of a ``steps`` frame: the same rules and the same state after, in
-        one call of the sink and one of the run's steps (issue 17). In a flood of small
-        frames from many ranks, the calls between the sink and the closer (the dispatch,
-        the handler, the metric-name admission) were a fair share of the broker's cost
-        beyond decoding; a frame naming only known metrics now costs no admission call.
-
-        Raises :class:`Rejected` with nothing changed (rank out of range, too many names)."""
-        rank = frame.rank
-        ws = self.world_size
-        if ws is not None and rank >= ws:
-            raise Rejected("rank_out_of_range", f"rank {rank} >= world_size {ws}")
-        steps = self._steps
-        metrics = frame.metrics
-        if metrics and not steps.names.issuperset(metrics):  # a new name: the cap's check
-            steps.admit(frame)
-        if self.started_at is None:
-            self.started_at = now
-            self._header_changed = True
-        self.updated_at = now
-        # Any accepted frame marks its rank seen; a stale rank is ok again, a finished one stays.
-        st = self._ranks.get(rank)
-        if st is None:
-            st = self._ranks[rank] = RankState(rank, now)
-        else:
-            st.last_seen = now
-            if st.status == "stale":
-                st.status = "ok"
-                self._closer.set_active(rank, True)
-        self._ranks_dirty = True
-        st.stalled = False  # the loop moves (section 3)
-        try:
-            status = st.status
-            # (grace and force close also run in tick)
-            if steps.add(frame, now, status != "finished" and status != "error", ws):
-                self._publish_steps(now)
-            if ws is not None and self._n_finished == ws and self.status not in ENDED:
-                self._complete()
-            elif self._header_changed:
-                self._emit_header()
-        except BaseException:
-            # A bug, not bad input (Runs counts it): drop this frame's half-made events.
-            self._events = []
-            self._header_changed = False
-            raise
-        events = self._events
-        if not events:
-            return []
-        self._events = []
-        return events
 
     def settle(self, now: float) -> List[Event]:
         """The run leaves memory (``--max-runs`` eviction): every pending step closes with
