@@ -120,11 +120,13 @@ def die_with_parent(env: dict[str, str] | os._Environ[str] | None = None) -> boo
         if not armed:
             os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(PARENT_GRACE)
+        # Straight to fd 2, non-blocking: the stop may be wedged on that very stream (a full
+        # pipe nobody reads holds sys.stderr's lock), and this line must not wait on it.
         try:
-            sys.stderr.write(f"rankboard: parent {parent} gone and the clean stop took over "
-                             f"{PARENT_GRACE:g} s: exiting\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):  # the parent held our stderr: nobody reads it now
+            os.set_blocking(2, False)
+            os.write(2, f"rankboard: parent {parent} gone and the clean stop took over "
+                        f"{PARENT_GRACE:g} s: exiting\n".encode())
+        except OSError:
             pass
         os._exit(1)
 

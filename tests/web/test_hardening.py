@@ -327,20 +327,26 @@ def test_die_with_parent_ignores_a_stale_or_missing_owner() -> None:
     assert not die_with_parent(env) and PARENT_ENV not in env
 
 
-def _orphan_ends(child_code: str, timeout: float = 10.0) -> None:
+def _orphan_ends(child_code: str, timeout: float = 10.0, stderr_fd: int = -1) -> None:
     """A middle process starts a child running ``child_code`` (which arms die_with_parent
-    and prints ``armed``), then is SIGKILLed: the orphaned child must end in ``timeout``."""
+    and prints ``armed``), then is SIGKILLed: the orphaned child must end in ``timeout``.
+    ``stderr_fd``: the child's stderr (passed down through the middle)."""
     middle_code = (
         "import os, subprocess, sys, time\n"
         f"env = dict(os.environ, {PARENT_ENV}=str(os.getpid()))\n"
+        "fd = int(sys.argv[3])\n"
         "p = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], env=env,"
-        " stdout=subprocess.PIPE, text=True)\n"
+        " stdout=subprocess.PIPE, text=True, stderr=fd if fd >= 0 else None,"
+        " pass_fds=(fd,) if fd >= 0 else ())\n"
         "assert p.stdout.readline().strip() == 'armed'\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(60)\n")
     repo = str(Path(__file__).resolve().parents[2])
-    middle = subprocess.Popen([sys.executable, "-c", middle_code, child_code, repo],
-                              stdout=subprocess.PIPE, text=True)
+    middle = subprocess.Popen([sys.executable, "-c", middle_code, child_code, repo,
+                               str(stderr_fd)], stdout=subprocess.PIPE, text=True,
+                              pass_fds=(stderr_fd,) if stderr_fd >= 0 else ())
+    if stderr_fd >= 0:
+        os.close(stderr_fd)  # the child holds the only write end now
     child = 0
     try:
         assert middle.stdout is not None
@@ -384,3 +390,19 @@ def test_a_child_whose_clean_stop_hangs_still_ends() -> None:
                  "import rankboard.process as p; p.PARENT_POLL = 0.05; p.PARENT_GRACE = 0.5; "
                  "signal.signal(signal.SIGTERM, lambda *_: None); "
                  "assert p.die_with_parent(); print('armed', flush=True); time.sleep(60)")
+
+
+def test_a_child_wedged_writing_to_its_stderr_still_ends() -> None:
+    """The stop can be wedged on stderr itself: a pipe that is full and that nobody reads
+    (here the test holds the read end open and never reads it). The main thread then
+    blocks in a write while holding the stream's lock, so the watch must not write its last
+    line through ``sys.stderr``."""
+    read_end, write_end = os.pipe()
+    try:
+        _orphan_ends("import signal, sys, time; sys.path.insert(0, sys.argv[1]); "
+                     "import rankboard.process as p; p.PARENT_POLL = 0.05; "
+                     "p.PARENT_GRACE = 0.5; signal.signal(signal.SIGTERM, lambda *_: None); "
+                     "assert p.die_with_parent(); print('armed', flush=True)\n"
+                     "while True: sys.stderr.write('x' * 65536)", stderr_fd=write_end)
+    finally:
+        os.close(read_end)
