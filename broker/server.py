@@ -97,12 +97,13 @@ ZERO_COPY_RUN = 256
 SNAPSHOT_SLICE_S = 0.02
 
 
-#: The broker process's first-generation collection threshold (CPython's default is 700).
+#: The broker process's first-generation collection threshold (CPython 3.11's default: 700).
 GC_YOUNG_THRESHOLD = 20_000
 
 
 def tune_gc() -> tuple[int, int, int]:
-    """Collect the young generation every :data:`GC_YOUNG_THRESHOLD` allocations, not 700:
+    """Collect the young generation every :data:`GC_YOUNG_THRESHOLD` allocations, not 700
+    (CPython 3.11's default):
     process-wide, so only a broker's entry point calls it (``rankboard broker``, and the
     benchmarks that host a :class:`BrokerServer`), never an import.
 
