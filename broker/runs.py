@@ -243,33 +243,19 @@ class Runs:
         """Apply held ``resources`` frames (their samples fed the GPU rules on arrival)."""
         out: list[tuple[str, Event]] = []
         for frame, raw in frames:
-            run = frame.run
-            sink = self._sinks.get(run)
-            if sink is None:  # (held frames' runs stay: a new run releases every one first)
-                out += self.apply(frame, now, raw)
-                continue
-            try:
-                events = sink.apply_held(frame, now)  # type: ignore[arg-type]
-            except Rejected as exc:
-                out += self._reject(exc.reason, "run %r rank %d: %s", run, frame.rank, exc)
-                continue
-            except Exception:
-                out += self._internal(run, frame)
-                continue
-            if run != self._mru:
-                self._sinks.move_to_end(run)
-                self._mru = run
-            out += self._accepted(sink, raw, frame, now, events)
+            out += self.apply(frame, now, raw, held=True)
         return out
 
-    def apply(self, frame: Frame, now: float, raw: Raw = b"") -> list[tuple[str, Event]]:
-        """Apply an already decoded frame (``raw`` is handed to ``on_accept``)."""
+    def apply(self, frame: Frame, now: float, raw: Raw = b"",
+              held: bool = False) -> list[tuple[str, Event]]:
+        """Apply an already decoded frame (``raw`` is handed to ``on_accept``; ``held``: a
+        held ``resources`` frame, :meth:`RunSink.apply`)."""
         run = frame.run
         sink = self._sinks.get(run)
-        if sink is None:
+        if sink is None:  # (a held frame's run stays: a new run releases every one first)
             return self._apply_new(frame, now, raw)
         try:
-            events = sink.apply(frame, now)
+            events = sink.apply(frame, now, held)
         except Rejected as exc:
             return self._reject(exc.reason, "run %r rank %d: %s", run, frame.rank, exc)
         except Exception:

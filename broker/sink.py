@@ -94,8 +94,6 @@ class RunSink:
                  step_close_after: float = 10.0) -> None:
         self.run = run
         self.stale_after = stale_after
-        # set while apply_held applies a sample the GPU rules already saw
-        self._gpu_fed = False
         self.ranks_interval = ranks_interval
         #: Last sequence number issued (0 = none). The server may raise it (after a restart).
         self.seq = 0
@@ -179,8 +177,11 @@ class RunSink:
         """True while the run has ended (status complete or failed)."""
         return self.status in ENDED
 
-    def apply(self, frame: Frame, now: float) -> List[Event]:
+    def apply(self, frame: Frame, now: float, held: bool = False) -> List[Event]:
         """Apply one decoded frame received at ``now``; returns the events it caused.
+        ``held``: a ``resources`` frame held back by the server's batch
+        (:class:`broker.coalesce.HeldSamples`), whose sample already fed the GPU alert rules
+        as it arrived (:meth:`sample_arrived`), so it does not feed them twice.
 
         Raises :class:`Rejected` with nothing changed when the frame breaks a sink rule.
 
@@ -222,7 +223,7 @@ class RunSink:
         if tp is Resources:
             self._samples.put(rank, frame.sample)  # type: ignore[union-attr]
             st.sample_json = None
-            if self.live and not self._gpu_fed:
+            if self.live and not held:
                 self._gpu_health(rank, frame.sample, now)  # type: ignore[union-attr]
             # A sample changes nothing in the header and cannot complete the run.
             return self._take_events() if self._header_changed else []
@@ -526,18 +527,9 @@ class RunSink:
         """A ``resources`` frame of this run was accepted and held back
         (:class:`broker.coalesce.HeldSamples`): its sample feeds the GPU alert rules now, in
         arrival order, whether a newer one of its rank replaces it before it is applied (an
-        XID is in one sample only) or it is applied later by :meth:`apply_held`."""
+        XID is in one sample only) or it is applied later (:meth:`apply` with ``held``)."""
         if self.live:
             self._gpu_health(frame.rank, frame.sample, now)
-
-    def apply_held(self, frame: Resources, now: float) -> List[Event]:
-        """:meth:`apply` of a held ``resources`` frame whose sample already fed the GPU
-        rules (:meth:`sample_arrived`)."""
-        self._gpu_fed = True
-        try:
-            return self.apply(frame, now)
-        finally:
-            self._gpu_fed = False
 
     def _gpu_health(self, rank: int, sample: ResourceSample, now: float) -> None:
         """The GPU alerts of one live sample (PROTOCOL 3); a sample without GPUs costs a
