@@ -327,9 +327,9 @@ def test_die_with_parent_ignores_a_stale_or_missing_owner() -> None:
     assert not die_with_parent(env) and PARENT_ENV not in env
 
 
-def _orphan_ends(child_code: str, timeout: float = 10.0, stderr_fd: int = -1) -> None:
+def _orphan_ends(child_code: str, stderr_fd: int = -1) -> None:
     """A middle process starts a child running ``child_code`` (which arms die_with_parent
-    and prints ``armed``), then is SIGKILLed: the orphaned child must end in ``timeout``.
+    and prints ``armed``), then is SIGKILLed: the orphaned child must end within 10 s.
     ``stderr_fd``: the child's stderr (passed down through the middle)."""
     middle_code = (
         "import os, subprocess, sys, time\n"
@@ -362,7 +362,7 @@ def _orphan_ends(child_code: str, timeout: float = 10.0, stderr_fd: int = -1) ->
             with open(f"/proc/{child}/stat") as fh:  # reparented but not reaped yet
                 return fh.read().split(")")[-1].split()[0] == "Z"
 
-        wait_for(gone, timeout=timeout, what="the orphaned child to end")
+        wait_for(gone, timeout=10, what="the orphaned child to end")
     finally:
         if middle.poll() is None:
             middle.kill()
