@@ -18,9 +18,11 @@ and ``decode`` (``--case steps|resources``): the decode and check alone, the flo
 ``sketch``: the steps frames through decode, check and only the bookkeeping any closer
 must do (the rank looked up, the points appended to pending columns, the watermark
 counted), none of the rules, events, closes or journal: a lower bound for a broker written
-in Python (BENCHMARKS.md, issue 17's fourth pass).
+in Python (BENCHMARKS.md, issue 17's fourth pass); ``close``: one step closed for 1,024
+ranks x 4 metrics (``steps_close_1024_ms``: the close, the store append and the ``steps``
+event's wire block; the adds before each close are not counted), per close.
 
-    python bench/frame_instructions.py steps [--gc 20000] [--annotate N]
+    python bench/frame_instructions.py steps|resources|decode|sketch|close [--gc N] [--annotate N]
 
 ``--gc``: the young-generation threshold (default: the broker's, ``tune_gc``; 700 is
 CPython's). ``--annotate N``: also the N C functions with the most instructions
@@ -119,6 +121,39 @@ def sketch(body: List[bytes]) -> None:
     collections.deque(map(one, body), maxlen=0)
 
 
+CLOSE_ROUNDS = 40
+
+
+def closes() -> int:
+    """``steps_close_1024_ms``' closes, each counted alone (returns the number of closes)."""
+    from steps_bench import METRICS, RANKS
+
+    from broker.steps import RunSteps
+    from rank_agent import protocol
+
+    enc, dec = protocol.encoder.encode, protocol.decode
+    steps = RunSteps(close_after=1e9, interval=0.0)
+    steps.closer.grace = 0.0
+
+    kept = []  # (as in steps_bench: the frames outlive the close, so it frees only its own)
+
+    def close(s: int) -> None:
+        steps.close(1.0, RANKS)
+        block = steps.take(1.0)
+        if block["rows"] != 1:
+            raise RuntimeError(f"step {s} closed {block['rows']} rows")
+
+    for s in range(CLOSE_ROUNDS):
+        for r in range(RANKS):
+            kept.append(dec(enc(protocol.Steps(
+                run="instr", rank=r, steps=[s], times=[1.7e9 + s], step_ms=[100.0 + r % 7],
+                samples=[32], tokens=[4096],
+                metrics={m: [1.0 / (s + 1) + r * 1e-6] for m in METRICS}))))
+            steps.closer.add(kept[-1], 1.0, True)
+        collections.deque(map(close, [s]), maxlen=0)
+    return CLOSE_ROUNDS
+
+
 def inner(case: str, decode_only: bool) -> int:
     """Drive the frames; callgrind counts inside the ``deque`` (returns the frame count)."""
     from broker import feed
@@ -126,6 +161,8 @@ def inner(case: str, decode_only: bool) -> int:
     from broker.runs import Runs
     from rank_agent import protocol
 
+    if case == "close":
+        return closes()
     if case in ("steps", "sketch"):
         reg, body = _steps_frames()
         if case == "sketch":
@@ -180,7 +217,7 @@ def inner(case: str, decode_only: bool) -> int:
 
 def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("case", choices=("steps", "resources", "decode", "sketch"))
+    ap.add_argument("case", choices=("steps", "resources", "decode", "sketch", "close"))
     ap.add_argument("--case", dest="of", choices=("steps", "resources"), default="steps",
                     help="for decode: whose frames")
     ap.add_argument("--gc", type=int, default=None, help="young-generation GC threshold")
@@ -218,9 +255,11 @@ def main(argv: List[str]) -> int:
             return 1
         per = int(collected.group(1)) / int(frames.group(1))
         what = {"decode": f"decode+check of {args.of} frames",
-                "sketch": "steps frames, decode + check + the least bookkeeping"}.get(
+                "sketch": "steps frames, decode + check + the least bookkeeping",
+                "close": "one step closed for 1,024 ranks x 4 metrics"}.get(
                     args.case, args.case)
-        print(f"{what}: {per:,.0f} instructions per frame ({frames.group(1)} frames)")
+        unit = "close" if args.case == "close" else "frame"
+        print(f"{what}: {per:,.0f} instructions per {unit} ({frames.group(1)} {unit}s)")
         if args.annotate:
             table = subprocess.run(["callgrind_annotate", out], capture_output=True,
                                    text=True).stdout

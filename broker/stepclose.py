@@ -278,7 +278,7 @@ class FrameBuffer:
         self.tokens: List[int] = []
         self.frank: List[int] = []  # per frame: its rank
         self.fk: List[int] = []  # per frame: its number of points
-        self.mvals: List[List[Optional[float]]] = []  # per frame and name, the frame's list
+        self.mvals: List[Optional[float]] = []  # per frame, name and point: the value
         self.groups: List[List[Any]] = []  # [names, frames]: consecutive frames naming them
         self.gnames: Optional[List[str]] = None
 
@@ -304,7 +304,9 @@ class FrameBuffer:
         else:
             self.gnames = names
             self.groups.append([names, 1])
-        self.mvals += metrics.values()
+        mvals = self.mvals
+        for values in metrics.values():
+            mvals += values
 
     def take(self) -> Columns:
         """The buffered points as :class:`Columns` (the buffer is emptied)."""
@@ -331,13 +333,11 @@ class FrameBuffer:
             lens = np.concatenate(clen)
             mvals = self.mvals
             vhas = None
-            k0 = self.fk[0]
-            flat = _list_floats(mvals, k0) if self.fk.count(k0) == len(self.fk) else None
+            flat = _list_floats(mvals, 0)
             if flat is not None:
                 vals = flat
             else:
-                vals, vhas = _opt_floats(_chain(mvals), int(lens.sum()),
-                                         lambda: list(_chain(mvals)))
+                vals, vhas = _opt_floats(mvals, len(mvals))
             m_name = np.repeat(np.concatenate(cid), lens)
             m_pos = np.repeat(np.concatenate(cbase) - (np.cumsum(lens) - lens), lens) + \
                 np.arange(len(vals))
@@ -397,10 +397,10 @@ class FrameBuffer:
         mat[0] = ms.reshape(nf, k).T
         if g:
             mvals = self.mvals
-            vals = _list_floats(mvals, k)
+            vals = _list_floats(mvals, 0)
             vhas = None
             if vals is None:
-                vals, vhas = _opt_floats(_chain(mvals), total * g, lambda: list(_chain(mvals)))
+                vals, vhas = _opt_floats(mvals, total * g)
             mat[1:] = vals.reshape(nf, g, k).transpose(1, 2, 0)
             if vhas is not None:
                 if has is None:

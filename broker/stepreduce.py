@@ -94,6 +94,11 @@ def reduce_groups(vals: np.ndarray, starts: np.ndarray) -> Tuple[np.ndarray, np.
 _LD_CERTIFY = np.finfo(np.longdouble).nmant > np.finfo(np.float64).nmant + 8
 #: unit roundoff of long double, with a margin for the rounding of the bound itself
 _LD_U = float(np.finfo(np.longdouble).eps) / 2 * 1.01
+#: magnitudes below which no row's sums (of at most 2**23 values) nor their error bound can
+#: overflow float64 (above, and for NaN, the checked path with ``errstate``; issue 17: the
+#: ``errstate`` context cost as much as the sums)
+_BOUND = 2.0 ** 1000
+_BOUND_N = 2 ** 23
 #: values per block of the two-level long-double sum (the error bound grows with the
 #: block size plus the number of blocks, not with n)
 _BLOCK = 32
@@ -142,26 +147,42 @@ def reduce_rows(mat: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray, np.nd
     possible only when the finite values' magnitudes sum past the float64 range; then
     None, and the caller closes in rank order (:func:`close_columns`)."""
     c, n = mat.shape
-    if n < 3 or not _LD_CERTIFY or not np.isfinite(mat).all():
+    if n < 3 or not _LD_CERTIFY:
         return reduce_checked(mat.ravel(), np.arange(c) * n)
-    nb = -(-n // _BLOCK)
-    ld = np.full((c, nb * _BLOCK), -0.0, np.longdouble)
-    ld[:, :n] = mat
+    absv = np.abs(mat)
+    if n <= _BOUND_N and absv.max() < _BOUND:  # the live case: no sum here can overflow, no errstate needed
+        lo, hi, _ = _ld_rows(mat, absv)
+        if not bool((lo == hi).all()):
+            return reduce_groups(mat.ravel(), np.arange(c) * n)
+        return lo / n, mat.min(axis=1), mat.max(axis=1)
+    if not np.isfinite(mat).all():
+        return reduce_checked(mat.ravel(), np.arange(c) * n)
     with np.errstate(all="ignore"):
-        # the error bound of _exact_sums holds for any order of the adds within a block
-        # and over the blocks; the padding and the sums' start are -0.0, IEEE's additive
-        # identity (numpy starts a sum at +0.0: a sum of -0.0 values would turn +0.0,
-        # where _exact_sums, which starts at the first value, keeps -0.0)
-        total = ld.reshape(c, nb, _BLOCK).sum(axis=2, initial=-0.0).sum(axis=1, initial=-0.0)
-        mag = np.abs(mat).sum(axis=1)
-        err = (mag * ((_BLOCK + 4 + nb) * _LD_U)).astype(np.longdouble)
-        lo = (total - err).astype(np.float64)
-        hi = (total + err).astype(np.float64)
+        lo, hi, mag = _ld_rows(mat, absv)
     if not bool(((lo == hi) & np.isfinite(lo) & np.isfinite(mag)).all()):
         if not bool(np.isfinite(mag).all()):
             return None
         return reduce_groups(mat.ravel(), np.arange(c) * n)
     return lo / n, mat.min(axis=1), mat.max(axis=1)
+
+
+def _ld_rows(mat: np.ndarray, absv: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The two float64 ends of :func:`_exact_sums`' interval around each row's sum, and
+    the row's sum of magnitudes (``absv``: ``abs(mat)``). The error bound holds for any
+    order of the adds within a block and over the blocks; the padding and the sums' start
+    are -0.0, IEEE's additive identity (numpy starts a sum at +0.0: a sum of -0.0 values
+    would turn +0.0, where _exact_sums, which starts at the first value, keeps -0.0)."""
+    c, n = mat.shape
+    nb = -(-n // _BLOCK)
+    if n == nb * _BLOCK:  # whole blocks (1,024 ranks): no padding
+        ld = mat.astype(np.longdouble)
+    else:
+        ld = np.full((c, nb * _BLOCK), -0.0, np.longdouble)
+        ld[:, :n] = mat
+    total = ld.reshape(c, nb, _BLOCK).sum(axis=2, initial=-0.0).sum(axis=1, initial=-0.0)
+    mag = absv.sum(axis=1)
+    err = (mag * ((_BLOCK + 4 + nb) * _LD_U)).astype(np.longdouble)
+    return (total - err).astype(np.float64), (total + err).astype(np.float64), mag
 
 
 def reduce_checked(vals: np.ndarray, starts: np.ndarray

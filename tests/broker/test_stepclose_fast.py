@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 from itertools import chain
 from typing import Any, Optional
 
@@ -299,6 +300,26 @@ def test_reduce_rows_equals_reduce(seed: int) -> None:
     assert again is not None
     for g, w in zip(again, want):  # the order of a row's values does not matter (but for
         assert np.array_equal(g, w, equal_nan=True)  # which zero: -0.0 == 0.0 here)
+
+
+@pytest.mark.parametrize("scale", [2.0 ** 999, 2.0 ** 1000, 1e308])
+def test_reduce_rows_of_huge_values_on_either_side_of_the_quiet_bound(scale: float) -> None:
+    """Below ``_BOUND`` the rows are summed without ``errstate`` (no sum can overflow); at
+    and above it, the checked path. Both give ``reduce_groups``' answer, with no warning
+    (the suite runs with warnings as errors)."""
+    rng = random.Random(7)
+    mat = np.array([[scale * rng.uniform(-1, 1) for _ in range(1024)] for _ in range(3)])
+    mat[2, :2] = (scale, scale)  # a row whose magnitudes sum past float64 at 1e308
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = stepreduce.reduce_rows(mat)
+    if scale >= 1e308:
+        assert got is None  # fsum could overflow in one order: left to rank order
+        return
+    want = stepreduce.reduce_groups(mat.ravel(), np.arange(3) * 1024)
+    assert got is not None
+    for g, w in zip(got, want):
+        assert g.tobytes() == w.tobytes()
 
 
 def test_a_sum_that_fsum_may_overflow_in_one_order_is_left_to_rank_order() -> None:
