@@ -7,10 +7,12 @@ clock, keeps no per-rank state and knows nothing of activity. Why columnar (issu
 broker pays per frame and per closed step, and a frame of 1,000 points that closes 1,000
 steps, or a step of 1,024 ranks, must not be Python per value.
 
-* **A frame** is appended, by reference, to a :class:`FrameBuffer` (a frame whose first
-  points are late is replaced by its :func:`slice_frame` tail). Nothing is copied per point.
-* **A close** (:func:`close_columns`) takes the batch as flat arrays built with C-level
-  ``map``/``chain`` (``np.fromiter``), one entry per (rank, step) point: sorted by (step,
+* **A frame**'s lists are appended as slices (``list.extend``, C) to a
+  :class:`FrameBuffer`'s flat lists, one per field, the metric values in (frame, name,
+  point) order (a frame whose first points are late is replaced by its
+  :func:`slice_frame` tail). A fixed number of calls a frame, none per point.
+* **A close** (:func:`close_columns`) takes the batch as flat arrays (one C conversion
+  per list, :func:`_list_floats`), one entry per (rank, step) point: sorted by (step,
   rank) (stable, so the last write of a rank's point wins), then every field is reduced per
   step with ``np.add/fmin/fmax.reduceat`` over the step segments (a ranks x k matrix reduced
   along the rank axis, stored flat so sparse reports cost what they hold). The metrics go
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from itertools import chain, repeat
+from itertools import repeat
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import msgspec
@@ -43,7 +45,6 @@ __all__ = ["ClosedSteps", "Columns", "FrameBuffer", "close_columns", "close_fram
            "slice_frame", "step_record"]
 
 _NAN = math.nan
-_chain = chain.from_iterable
 _EMPTY_I = np.empty(0, np.int64)
 _EMPTY_F = np.empty(0, np.float64)
 
@@ -72,44 +73,31 @@ def _opt_floats(values: Iterable[Any], count: int,
 
 
 _pack = msgspec.msgpack.Encoder().encode
-_LIST_DTYPES: Dict[int, np.dtype] = {}
 #: one MessagePack float64: the ``0xcb`` tag, then the value big-endian
 _FLOAT_DTYPE = np.dtype([("t", "u1"), ("v", ">f8")])
 
 
-def _list_floats(lists: List[Any], k: int) -> Optional[np.ndarray]:
-    """The values of ``lists`` (each a list of ``k`` values, 1 <= k <= 15; ``k`` = 0:
-    ``lists`` is itself a list of values) concatenated, as float64, or None when some value
-    is not a float (``None``, an int): then the caller converts them one by one.
+def _list_floats(values: List[Any]) -> Optional[np.ndarray]:
+    """``values`` as float64, or None when one is not a float (``None``, an int): then the
+    caller converts them one by one (:func:`_opt_floats`).
 
-    Why: a ``steps`` frame's metric values are one Python list per name, so a close of
-    1,024 one-point frames x 4 names has 4,096 lists of one float; iterating them
-    (``chain``) cost ~55 ns a value, 4x what converting a flat list costs. Encoded at once
-    (C, ~12 ns a value), the lists are fixed-size MessagePack records (``0x90|k``, then
-    ``0xcb`` + a big-endian float64 per value) that numpy reads in place. The layout is
-    checked, not assumed: the total length and every header and tag byte (no other
-    MessagePack value of a float list is 9 bytes with an ``0xcb`` tag)."""
-    n = len(lists)
-    if not n or not 0 <= k <= 15:
+    Why: a close converts ~6 k Python floats of 1,024 frames (``step_ms``, times, metric
+    values); encoded at once (C, ~12 ns a value) they are fixed-size MessagePack records
+    (``0xcb`` + a big-endian float64) that numpy reads in place, where ``np.fromiter``
+    costs twice that. The layout is checked, not assumed: the total length and every tag
+    byte (no other MessagePack value is 9 bytes with an ``0xcb`` tag)."""
+    n = len(values)
+    if not n:
         return None
     try:
-        buf = _pack(lists)
+        buf = _pack(values)
     except (TypeError, OverflowError):  # (values of a frame built in code, not decoded)
         return None
-    size = 1 + 9 * k if k else 9
     head = 1 if n <= 15 else 3 if n <= 0xFFFF else 5
-    if len(buf) != head + n * size:
+    if len(buf) != head + n * 9:
         return None
-    if not k:
-        flat = np.frombuffer(buf, _FLOAT_DTYPE, n, head)
-        return flat["v"].astype(np.float64) if bool((flat["t"] == 0xCB).all()) else None
-    dt = _LIST_DTYPES.get(k)
-    if dt is None:
-        dt = _LIST_DTYPES[k] = np.dtype([("h", "u1"), ("p", _FLOAT_DTYPE, (k,))])
-    rec = np.frombuffer(buf, dt, n, head)
-    if not ((rec["h"] == 0x90 | k).all() and (rec["p"]["t"] == 0xCB).all()):
-        return None
-    return rec["p"]["v"].astype(np.float64).ravel()
+    flat = np.frombuffer(buf, _FLOAT_DTYPE, n, head)
+    return flat["v"].astype(np.float64) if bool((flat["t"] == 0xCB).all()) else None
 
 
 def slice_frame(frame: Steps, i: int, j: int) -> Steps:
@@ -263,9 +251,11 @@ class Columns:
 
 class FrameBuffer:
     """Points received since the last close, as flat Python lists: a frame's lists are
-    appended as slices (``list.extend``, C), so a frame costs a fixed number of calls; its
-    metric values go in as the frame's lists, with the frame's names noted once per run of
-    frames that name the same metrics (nearly always one run: every rank logs the same)."""
+    appended as slices (``list.extend``, C), so a frame costs a fixed number of calls (one
+    a metric name); its metric values go in flat, with the frame's names noted once per run
+    of frames that name the same metrics (nearly always one run: every rank logs the same).
+    Flat rather than a list per frame and name (issue 17): a close then converts one list
+    of floats, where 4,096 one-value lists cost a fifth of a 1,024-rank close to encode."""
 
     __slots__ = ("step", "time", "ms", "samples", "tokens", "frank", "fk", "mvals", "groups",
                  "gnames")
@@ -333,7 +323,7 @@ class FrameBuffer:
             lens = np.concatenate(clen)
             mvals = self.mvals
             vhas = None
-            flat = _list_floats(mvals, 0)
+            flat = _list_floats(mvals)
             if flat is not None:
                 vals = flat
             else:
@@ -388,7 +378,7 @@ class FrameBuffer:
         # rows: step_ms at each step, then each name at each step; columns: the frames
         mat = np.empty((1 + g, k, nf))
         has: Optional[np.ndarray] = None
-        ms = _list_floats(self.ms, 0)
+        ms = _list_floats(self.ms)
         if ms is None:  # a None (or an int) among them
             ms, ms_has = _opt_floats(self.ms, total)
             if ms_has is not None:
@@ -397,7 +387,7 @@ class FrameBuffer:
         mat[0] = ms.reshape(nf, k).T
         if g:
             mvals = self.mvals
-            vals = _list_floats(mvals, 0)
+            vals = _list_floats(mvals)
             vhas = None
             if vals is None:
                 vals, vhas = _opt_floats(mvals, total * g)
@@ -431,7 +421,7 @@ class FrameBuffer:
         out = ClosedSteps()
         out.step = np.array(first, np.int64)
         out.n = np.full(k, nf, np.int64)
-        times = _list_floats(self.time, 0)
+        times = _list_floats(self.time)
         if times is None:
             times = np.fromiter(self.time, np.float64, total)
         out.time = np.fmax.reduce(times.reshape(nf, k), axis=0)
