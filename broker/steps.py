@@ -153,7 +153,7 @@ class StepCloser:
                 self._lo = first
             if top > self._hi:
                 self._hi = top
-            self._buf.add(pending)
+            self._buf.add(pending, first > rs.highest)
             if top > self._top:
                 self._top = top
                 force = self._force

@@ -184,6 +184,40 @@ def test_a_tie_of_signed_zeros_at_the_min_goes_to_the_general_close() -> None:
     same(got, want)
 
 
+@pytest.mark.parametrize("resent", [0, 1, 2])
+def test_a_rank_that_resends_its_point_through_the_closer_takes_the_general_close(
+        resent: int) -> None:
+    """The closer vouches for ``FrameBuffer.close_grid`` that no rank is in its buffer
+    twice (``fresh``: the frame is above its rank's highest step), instead of the close
+    looking for one; a rank that re-sends a point must not be counted as another rank."""
+    closer = StepCloser(close_after=1e9, grace=0.0)
+    frames = [frame(r, 4, ms=1.0 + r, metrics={"loss": 0.5 + r}) for r in range(3)]
+    frames.insert(2, frame(resent, 4, ms=9.0, metrics={"loss": 9.0}))  # the last write wins
+    for f in frames:
+        closer.add(f, 1.0, True)
+    got = closer.ready_batch(1.0, 3)
+    want = close_frames(frames)
+    assert got is not None and want is not None
+    assert got.n.tolist() == [3]
+    same(got, want)
+
+
+def test_a_buffer_told_its_frames_are_fresh_skips_the_rank_check() -> None:
+    """What ``fresh`` changes (the closer's promise, not checked again), and that a buffer
+    used without it still finds a rank twice."""
+    frames = [frame(0, 1, ms=1.0, metrics={"x": 1.0}), frame(0, 1, ms=2.0, metrics={"x": 2.0})]
+    buf = FrameBuffer()
+    for f in frames:
+        buf.add(f)
+    assert buf.overlap and buf.close_grid() is None
+    vouched = FrameBuffer()
+    for f in frames:
+        vouched.add(f, True)
+    assert not vouched.overlap
+    got = vouched.close_grid()
+    assert got is not None and got.n.tolist() == [2]  # (a false promise is believed)
+
+
 @pytest.mark.parametrize("case", ["repeat", "names differ", "other steps", "longer frame",
                                   "steps differ"])
 def test_what_the_fast_path_leaves_to_the_general_close(case: str) -> None:
