@@ -8,9 +8,9 @@ broker pays per frame and per closed step, and a frame of 1,000 points that clos
 steps, or a step of 1,024 ranks, must not be Python per value.
 
 * **A frame**'s lists are appended as slices (``list.extend``, C) to a
-  :class:`FrameBuffer`'s flat lists, one per field, the metric values in (frame, name,
-  point) order (a frame whose first points are late is replaced by its
-  :func:`slice_frame` tail). A fixed number of calls a frame, none per point.
+  :class:`FrameBuffer`'s lists, one per field, the metric values as the frame's lists (a
+  frame whose first points are late is replaced by its :func:`slice_frame` tail). A fixed
+  number of calls a frame, none per point.
 * **A close** (:func:`close_columns`) takes the batch as flat arrays (one C conversion
   per list, :func:`_list_floats`), one entry per (rank, step) point: sorted by (step,
   rank) (stable, so the last write of a rank's point wins), then every field is reduced per
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import msgspec
@@ -45,6 +45,7 @@ __all__ = ["ClosedSteps", "Columns", "FrameBuffer", "close_columns", "close_fram
            "slice_frame", "step_record"]
 
 _NAN = math.nan
+_chain = chain.from_iterable
 _EMPTY_I = np.empty(0, np.int64)
 _EMPTY_F = np.empty(0, np.float64)
 
@@ -77,28 +78,44 @@ _pack = msgspec.msgpack.Encoder().encode
 _FLOAT_DTYPE = np.dtype([("t", "u1"), ("v", ">f8")])
 
 
-def _list_floats(values: List[Any]) -> Optional[np.ndarray]:
-    """``values`` as float64, or None when one is not a float (``None``, an int): then the
-    caller converts them one by one (:func:`_opt_floats`).
+def _list_floats(lists: List[Any], k: int) -> Optional[np.ndarray]:
+    """The values of ``lists`` (each a list of ``k`` values, 1 <= k <= 15; ``k`` = 0:
+    ``lists`` is itself a list of values) concatenated, as float64, or None when some value
+    is not a float (``None``, an int): then the caller converts them one by one.
 
-    Why: a close converts ~6 k Python floats of 1,024 frames (``step_ms``, times, metric
-    values); encoded at once (C, ~12 ns a value) they are fixed-size MessagePack records
-    (``0xcb`` + a big-endian float64) that numpy reads in place, where ``np.fromiter``
-    costs twice that. The layout is checked, not assumed: the total length and every tag
-    byte (no other MessagePack value is 9 bytes with an ``0xcb`` tag)."""
-    n = len(values)
-    if not n:
+    Why: a ``steps`` frame's metric values are one Python list per name, so a close of
+    1,024 one-point frames x 4 names has 4,096 lists of one float; iterating them
+    (``chain``) cost ~55 ns a value, 4x what converting a flat list costs. Encoded at once
+    (C, ~12 ns a value), the lists are fixed-size MessagePack records (``0x90|k``, then
+    ``0xcb`` + a big-endian float64 per value) that numpy reads in place. The layout is
+    checked, not assumed: the total length and every header and tag byte (no other
+    MessagePack value of a float list is 9 bytes with an ``0xcb`` tag), each with a bytes
+    slice and count (C, a third of what the same checks cost as numpy calls)."""
+    n = len(lists)
+    if not n or not 0 <= k <= 15:
         return None
     try:
-        buf = _pack(values)
+        buf = _pack(lists)
     except (TypeError, OverflowError):  # (values of a frame built in code, not decoded)
         return None
+    size = 1 + 9 * k if k else 9
     head = 1 if n <= 15 else 3 if n <= 0xFFFF else 5
-    if len(buf) != head + n * 9:
+    if len(buf) != head + n * size:
         return None
-    if buf[head::9].count(b"\xcb") != n:  # (a bytes pass: a third of numpy's calls' cost)
+    if not k:
+        if buf[head::9].count(b"\xcb") != n:
+            return None
+        return np.frombuffer(buf, _FLOAT_DTYPE, n, head)["v"].astype(np.float64)
+    if buf[head::size].count(_LIST_HEADS[k]) != n:
         return None
-    return np.frombuffer(buf, _FLOAT_DTYPE, n, head)["v"].astype(np.float64)
+    for j in range(head + 1, head + size, 9):
+        if buf[j::size].count(b"\xcb") != n:
+            return None
+    return np.ndarray((n, k), ">f8", buf, head + 2, (size, 9)).astype(np.float64).ravel()
+
+
+#: the MessagePack header of a list of k values (k <= 15)
+_LIST_HEADS = [bytes([0x90 | k]) for k in range(16)]
 
 
 def slice_frame(frame: Steps, i: int, j: int) -> Steps:
@@ -252,11 +269,11 @@ class Columns:
 
 class FrameBuffer:
     """Points received since the last close, as flat Python lists: a frame's lists are
-    appended as slices (``list.extend``, C), so a frame costs a fixed number of calls (one
-    a metric name); its metric values go in flat, with the frame's names noted once per run
-    of frames that name the same metrics (nearly always one run: every rank logs the same).
-    Flat rather than a list per frame and name (issue 17): a close then converts one list
-    of floats, where 4,096 one-value lists cost a fifth of a 1,024-rank close to encode."""
+    appended as slices (``list.extend``, C), so a frame costs a fixed number of calls; its
+    metric values go in as the frame's lists, with the frame's names noted once per run of
+    frames that name the same metrics (nearly always one run: every rank logs the same).
+    (Flattened as they arrive instead, a frame cost ~1.1 k instructions more, as much as
+    its share of the close's conversion saved: issue 17.)"""
 
     __slots__ = ("step", "time", "ms", "samples", "tokens", "frank", "fk", "mvals", "groups",
                  "gnames", "overlap")
@@ -269,7 +286,7 @@ class FrameBuffer:
         self.tokens: List[int] = []
         self.frank: List[int] = []  # per frame: its rank
         self.fk: List[int] = []  # per frame: its number of points
-        self.mvals: List[Optional[float]] = []  # per frame, name and point: the value
+        self.mvals: List[List[Optional[float]]] = []  # per frame and name, the frame's list
         self.groups: List[List[Any]] = []  # [names, frames]: consecutive frames naming them
         self.gnames: Optional[List[str]] = None
         #: a frame may share a rank with an earlier one (see :meth:`add`)
@@ -302,9 +319,7 @@ class FrameBuffer:
         else:
             self.gnames = names
             self.groups.append([names, 1])
-        mvals = self.mvals
-        for values in metrics.values():
-            mvals += values
+        self.mvals += metrics.values()
 
     def take(self) -> Columns:
         """The buffered points as :class:`Columns` (the buffer is emptied)."""
@@ -331,11 +346,13 @@ class FrameBuffer:
             lens = np.concatenate(clen)
             mvals = self.mvals
             vhas = None
-            flat = _list_floats(mvals)
+            k0 = self.fk[0]
+            flat = _list_floats(mvals, k0) if self.fk.count(k0) == len(self.fk) else None
             if flat is not None:
                 vals = flat
             else:
-                vals, vhas = _opt_floats(mvals, len(mvals))
+                vals, vhas = _opt_floats(_chain(mvals), int(lens.sum()),
+                                         lambda: list(_chain(mvals)))
             m_name = np.repeat(np.concatenate(cid), lens)
             m_pos = np.repeat(np.concatenate(cbase) - (np.cumsum(lens) - lens), lens) + \
                 np.arange(len(vals))
@@ -386,7 +403,7 @@ class FrameBuffer:
         # rows: step_ms at each step, then each name at each step; columns: the frames
         mat = np.empty((1 + g, k, nf))
         has: Optional[np.ndarray] = None
-        ms = _list_floats(self.ms)
+        ms = _list_floats(self.ms, 0)
         if ms is None:  # a None (or an int) among them
             ms, ms_has = _opt_floats(self.ms, total)
             if ms_has is not None:
@@ -395,10 +412,10 @@ class FrameBuffer:
         mat[0] = ms.reshape(nf, k).T
         if g:
             mvals = self.mvals
-            vals = _list_floats(mvals)
+            vals = _list_floats(mvals, k)
             vhas = None
             if vals is None:
-                vals, vhas = _opt_floats(mvals, total * g)
+                vals, vhas = _opt_floats(_chain(mvals), total * g, lambda: list(_chain(mvals)))
             mat[1:] = vals.reshape(nf, g, k).transpose(1, 2, 0)
             if vhas is not None:
                 if has is None:
@@ -429,7 +446,7 @@ class FrameBuffer:
         out = ClosedSteps()
         out.step = np.array(first, np.int64)
         out.n = np.full(k, nf, np.int64)
-        times = _list_floats(self.time)
+        times = _list_floats(self.time, 0)
         if times is None:
             times = np.fromiter(self.time, np.float64, total)
         out.time = np.fmax.reduce(times.reshape(nf, k), axis=0)

@@ -138,6 +138,7 @@ class StepCloser:
         steps = frame.steps
         top = steps[-1]
         first = steps[0]
+        old = rs.highest
         last_closed = self.last_closed
         if top <= last_closed:
             self.late += len(steps)
@@ -153,7 +154,9 @@ class StepCloser:
                 self._lo = first
             if top > self._hi:
                 self._hi = top
-            self._buf.add(pending, first > rs.highest)
+            # (first above the rank's highest: no point of this rank in the buffer can be
+            # at these steps, so the grid close need not look for a rank twice)
+            self._buf.add(pending, first > old)
             if top > self._top:
                 self._top = top
                 force = self._force
@@ -166,7 +169,6 @@ class StepCloser:
             rs.ms.extend([v for v in ms if v is not None])
         else:
             rs.ms.extend(ms)  # type: ignore[arg-type]
-        old = rs.highest
         if top > old:
             rs.highest = top
             if rs.active:

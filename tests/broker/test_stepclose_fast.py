@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 import warnings
 from itertools import chain
 from typing import Any, Optional
@@ -284,21 +285,45 @@ def test_the_closer_takes_the_fast_path_for_a_grid(monkeypatch: pytest.MonkeyPat
 # ------------------------------------------------------------------ the helpers
 
 
-@pytest.mark.parametrize("n", [1, 15, 16, 1024, 65535, 65536])
+@pytest.mark.parametrize("n,k", [(1, 1), (15, 1), (16, 1), (4096, 1), (65535, 1), (65536, 1),
+                                 (7, 3), (100, 15)])
+def test_list_floats_reads_what_chain_gives(n: int, k: int) -> None:
+    rng = random.Random(n * 31 + k)
+    lists = [[rng.choice((rng.random(), *VALUES)) for _ in range(k)] for _ in range(n)]
+    got = stepclose._list_floats(lists, k)
+    want = np.fromiter(chain.from_iterable(lists), np.float64, n * k)
+    assert got is not None and got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 1024, 65536])
 def test_list_floats_of_a_flat_list(n: int) -> None:
     rng = random.Random(n)
     values = [rng.choice((rng.random(), *VALUES)) for _ in range(n)]
-    got = stepclose._list_floats(values)
+    got = stepclose._list_floats(values, 0)
     assert got is not None and got.tobytes() == np.array(values).tobytes()
+    assert stepclose._list_floats(values[:-1] + [None], 0) is None
+    assert stepclose._list_floats(values[:-1] + [7], 0) is None
 
 
 @pytest.mark.parametrize("odd", [None, 1, 2**40, 2**70, True])
-def test_list_floats_declines_anything_but_floats(odd: Any) -> None:
-    for n in (3, 20, 70_000):  # each MessagePack array header: fix, 16- and 32-bit
-        values = [0.5] * n
-        values[n // 2] = odd
-        assert stepclose._list_floats(values) is None
-    assert stepclose._list_floats([]) is None
+@pytest.mark.parametrize("k", [1, 3])
+def test_list_floats_declines_anything_but_floats(odd: Any, k: int) -> None:
+    """Each header and tag byte is checked: an odd value at any position of any list, in
+    arrays of each MessagePack header size (fix, 16- and 32-bit)."""
+    for n in (3, 20, 70_000):
+        for at in range(k):
+            lists = [[0.5] * k for _ in range(n)]
+            lists[n // 2][at] = odd
+            assert stepclose._list_floats(lists, k) is None
+            flat = [0.5] * n
+            flat[n // 3] = odd
+            assert stepclose._list_floats(flat, 0) is None
+    assert stepclose._list_floats([[1.0, 2.0], [3.0]], 2) is None  # not all k long
+    # a list of two and an empty one are two records' length, and a value whose first
+    # byte is 0xcb sits where the second tag would be: only the header bytes tell
+    tagged = struct.unpack(">d", b"\xcb" + bytes(7))[0]
+    assert stepclose._list_floats([[0.5, tagged], []], 1) is None
+    assert stepclose._list_floats([[1.0] * 16], 16) is None  # k past 15: not handled
 
 
 @pytest.mark.parametrize("seed", range(30))
