@@ -528,8 +528,10 @@ class RunSink:
         (:class:`broker.coalesce.HeldSamples`): its sample feeds the GPU alert rules now, in
         arrival order, whether a newer one of its rank replaces it before it is applied (an
         XID is in one sample only) or it is applied later (:meth:`apply` with ``held``)."""
-        if self.live:
-            self._gpu_health(frame.rank, frame.sample, now)
+        sample = frame.sample
+        if self.live and sample.gpus:  # (_gpu_health inline: every held sample comes here)
+            for alert in self.gpu_rules.feed(frame.rank, sample):
+                self._raise(alert.kind, alert.rank, alert.message, now)
 
     def _gpu_health(self, rank: int, sample: ResourceSample, now: float) -> None:
         """The GPU alerts of one live sample (PROTOCOL 3); a sample without GPUs costs a
