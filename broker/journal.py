@@ -286,8 +286,6 @@ class Journal:
         st = self._files.get(run)
         if st is None:
             st = self._new_state(run)
-        if type(frame) is Steps:
-            st.flight.saw(frame)  # type: ignore[arg-type]
         n = len(st.buf)
         self._record(st, frame, now)
         self._grew(len(st.buf) - n)
@@ -304,11 +302,8 @@ class Journal:
         if st.started and (tp is Resources or tp is Steps):
             if tp is Resources:
                 st.pending[frame.rank] = (now, frame)  # type: ignore[assignment]
-            else:
-                st.flight.saw(frame)  # type: ignore[arg-type]
+            # (a steps frame: its closed steps are journaled as STEPS blocks instead)
         else:
-            if tp is Steps:
-                st.flight.saw(frame)  # type: ignore[arg-type]
             self._record(st, frame, now)
         if sink.seq != st.noted_seq:
             self._note_seq(st, sink)
@@ -421,7 +416,7 @@ class Journal:
         own = sink.steps_published - flight.published  # rows the sink published itself
         flight.published = sink.steps_published
         if own >= store.rows - st.noted_steps:
-            names = flight.candidates(int(store.column("step")[st.noted_steps]))
+            names = store.in_order(sink.steps_named_since(st.noted_steps))
         else:  # rows with no frames behind them (restored, appended directly): every series
             names = list(store.metrics)
         per_row = 40 + 28 * (len(names) + 1)
@@ -435,7 +430,6 @@ class Journal:
             payload = block_encoder.encode(block)
             st.buf += entry(bytes((KIND_STEPS,)), payload)
         st.noted_steps = store.rows
-        flight.written_through(store.last_step)  # type: ignore[arg-type]
         self._dirty[st.run] = st
 
     def flush(self) -> None:

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from broker.journal_codec import HEADER
 from broker.journal_files import write_all
 from broker.journal_filter import Unchanged
-from broker.journal_steps import InFlight
+from broker.journal_steps import StepBlocks
 from rank_agent.protocol import Resources
 
 __all__ = ["RunFile", "Handles"]
@@ -58,7 +58,7 @@ class RunFile:
         self.write_failed = False
         self.noted_steps = 0  # rows of sink.steps already journaled
         self.unchanged = Unchanged()  # what the file holds of frames whose repeats are no-ops
-        self.flight = InFlight()  # metric names of steps not yet in a STEPS block
+        self.flight = StepBlocks()  # what its STEPS blocks were written from
         self.stacks_bytes = 0  # bytes of ``stacks`` frames in the file (MAX_STACKS_BYTES)
 
 

@@ -357,6 +357,11 @@ class RunSink:
         """Steps published by this sink (not restored ones): the closed-step counter."""
         return self._steps.published
 
+    def steps_named_since(self, row: int) -> List[str]:
+        """Metric names that may have a point in the closed steps' rows from ``row`` on
+        (:meth:`RunSteps.named_since`: the rows this sink published)."""
+        return self._steps.named_since(row)
+
     @property
     def late_steps(self) -> int:
         """Step points dropped because their step had already closed."""

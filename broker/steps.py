@@ -393,6 +393,9 @@ class RunSteps:
         self._out: List[ClosedSteps] = []  # closed, not yet in a steps event
         #: every metric name an accepted frame (or a restored block) brought
         self.names: set[str] = set()
+        # name -> the store's row count after the last take that published a point of it,
+        # ordered by that take (:meth:`named_since`; at most the run's capped names)
+        self._taken: Dict[str, int] = {}
 
     def admit(self, frame: Steps) -> None:
         """Take note of the frame's metric names, or raise :class:`Rejected`
@@ -466,7 +469,23 @@ class RunSteps:
             names.update(batch.names)
         self.published += store.rows - before
         self.sent_at = now
-        return store.to_wire(before, store.rows, sorted(names))
+        taken, rows = self._taken, store.rows
+        for name in names:  # (moved to the end: the latest takes' names are last)
+            taken.pop(name, None)
+            taken[name] = rows
+        return store.to_wire(before, rows, sorted(names))
+
+    def named_since(self, row: int) -> List[str]:
+        """The metric names that may have a point in the store's rows from ``row`` on, of
+        the rows :meth:`take` published: those of the takes since (the journal's STEPS
+        blocks visit these series alone, at a cost of what the takes held, not of every
+        name the run ever had: issue 19 finding 3). Newest take first."""
+        out: List[str] = []
+        for name, end in reversed(self._taken.items()):
+            if end <= row:
+                break
+            out.append(name)
+        return out
 
     def restore(self, block: Dict[str, Any]) -> int | None:
         """Journal replay of a :meth:`StepStore.to_wire` block; returns the first new row

@@ -120,6 +120,7 @@ class StepStore:
         self.step_ms = Series()
         self.metrics: Dict[str, Series] = {}
         self._names: List[str] | None = []
+        self._order: Dict[str, int] = {}  # name -> when its series was made (0, 1, ...)
 
     # ----------------------------------------------------------------- facts
 
@@ -136,6 +137,19 @@ class StepStore:
         if self._names is None:
             self._names = sorted(self.metrics)
         return self._names
+
+    def in_order(self, names: Iterable[str]) -> List[str]:
+        """Those of ``names`` that have a series here, in the order their series were made
+        (the order of ``metrics``): a STEPS block lists its series so, and a store replayed
+        from the blocks lists them as the live one did."""
+        order = self._order
+        return sorted([n for n in names if n in order], key=order.__getitem__)
+
+    def _new_series(self, name: str) -> Series:
+        series = self.metrics[name] = Series()
+        self._order[name] = len(self._order)
+        self._names = None
+        return series
 
     def column(self, name: str) -> np.ndarray:
         """A row column (``step``, ``time``, ``n``, ``slowest``, ``samples``, ``tokens``)."""
@@ -227,8 +241,7 @@ class StepStore:
         for name, at, trip in series_in:
             series = self.metrics.get(name)
             if series is None:
-                series = self.metrics[name] = Series()
-                self._names = None
+                series = self._new_series(name)
             series.extend(at + base, trip[:, 0], trip[:, 1], trip[:, 2])
         self.rows = end
 
@@ -258,8 +271,7 @@ class StepStore:
         for name, idx, mean, lo, hi in metrics:
             series = self.metrics.get(name)
             if series is None:
-                series = self.metrics[name] = Series()
-                self._names = None
+                series = self._new_series(name)
             series.extend(idx + base, mean, lo, hi)
         self.rows = end
 
@@ -335,8 +347,7 @@ class StepStore:
                 assert key is not None
                 if not len(rows):  # no row of this block has it: not seen yet
                     continue
-                target = self.metrics[key] = Series()
-                self._names = None
+                target = self._new_series(key)
             target.extend(rows, mean, lo, hi)
         self.rows += k
 

@@ -245,7 +245,7 @@ def test_a_steps_block_visits_what_it_holds_not_every_series(
 def test_a_steps_block_is_what_to_wire_gives(tmp_path: Path) -> None:
     """The journal builds STEPS blocks itself (journal_steps.wire_block): they hold what
     StepStore.to_wire holds for the same rows (series without a point there aside)."""
-    from broker.journal_steps import InFlight, wire_block
+    from broker.journal_steps import StepBlocks, wire_block
     b, _ = _wide_then_narrow(tmp_path, names=200, blocks=5)
     sink = b.runs.get("s")
     assert sink is not None
@@ -253,7 +253,7 @@ def test_a_steps_block_is_what_to_wire_gives(tmp_path: Path) -> None:
     for start, end in [(0, store.rows), (1, 3), (store.rows - 2, store.rows), (2, 2)]:
         want = store.to_wire(start, end)
         want["metrics"] = {k: v for k, v in want["metrics"].items() if v[0]}
-        got = wire_block(store, start, end, list(store.metrics), InFlight())
+        got = wire_block(store, start, end, list(store.metrics), StepBlocks())
         assert got == want
     b.close()
 

@@ -22,8 +22,8 @@ import pytest
 
 from broker import journal_codec as jmod
 from broker.journal import HEADER, Journal, read_entries
-from broker.journal_steps import InFlight
 from broker.sink import Event, Rejected, RunSink
+from broker.steps import RunSteps
 from broker.stepstore import SAMPLES_PER_S, STEP_MS, StepStore, wire_records
 from rank_agent import protocol
 from rank_agent.protocol import Finish, Frame, Register, Resources, ResourceSample, Steps
@@ -569,26 +569,31 @@ def test_restored_header_times_equal_the_live_ones(tmp_path: Path) -> None:
         b2.close()
 
 
-def _named(steps: list[int], names: list[str]) -> Steps:
-    return Steps(run="r", rank=0, steps=steps, times=[1.0] * len(steps),
-                 step_ms=[None] * len(steps), metrics={n: [1.0] * len(steps) for n in names})
+def _named(step: int, names: list[str]) -> Steps:
+    return Steps(run="r", rank=0, steps=[step], times=[1.0], step_ms=[None],
+                 metrics={n: [1.0] for n in names})
 
 
-def test_in_flight_names_follow_every_frame_whatever_order_frames_name_them() -> None:
-    """InFlight keeps the latest name set apart and merges it when the set changes or the
-    names are read: the names, their highest steps and their first-seen order must be as if
-    every frame had been merged at once."""
-    flight = InFlight()
-    flight.saw(_named([1, 2], ["loss", "lr"]))
-    flight.saw(_named([5], ["lr", "loss"]))  # the same names in another order
-    flight.saw(_named([3], ["acc"]))
-    flight.saw(_named([4], ["loss", "lr"]))
-    assert flight.names == {"loss": 5, "lr": 5, "acc": 3}
-    assert list(flight.names) == ["loss", "lr", "acc"]  # blocks list series in this order
-    assert flight.candidates(4) == ["loss", "lr"]
-    flight.written_through(4)
-    assert flight.names == {"loss": 5, "lr": 5}
-    flight.saw(_named([9], ["lr", "loss"]))  # (no merge yet: read through candidates)
-    assert flight.candidates(6) == ["loss", "lr"] and flight.names["lr"] == 9
-    flight.saw(_named([10], []))  # no names: nothing to note
-    assert flight.candidates(10) == []
+def test_the_names_a_block_visits_are_those_the_takes_since_published() -> None:
+    """The journal's STEPS blocks visit the series of ``RunSteps.named_since(row)``: every
+    name with a point in the rows published from ``row`` on (a block missing one would lose
+    its points), and none whose points all lie before (the cost of a block must not grow
+    with names the run stopped logging)."""
+    steps = RunSteps(close_after=1e9, interval=0.0)
+    steps.closer.grace = 0.0
+    published = []
+    for step, names in enumerate([["loss", "lr"], ["acc"], ["lr", "loss"], [], ["acc"]]):
+        frame = _named(step, names)
+        if names:
+            steps.admit(frame)
+        steps.add(frame, 1.0, True, 1)
+        steps.close(1.0, 1)
+        steps.take(1.0)
+        published.append(set(names))
+    assert steps.store.rows == 5
+    for row in range(6):
+        want = set().union(*published[row:]) if row < 5 else set()
+        got = steps.named_since(row)
+        assert set(got) == want, row
+        assert len(got) == len(want)  # each once
+    assert steps.named_since(4) == ["acc"]
