@@ -214,7 +214,7 @@ class Runs:
                         held.replaced += 1
                         self.accepted += 1
                     try:
-                        sink.sample_arrived(frame, now)  # its GPU alerts, in arrival order
+                        sink.gpu_health(frame.rank, frame.sample, now)  # in arrival order
                     except Exception:
                         return self._internal(run, frame)
                     return []

@@ -181,7 +181,7 @@ class RunSink:
         """Apply one decoded frame received at ``now``; returns the events it caused.
         ``held``: a ``resources`` frame held back by the server's batch
         (:class:`broker.coalesce.HeldSamples`), whose sample already fed the GPU alert rules
-        as it arrived (:meth:`sample_arrived`), so it does not feed them twice.
+        as it arrived (:meth:`gpu_health`), so it does not feed them twice.
 
         Raises :class:`Rejected` with nothing changed when the frame breaks a sink rule.
 
@@ -223,8 +223,8 @@ class RunSink:
         if tp is Resources:
             self._samples.put(rank, frame.sample)  # type: ignore[union-attr]
             st.sample_json = None
-            if self.live and not held:
-                self._gpu_health(rank, frame.sample, now)  # type: ignore[union-attr]
+            if not held:
+                self.gpu_health(rank, frame.sample, now)  # type: ignore[union-attr]
             # A sample changes nothing in the header and cannot complete the run.
             return self._take_events() if self._header_changed else []
         try:
@@ -515,8 +515,7 @@ class RunSink:
         if sample is not None:  # applied first, exactly as a resources frame
             self._samples.put(rank, sample)
             st.sample_json = None
-            if self.live:
-                self._gpu_health(rank, sample, now)
+            self.gpu_health(rank, sample, now)
         epoch = frame.epoch
         if epoch <= self._pending.last_closed:
             self.late_metrics += 1
@@ -528,20 +527,14 @@ class RunSink:
         if ws is not None and reported == ws - self._n_finished:
             self._close_through(epoch)
 
-    def sample_arrived(self, frame: Resources, now: float) -> None:
-        """A ``resources`` frame of this run was accepted and held back
-        (:class:`broker.coalesce.HeldSamples`): its sample feeds the GPU alert rules now, in
-        arrival order, whether a newer one of its rank replaces it before it is applied (an
-        XID is in one sample only) or it is applied later (:meth:`apply` with ``held``)."""
-        sample = frame.sample
-        if self.live and sample.gpus:  # (_gpu_health inline: every held sample comes here)
-            for alert in self.gpu_rules.feed(frame.rank, sample):
-                self._raise(alert.kind, alert.rank, alert.message, now)
-
-    def _gpu_health(self, rank: int, sample: ResourceSample, now: float) -> None:
-        """The GPU alerts of one live sample (PROTOCOL 3); a sample without GPUs costs a
-        call and one test."""
-        if sample.gpus:
+    def gpu_health(self, rank: int, sample: ResourceSample, now: float) -> None:
+        """The GPU alerts of one sample of ``rank`` (PROTOCOL 3), while the run is live (a
+        replayed sample raises nothing). Every sample comes here once, as it arrives: a
+        ``resources`` frame held back by the server's batch
+        (:class:`broker.coalesce.HeldSamples`) is fed by :class:`broker.runs.Runs` when it
+        arrives, whether a newer one of its rank replaces it before it is applied (an XID is
+        in one sample only) or it is applied later (:meth:`apply` with ``held``)."""
+        if self.live and sample.gpus:
             for alert in self.gpu_rules.feed(rank, sample):
                 self._raise(alert.kind, alert.rank, alert.message, now)
 
