@@ -18,13 +18,21 @@ and ``decode`` (``--case steps|resources``): the decode and check alone, the flo
 ``sketch``: the steps frames through decode, check and only the bookkeeping any closer
 must do (the rank looked up, the points appended to pending columns, the watermark
 counted), none of the rules, events, closes or journal: a lower bound for a broker written
-in Python (BENCHMARKS.md, issue 17's fourth pass); ``close``: one step closed for 1,024
+in Python (BENCHMARKS.md, issue 17's fourth pass); ``lane``: the steps frames through every
+per-frame rule the broker applies to them (bounds, the run's names, liveness, late points,
+the pending columns, the force-close timer, the rank's step times, the watermark, the
+count, the journal's sequence test), written as one function with no module structure
+and no closes, so ``steps --hold`` (the broker with its closes held back, the frames kept
+as the lane keeps them) measures what the structure costs (issue 17's sixth pass);
+``close``: one step closed for 1,024
 ranks x 4 metrics (``steps_close_1024_ms``: the close, the store append and the ``steps``
 event's wire block; the adds before each close are not counted), per close.
 
-    python bench/frame_instructions.py steps|resources|decode|sketch|close [--gc N] [--annotate N]
+    python bench/frame_instructions.py steps|resources|decode|sketch|lane|close [--hold]
+        [--gc N] [--annotate N]
 
-``--gc``: the young-generation threshold (default: the broker's, ``tune_gc``; 700 is
+``--hold``: for ``steps``, the run's steps never close (its closer answers nothing; the
+frames stay buffered, as in ``lane``). ``--gc``: the young-generation threshold (default: the broker's, ``tune_gc``; 700 is
 CPython's). ``--annotate N``: also the N C functions with the most instructions
 (``callgrind_annotate``), which says where a Python path's cost lands (eval loop, dict
 lookups, allocation, msgspec). Needs valgrind; prints why and exits 2 without it.
@@ -121,6 +129,142 @@ def sketch(body: List[bytes]) -> None:
     collections.deque(map(one, body), maxlen=0)
 
 
+def lane(reg: List[bytes], body: List[bytes]) -> None:
+    """Every per-frame rule the broker applies to a steps frame of a known run and rank, as
+    one function (see the module docstring): what the broker's per-frame path would cost
+    with its calls and objects fused away. No closes: the points stay pending."""
+    import heapq
+
+    import msgspec
+
+    from broker.steps import STEP_MS_WINDOW
+    from rank_agent import protocol
+
+    decode, check_of = protocol.decoder.decode, protocol.check_of
+    max_bytes, steps_type = protocol.MAX_FRAME_BYTES, protocol.Steps
+
+    class Rank:
+        __slots__ = ("highest", "ms", "active", "last_seen", "status", "stalled")
+
+        def __init__(self) -> None:
+            self.highest = -1
+            self.ms: collections.deque = collections.deque(maxlen=STEP_MS_WINDOW)
+            self.active = True
+            self.last_seen = 0.0
+            self.status = "ok"
+            self.stalled = False
+
+    class Run:
+        def __init__(self, ws: int) -> None:
+            self.world_size = ws
+            self.names: set = set()
+            self.updated_at = 0.0
+            self.ranks: dict[int, Rank] = {}
+            self.last_closed = self.lo = self.hi = self.top = -1
+            self.late = self.seq = self.noted_seq = self.accepted = 0
+            self.dirty = False
+            self.force: collections.deque = collections.deque()
+            self.count: dict[int, int] = {}
+            self.heap: List[int] = []
+            self.cols: List[list] = [[] for _ in range(9)]
+            self.groups: List[list] = []
+            self.gnames: List[str] | None = None
+
+    runs: dict[str, Run] = {}
+    for raw in reg:
+        f = decode(raw)
+        run = runs.setdefault(f.run, Run(f.world_size))
+        run.ranks[f.rank] = Rank()
+        run.count[-1] = run.count.get(-1, 0) + 1
+    now = 1000.0
+
+    def one(raw: bytes) -> None:
+        if len(raw) > max_bytes:
+            return
+        try:
+            f = decode(raw)
+            check = check_of(type(f))
+            if check is not None:
+                check(f)
+        except (msgspec.DecodeError, protocol.LimitExceeded):
+            return
+        s = runs.get(f.run)
+        if s is None or type(f) is not steps_type:
+            return
+        rank = f.rank
+        ws = s.world_size
+        if ws is not None and rank >= ws:
+            return
+        metrics = f.metrics
+        if metrics and not s.names.issuperset(metrics):
+            s.names.update(metrics)  # (the cap's check, for a new name only)
+        s.updated_at = now
+        st = s.ranks[rank]
+        st.last_seen = now
+        if st.status == "stale":
+            st.status = "ok"
+        s.dirty = True
+        st.stalled = False
+        steps = f.steps
+        top, first, old = steps[-1], steps[0], st.highest
+        if top <= s.last_closed:
+            s.late += len(steps)
+        else:
+            if first <= s.last_closed:
+                raise RuntimeError("the lane's frames are never late")
+            if s.lo < 0 or first < s.lo:
+                s.lo = first
+            if top > s.hi:
+                s.hi = top
+            step, time_, ms, samples, tokens, frank, fk, mvals, fresh = s.cols
+            step += steps
+            time_ += f.times
+            ms += f.step_ms
+            samples += f.samples
+            tokens += f.tokens
+            frank.append(rank)
+            fk.append(len(steps))
+            names = list(metrics)
+            if names == s.gnames:
+                s.groups[-1][1] += 1
+            else:
+                s.gnames = names
+                s.groups.append([names, 1])
+            mvals += metrics.values()
+            if top > s.top:
+                s.top = top
+                force = s.force
+                if force and force[-1][0] == now:
+                    force[-1] = (now, top)
+                else:
+                    force.append((now, top))
+        step_ms = f.step_ms
+        if None in step_ms:
+            st.ms.extend([v for v in step_ms if v is not None])
+        else:
+            st.ms.extend(step_ms)
+        if top > old:
+            st.highest = top
+            if st.active:
+                count = s.count
+                c = count[old] - 1
+                if c:
+                    count[old] = c
+                else:
+                    del count[old]
+                c = count.get(top, 0)
+                count[top] = c + 1
+                if not c:
+                    heapq.heappush(s.heap, top)
+        s.accepted += 1
+        if s.seq != s.noted_seq:
+            s.noted_seq = s.seq
+
+    collections.deque(map(one, body), maxlen=0)
+    if sum(r.accepted for r in runs.values()) != len(body):
+        raise RuntimeError("the lane dropped frames")
+
+
 CLOSE_ROUNDS = 40
 
 
@@ -154,7 +298,7 @@ def closes() -> int:
     return CLOSE_ROUNDS
 
 
-def inner(case: str, decode_only: bool) -> int:
+def inner(case: str, decode_only: bool, hold: bool = False) -> int:
     """Drive the frames; callgrind counts inside the ``deque`` (returns the frame count)."""
     from broker import feed
     from broker.journal import Journal
@@ -163,10 +307,13 @@ def inner(case: str, decode_only: bool) -> int:
 
     if case == "close":
         return closes()
-    if case in ("steps", "sketch"):
+    if case in ("steps", "sketch", "lane"):
         reg, body = _steps_frames()
         if case == "sketch":
             sketch(body)
+            return len(body)
+        if case == "lane":
+            lane(reg, body)
             return len(body)
     else:
         reg, body = _resources_frames()
@@ -188,6 +335,9 @@ def inner(case: str, decode_only: bool) -> int:
         for raw in reg:
             runs.ingest(raw, 1000.0)
         runs.release_samples(1000.0)
+        if hold:  # (this harness's own instance: the closer answers nothing)
+            for sink in runs.sinks():
+                sink._closer.ready_batch = lambda now, world_size: None  # type: ignore
         ingest, encode = runs.ingest, feed.encode_event
         if case == "steps":
             now = [1000.0]
@@ -217,9 +367,10 @@ def inner(case: str, decode_only: bool) -> int:
 
 def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("case", choices=("steps", "resources", "decode", "sketch", "close"))
+    ap.add_argument("case", choices=("steps", "resources", "decode", "sketch", "lane", "close"))
     ap.add_argument("--case", dest="of", choices=("steps", "resources"), default="steps",
                     help="for decode: whose frames")
+    ap.add_argument("--hold", action="store_true", help="steps: no step closes")
     ap.add_argument("--gc", type=int, default=None, help="young-generation GC threshold")
     ap.add_argument("--annotate", type=int, default=0, metavar="N")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
@@ -236,7 +387,7 @@ def main(argv: List[str]) -> int:
         if args.gc is not None:
             gc.set_threshold(args.gc, *gc.get_threshold()[1:])
         case = args.of if args.case == "decode" else args.case
-        print("frames", inner(case, args.case == "decode"), file=sys.stderr)
+        print("frames", inner(case, args.case == "decode", args.hold), file=sys.stderr)
         return 0
     if shutil.which("valgrind") is None:
         print("frame_instructions: needs valgrind (apt-get install valgrind)", file=sys.stderr)
@@ -256,8 +407,9 @@ def main(argv: List[str]) -> int:
         per = int(collected.group(1)) / int(frames.group(1))
         what = {"decode": f"decode+check of {args.of} frames",
                 "sketch": "steps frames, decode + check + the least bookkeeping",
+                "lane": "steps frames, every per-frame rule in one function, no closes",
                 "close": "one step closed for 1,024 ranks x 4 metrics"}.get(
-                    args.case, args.case)
+                    args.case, args.case + (" (closes held)" if args.hold else ""))
         unit = "close" if args.case == "close" else "frame"
         print(f"{what}: {per:,.0f} instructions per {unit} ({frames.group(1)} {unit}s)")
         if args.annotate:
