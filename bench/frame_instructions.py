@@ -24,12 +24,13 @@ the pending columns, the force-close timer, the rank's step times, the watermark
 count, the journal's sequence test), written as one function with no module structure
 and no closes, so ``steps --hold`` (the broker with its closes held back, the frames kept
 as the lane keeps them) measures what the structure costs (issue 17's sixth pass);
+``lane --case resources`` the same for the ``resources`` frames, held per batch;
 ``close``: one step closed for 1,024
 ranks x 4 metrics (``steps_close_1024_ms``: the close, the store append and the ``steps``
 event's wire block; the adds before each close are not counted), per close.
 
     python bench/frame_instructions.py steps|resources|decode|sketch|lane|close [--hold]
-        [--gc N] [--annotate N]
+        [--case steps|resources] [--gc N] [--annotate N]
 
 ``--hold``: for ``steps``, the run's steps never close (its closer answers nothing; the
 frames stay buffered, as in ``lane``). ``--gc``: the young-generation threshold (default: the broker's, ``tune_gc``; 700 is
@@ -265,6 +266,113 @@ def lane(reg: List[bytes], body: List[bytes]) -> None:
         raise RuntimeError("the lane dropped frames")
 
 
+def resources_lane(reg: List[bytes], body: List[bytes]) -> None:
+    """Every per-frame rule the broker applies to a ``resources`` frame of a known run, as
+    one function (the ``resources`` case's counterpart of :func:`lane`): held per batch
+    (each rank's newest sample), every sample's quiet GPU test as it arrives (the six GPU
+    rules' inputs; none fires in these frames), and at the batch's end each held sample
+    applied (bounds, liveness, the rank's latest sample, the journal's pending sample)."""
+    import msgspec
+
+    from rank_agent import protocol
+
+    decode, check_of = protocol.decoder.decode, protocol.check_of
+    max_bytes, resources_type = protocol.MAX_FRAME_BYTES, protocol.Resources
+
+    class Rank:
+        __slots__ = ("last_seen", "status", "sample_json")
+
+        def __init__(self) -> None:
+            self.last_seen = 0.0
+            self.status = "ok"
+            self.sample_json: object = None
+
+    class Run:
+        def __init__(self, ws: int) -> None:
+            self.world_size = ws
+            self.updated_at = 0.0
+            self.ranks: dict[int, Rank] = {}
+            self.latest: dict[int, object] = {}
+            self.dirty: set[int] = set()
+            self.prev: dict[int, dict[int, object]] = {}
+            self.pending: dict[int, tuple] = {}
+            self.accepted = self.replaced = 0
+
+    runs: dict[str, Run] = {}
+    for raw in reg:
+        f = decode(raw)
+        runs.setdefault(f.run, Run(f.world_size)).ranks[f.rank] = Rank()
+    held: dict[str, dict[int, tuple]] = {}
+    now = 1000.0
+
+    def one(raw: bytes) -> None:
+        if len(raw) > max_bytes:
+            return
+        try:
+            f = decode(raw)
+            check = check_of(type(f))
+            if check is not None:
+                check(f)
+        except (msgspec.DecodeError, protocol.LimitExceeded):
+            return
+        run = f.run
+        s = runs.get(run)
+        if s is None or type(f) is not resources_type:
+            return
+        rank = f.rank
+        ws = s.world_size
+        if ws is not None and rank >= ws:
+            return
+        ranks = held.get(run)
+        if ranks is None:
+            ranks = held[run] = {}
+        if ranks.pop(rank, None) is not None:
+            s.replaced += 1
+            s.accepted += 1
+        ranks[rank] = (f, raw)
+        gpus = f.sample.gpus
+        if gpus:
+            known = s.prev.get(rank)
+            if known is None:
+                known = s.prev[rank] = {}
+            for gpu in gpus:
+                prev = known.get(gpu.device_index)
+                known[gpu.device_index] = gpu
+                ecc, nvlink = gpu.ecc_uncorrected, gpu.nvlink_errors
+                width, reasons = gpu.pcie_link_width, gpu.throttle_reasons
+                if (gpu.xid_errors or gpu.remapped_rows_failed or gpu.remapped_rows_pending
+                        or reasons
+                        or (width is not None and gpu.pcie_link_width_max is not None
+                            and width < gpu.pcie_link_width_max)
+                        or (ecc and (prev is None or prev.ecc_uncorrected is None))
+                        or (nvlink is not None and prev is not None
+                            and prev.nvlink_errors is not None)):
+                    raise RuntimeError("the lane's samples are quiet")
+
+    def batch(frames: List[bytes]) -> None:
+        for raw in frames:  # (not a deque: callgrind's toggle would nest)
+            one(raw)
+        for run, ranks in held.items():
+            s = runs[run]
+            for rank, (f, _raw) in ranks.items():
+                s.updated_at = now
+                st = s.ranks[rank]
+                st.last_seen = now
+                if st.status == "stale":
+                    st.status = "ok"
+                s.latest[rank] = f.sample
+                s.dirty.add(rank)
+                st.sample_json = None
+                s.pending[rank] = (now, f)
+                s.accepted += 1
+        held.clear()
+
+    collections.deque(map(batch, [body[i:i + BATCH] for i in range(0, len(body), BATCH)]),
+                      maxlen=0)
+    if sum(r.accepted for r in runs.values()) != len(body):
+        raise RuntimeError("the lane dropped frames")
+
+
 CLOSE_ROUNDS = 40
 
 
@@ -317,6 +425,9 @@ def inner(case: str, decode_only: bool, hold: bool = False) -> int:
             return len(body)
     else:
         reg, body = _resources_frames()
+        if case == "resources_lane":
+            resources_lane(reg, body)
+            return len(body)
     if decode_only:
         decode, check_of = protocol.decoder.decode, protocol.check_of
 
@@ -369,7 +480,7 @@ def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("case", choices=("steps", "resources", "decode", "sketch", "lane", "close"))
     ap.add_argument("--case", dest="of", choices=("steps", "resources"), default="steps",
-                    help="for decode: whose frames")
+                    help="for decode and lane: whose frames")
     ap.add_argument("--hold", action="store_true", help="steps: no step closes")
     ap.add_argument("--gc", type=int, default=None, help="young-generation GC threshold")
     ap.add_argument("--annotate", type=int, default=0, metavar="N")
@@ -387,6 +498,8 @@ def main(argv: List[str]) -> int:
         if args.gc is not None:
             gc.set_threshold(args.gc, *gc.get_threshold()[1:])
         case = args.of if args.case == "decode" else args.case
+        if args.case == "lane" and args.of == "resources":
+            case = "resources_lane"
         print("frames", inner(case, args.case == "decode", args.hold), file=sys.stderr)
         return 0
     if shutil.which("valgrind") is None:
@@ -407,7 +520,8 @@ def main(argv: List[str]) -> int:
         per = int(collected.group(1)) / int(frames.group(1))
         what = {"decode": f"decode+check of {args.of} frames",
                 "sketch": "steps frames, decode + check + the least bookkeeping",
-                "lane": "steps frames, every per-frame rule in one function, no closes",
+                "lane": f"{args.of} frames, every per-frame rule in one function"
+                        + (", no closes" if args.of == "steps" else ""),
                 "close": "one step closed for 1,024 ranks x 4 metrics"}.get(
                     args.case, args.case + (" (closes held)" if args.hold else ""))
         unit = "close" if args.case == "close" else "frame"
