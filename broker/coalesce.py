@@ -158,8 +158,9 @@ class HeldSamples:
         ranks = self.runs.pop(run, None)
         return list(ranks.values()) if ranks else []
 
-    def take_all(self) -> Iterator[Tuple[Any, Buffer]]:
-        """Every held frame, run by run in the order their runs were first held."""
+    def take_all(self) -> Iterator[Tuple[str, List[Tuple[Any, Buffer]]]]:
+        """Every run's held frames (oldest first), run by run in the order their runs
+        were first held, no longer held."""
         runs, self.runs = self.runs, {}
-        for ranks in runs.values():
-            yield from ranks.values()
+        for run, ranks in runs.items():
+            yield run, list(ranks.values())

@@ -177,11 +177,9 @@ class RunSink:
         """True while the run has ended (status complete or failed)."""
         return self.status in ENDED
 
-    def apply(self, frame: Frame, now: float, held: bool = False) -> List[Event]:
-        """Apply one decoded frame received at ``now``; returns the events it caused.
-        ``held``: a ``resources`` frame held back by the server's batch
-        (:class:`broker.coalesce.HeldSamples`), whose sample already fed the GPU alert rules
-        as it arrived (:meth:`gpu_health`), so it does not feed them twice.
+    def apply(self, frame: Frame, now: float) -> List[Event]:
+        """Apply one decoded frame received at ``now``; returns the events it caused (the
+        ``resources`` frames a batch held back come in through :meth:`apply_held`).
 
         Raises :class:`Rejected` with nothing changed when the frame breaks a sink rule.
 
@@ -223,8 +221,7 @@ class RunSink:
         if tp is Resources:
             self._samples.put(rank, frame.sample)  # type: ignore[union-attr]
             st.sample_json = None
-            if not held:
-                self.gpu_health(rank, frame.sample, now)  # type: ignore[union-attr]
+            self.gpu_health(rank, frame.sample, now)  # type: ignore[union-attr]
             # A sample changes nothing in the header and cannot complete the run.
             return self._take_events() if self._header_changed else []
         try:
@@ -268,6 +265,41 @@ class RunSink:
             return []
         self._events = []
         return events
+
+    def apply_held(self, frames: List[Resources],
+                   now: float) -> Tuple[List[Event], List[Tuple[Resources, str]]]:
+        """Apply a batch's held ``resources`` frames of this run, in order: what
+        :meth:`apply` does to each but the GPU rules, which their samples fed as they
+        arrived (:meth:`gpu_health`, called by :class:`broker.runs.Runs`; not twice), in
+        one call, because a batch releases each rank's newest sample at once
+        (:class:`broker.coalesce.HeldSamples`). Returns the events and the frames rejected,
+        each with why (a rank past the world size; held frames were checked when held,
+        and a frame that could change the world size releases them first)."""
+        ws = self.world_size
+        ranks, put = self._ranks, self._samples.put
+        rejected: List[Tuple[Resources, str]] = []
+        for frame in frames:
+            rank = frame.rank
+            if ws is not None and rank >= ws:
+                rejected.append((frame, f"rank {rank} >= world_size {ws}"))
+                continue
+            st = ranks.get(rank)
+            if st is None:
+                st = ranks[rank] = RankState(rank, now)
+            else:
+                st.last_seen = now
+                if st.status == "stale":
+                    st.status = "ok"
+                    self._closer.set_active(rank, True)
+            put(rank, frame.sample)
+            st.sample_json = None
+        if len(rejected) < len(frames):
+            if self.started_at is None:
+                self.started_at = now
+                self._header_changed = True
+            self.updated_at = now
+            self._ranks_dirty = True
+        return (self._take_events() if self._header_changed else []), rejected
 
     def tick(self, now: float) -> List[Event]:
         """Liveness at ``now``: stale transitions and their alerts; the rate-limited ``ranks``

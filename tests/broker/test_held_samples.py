@@ -6,6 +6,7 @@ a "batch" is the frames between two ``release_samples`` calls, all at one ``now`
 server's receive loop gives them."""
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -183,3 +184,46 @@ def test_holding_ends_where_applying_every_frame_in_order_ends(seed: int) -> Non
         assert a is not None and b is not None
         assert a.snapshot() == b.snapshot()
     assert sorted(held_alerts) == sorted(plain_alerts)
+
+
+def _sink_state(sink: Any) -> str:
+    return json.dumps([sink.started_at, sink.updated_at, sink.ranks(), sink.header()],
+                      sort_keys=True, default=str)
+
+
+def test_a_batch_of_held_samples_ends_where_applying_each_with_held_ends() -> None:
+    """``RunSink.apply_held`` (one call per run per batch) against ``apply`` per frame (which
+    also feeds the GPU rules: these quiet samples raise nothing): the same events, state
+    and rejections, including a rank past the world size
+    (never held through ``Runs``, but the sink checks it as ``apply`` does), stale ranks
+    coming back and a rank seen first in the batch."""
+    from broker.sink import Rejected, RunSink
+
+    def frames() -> list[wire.Resources]:
+        return [wire.Resources(run=RUN, rank=r, sample=wire.ResourceSample(
+            cpu_percent=float(10 * r + i), gpus=[gpu(0)])) for i, r in enumerate([0, 5, 2, 3])]
+
+    def setup() -> RunSink:
+        sink = RunSink(RUN, stale_after=5.0)
+        for r in (0, 1, 2):
+            sink.apply(wire.decoder.decode(register(RUN, r)), 10.0)
+        sink.tick(20.0)  # ranks 0-2 stale
+        return sink
+
+    one, batch = setup(), setup()
+    assert [r["status"] for r in one.ranks()] == ["stale"] * 3
+    events: list[Any] = []
+    rejected: list[str] = []
+    for f in frames():
+        try:
+            events += one.apply(f, 30.0)
+        except Rejected as exc:
+            rejected.append(f"{f.rank}: {exc.detail}")
+    got, why = batch.apply_held(frames(), 30.0)
+    assert [f"{f.rank}: {w}" for f, w in why] == rejected == ["5: rank 5 >= world_size 4"]
+    assert got == events
+    assert one.tick(31.0) == batch.tick(31.0)  # (the ranks event: their liveness)
+    assert _sink_state(batch) == _sink_state(one)
+    ranks = {r["rank"]: r for r in batch.ranks()}
+    assert [ranks[r]["status"] for r in (0, 1, 2, 3)] == ["ok", "stale", "ok", "ok"]
+    assert [ranks[r]["resources"]["cpu_percent"] for r in (0, 2, 3)] == [0.0, 22.0, 33.0]
