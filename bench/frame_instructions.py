@@ -472,6 +472,8 @@ def inner(case: str, decode_only: bool, hold: bool = False) -> int:
                               maxlen=0)
         if runs.accepted < len(body):
             raise RuntimeError(f"{runs.accepted} of {len(body)} frames accepted: {runs.rejected}")
+        if case == "steps" and (runs.steps_closed > 0) == hold:
+            raise RuntimeError(f"{runs.steps_closed} steps closed ({'' if hold else 'not '}held)")
         journal.close()
     return len(body)
 
