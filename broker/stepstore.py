@@ -23,6 +23,7 @@ million-step run travels as ~40 MB of arrays and loads with ``np.frombuffer``.
 from __future__ import annotations
 
 import math
+import sys
 from itertools import compress, repeat
 from operator import is_not, itemgetter
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
@@ -46,14 +47,27 @@ _NAN = math.nan
 _isfinite = math.isfinite
 
 
-def _grow(arr: np.ndarray, need: int) -> np.ndarray:
-    """``arr`` with room for ``need`` items: doubled while small, then 1/8 more (geometric
-    either way, so appends stay amortised O(1); the slack of a big array stays small)."""
-    n = len(arr)
-    if need <= n:
+#: Grow arrays in place where it is safe (:func:`_capacity`). ``ndarray.resize`` is a
+#: realloc, which moves a big block by remapping its pages: growing by 1/8 copied each
+#: array ~9 times over, a fifth of the broker's CPU for one run's 1,000-step frames (issue
+#: 17). Only numpy's reference check stops it from freeing memory a live view still points
+#: into (it then raises, and the array is copied as before); that check is unreliable from
+#: Python 3.14 (numpy#30265, numpy#30991), where every growth copies.
+_IN_PLACE = sys.version_info < (3, 14)
+
+
+def _capacity(n: int, need: int) -> int:
+    """Room for ``need`` items in an array of ``n``: doubled while small, then 1/8 more
+    (geometric either way, so appends stay amortised O(1); the slack of a big array stays
+    small)."""
+    return max(need, 2 * n if n < _DOUBLE_UNTIL else n + n // 8, _MIN_CAPACITY)
+
+
+def _grow(arr: np.ndarray, cap: int) -> np.ndarray:
+    """A copy of ``arr`` with room for ``cap`` items (``arr`` itself if it has it)."""
+    if cap <= len(arr):
         return arr
-    new = np.empty(max(need, 2 * n if n < _DOUBLE_UNTIL else n + n // 8, _MIN_CAPACITY),
-                   dtype=arr.dtype)
+    new = np.empty(cap, dtype=arr.dtype)
     new[:len(arr)] = arr
     return new
 
@@ -80,10 +94,7 @@ class Series:
         n = self.n
         need = n + k
         if need > len(self.row):  # (the four grow together)
-            self.row = _grow(self.row, need)
-            self.mean = _grow(self.mean, need)
-            self.lo = _grow(self.lo, need)
-            self.hi = _grow(self.hi, need)
+            self._grow(_capacity(len(self.row), need))
         self.row[n:need] = rows
         self.mean[n:need] = mean
         self.lo[n:need] = lo
@@ -93,6 +104,23 @@ class Series:
         else:
             self.nonfinite += int(k - np.count_nonzero(np.isfinite(self.mean[n:need])))
         self.n = need
+
+    def _grow(self, cap: int) -> None:
+        # (each array resized through its attribute alone: a local name for it would be
+        # one more reference, which numpy's check reads as a view)
+        if _IN_PLACE:
+            try:
+                self.row.resize(cap)
+                self.mean.resize(cap)
+                self.lo.resize(cap)
+                self.hi.resize(cap)
+                return
+            except ValueError:  # a view of one of them is alive: copy what is not grown
+                pass
+        self.row = _grow(self.row, cap)
+        self.mean = _grow(self.mean, cap)
+        self.lo = _grow(self.lo, cap)
+        self.hi = _grow(self.hi, cap)
 
     def nbytes(self) -> int:
         return self.row.nbytes + self.mean.nbytes + self.lo.nbytes + self.hi.nbytes
@@ -184,8 +212,17 @@ class StepStore:
 
     def _reserve(self, k: int) -> int:
         start = self.rows
-        for name in self._cols:
-            self._cols[name] = _grow(self._cols[name], start + k)
+        cols = self._cols
+        for name in cols:
+            if start + k > len(cols[name]):
+                cap = _capacity(len(cols[name]), start + k)
+                if _IN_PLACE:
+                    try:
+                        cols[name].resize(cap)  # (through the dict alone: see Series._grow)
+                        continue
+                    except ValueError:  # a view of it is alive
+                        pass
+                cols[name] = _grow(cols[name], cap)
         return start
 
     def append(self, records: Sequence[Dict[str, Any]]) -> None:

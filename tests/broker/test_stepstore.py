@@ -586,3 +586,46 @@ def test_a_new_series_starts_small_so_1024_names_cost_kilobytes_not_megabytes() 
     for _ in range(20_000):  # growth stays geometric: few reallocations, little slack
         series.extend([series.row[series.n - 1] + 1], [1.0], [1.0], [1.0])
     assert series.n == 20_003 and len(series.row) < 20_003 * 1.3
+
+
+def _append_batch(store: StepStore, s0: int, k: int) -> None:
+    step = np.arange(s0, s0 + k, dtype=np.int64)
+    vals = step.astype(np.float64) * 0.5
+    idx = np.arange(k, dtype=np.int64)
+    store.append_columns(step, step.astype(np.float64), np.ones(k, np.int64),
+                         np.full(k, -1, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64),
+                         (idx, vals, vals, vals), [("loss", idx, vals, vals - 1, vals + 1)])
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_growth_keeps_every_row_and_a_live_view_keeps_its_values(
+        in_place: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's arrays grow in place where nothing points into them (issue 17: a realloc,
+    no copy) and by a copy where a view is alive: a view taken before a growth still reads
+    what it read (the array it points into is never freed under it), and the store keeps
+    every row, on both paths (the copy is the only path from Python 3.14)."""
+    import broker.stepstore as ss
+
+    monkeypatch.setattr(ss, "_IN_PLACE", in_place)
+    store = StepStore()
+    s0 = 0
+    for k in (3, 1000, 5000, 20_000):  # past the doubling: growth by 1/8
+        _append_batch(store, s0, k)
+        s0 += k
+    loss = store.metrics["loss"]
+    mean_view, step_view = loss.mean[:loss.n], store._cols["step"][:store.rows]
+    before = (mean_view.copy(), step_view.copy())
+    for _ in range(40):  # ~10 growths of every array, each with the views alive
+        _append_batch(store, s0, 2000)
+        s0 += 2000
+    assert np.array_equal(mean_view, before[0]) and np.array_equal(step_view, before[1])
+    del mean_view, step_view
+    for _ in range(40):  # and as many with none (in place where it may)
+        _append_batch(store, s0, 2000)
+        s0 += 2000
+    assert store.rows == loss.n == s0
+    assert np.array_equal(store._cols["step"][:s0], np.arange(s0))
+    assert np.array_equal(loss.mean[:s0], np.arange(s0) * 0.5)
+    assert np.array_equal(loss.hi[:s0], np.arange(s0) * 0.5 + 1)
+    assert np.array_equal(loss.row[:s0], np.arange(s0))
+    assert [r["step"] for r in store.records(s0 - 2, s0)] == [s0 - 2, s0 - 1]
