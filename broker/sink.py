@@ -208,15 +208,7 @@ class RunSink:
             self.started_at = now
             self._header_changed = True
         self.updated_at = now
-        # Any accepted frame marks its rank seen; a stale rank is ok again, a finished one stays.
-        st = self._ranks.get(rank)
-        if st is None:
-            st = self._ranks[rank] = RankState(rank, now)
-        else:
-            st.last_seen = now
-            if st.status == "stale":
-                st.status = "ok"
-                self._closer.set_active(rank, True)
+        st = self._seen(rank, now)
         self._ranks_dirty = True
         if tp is Resources:
             self._samples.put(rank, frame.sample)  # type: ignore[union-attr]
@@ -276,23 +268,15 @@ class RunSink:
         each with why (a rank past the world size; held frames were checked when held,
         and a frame that could change the world size releases them first)."""
         ws = self.world_size
-        ranks, put = self._ranks, self._samples.put
+        seen, put = self._seen, self._samples.put
         rejected: List[Tuple[Resources, str]] = []
         for frame in frames:
             rank = frame.rank
             if ws is not None and rank >= ws:
                 rejected.append((frame, f"rank {rank} >= world_size {ws}"))
                 continue
-            st = ranks.get(rank)
-            if st is None:
-                st = ranks[rank] = RankState(rank, now)
-            else:
-                st.last_seen = now
-                if st.status == "stale":
-                    st.status = "ok"
-                    self._closer.set_active(rank, True)
             put(rank, frame.sample)
-            st.sample_json = None
+            seen(rank, now).sample_json = None
         if len(rejected) < len(frames):
             if self.started_at is None:
                 self.started_at = now
@@ -300,6 +284,19 @@ class RunSink:
             self.updated_at = now
             self._ranks_dirty = True
         return (self._take_events() if self._header_changed else []), rejected
+
+    def _seen(self, rank: int, now: float) -> RankState:
+        """Any accepted frame marks its rank seen: a stale rank is ok again (and counts for
+        the step watermark), a finished one stays finished."""
+        st = self._ranks.get(rank)
+        if st is None:
+            st = self._ranks[rank] = RankState(rank, now)
+        else:
+            st.last_seen = now
+            if st.status == "stale":
+                st.status = "ok"
+                self._closer.set_active(rank, True)
+        return st
 
     def tick(self, now: float) -> List[Event]:
         """Liveness at ``now``: stale transitions and their alerts; the rate-limited ``ranks``
@@ -565,7 +562,7 @@ class RunSink:
         ``resources`` frame held back by the server's batch
         (:class:`broker.coalesce.HeldSamples`) is fed by :class:`broker.runs.Runs` when it
         arrives, whether a newer one of its rank replaces it before it is applied (an XID is
-        in one sample only) or it is applied later (:meth:`apply` with ``held``)."""
+        in one sample only) or it is applied later (:meth:`apply_held`)."""
         if self.live and sample.gpus:
             for alert in self.gpu_rules.feed(rank, sample):
                 self._raise(alert.kind, alert.rank, alert.message, now)
