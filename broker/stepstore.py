@@ -72,6 +72,20 @@ def _grow(arr: np.ndarray, cap: int) -> np.ndarray:
     return new
 
 
+def _grow_in(holder: Any, key: str, cap: int, get: Any = getattr, put: Any = setattr) -> None:
+    """Give ``holder``'s array ``key`` (an attribute; an item with ``get``/``put`` of a dict)
+    room for ``cap`` items: in place where :data:`_IN_PLACE` allows and no view of it is
+    alive, else by a copy. The array is reached through ``holder`` alone: a local name for it
+    would be one more reference, which numpy's check reads as a view."""
+    if _IN_PLACE:
+        try:
+            get(holder, key).resize(cap)
+            return
+        except ValueError:  # a view of it is alive (or it does not own its data)
+            pass
+    put(holder, key, _grow(get(holder, key), cap))
+
+
 class Series:
     """The rows where one metric (or the step time) has a value."""
 
@@ -106,21 +120,8 @@ class Series:
         self.n = need
 
     def _grow(self, cap: int) -> None:
-        # (each array resized through its attribute alone: a local name for it would be
-        # one more reference, which numpy's check reads as a view)
-        if _IN_PLACE:
-            try:
-                self.row.resize(cap)
-                self.mean.resize(cap)
-                self.lo.resize(cap)
-                self.hi.resize(cap)
-                return
-            except ValueError:  # a view of one of them is alive: copy what is not grown
-                pass
-        self.row = _grow(self.row, cap)
-        self.mean = _grow(self.mean, cap)
-        self.lo = _grow(self.lo, cap)
-        self.hi = _grow(self.hi, cap)
+        for key in ("row", "mean", "lo", "hi"):
+            _grow_in(self, key, cap)
 
     def nbytes(self) -> int:
         return self.row.nbytes + self.mean.nbytes + self.lo.nbytes + self.hi.nbytes
@@ -215,14 +216,8 @@ class StepStore:
         cols = self._cols
         for name in cols:
             if start + k > len(cols[name]):
-                cap = _capacity(len(cols[name]), start + k)
-                if _IN_PLACE:
-                    try:
-                        cols[name].resize(cap)  # (through the dict alone: see Series._grow)
-                        continue
-                    except ValueError:  # a view of it is alive
-                        pass
-                cols[name] = _grow(cols[name], cap)
+                _grow_in(cols, name, _capacity(len(cols[name]), start + k),
+                         dict.__getitem__, dict.__setitem__)
         return start
 
     def append(self, records: Sequence[Dict[str, Any]]) -> None:

@@ -620,9 +620,12 @@ def test_growth_keeps_every_row_and_a_live_view_keeps_its_values(
         s0 += 2000
     assert np.array_equal(mean_view, before[0]) and np.array_equal(step_view, before[1])
     del mean_view, step_view
+    arrays = (id(loss.mean), id(store._cols["step"]))
     for _ in range(40):  # and as many with none (in place where it may)
         _append_batch(store, s0, 2000)
         s0 += 2000
+    # grown in place, the arrays are the same objects; copied, new ones
+    assert ((id(loss.mean), id(store._cols["step"])) == arrays) == in_place
     assert store.rows == loss.n == s0
     assert np.array_equal(store._cols["step"][:s0], np.arange(s0))
     assert np.array_equal(loss.mean[:s0], np.arange(s0) * 0.5)
