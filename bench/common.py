@@ -385,12 +385,15 @@ class Senders:
 
 
 def pull_rate(senders: Callable[[str], Senders], total: int, decode: bool = False,
-              cpu: Optional[dict[str, float]] = None) -> float:
+              cpu: Optional[dict[str, float]] = None,
+              handle: Optional[Callable[[bytes], object]] = None) -> float:
     """Frames/s of a bare PULL loop in this process receiving ``total`` frames from the
     senders ``senders(endpoint)`` starts; with ``decode`` it also runs ``protocol.decode``
     on each (the floor of any broker that validates what it receives). ``cpu``, if given,
     gets ``"per_frame"``: the loop thread's CPU seconds per frame (``time.thread_time``:
-    what the floor costs, whatever else the machine runs)."""
+    what the floor costs, whatever else the machine runs). ``handle``, if given, is called
+    with each frame instead (``bench/frame_instructions.py rate``: a broker's rules written
+    as one function, over the floor's sockets and senders)."""
     import zmq
 
     from rank_agent import protocol
@@ -405,7 +408,10 @@ def pull_rate(senders: Callable[[str], Senders], total: int, decode: bool = Fals
         recv = sock.recv
         c0 = time.thread_time()
         t0 = pool.start()
-        if decode:
+        if handle is not None:
+            for _ in range(total):
+                handle(recv())
+        elif decode:
             dec = protocol.decode
             for _ in range(total):
                 dec(recv())

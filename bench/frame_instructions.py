@@ -29,14 +29,31 @@ as the lane keeps them) measures what the structure costs (issue 17's sixth pass
 ranks x 4 metrics (``steps_close_1024_ms``: the close, the store append and the ``steps``
 event's wire block; the adds before each close are not counted), per close.
 
+Two cases time what the others count (issue 17's seventh pass: does a fused path reach
+the figures by the clock, where instructions say it might?):
+
+* ``time`` (``--case steps|resources``): each variant of those frames (decode + check, the
+  lane, the broker with closes held (steps), the broker) run ``--rounds`` times,
+  alternated, each in a fresh process, timed by the thread's CPU clock around the same loop
+  callgrind counts; the median CPU per frame and decode's time over each;
+* ``rate`` (``--case steps|resources|resources256``): the floor (the bare PULL + decode
+  loop), the lane behind that same loop, and the real broker, over real sockets with the
+  figure's own senders and frames (``steps_ingest_frames_per_s``,
+  ``ingest_floor_ratio_64r`` without the web, ``ingest_floor_ratio``), alternated
+  ``--rounds`` times: frames/s and each over the floor's. The lane is an upper bound for a
+  Python broker applying these rules with this decoder: it closes no step, emits no event,
+  writes no journal and publishes nothing.
+
     python bench/frame_instructions.py steps|resources|decode|sketch|lane|close [--hold]
         [--case steps|resources] [--gc N] [--annotate N]
+    python bench/frame_instructions.py time|rate [--case ...] [--rounds N] [--quick]
 
 ``--hold``: for ``steps``, the run's steps never close (its closer answers nothing; the
 frames stay buffered, as in ``lane``). ``--gc``: the young-generation threshold (default: the broker's, ``tune_gc``; 700 is
 CPython's). ``--annotate N``: also the N C functions with the most instructions
 (``callgrind_annotate``), which says where a Python path's cost lands (eval loop, dict
-lookups, allocation, msgspec). Needs valgrind; prints why and exits 2 without it.
+lookups, allocation, msgspec). Needs valgrind (not ``time`` and ``rate``); prints why and
+exits 2 without it.
 """
 from __future__ import annotations
 
@@ -48,14 +65,28 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import Callable, List, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 STEPS_ROUNDS = 10
+
+#: CPU and wall seconds spent inside :func:`_drive` (what ``time`` reports per frame)
+_TIMED = [0.0, 0.0]
+
+
+def _drive(fn, items) -> None:  # type: ignore[no-untyped-def]
+    """``fn`` over ``items`` inside ``collections.deque``: callgrind collects only inside
+    ``deque_init``; the clocks read around it are outside, for ``time``."""
+    c0, t0 = time.thread_time(), time.perf_counter()
+    collections.deque(map(fn, items), maxlen=0)
+    _TIMED[0] += time.thread_time() - c0
+    _TIMED[1] += time.perf_counter() - t0
+
 RESOURCE_FRAMES = 10_240
 BATCH = 256
 
@@ -127,13 +158,22 @@ def sketch(body: List[bytes]) -> None:
                 count.pop(old, None)
             count[top] = count.get(top, 0) + 1
 
-    collections.deque(map(one, body), maxlen=0)
+    _drive(one, body)
 
 
 def lane(reg: List[bytes], body: List[bytes]) -> None:
     """Every per-frame rule the broker applies to a steps frame of a known run and rank, as
     one function (see the module docstring): what the broker's per-frame path would cost
     with its calls and objects fused away. No closes: the points stay pending."""
+    one, accepted = make_lane(reg)
+    _drive(one, body)
+    if accepted() != len(body):
+        raise RuntimeError("the lane dropped frames")
+
+
+def make_lane(reg: List[bytes]) -> Tuple[Callable[[bytes], None], Callable[[], int]]:
+    """:func:`lane`'s per-frame function for the runs ``reg`` registers, and a count of
+    the frames it accepted."""
     import heapq
 
     import msgspec
@@ -261,9 +301,7 @@ def lane(reg: List[bytes], body: List[bytes]) -> None:
         if s.seq != s.noted_seq:
             s.noted_seq = s.seq
 
-    collections.deque(map(one, body), maxlen=0)
-    if sum(r.accepted for r in runs.values()) != len(body):
-        raise RuntimeError("the lane dropped frames")
+    return one, lambda: sum(r.accepted for r in runs.values())
 
 
 def resources_lane(reg: List[bytes], body: List[bytes]) -> None:
@@ -272,6 +310,22 @@ def resources_lane(reg: List[bytes], body: List[bytes]) -> None:
     (each rank's newest sample), every sample's quiet GPU test as it arrives (the six GPU
     rules' inputs; none fires in these frames), and at the batch's end each held sample
     applied (bounds, liveness, the rank's latest sample, the journal's pending sample)."""
+    one, release, accepted = make_resources_lane(reg)
+
+    def batch(frames: List[bytes]) -> None:
+        for raw in frames:  # (not a deque: callgrind's toggle would nest)
+            one(raw)
+        release()
+
+    _drive(batch, [body[i:i + BATCH] for i in range(0, len(body), BATCH)])
+    if accepted() != len(body):
+        raise RuntimeError("the lane dropped frames")
+
+
+def make_resources_lane(reg: List[bytes]) -> Tuple[Callable[[bytes], None], Callable[[], None],
+                                                   Callable[[], int]]:
+    """:func:`resources_lane`'s per-frame function, the batch's end (the held samples
+    applied) and a count of the frames accepted."""
     import msgspec
 
     from rank_agent import protocol
@@ -349,9 +403,7 @@ def resources_lane(reg: List[bytes], body: List[bytes]) -> None:
                             and prev.nvlink_errors is not None)):
                     raise RuntimeError("the lane's samples are quiet")
 
-    def batch(frames: List[bytes]) -> None:
-        for raw in frames:  # (not a deque: callgrind's toggle would nest)
-            one(raw)
+    def release() -> None:
         for run, ranks in held.items():
             s = runs[run]
             for rank, (f, _raw) in ranks.items():
@@ -367,10 +419,7 @@ def resources_lane(reg: List[bytes], body: List[bytes]) -> None:
                 s.accepted += 1
         held.clear()
 
-    collections.deque(map(batch, [body[i:i + BATCH] for i in range(0, len(body), BATCH)]),
-                      maxlen=0)
-    if sum(r.accepted for r in runs.values()) != len(body):
-        raise RuntimeError("the lane dropped frames")
+    return one, release, lambda: sum(r.accepted for r in runs.values())
 
 
 CLOSE_ROUNDS = 40
@@ -402,7 +451,7 @@ def closes() -> int:
                 samples=[32], tokens=[4096],
                 metrics={m: [1.0 / (s + 1) + r * 1e-6] for m in METRICS}))))
             steps.closer.add(kept[-1], 1.0, True)
-        collections.deque(map(close, [s]), maxlen=0)
+        _drive(close, [s])
     return CLOSE_ROUNDS
 
 
@@ -437,7 +486,7 @@ def inner(case: str, decode_only: bool, hold: bool = False) -> int:
             if check is not None:
                 check(frame)
 
-        collections.deque(map(one, body), maxlen=0)
+        _drive(one, body)
         return len(body)
     with tempfile.TemporaryDirectory(prefix="rankboard-instr-") as tmp:
         journal = Journal(Path(tmp) / "data")
@@ -458,7 +507,7 @@ def inner(case: str, decode_only: bool, hold: bool = False) -> int:
                     encode(run, ev)
                 now[0] += 1e-5
 
-            collections.deque(map(one, body), maxlen=0)
+            _drive(one, body)
         else:
             def batch(frames: List[bytes]) -> None:
                 for raw in frames:
@@ -468,8 +517,7 @@ def inner(case: str, decode_only: bool, hold: bool = False) -> int:
                     encode(run, ev)
                 journal.flush()
 
-            collections.deque(map(batch, [body[i:i + BATCH] for i in range(0, len(body), BATCH)]),
-                              maxlen=0)
+            _drive(batch, [body[i:i + BATCH] for i in range(0, len(body), BATCH)])
         if runs.accepted < len(body):
             raise RuntimeError(f"{runs.accepted} of {len(body)} frames accepted: {runs.rejected}")
         if case == "steps" and (runs.steps_closed > 0) == hold:
@@ -478,16 +526,163 @@ def inner(case: str, decode_only: bool, hold: bool = False) -> int:
     return len(body)
 
 
+def _timed_variants(of: str) -> List[Tuple[str, List[str]]]:
+    if of == "steps":
+        return [("decode + check", ["decode", "--case", "steps"]),
+                ("lane (no closes)", ["lane"]),
+                ("broker, closes held", ["steps", "--hold"]),
+                ("broker", ["steps"])]
+    return [("decode + check", ["decode", "--case", "resources"]),
+            ("lane", ["lane", "--case", "resources"]),
+            ("broker", ["resources"])]
+
+
+def timed(of: str, rounds: int, gc_threshold: int | None) -> int:
+    """The ``time`` case: each variant of ``of``'s frames run ``rounds`` times, alternated,
+    each in a fresh process, timed by the thread's CPU clock inside the same loop callgrind
+    counts; prints the median CPU per frame and decode's time over each variant's (the
+    floor ratio without the receive, which is the same for all)."""
+    import statistics
+
+    variants = _timed_variants(of)
+    cpu: dict[str, List[float]] = {name: [] for name, _ in variants}
+    extra = [] if gc_threshold is None else ["--gc", str(gc_threshold)]
+    for _ in range(rounds):
+        for name, argv in variants:
+            proc = subprocess.run([sys.executable, __file__, *argv, *extra, "--inner"],
+                                  capture_output=True, text=True)
+            frames = re.search(r"^frames (\d+)$", proc.stderr, re.M)
+            seconds = re.search(r"^seconds ([\d.]+) ([\d.]+)$", proc.stderr, re.M)
+            if proc.returncode or not frames or not seconds:
+                print(proc.stderr[-4000:], file=sys.stderr)
+                return 1
+            cpu[name].append(float(seconds.group(1)) / int(frames.group(1)) * 1e6)
+    base = statistics.median(cpu[variants[0][0]])
+    print(f"{of} frames, CPU us per frame (median of {rounds}, alternated; "
+          f"runs: min-max), and decode's time over it:")
+    for name, _ in variants:
+        med = statistics.median(cpu[name])
+        print(f"  {name:22s} {med:7.3f} us  ({min(cpu[name]):.3f}-{max(cpu[name]):.3f})"
+              f"  ratio {base / med:.3f}")
+    return 0
+
+
+def _lane_rate(of: str, size: int) -> Tuple[float, float]:
+    """(frames/s, CPU s per frame) of the lane behind the floor's PULL loop: the same
+    senders and frames as ``steps_ingest_frames_per_s`` (``of`` steps, ``size`` rounds),
+    ``ingest_floor_ratio`` (resources256, ``size`` epochs) or ``ingest_floor_ratio_64r``
+    (resources, ``size`` frames a sender; its ``metrics`` frames at the end are received
+    and ignored); the resources lane's batches every :data:`BATCH` frames."""
+    import ingest as ib
+    import steps_bench as sb
+    from common import Senders, pull_rate
+
+    cpu: dict[str, float] = {}
+    if of == "resources256":  # ``ingest_floor_ratio``' frames: 4 senders, 256 ranks
+        one, release, accepted = make_resources_lane(ib.registers())
+        count = [0]
+
+        def handle256(raw: bytes) -> None:
+            one(raw)
+            count[0] += 1
+            if count[0] % BATCH == 0:
+                release()
+
+        total = want = ib._total(size)
+        rate = pull_rate(lambda ep: ib._senders(ep, size, resources_only=True), total,
+                         cpu=cpu, handle=handle256)
+        release()
+    elif of == "steps":
+        one, accepted = make_lane(sb.registers())
+        total = sb.RANKS * size
+        rate = pull_rate(lambda ep: Senders(ep, sb.frames_for, sb.SENDERS, size), total,
+                         cpu=cpu, handle=one)
+        want = total
+    else:
+        one, release, accepted = make_resources_lane(ib._registers_64())
+        count = [0]
+
+        def handle(raw: bytes) -> None:
+            one(raw)
+            count[0] += 1
+            if count[0] % BATCH == 0:
+                release()
+
+        total = ib.SENDERS_64 * (size + ib.RANKS_64 // ib.SENDERS_64)
+        rate = pull_rate(lambda ep: Senders(ep, ib.frames_64, ib.SENDERS_64, size), total,
+                         cpu=cpu, handle=handle)
+        release()
+        want = ib.SENDERS_64 * size
+    if accepted() != want:
+        raise RuntimeError(f"the lane accepted {accepted()} of {want} frames")
+    return rate, cpu["per_frame"]
+
+
+def rates(of: str, rounds: int, quick: bool) -> int:
+    """The ``rate`` case: the floor, the lane and the broker over real sockets (the floor's
+    PULL loop and senders; the broker is the real :class:`BrokerServer` in a thread, as
+    ``steps_ingest_frames_per_s``, ``ingest_floor_ratio`` (``resources256``) and
+    ``ingest_floor_ratio_64r``' no-web figure measure it), alternated ``rounds`` times;
+    prints the medians of frames/s and of the receiving thread's CPU per frame (where the
+    figure's own code measures it: not ``resources256``'s), and each over the floor's."""
+    import math
+    import statistics
+
+    import ingest as ib
+    import steps_bench as sb
+    from common import broker_gc
+
+    if of == "steps":
+        size = 10 if quick else 100
+        runs = [("floor (recv + decode)", lambda: sb.floor_rate(size)),
+                ("lane (no closes)", lambda: _lane_rate("steps", size)),
+                ("broker", lambda: (lambda r: (r[0], r[2]))(sb.broker_rate(size)))]
+    elif of == "resources256":
+        size = 40 if quick else 200
+        runs = [("floor (recv + decode)", lambda: (ib.floor_rate(size), math.nan)),
+                ("lane", lambda: _lane_rate("resources256", size)),
+                ("broker", lambda: (ib.broker_rate(size, resources_only=True)[0], math.nan))]
+    else:
+        size = 20_000 if quick else 200_000
+        runs = [("floor (recv + decode)", lambda: ib.floor_64(size)),
+                ("lane", lambda: _lane_rate("resources", size)),
+                ("broker (no web)", lambda: ib.broker_64_thread(size))]
+    got: dict[str, List[Tuple[float, float]]] = {name: [] for name, _ in runs}
+    for _ in range(rounds):
+        for name, fn in runs:
+            with broker_gc():  # (every variant under the broker's collection thresholds)
+                got[name].append(fn())
+    fps = {name: statistics.median(r for r, _ in v) for name, v in got.items()}
+    cpu = {name: statistics.median(c for _, c in v) for name, v in got.items()}
+    base = runs[0][0]
+    print(f"{of} frames over sockets (median of {rounds}, alternated): frames/s and the "
+          "receiving thread's CPU per frame, each over the floor's")
+    for name, _ in runs:
+        line = f"  {name:22s} {fps[name]:9,.0f} frames/s  ratio {fps[name] / fps[base]:.3f}"
+        if not math.isnan(cpu[name]):
+            line += f"   {cpu[name] * 1e6:6.2f} us"
+            if not math.isnan(cpu[base]):
+                line += f"  cpu ratio {cpu[base] / cpu[name]:.3f}"
+        print(line)
+    return 0
+
+
 def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("case", choices=("steps", "resources", "decode", "sketch", "lane", "close"))
-    ap.add_argument("--case", dest="of", choices=("steps", "resources"), default="steps",
-                    help="for decode and lane: whose frames")
+    ap.add_argument("case", choices=("steps", "resources", "decode", "sketch", "lane", "close",
+                                     "time", "rate"))
+    ap.add_argument("--case", dest="of", choices=("steps", "resources", "resources256"),
+                    default="steps", help="for decode, lane, time and rate: whose frames "
+                    "(resources256: rate only)")
     ap.add_argument("--hold", action="store_true", help="steps: no step closes")
     ap.add_argument("--gc", type=int, default=None, help="young-generation GC threshold")
     ap.add_argument("--annotate", type=int, default=0, metavar="N")
+    ap.add_argument("--rounds", type=int, default=5, help="time, rate: rounds of every variant")
+    ap.add_argument("--quick", action="store_true", help="rate: a tenth of the frames")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.of == "resources256" and args.case != "rate":
+        ap.error("--case resources256 is for rate only")
     if args.inner:
         import gc
 
@@ -503,7 +698,12 @@ def main(argv: List[str]) -> int:
         if args.case == "lane" and args.of == "resources":
             case = "resources_lane"
         print("frames", inner(case, args.case == "decode", args.hold), file=sys.stderr)
+        print(f"seconds {_TIMED[0]:.6f} {_TIMED[1]:.6f}", file=sys.stderr)
         return 0
+    if args.case == "time":
+        return timed(args.of, args.rounds, args.gc)
+    if args.case == "rate":
+        return rates(args.of, args.rounds, args.quick)
     if shutil.which("valgrind") is None:
         print("frame_instructions: needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2

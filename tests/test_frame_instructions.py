@@ -35,3 +35,40 @@ def test_each_case_runs_its_frames_whole(args: list[str], frames: int) -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(rf"^frames {frames}$", proc.stderr, re.M), proc.stderr[-3000:]
+
+
+def test_inner_times_the_loop_it_counts() -> None:
+    """``--inner`` reports the CPU and wall seconds spent inside the counted loop (what the
+    ``time`` case divides by the frames): real, and no more than the process ran."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "lane", "--inner"], cwd=str(REPO),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = re.search(r"^seconds ([\d.]+) ([\d.]+)$", proc.stderr, re.M)
+    assert found, proc.stderr[-3000:]
+    cpu, wall = float(found.group(1)), float(found.group(2))
+    assert 0 < cpu and 0 < wall < 120
+
+
+def test_time_case_prints_each_variant_against_decode() -> None:
+    proc = subprocess.run([sys.executable, str(SCRIPT), "time", "--case", "resources",
+                           "--rounds", "1"], cwd=str(REPO), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = re.findall(r"^  (decode \+ check|lane|broker) +([\d.]+) us .* ratio ([\d.]+)$",
+                      proc.stdout, re.M)
+    assert [name for name, _, _ in rows] == ["decode + check", "lane", "broker"], proc.stdout
+    assert float(rows[0][2]) == 1.0 and all(float(us) > 0 for _, us, _ in rows)
+
+
+@pytest.mark.parametrize("of, size", [("steps", 1), ("resources", 256), ("resources256", 1)])
+def test_lane_rate_takes_every_frame_over_sockets(of: str, size: int) -> None:
+    """The ``rate`` case's lane behind the floor's PULL loop: the senders' frames all
+    arrive and the lane accepts every one it should (it raises otherwise)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import frame_instructions
+
+        rate, cpu = frame_instructions._lane_rate(of, size)
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    assert rate > 0 and cpu > 0
