@@ -66,6 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable, List, Tuple
 
@@ -578,28 +579,23 @@ def _lane_rate(of: str, size: int) -> Tuple[float, float]:
     from common import Senders, pull_rate
 
     cpu: dict[str, float] = {}
-    if of == "resources256":  # ``ingest_floor_ratio``' frames: 4 senders, 256 ranks
-        one, release, accepted = make_resources_lane(ib.registers())
-        count = [0]
-
-        def handle256(raw: bytes) -> None:
-            one(raw)
-            count[0] += 1
-            if count[0] % BATCH == 0:
-                release()
-
-        total = want = ib._total(size)
-        rate = pull_rate(lambda ep: ib._senders(ep, size, resources_only=True), total,
-                         cpu=cpu, handle=handle256)
-        release()
-    elif of == "steps":
+    senders: Callable[[str], Senders]
+    if of == "steps":
         one, accepted = make_lane(sb.registers())
-        total = sb.RANKS * size
+        total = want = sb.RANKS * size
         rate = pull_rate(lambda ep: Senders(ep, sb.frames_for, sb.SENDERS, size), total,
                          cpu=cpu, handle=one)
-        want = total
     else:
-        one, release, accepted = make_resources_lane(ib._registers_64())
+        if of == "resources256":  # ``ingest_floor_ratio``' frames: 4 senders, 256 ranks
+            reg, total = ib.registers(), ib._total(size)
+            want = total
+            senders = partial(ib._senders, epochs=size, resources_only=True)
+        else:
+            reg = ib._registers_64()
+            total = ib.SENDERS_64 * (size + ib.RANKS_64 // ib.SENDERS_64)
+            want = ib.SENDERS_64 * size
+            senders = partial(Senders, frames_for=ib.frames_64, n=ib.SENDERS_64, size=size)
+        one, release, accepted = make_resources_lane(reg)
         count = [0]
 
         def handle(raw: bytes) -> None:
@@ -608,11 +604,8 @@ def _lane_rate(of: str, size: int) -> Tuple[float, float]:
             if count[0] % BATCH == 0:
                 release()
 
-        total = ib.SENDERS_64 * (size + ib.RANKS_64 // ib.SENDERS_64)
-        rate = pull_rate(lambda ep: Senders(ep, ib.frames_64, ib.SENDERS_64, size), total,
-                         cpu=cpu, handle=handle)
+        rate = pull_rate(senders, total, cpu=cpu, handle=handle)
         release()
-        want = ib.SENDERS_64 * size
     if accepted() != want:
         raise RuntimeError(f"the lane accepted {accepted()} of {want} frames")
     return rate, cpu["per_frame"]
