@@ -205,21 +205,19 @@ class Runs:
                         sink.world_size is None or frame.rank < sink.world_size):
                     # held (inline, not a method of HeldSamples: nearly every frame of a
                     # sampler flood takes this path)
-                    ranks = held.runs.get(run)
-                    if ranks is None:
-                        ranks = held.runs[run] = {}
+                    entry = held.runs.get(run)
+                    if entry is None:
+                        entry = held.runs[run] = ({}, [])
+                    ranks, arrived = entry
                     old = ranks.pop(frame.rank, None)  # popped: the newest goes last
                     ranks[frame.rank] = (frame, raw)
+                    arrived.append(frame)  # for the GPU rules, when the run's are applied
                     if old is not None:
                         held.replaced += 1
                         self.accepted += 1
-                    try:
-                        sink.gpu_health(frame.rank, frame.sample, now)  # in arrival order
-                    except Exception:
-                        return self._internal(run, frame)
                     return []
                 if run in held.runs:  # a frame the run's held samples must come before
-                    out = self._release(run, held.take(run), now)
+                    out = self._release(run, *held.take(run), now)
                     return out + self.apply(frame, now, raw)
             elif held:  # a new run may evict one whose samples are held
                 return self.release_samples(now) + self.apply(frame, now, raw)
@@ -233,8 +231,8 @@ class Runs:
             return []
         assert held is not None
         out: list[tuple[str, Event]] = []
-        for run, frames in held.take_all():
-            out += self._release(run, frames, now)
+        for run, frames, arrived in held.take_all():
+            out += self._release(run, frames, arrived, now)
         return out
 
     @property
@@ -243,17 +241,22 @@ class Runs:
         return self._held.replaced if self._held is not None else 0
 
     def _release(self, run: str, frames: list[tuple[Resources, Raw]],
-                 now: float) -> list[tuple[str, Event]]:
-        """Apply one run's held ``resources`` frames (their samples fed the GPU rules on
-        arrival): one call to the sink for all of them (:meth:`RunSink.apply_held`), then
-        each recorded, as :meth:`apply` would have done frame by frame (issue 17: applied
-        one by one, a released sample cost ~10 k instructions in four calls)."""
+                 arrived: list[Resources], now: float) -> list[tuple[str, Event]]:
+        """Apply one run's held ``resources`` frames: every one that arrived (the replaced
+        too) to the GPU rules in one call (:meth:`RunSink.gpu_health_many`), the newest of
+        each rank to the sink in one call (:meth:`RunSink.apply_held`), then each of those
+        recorded: what :meth:`apply` would have done frame by frame (issue 17: applied one
+        by one, a released sample cost ~10 k instructions in four calls)."""
         sink = self._sinks.get(run)
         if sink is None:  # a bug: a new run releases every held sample before it evicts
             self.rejected["internal"] += len(frames)
             self._rlog.error("internal", "%d held samples of run %r outlived it", len(frames),
                              run)
             return []
+        try:
+            sink.gpu_health_many(arrived, now)
+        except Exception:  # (a bug: counted, and the samples are still applied)
+            self._internal(run, arrived[0])
         try:
             events, rejected = sink.apply_held([frame for frame, _ in frames], now)
         except Exception:

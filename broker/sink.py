@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import msgspec
 
@@ -261,9 +261,9 @@ class RunSink:
     def apply_held(self, frames: List[Resources],
                    now: float) -> Tuple[List[Event], List[Tuple[Resources, str]]]:
         """Apply a batch's held ``resources`` frames of this run, in order: what
-        :meth:`apply` does to each but the GPU rules, which their samples fed as they
-        arrived (:meth:`gpu_health`, called by :class:`broker.runs.Runs`; not twice), in
-        one call, because a batch releases each rank's newest sample at once
+        :meth:`apply` does to each but the GPU rules, which every held sample feeds
+        (:meth:`gpu_health_many`, called by :class:`broker.runs.Runs` just before; not
+        twice), in one call, because a batch releases each rank's newest sample at once
         (:class:`broker.coalesce.HeldSamples`). Returns the events and the frames rejected,
         each with why (a rank past the world size; held frames were checked when held,
         and a frame that could change the world size releases them first)."""
@@ -558,13 +558,19 @@ class RunSink:
 
     def gpu_health(self, rank: int, sample: ResourceSample, now: float) -> None:
         """The GPU alerts of one sample of ``rank`` (PROTOCOL 3), while the run is live (a
-        replayed sample raises nothing). Every sample comes here once, as it arrives: a
-        ``resources`` frame held back by the server's batch
-        (:class:`broker.coalesce.HeldSamples`) is fed by :class:`broker.runs.Runs` when it
-        arrives, whether a newer one of its rank replaces it before it is applied (an XID is
-        in one sample only) or it is applied later (:meth:`apply_held`)."""
+        replayed sample raises nothing). Every sample comes here or to
+        :meth:`gpu_health_many` once."""
         if self.live and sample.gpus:
             for alert in self.gpu_rules.feed(rank, sample):
+                self._raise(alert.kind, alert.rank, alert.message, now)
+
+    def gpu_health_many(self, frames: Sequence[Resources], now: float) -> None:
+        """:meth:`gpu_health` for each of a batch's held ``resources`` frames of this run,
+        in the order they arrived, in one call: every one, whether a newer one of its rank
+        replaced it before it was applied (an XID is in one sample only) or not
+        (:class:`broker.coalesce.HeldSamples`; :meth:`apply_held` applies the newest)."""
+        if self.live:
+            for alert in self.gpu_rules.feed_many(frames):
                 self._raise(alert.kind, alert.rank, alert.message, now)
 
     def _on_hardware(self, frame: Hardware, st: RankState) -> None:

@@ -164,3 +164,35 @@ def test_a_quiet_sample_costs_little():
         rules.feed(0, sample)
     per = (time.perf_counter() - t0) / n
     assert per < 20e-6  # generous for a shared 2-core VM; measured ~1 us
+
+
+def test_feed_many_is_feed_one_by_one():
+    """A batch's samples fed in one call (``feed_many``, the broker's held samples) raise
+    what feeding them one by one raises, in the same order, and leave the same state."""
+    import random
+
+    from broker.gpualerts import Sampled
+
+    rnd = random.Random(7)
+
+    def sample() -> ResourceSample:
+        gpus = []
+        for index in rnd.sample(range(4), rnd.randint(0, 3)):
+            gpus.append(gpu(index, xid_errors=[79] if rnd.random() < 0.1 else [],
+                            ecc_uncorrected=rnd.choice([None, 0, 0, 1, 2]),
+                            throttle_reasons=rnd.choice([[], [], ["hw_slowdown"],
+                                                         ["sw_power_cap"]]),
+                            pcie_link_width=rnd.choice([None, 16, 8]), pcie_link_width_max=16,
+                            nvlink_errors=rnd.choice([None, 0, 1, 5]),
+                            remapped_rows_pending=rnd.random() < 0.05))
+        return ResourceSample(gpus=gpus)
+
+    items = [Sampled(rnd.randrange(6), sample()) for _ in range(400)]
+    one, many = GpuAlertRules(), GpuAlertRules()
+    expected = [a for item in items for a in one.feed(item.rank, item.sample)]
+    got = []
+    for i in range(0, len(items), 37):  # batches of uneven size
+        got += many.feed_many(items[i:i + 37])
+    assert got == expected
+    assert len(expected) > 50 and len(set(kinds(expected))) == 6  # every rule fired
+    assert many._prev == one._prev and many.xids == one.xids

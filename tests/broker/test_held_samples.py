@@ -227,3 +227,45 @@ def test_a_batch_of_held_samples_ends_where_applying_each_with_held_ends() -> No
     ranks = {r["rank"]: r for r in batch.ranks()}
     assert [ranks[r]["status"] for r in (0, 1, 2, 3)] == ["ok", "stale", "ok", "ok"]
     assert [ranks[r]["resources"]["cpu_percent"] for r in (0, 2, 3)] == [0.0, 22.0, 33.0]
+
+
+def test_a_batch_feeds_the_gpu_rules_every_sample_in_arrival_order() -> None:
+    """The GPU rules see every held sample of the run, replaced or not, in the order they
+    arrived (one call for the batch): alerts and the webhook's calls come in that order,
+    and a throttle seen in two consecutive samples of a GPU (replaced within the batch)
+    raises as it would frame by frame."""
+    runs, alerts, _ = make(True)
+    feed(runs, [[register(RUN, r) for r in range(4)]])
+    batch = [resources(RUN, 2, 1.0, [gpu(0, xid=[13])]),
+             resources(RUN, 0, 2.0, [gpu(0, throttle=["hw_thermal"])]),
+             resources(RUN, 1, 3.0, [gpu(0, xid=[79])]),
+             resources(RUN, 0, 4.0, [gpu(0, throttle=["hw_thermal"])]),
+             resources(RUN, 2, 5.0)]
+    feed(runs, [batch])
+    assert [(a[1], a[2]) for a in alerts] == [("gpu_xid", 2), ("gpu_xid", 1),
+                                              ("gpu_throttle", 0)]
+    ref, ref_alerts, _ = make(False)
+    feed(ref, [[register(RUN, r) for r in range(4)]])
+    feed(ref, [batch])
+    assert ref_alerts == alerts
+
+
+def test_a_failing_gpu_rule_is_counted_and_the_samples_still_apply(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in the GPU rules (not bad input) is counted as ``internal`` once for the batch,
+    and the batch's samples are applied all the same."""
+    from broker.gpualerts import GpuAlertRules
+
+    runs, _, rec = make(True)
+    feed(runs, [[register(RUN, r) for r in range(4)]])
+
+    def broken(self: Any, items: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(GpuAlertRules, "feed_many", broken)
+    feed(runs, [[resources(RUN, r, float(r)) for r in range(4)]])
+    assert runs.rejected["internal"] == 1
+    sink = runs.get(RUN)
+    assert sink is not None
+    assert {r["rank"]: r["resources"]["cpu_percent"] for r in sink.ranks()} == {
+        r: float(r) for r in range(4)}
