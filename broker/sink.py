@@ -48,7 +48,7 @@ import msgspec
 from broker import aggregate
 from broker.epochs import PendingEpochs
 from broker.events import Event, Rejected
-from broker.gpualerts import GpuAlertRules
+from broker.gpualerts import GpuAlertRules, Sampled
 from broker.metadata import parse_metadata
 from broker.rankstate import RankSamples, RankState, ranks_array
 from broker.stackfeed import StackFeed, stall_message
@@ -560,11 +560,10 @@ class RunSink:
         """The GPU alerts of one sample of ``rank`` (PROTOCOL 3), while the run is live (a
         replayed sample raises nothing). Every sample comes here or to
         :meth:`gpu_health_many` once."""
-        if self.live and sample.gpus:
-            for alert in self.gpu_rules.feed(rank, sample):
-                self._raise(alert.kind, alert.rank, alert.message, now)
+        if sample.gpus:
+            self.gpu_health_many((Sampled(rank, sample),), now)
 
-    def gpu_health_many(self, frames: Sequence[Resources], now: float) -> None:
+    def gpu_health_many(self, frames: Sequence[Resources | Sampled], now: float) -> None:
         """:meth:`gpu_health` for each of a batch's held ``resources`` frames of this run,
         in the order they arrived, in one call: every one, whether a newer one of its rank
         replaced it before it was applied (an XID is in one sample only) or not
