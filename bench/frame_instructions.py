@@ -199,7 +199,7 @@ def closes() -> int:
     """``steps_close_1024_ms``' closes, each counted alone (returns the number of closes)."""
     from steps_bench import METRICS, RANKS
 
-    from broker.steps import RunSteps
+    from broker.steps.closer import RunSteps
     from rank_agent import protocol
 
     enc, dec = protocol.encoder.encode, protocol.decode
@@ -228,7 +228,7 @@ def closes() -> int:
 def inner(case: str, decode_only: bool, hold: bool = False) -> int:
     """Drive the frames; callgrind counts inside the ``deque`` (returns the frame count)."""
     from broker import feed
-    from broker.journal import Journal
+    from broker.journal.journal import Journal
     from broker.runs import Runs
     from rank_agent import protocol
 

@@ -370,7 +370,7 @@ def _attack(ingest: str, snapshot: str, web: int, seconds: float, scale: float,
 
 def _damaged_journal(data_dir: Path, epochs: int = 200) -> None:
     """An older run, journaled by the real journal, with one byte flipped in its middle."""
-    from broker.journal import Journal
+    from broker.journal.journal import Journal
     from broker.runs import Runs
 
     journal = Journal(str(data_dir))

@@ -4,7 +4,7 @@ nothing.
 * ``journal_bytes_per_noop_frame``: a run is started (registers, hardware, svg, metadata),
   then the same ``metadata``, ``svg`` and ``register`` frames (and a repeated ``hardware``)
   are sent again and again through :class:`broker.runs.Runs` with the real
-  :class:`broker.journal.Journal` wired as the server wires it (``recorder =
+  :class:`broker.journal.journal.Journal` wired as the server wires it (``recorder =
   journal.accept``, one ``flush`` per batch); the figure is the journal file's growth
   divided by the number of repeated frames. Target 0 (PROTOCOL 2: the journal keeps no
   frame that changed nothing). ``unknown_key_bytes_per_frame`` in the details: the growth
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import result  # noqa: E402
 
-from broker.journal import Journal  # noqa: E402
+from broker.journal.journal import Journal  # noqa: E402
 from broker.runs import Runs  # noqa: E402
 from rank_agent import protocol  # noqa: E402
 from rank_agent.protocol import Hardware, Metadata, Register, Svg  # noqa: E402

@@ -23,7 +23,7 @@ def make_lane(reg: List[bytes]) -> Tuple[Callable[[bytes], None], Callable[[], i
 
     import msgspec
 
-    from broker.steps import STEP_MS_WINDOW
+    from broker.steps.closer import STEP_MS_WINDOW
     from rank_agent import protocol
 
     decode, check_of = protocol.decoder.decode, protocol.check_of

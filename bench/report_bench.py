@@ -3,7 +3,7 @@
 The run: 1,024 ranks on 128 hosts, 100 epochs (every rank's metrics frame with a resource
 sample each epoch: records with 1,024 GPU entries), 1,000,000 closed steps x 4 metrics (plus
 step time, samples/s, tokens/s), metadata, hardware, a graph; its journal written by the
-real :class:`~broker.journal.Journal` code path (``tests/support/reportrun.py``), loaded by a
+real :class:`~broker.journal.journal.Journal` code path (``tests/support/reportrun.py``), loaded by a
 real broker process, snapshotted by a real web process.
 
 * ``report_1m_bytes``: the size of ``GET /api/runs/<run>/report.html`` (target <= 10 MB).

@@ -38,7 +38,7 @@ import msgspec  # noqa: E402
 import zmq  # noqa: E402
 from common import result  # noqa: E402
 
-from broker.stackgroups import stack_groups  # noqa: E402
+from broker.stacks.groups import stack_groups  # noqa: E402
 from rank_agent.control import Control  # noqa: E402
 from rank_agent.controlwire import encode_request  # noqa: E402
 from rank_agent.protocol import Stacks, decoder, encoder  # noqa: E402

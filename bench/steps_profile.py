@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import broker_gc  # noqa: E402
 
 from broker import feed  # noqa: E402
-from broker.journal import Journal  # noqa: E402
+from broker.journal.journal import Journal  # noqa: E402
 from broker.runs import Runs  # noqa: E402
 from rank_agent import protocol  # noqa: E402
 

@@ -54,7 +54,7 @@ _peek = msgspec.msgpack.Decoder(_Peek).decode
 def peek_metadata(raw: Buffer) -> Tuple[str, int] | None:
     """``(run, rank)`` of ``raw`` when it is a ``metadata`` frame, else None (not metadata,
     or not even a map with string ``type`` and ``run``: the ordinary path rejects and
-    counts it). The journal's replay uses it too (:mod:`broker.journal_rebuild`)."""
+    counts it). The journal's replay uses it too (:mod:`broker.journal.replay`)."""
     try:
         head = _peek(raw)
     except (msgspec.DecodeError, RecursionError):

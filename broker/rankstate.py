@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, List, Tuple
 
 from broker import aggregate
-from broker.steps import StepCloser
+from broker.steps.closer import StepCloser
 from rank_agent.protocol import ResourceSample
 
 __all__ = ["RankState", "RankSamples", "ranks_array"]

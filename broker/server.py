@@ -352,7 +352,7 @@ class BrokerServer:
                  authorized)
 
     def _open_journal(self) -> None:
-        from broker.journal import Journal, JournalError
+        from broker.journal.journal import Journal, JournalError
 
         assert self.data_dir is not None
         journal = self._journal = Journal(self.data_dir, retention_days=self.retention_days)

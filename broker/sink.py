@@ -33,7 +33,7 @@ Event data shares structure with the sink's caches and earlier events: it is rea
 
 The sink is the rules and the event policy; the state it keeps is in the modules below it:
 :mod:`broker.events` (Event, Rejected), :mod:`broker.rankstate` (per-rank state, samples,
-the ``ranks`` array), :mod:`broker.epochs` (open epochs), :mod:`broker.steps` (the step
+the ``ranks`` array), :mod:`broker.epochs` (open epochs), :mod:`broker.steps.closer` (the step
 pipeline), :mod:`broker.topology` (placement, hardware string), :mod:`broker.metadata`.
 """
 from __future__ import annotations
@@ -51,10 +51,10 @@ from broker.events import Event, Rejected
 from broker.gpualerts import GpuAlertRules, Sampled
 from broker.metadata import parse_metadata
 from broker.rankstate import RankSamples, RankState, ranks_array
-from broker.stackfeed import StackFeed, stall_message
-from broker.stackstore import RunStacks
-from broker.steps import RunSteps
-from broker.stepstore import StepStore
+from broker.stacks.feed import StackFeed, stall_message
+from broker.stacks.store import RunStacks
+from broker.steps.closer import RunSteps
+from broker.steps.store import StepStore
 from broker.topology import HardwareString, Topology
 from rank_agent.protocol import (
     Finish,

@@ -21,8 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from broker.journal_codec import HEADER, scan_entries
-from broker.journal_rebuild import replay
+from broker.journal.codec import HEADER, scan_entries
+from broker.journal.replay import replay
 from broker.sink import RunSink
 from rank_agent.protocol import valid_run_id
 from web.report import RunReport, attachment_name, from_parts, render

@@ -211,3 +211,38 @@ def test_an_upward_import_is_a_violation(tmp_path: Path, importer: str,
     (tmp_path / importer).write_text(f"def late():\n    import {imported}\n", encoding="utf-8")
     module = importer[:-3].replace("/", ".")
     assert layer_violations(import_graph(tmp_path, LAYERS)) == [f"{module} imports {imported}"]
+
+
+# ------------------------------------------------------- the broker's family folders
+#: the broker's families (issue 27): each a folder, reached from the rest of the broker
+#: through the modules named here, and never the other way round
+FAMILIES = ("broker.journal", "broker.steps", "broker.stacks")
+#: what the web may import from the broker: the feed codec and the pure shared stores
+WEB_MAY_IMPORT = {"broker.feed", "broker.keys", "broker.steps.store", "broker.stacks.groups",
+                  "broker.stacks.store"}
+
+
+def test_the_broker_families_are_folders_not_prefixes() -> None:
+    flat = sorted(p.name for p in (ROOT / "broker").glob("*.py")
+                  if p.name.startswith(("journal", "step", "stack")))
+    assert flat == [], f"family modules outside their folder: {flat}"
+    for family in FAMILIES:
+        assert (ROOT / family.replace(".", "/") / "__init__.py").is_file(), family
+
+
+def test_steps_and_stacks_never_import_the_journal_or_the_sink() -> None:
+    """The journal stores what the sink was fed; steps and stacks are below both."""
+    graph = import_graph(ROOT, LAYERS)
+    bad = [f"{m} imports {t}" for m, targets in sorted(graph.items())
+           if m.startswith(("broker.steps", "broker.stacks"))
+           for t in sorted(targets)
+           if t.startswith("broker.journal") or t in ("broker.sink", "broker.runs",
+                                                       "broker.server")]
+    assert bad == []
+
+
+def test_the_web_imports_only_the_brokers_shared_modules() -> None:
+    graph = import_graph(ROOT, LAYERS)
+    used = {t for m, targets in graph.items() if m.startswith("web")
+            for t in targets if t.startswith("broker")}
+    assert used and used <= WEB_MAY_IMPORT, sorted(used - WEB_MAY_IMPORT)

@@ -33,7 +33,7 @@ through ``textContent`` (``web/static/dom.js``); the model graph only as an ``<i
 source is a ``data:`` URI (an SVG as an image runs no script).
 
 **Size and time** (bench ``report_1m_*``). The builder is a generator of chunks: the header
-part, then one series at a time straight from the run's :class:`~broker.stepstore.StepStore`
+part, then one series at a time straight from the run's :class:`~broker.steps.store.StepStore`
 (one ``reduceat`` pass per series, as ``/steps`` does), so a million-step run is never copied
 and a served report streams while it is made.
 """
@@ -51,7 +51,7 @@ from typing import Any, Iterable, Iterator
 
 import msgspec
 
-from broker.stepstore import StepStore
+from broker.steps.store import StepStore
 
 #: Buckets per embedded step series (PROTOCOL 4): zoom works within this resolution.
 REPORT_POINTS = 2000

@@ -13,7 +13,7 @@ from typing import Any
 import gevent
 import gevent.queue
 
-from broker.stepstore import StepStore
+from broker.steps.store import StepStore
 from web import sse
 
 #: Sentinel the hub puts into a client's queue to end its stream.

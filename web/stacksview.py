@@ -3,7 +3,7 @@
 
 The broker publishes dumps as ``stacks`` feed events (``{"dumps": [wire items], "gone":
 [[rank, reason]]}``, at most 4 a second per run) and carries them in run snapshots
-(``"stacks": [wire items]``); the wire form is :mod:`broker.stackstore`'s, and so is the
+(``"stacks": [wire items]``); the wire form is :mod:`broker.stacks.store`'s, and so is the
 store: thread blobs interned across ranks, the broker's byte cap, so the web holds what the
 broker holds in about the same bytes. :class:`RunDumps` adds what ``GET /stacks`` needs:
 
@@ -14,7 +14,7 @@ broker holds in about the same bytes. :class:`RunDumps` adds what ``GET /stacks`
 * **the run's latest request**: the newest request this web sent for the run
   (:meth:`RunDumps.note_request`), or else the request id of the newest answer received, so
   another web's request is grouped too;
-* the answer itself, :meth:`RunDumps.view`, grouped by :func:`broker.stackgroups.stack_groups`.
+* the answer itself, :meth:`RunDumps.view`, grouped by :func:`broker.stacks.groups.stack_groups`.
   Blobs are decoded once and shared between views (read-only).
 
 Pure: no sockets, no clock.
@@ -26,8 +26,8 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import msgspec
 
-from broker.stackgroups import stack_groups
-from broker.stackstore import RunStacks, Wire
+from broker.stacks.groups import stack_groups
+from broker.stacks.store import RunStacks, Wire
 
 __all__ = ["RunDumps", "summary"]
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from broker import journal_codec as jmod
-from broker.journal import HEADER, Journal, JournalError, read_entries
+from broker.journal import codec as jmod
+from broker.journal.journal import HEADER, Journal, JournalError, read_entries
 from broker.sink import Rejected, RunSink
 from rank_agent import protocol
 from rank_agent.protocol import (
@@ -358,7 +358,7 @@ def test_truncated_tail_is_cut_with_one_warning(tmp_path: Path,
     keep = 9  # frames 0..8 survive; the 10th entry is cut in the middle
     os.truncate(path, sizes[keep - 1] + 13)
 
-    caplog.set_level(logging.WARNING, logger="broker.journal")
+    caplog.set_level(logging.WARNING, logger="broker.journal.journal")
     j, sinks = reload(crashed)
     try:
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -400,7 +400,7 @@ def test_garbage_tail_is_skipped_with_one_warning(tmp_path: Path, garbage: bytes
     srv.close()
     with open(journal_path(data_dir, "r"), "ab") as f:
         f.write(garbage)
-    caplog.set_level(logging.WARNING, logger="broker.journal")
+    caplog.set_level(logging.WARNING, logger="broker.journal.journal")
     j, sinks = reload(data_dir)
     try:
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -428,7 +428,7 @@ def test_damage_in_the_middle_costs_only_the_damaged_entry(
     damaged = bytes(data[at:at + jmod.ENTRY_HEAD.size + length])
     path.write_bytes(bytes(data))
 
-    caplog.set_level(logging.WARNING, logger="broker.journal")
+    caplog.set_level(logging.WARNING, logger="broker.journal.journal")
     j, sinks = reload(data_dir)
     try:
         assert "checksum" in caplog.text and "damaged" in caplog.text
@@ -490,7 +490,7 @@ def test_unreadable_files_are_skipped_and_moved_aside(tmp_path: Path,
     (runs / "torn.journal").write_bytes(HEADER[:5])
     (runs / "empty.journal").write_bytes(HEADER)
     (runs / "notes.txt").write_text("ignored")
-    caplog.set_level(logging.WARNING, logger="broker.journal")
+    caplog.set_level(logging.WARNING, logger="broker.journal.journal")
     j, sinks = reload(data_dir)
     try:
         assert set(sinks) == {"good"}
@@ -671,7 +671,7 @@ def test_write_errors_are_logged_and_retried_never_raised(
     srv.journal.forget("r")  # its handle is closed: the next write must open the file again
     shutil.move(runs, tmp_path / "runs-away")
     runs.write_text("a file where the dir was")
-    caplog.set_level(logging.ERROR, logger="broker.journal")
+    caplog.set_level(logging.ERROR, logger="broker.journal.journal")
     srv.send(Metrics(run="r", rank=0, epoch=1, avg_loss=1.0))  # a write that fails
     srv.send(Metrics(run="r", rank=0, epoch=2, avg_loss=1.0))
     assert len([r for r in caplog.records if "cannot write" in r.getMessage()]) == 1
@@ -690,7 +690,7 @@ def test_a_file_whose_first_entry_is_bad_is_no_run(tmp_path: Path,
                                                    caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "r.journal").write_bytes(HEADER + b"\x05\x00\x00\x00garbage")
-    caplog.set_level(logging.WARNING, logger="broker.journal")
+    caplog.set_level(logging.WARNING, logger="broker.journal.journal")
     j, sinks = reload(tmp_path)
     j.close()
     assert sinks == {} and "dropping the last 11 bytes" in caplog.text
@@ -706,7 +706,7 @@ def test_constructor_does_no_io(tmp_path: Path) -> None:
 
 CHILD = r"""
 import json, sys
-from broker.journal import Journal
+from broker.journal.journal import Journal
 from broker.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Metrics, Register, Resources, ResourceSample

@@ -15,9 +15,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from broker import stepstore
-from broker.journal import WRITE_BUFFER_BYTES, Journal
+from broker.journal.journal import WRITE_BUFFER_BYTES, Journal
 from broker.runs import Runs
+from broker.steps import store as stepstore
 from rank_agent import protocol
 from rank_agent.protocol import Finish, Frame, Hardware, Metadata, Metrics, Register, Steps, Svg
 
@@ -245,7 +245,7 @@ def test_a_steps_block_visits_what_it_holds_not_every_series(
 def test_a_steps_block_is_what_to_wire_gives(tmp_path: Path) -> None:
     """The journal builds STEPS blocks itself (journal_steps.wire_block): they hold what
     StepStore.to_wire holds for the same rows (series without a point there aside)."""
-    from broker.journal_steps import StepBlocks, wire_block
+    from broker.journal.stepblocks import StepBlocks, wire_block
     b, _ = _wide_then_narrow(tmp_path, names=200, blocks=5)
     sink = b.runs.get("s")
     assert sink is not None
@@ -339,7 +339,7 @@ def test_steps_rows_without_frames_behind_them_are_written_whole(tmp_path: Path)
     bench/steps_bench.py builds a million-step run) have no frames to name their series:
     the journal writes every series for them, block after block."""
     from broker.sink import RunSink
-    from broker.stepstore import StepStore
+    from broker.steps.store import StepStore
 
     j = Journal(tmp_path)
     j.load()
@@ -372,7 +372,7 @@ def test_while_writes_fail_the_buffers_stay_bounded_and_drops_are_counted(
     broker: past the bound a buffer is given up, logged and counted."""
     import shutil
 
-    from broker import journal_writer
+    from broker.journal import writer as journal_writer
     monkeypatch.setattr(journal_writer, "_MAX_BUFFER", 64 * 1024)
     b = Broker(tmp_path)
     started(b)

@@ -1,4 +1,4 @@
-"""Closed steps in the journal (broker/journal.py, KIND_STEPS blocks): they survive a
+"""Closed steps in the journal (broker/journal/journal.py, KIND_STEPS blocks): they survive a
 graceful close and a crash (torn tail included), ids keep increasing, and a restored run
 keeps closing steps after the last restored one (PROTOCOL 2.4 "survive a broker restart
 exactly as epoch records do", section 6 "Persistence").
@@ -20,11 +20,11 @@ from typing import Any, Optional
 import msgspec
 import pytest
 
-from broker import journal_codec as jmod
-from broker.journal import HEADER, Journal, read_entries
+from broker.journal import codec as jmod
+from broker.journal.journal import HEADER, Journal, read_entries
 from broker.sink import Event, Rejected, RunSink
-from broker.steps import RunSteps
-from broker.stepstore import SAMPLES_PER_S, STEP_MS, StepStore, wire_records
+from broker.steps.closer import RunSteps
+from broker.steps.store import SAMPLES_PER_S, STEP_MS, StepStore, wire_records
 from rank_agent import protocol
 from rank_agent.protocol import Finish, Frame, Register, Resources, ResourceSample, Steps
 
@@ -287,7 +287,7 @@ def test_torn_steps_block_is_cut_and_the_steps_before_it_are_kept(
             kept.extend_wire(msgspec.msgpack.decode(p))
     assert 0 < len(kept) < len(published)
 
-    caplog.set_level(logging.WARNING, logger="broker.journal")
+    caplog.set_level(logging.WARNING, logger="broker.journal.journal")
     b2 = Broker(crashed, now=b.now + 1)
     try:
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -495,7 +495,7 @@ def test_a_steps_block_that_does_not_follow_is_skipped_with_one_warning(
     with open(path, "ab") as f:
         f.write(jmod.entry(bytes((jmod.KIND_STEPS,)), first_block))
         f.write(jmod.entry(bytes((jmod.KIND_STEPS,)), first_block))
-    caplog.set_level(logging.WARNING, logger="broker.journal")
+    caplog.set_level(logging.WARNING, logger="broker.journal.journal")
     b2 = Broker(data, now=b.now)
     try:
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -258,7 +258,7 @@ def test_curve_needs_both_halves() -> None:
 
 def test_journal_restart_keeps_records_and_raises_ids(
         tmp_path: Path, ctx: zmq.Context, start_broker: Callable[..., RunningBroker]) -> None:
-    pytest.importorskip("broker.journal")
+    pytest.importorskip("broker.journal.journal")
     first = start_broker(data_dir=tmp_path)
     c1 = FeedClient(ctx, first.endpoints["publish"], first.endpoints["snapshot"])
     p1 = ctx.socket(zmq.PUSH)
@@ -297,7 +297,7 @@ def test_journal_restart_keeps_records_and_raises_ids(
 
 def test_data_dir_held_by_another_broker_is_a_one_line_error(
         tmp_path: Path, start_broker: Callable[..., RunningBroker]) -> None:
-    pytest.importorskip("broker.journal")
+    pytest.importorskip("broker.journal.journal")
     start_broker(data_dir=tmp_path)
     second = BrokerServer(LOOPBACK_ANY, LOOPBACK_ANY, LOOPBACK_ANY, data_dir=tmp_path)
     with pytest.raises(DataDirError) as info:

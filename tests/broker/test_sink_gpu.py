@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from broker.journal import Journal
+from broker.journal.journal import Journal
 from broker.runs import Runs
 from broker.sink import RunSink
 from rank_agent.protocol import GpuSample, Resources, ResourceSample

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional
 import msgspec
 import pytest
 
-from broker.stackgroups import group_dumps, main_frames, stack_groups
+from broker.stacks.groups import group_dumps, main_frames, stack_groups
 from rank_agent.protocol import Stacks
 
 

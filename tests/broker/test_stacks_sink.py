@@ -10,12 +10,12 @@ from typing import Any
 import zmq
 
 from broker import feed
-from broker import journal as jmod
-from broker.journal import Journal
+from broker.journal import journal as jmod
+from broker.journal.journal import Journal
 from broker.server import BrokerServer
 from broker.sink import RunSink
-from broker.stackfeed import STACKS_INTERVAL
-from broker.stackstore import DUMP_OVERHEAD, RunStacks
+from broker.stacks.feed import STACKS_INTERVAL
+from broker.stacks.store import DUMP_OVERHEAD, RunStacks
 from rank_agent.controlwire import decode_request
 from rank_agent.protocol import (
     Metrics,

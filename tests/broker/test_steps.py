@@ -16,9 +16,9 @@ import pytest
 
 from broker.runs import Runs
 from broker.sink import STEPS_INTERVAL, Event, Rejected, RunSink
-from broker.stepclose import step_record
-from broker.steps import SHARE_WINDOW, STEP_MS_WINDOW, StepCloser
-from broker.stepstore import wire_records
+from broker.steps.closer import SHARE_WINDOW, STEP_MS_WINDOW, StepCloser
+from broker.steps.columns import step_record
+from broker.steps.store import wire_records
 from rank_agent import protocol
 from rank_agent.protocol import Finish, Register, Steps, decode, encoder
 
@@ -932,7 +932,7 @@ def test_a_run_holds_at_most_1024_distinct_step_metric_names() -> None:
     """Contract v3 section 2 (issue 19 finding 3): a steps frame that would take the run past
     1,024 distinct metric names is rejected whole, counted as ``step_metric_names``; names
     the run already holds stay welcome."""
-    from broker.steps import MAX_RUN_STEP_METRICS
+    from broker.steps.closer import MAX_RUN_STEP_METRICS
 
     assert MAX_RUN_STEP_METRICS == 1024
     runs = Runs()

@@ -9,7 +9,7 @@ from typing import Callable
 import pytest
 import zmq
 
-from broker.journal import Journal
+from broker.journal.journal import Journal
 from broker.runs import Runs
 from rank_agent import protocol as P
 from tests.support.brokers import FeedClient

@@ -46,7 +46,7 @@ import zmq
 
 from broker import feed
 from broker.coalesce import COALESCE_MIN_BYTES, peek_metadata_run
-from broker.stepstore import SAMPLES_PER_S, STEP_MS, StepStore
+from broker.steps.store import SAMPLES_PER_S, STEP_MS, StepStore
 from rank_agent import protocol
 
 CHECK_RUN = "fz-check"

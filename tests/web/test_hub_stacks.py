@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from broker import feed
-from broker.stackstore import wire_of
+from broker.stacks.store import wire_of
 from rank_agent.protocol import StackFrame, Stacks, ThreadStack
 from web.hub import Hub
 
@@ -107,7 +107,7 @@ def test_the_web_holds_what_the_broker_holds_under_the_cap() -> None:
     """An event that replaces a big dump by a small one and adds another big one fits the
     cap in the broker; the web must not refuse the new one on the way (keys it replaces go
     first)."""
-    from broker.stackstore import RunStacks
+    from broker.stacks.store import RunStacks
 
     def big(rank: int, tag: str) -> Any:
         frames = [StackFrame(file="t.py", line=i, function=f"{tag}_{i}_" + "z" * 60, code="")

@@ -14,8 +14,8 @@ import pytest
 
 from broker import feed
 from broker.sink import Event, RunSink
-from broker.stepclose import close_frames
-from broker.stepstore import StepStore, wire_records
+from broker.steps.columns import close_frames
+from broker.steps.store import StepStore, wire_records
 from rank_agent.protocol import Finish, Register, Steps
 from tests.support.spying import spy
 from tests.web.test_hub import RUN, drain, ev, parse, ready_hub

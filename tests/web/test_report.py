@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from broker.journal_files import JournalError, take_lock
+from broker.journal.datadir import JournalError, take_lock
 from rank_agent import protocol
 from rankboard.export import report_of_sink
 from tests.support.brokers import Broker, Pusher

@@ -15,7 +15,7 @@ Unknown kinds with a good CRC are skipped by readers (room for additions without
 bump). :func:`scan_entries` also reads past damage in the middle of a file (PROTOCOL 6): a
 bad entry followed by good ones costs only the bad bytes. It finds the next good entry by
 looking, byte by byte, for a plausible entry head (a known kind, a length that fits it) whose
-CRC matches; a torn tail (no good entry after the damage) ends the scan as before. This module is pure: bytes in, bytes out, no files (``broker/journal.py`` owns them).
+CRC matches; a torn tail (no good entry after the damage) ends the scan as before. This module is pure: bytes in, bytes out, no files (``broker/journal/journal.py`` owns them).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Split from :class:`broker.sink.RunSink`, which owns the rank states and the alerts: this
 module holds what the sink does with a ``stacks`` frame (section 2.5) besides marking the
-rank ``stalled``: keep the dump in the run's :class:`~broker.stackstore.RunStacks`, note it
+rank ``stalled``: keep the dump in the run's :class:`~broker.stacks.store.RunStacks`, note it
 as pending, and emit at most one ``stacks`` event per :data:`STACKS_INTERVAL` (the rest wait
 for the sink's tick); and the ``stalled`` alert's text (:func:`stall_message`). Pure: no
 clock, no I/O.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, Tuple
 
-from broker.stackgroups import main_frames
-from broker.stackstore import RunStacks
+from broker.stacks.groups import main_frames
+from broker.stacks.store import RunStacks
 from rank_agent.protocol import Stacks
 
 __all__ = ["STACKS_INTERVAL", "StackFeed", "stall_message"]

@@ -4,7 +4,7 @@ the closed-step blocks, and give the sink ids above any issued before the restar
 The sink is pure and deterministic, so the journal does not store state: it stores what the
 sink was fed and replays it here. Ids cannot be recomputed (ticks are not replayed), so they
 come from the SEQ_HI, RECORD_SEQ and COMPLETE_SEQ entries. This module does no file I/O:
-``broker/journal.py`` reads the file, decides what to do with a bad one, and writes.
+``broker/journal/journal.py`` reads the file, decides what to do with a bad one, and writes.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Iterable
 import msgspec
 
 from broker.coalesce import peek_metadata
-from broker.journal_codec import (
+from broker.journal.codec import (
     KIND_COMPLETE_SEQ,
     KIND_FRAME,
     KIND_RECORD_SEQ,
@@ -24,13 +24,13 @@ from broker.journal_codec import (
     KIND_STEPS,
     block_decoder,
 )
-from broker.journal_filter import Unchanged
+from broker.journal.noops import Unchanged
 from broker.sink import Rejected, RunSink
 from rank_agent import protocol
 
 __all__ = ["Replayed", "replay"]
 
-log = logging.getLogger("broker.journal")
+log = logging.getLogger("broker.journal.journal")
 
 
 @dataclass

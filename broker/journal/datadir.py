@@ -2,7 +2,7 @@
 
 One broker per dir (an ``flock`` on ``LOCK``), one format per dir (``VERSION``), and a file
 that cannot be used is renamed next to itself rather than deleted, so no bytes a user might
-want back are lost. Everything here is a plain function of paths: ``broker/journal.py``
+want back are lost. Everything here is a plain function of paths: ``broker/journal/journal.py``
 calls it.
 """
 from __future__ import annotations
@@ -14,11 +14,11 @@ import os
 import time
 from typing import Union
 
-from broker.journal_codec import FORMAT_VERSION, VERSION_PREFIX, VERSION_TEXT
+from broker.journal.codec import FORMAT_VERSION, VERSION_PREFIX, VERSION_TEXT
 
 __all__ = ["JournalError", "take_lock", "check_version", "set_aside", "remove", "write_all"]
 
-log = logging.getLogger("broker.journal")
+log = logging.getLogger("broker.journal.journal")
 
 
 class JournalError(RuntimeError):

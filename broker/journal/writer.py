@@ -13,15 +13,15 @@ import os
 import time
 from collections import OrderedDict
 
-from broker.journal_codec import HEADER
-from broker.journal_files import write_all
-from broker.journal_filter import Unchanged
-from broker.journal_steps import StepBlocks
+from broker.journal.codec import HEADER
+from broker.journal.datadir import write_all
+from broker.journal.noops import Unchanged
+from broker.journal.stepblocks import StepBlocks
 from rank_agent.protocol import Resources
 
 __all__ = ["RunFile", "Handles"]
 
-log = logging.getLogger("broker.journal")
+log = logging.getLogger("broker.journal.journal")
 
 #: While writes fail, a run's buffer is dropped (logged) once it, or all runs' buffers
 #: together, hold more than this (bounded memory on a full or read-only disk).

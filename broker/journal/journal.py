@@ -16,10 +16,10 @@ File layout (``<data_dir>``)::
     LOCK                  flock()ed while a broker holds the dir (one broker per dir)
     runs/<run>.journal    HEADER, then entries
 
-Entries and their kinds are in ``broker/journal_codec.py``; the replay that rebuilds a run
-from them is ``broker/journal_rebuild.py``; the dir's lock, version and setting files aside
-are ``broker/journal_files.py``; open files and their descriptors are
-``broker/journal_writer.py``. This module decides what is written when (buffering,
+Entries and their kinds are in ``broker/journal/codec.py``; the replay that rebuilds a run
+from them is ``broker/journal/replay.py``; the dir's lock, version and setting files aside
+are ``broker/journal/datadir.py``; open files and their descriptors are
+``broker/journal/writer.py``. This module decides what is written when (buffering,
 coalescing, ids, STEPS blocks) and what to do with each file at start.
 
 ``steps`` frames are *not* journaled (a run whose first frame is one gets an empty
@@ -48,7 +48,7 @@ samples newer than a rank's last epoch, and the frames since the last :meth:`Jou
 Buffers are written once per batch (:meth:`Journal.flush`), or at once when all runs'
 buffers together pass :data:`WRITE_BUFFER_BYTES` (PROTOCOL 2: bounded in bytes; counted in
 ``counters()["early_flushes"]``). STEPS blocks are built from the series the run's
-``steps`` frames named since the last block (``broker/journal_steps.py``), so a block costs
+``steps`` frames named since the last block (``broker/journal/stepblocks.py``), so a block costs
 what it holds, not the run's series count.
 
 Not thread-safe: the broker's single I/O loop owns it.
@@ -61,7 +61,7 @@ import tempfile
 import time
 from typing import Union
 
-from broker.journal_codec import (
+from broker.journal.codec import (
     FORMAT_VERSION,
     HEADER,
     HEADER_PREFIX,
@@ -79,7 +79,7 @@ from broker.journal_codec import (
     read_entries,
     scan_entries,
 )
-from broker.journal_files import (
+from broker.journal.datadir import (
     JournalError,
     check_version,
     cut_damage,
@@ -87,9 +87,9 @@ from broker.journal_files import (
     set_aside,
     take_lock,
 )
-from broker.journal_rebuild import replay
-from broker.journal_steps import wire_block
-from broker.journal_writer import Handles, RunFile
+from broker.journal.replay import replay
+from broker.journal.stepblocks import wire_block
+from broker.journal.writer import Handles, RunFile
 from broker.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Frame, Metrics, Resources, Stacks, Steps, Svg, valid_run_id
@@ -281,7 +281,7 @@ class Journal:
         What is journaled is the frame's known fields (the decoded Struct, encoded again),
         never ``raw``: unknown keys a sender added are ignored by the sink, so they are not
         kept either (PROTOCOL 2, "Limits"). A frame that changed nothing is not journaled
-        at all (:mod:`broker.journal_filter`). ``raw`` stays in the signature for
+        at all (:mod:`broker.journal.noops`). ``raw`` stays in the signature for
         :data:`broker.runs.Recorder`."""
         st = self._files.get(run)
         if st is None:
