@@ -3,7 +3,8 @@
 Everything with meaning lives in :mod:`broker.runs` and :mod:`broker.sink`; this module only
 moves bytes, in one thread, around one ``zmq.Poller``:
 
-* PULL (ingest) is drained in batches (``NOBLOCK`` until ``Again`` or ``batch_limit``), the
+* PULL (ingest) is drained in batches by :mod:`broker.ingest` (``NOBLOCK`` until ``Again``
+  or ``batch_limit``), the
   batch is journaled and flushed once, then its events are PUBlished, each encoded once.
   Flushing before publishing means no event leaves the broker before the frame that caused
   it is handed to the OS, and sequence reservations are written before their ids are used.
@@ -35,10 +36,11 @@ from typing import Any, Callable, Sequence, Union
 import zmq
 
 from broker import feed
-from broker.coalesce import COALESCE_MIN_BYTES, Coalescer
+from broker.events import Event
+from broker.ingest import IngestLoop
 from broker.runs import Runs
-from broker.sink import Event, RunSink
-from broker.snapshots import SnapshotCache, msgpack_ints
+from broker.sink import RunSink
+from broker.snapshots import SnapshotCache
 from broker.webhooks import DEFAULT_REPEAT, WebhookNotifier
 from rank_agent import protocol
 from rank_agent.controlwire import ControlError, encode_request
@@ -50,20 +52,12 @@ __all__ = [
     "BindError",
     "DataDirError",
     "StartError",
-    "DEFAULT_INGEST",
-    "DEFAULT_PUBLISH",
-    "DEFAULT_SNAPSHOT",
     "is_loopback_endpoint",
     "tune_gc",
     "GC_YOUNG_THRESHOLD",
 ]
 
 log = logging.getLogger(__name__)
-
-# re-exported: the one definition is the protocol module's, which the agent shares
-DEFAULT_INGEST = protocol.DEFAULT_INGEST
-DEFAULT_PUBLISH = protocol.DEFAULT_PUBLISH
-DEFAULT_SNAPSHOT = protocol.DEFAULT_SNAPSHOT
 
 #: The transport-level cap on an ingest message: the protocol's 4 MiB frame limit plus 64 KiB.
 #: A message just over the protocol limit still reaches :class:`Runs` and is rejected *and
@@ -77,19 +71,6 @@ DEFAULT_MAX_MESSAGE_BYTES = protocol.MAX_FRAME_BYTES + 64 * 1024
 #: 100,000 (x 8 MiB): 600 valid 4 MiB frames took the broker from 42 MB to 5.3 GB (issue 19
 #: finding 2). 32 small frames still keep a raw PULL far faster than the broker decodes.
 INGEST_RCVHWM = 32
-#: Bytes one ingest batch takes in before it is journaled, flushed and published: whatever a
-#: batch holds in proportion to its input (events, journal buffers) stays bounded by bytes,
-#: not by ``batch_limit`` messages of up to 4 MiB each.
-INGEST_BATCH_BYTES = 16 * 1024 * 1024
-
-#: A message this large is expensive to copy out of ZeroMQ (a 4 MiB copy measured 0.65 ms
-#: here, against 1.8 us zero-copy), a small one cheaper copied (0.5 us) than wrapped in a
-#: Frame (1.5 us). So after a message of ZERO_COPY_BYTES or more the loop receives the next
-#: ZERO_COPY_RUN zero-copy (a flood of large frames alternates with the other senders' in
-#: the socket's fair queue), then copies again; the buffers live no longer than the batch.
-ZERO_COPY_BYTES = 64 * 1024
-ZERO_COPY_RUN = 256
-
 #: Snapshot work (seconds) the loop does before it turns back to the ingest: requests left
 #: over wait in the ROUTER for the next turn, so a storm of snapshot requests delays a new
 #: run's first frame by about this much plus one encoding, not by the whole storm (issue 19
@@ -162,9 +143,9 @@ class BrokerServer:
 
     def __init__(
         self,
-        ingest: str = DEFAULT_INGEST,
-        publish: str = DEFAULT_PUBLISH,
-        snapshot: str = DEFAULT_SNAPSHOT,
+        ingest: str = protocol.DEFAULT_INGEST,
+        publish: str = protocol.DEFAULT_PUBLISH,
+        snapshot: str = protocol.DEFAULT_SNAPSHOT,
         *,
         stale_after: float = 30.0,
         step_close_after: float = 10.0,
@@ -232,17 +213,13 @@ class BrokerServer:
         self._stop = threading.Event()
         self._closed = False
         self._rlog = RateLimitedLog(log)
-        # Messages of the current batch that are not sink events (registered ports).
-        self._pending_ports: list[tuple[str, int, int]] = []
         #: requests for dumps forwarded to ranks, and the malformed ones refused
         self.stacks_requests = 0
         self.stacks_requests_refused = 0
         #: encoded run snapshots, reused while their run's seq has not moved
         self.snapshots = SnapshotCache(self._rlog)
-        #: the current batch's large metadata frames, newest per run (broker/coalesce.py)
-        self._aside = Coalescer()
-        #: messages still to receive zero-copy (ZERO_COPY_RUN after each large one)
-        self._zero_copy = 0
+        #: the receive loop and its state across batches (broker/ingest.py)
+        self._ingest = IngestLoop(self.runs, batch_limit, self._rlog)
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -465,103 +442,19 @@ class BrokerServer:
     def _on_register(self, frame: Register) -> None:
         # (The journal records the frame before this, as ``runs.recorder``.)
         if frame.port:
-            self._pending_ports.append((frame.run, frame.rank, frame.port))
+            self._ingest.pending_ports.append((frame.run, frame.rank, frame.port))
 
     def _drain_ingest(self) -> None:
-        """Receive up to ``batch_limit`` messages (and about INGEST_BATCH_BYTES), journal
-        them, then publish their events.
-
-        The per-message loop is the broker's hot path: lookups are hoisted out of it, a
-        message is taken with one non-blocking ``recv`` (copied: small frames are cheaper
-        as bytes than as zero-copy Frames), and a frame that causes no event (nearly all)
-        costs nothing here beyond the call into :class:`Runs`. Large ``metadata`` frames
-        are taken aside and only the newest of each run is applied, after the batch's other
-        frames (:mod:`broker.coalesce`: why, and what it changes).
-        """
-        pull = self._pull
-        assert pull is not None
-        out: list[list[bytes]] = []
-        now = self.clock()
-        recv = pull.recv
-        noblock = zmq.NOBLOCK
-        again = zmq.Again
-        ingest = self.runs.ingest
-        ports = self._pending_ports
-        budget = INGEST_BATCH_BYTES
-        aside = self._aside
-        offer = aside.offer
-        held = aside.held
-        zero_copy = self._zero_copy
-        raw: bytes | memoryview
-        for _ in range(self.batch_limit):
-            if budget < 0:
-                break
-            try:
-                if zero_copy:
-                    zero_copy -= 1
-                    raw = recv(noblock, copy=False).buffer
-                else:
-                    raw = recv(noblock)
-            except again:
-                break
-            n = len(raw)
-            budget -= n
-            if n >= ZERO_COPY_BYTES:
-                zero_copy = ZERO_COPY_RUN
-            if n >= COALESCE_MIN_BYTES or held:  # (small frames only while some are aside:
-                taken, freed = offer(raw)         # a later small metadata must still win)
-                if taken:
-                    budget += freed
-                    continue
-            try:
-                events = ingest(raw, now)
-            except Exception:  # a bug, not bad input (Runs counts those): keep serving
-                self.runs.rejected["internal"] += 1
-                self._rlog.error("ingest", "ingesting a %d-byte message failed", n,
-                                 exc_info=True)
-                events = []
-            if events:
-                for run, event in events:
-                    msg = self._encode(run, event)
-                    if msg is not None:
-                        out.append(msg)
-            if ports:
-                out.extend(feed.encode_port(*p) for p in ports)
-                ports.clear()
-        self._zero_copy = zero_copy
-        try:  # each rank's newest sample of the batch (broker.coalesce.HeldSamples)
-            self._queue_events(self.runs.release_samples(now), out)
-        except Exception:
-            self.runs.rejected["internal"] += 1
-            self._rlog.error("ingest", "applying the batch's held samples failed", exc_info=True)
-        if held:
-            for raw in aside.take():
-                self._ingest_one(raw, now, out)
-            self.runs.count_superseded(aside.superseded)
-            aside.superseded = 0
+        """One ingest batch (:class:`~broker.ingest.IngestLoop`), journaled and flushed,
+        then published: no event leaves before the frame that caused it is written."""
+        assert self._pull is not None
+        out = self._ingest.drain(self._pull, self.clock())
         if self._journal is not None:
             try:
                 self._journal.flush()
             except Exception:
                 self._rlog.error("journal", "journal write failed", exc_info=True)
         self._send_all(out)
-
-    def _ingest_one(self, raw: bytes | memoryview, now: float, out: list[list[bytes]]) -> None:
-        """Apply one message through :class:`Runs` and queue what it caused for the PUB
-        (the batch's frames taken aside; the receive loop inlines the same steps, its
-        lookups hoisted, because it is the broker's per-frame hot path)."""
-        try:
-            events = self.runs.ingest(raw, now)
-        except Exception:  # a bug, not bad input (Runs counts those): keep serving
-            self.runs.rejected["internal"] += 1
-            self._rlog.error("ingest", "ingesting a %d-byte message failed", len(raw),
-                             exc_info=True)
-            events = []
-        self._queue_events(events, out)
-        ports = self._pending_ports
-        if ports:
-            out.extend(feed.encode_port(*p) for p in ports)
-            ports.clear()
 
     def _send_all(self, messages: list[list[bytes]]) -> None:
         """PUBlish encoded messages (two parts each; ``send`` twice beats ``send_multipart``)."""
@@ -591,27 +484,8 @@ class BrokerServer:
             except Exception:
                 self._rlog.error("journal", "journal write failed", exc_info=True)
         out: list[list[bytes]] = []
-        self._queue_events(events, out)
+        self._ingest.queue_events(events, out)
         self._send_all(out)
-
-    def _queue_events(self, events: list[tuple[str, Event]], out: list[list[bytes]]) -> None:
-        """Encode ``events`` for the PUB onto ``out`` (the unencodable ones are logged)."""
-        for run, event in events:
-            msg = self._encode(run, event)
-            if msg is not None:
-                out.append(msg)
-
-    def _encode(self, run: str, event: Event) -> list[bytes] | None:
-        try:
-            try:
-                return feed.encode_event(run, event)
-            except OverflowError:
-                return feed.encode_event(run, event._replace(data=msgpack_ints(event.data)))
-        except (TypeError, ValueError, OverflowError, RecursionError):
-            # A sink bug (unencodable data); the web will see a gap and re-snapshot.
-            self._rlog.error("encode", "cannot encode %s event %d of run %r",
-                             event.kind, event.seq, run, exc_info=True)
-            return None
 
     def _send_heartbeat(self) -> None:
         pub = self._pub

@@ -41,11 +41,12 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import msgspec
 
 from broker import aggregate
+from broker.alerts import OnAlert, RunAlerts
 from broker.epochs import PendingEpochs
 from broker.events import Event, Rejected
 from broker.gpualerts import GpuAlertRules, Sampled
@@ -81,8 +82,6 @@ PORT_WARN_INTERVAL = 60.0
 ENDED = ("complete", "failed")
 #: Seconds between two ``steps`` events of a run (PROTOCOL 4: at most 4 a second).
 STEPS_INTERVAL = 0.25
-#: ``on_alert(run, kind, rank, message, host, now)``: an alert raised live (webhooks, 3.1).
-OnAlert = Callable[[str, str, Optional[int], str, Optional[str], float], None]
 #: ``on_end(run, status, now)``: the run ended live (``status``: complete or failed).
 OnEnd = Callable[[str, str, float], None]
 
@@ -137,8 +136,8 @@ class RunSink:
         # Epochs with reports that have not closed (the close test is one comparison).
         self._pending = PendingEpochs()
         self._durations: List[float] = []
-        # Alerts keyed (kind, rank), in first-raised order.
-        self._alerts: Dict[Tuple[str, int | None], Dict[str, Any]] = {}
+        #: The alert list (PROTOCOL 3): each (kind, rank) once, in first-raised order.
+        self.alerts = RunAlerts()
         # Hardware string of PROTOCOL 2.2, from each rank's last summary.
         self._hw = HardwareString(self.topology, self._summary_of)
         self._ranks_dirty = False
@@ -157,8 +156,7 @@ class RunSink:
         #: posts nothing for what its journal replays). :class:`broker.runs.Runs` sets it
         #: on every sink it takes in, before the first live frame.
         self.live = False
-        #: Hooks for alerts raised and run ends while live (the broker's webhooks).
-        self.on_alert: OnAlert | None = None
+        #: Hook for run ends while live (the broker's webhooks); alerts: ``on_alert``.
         self.on_end: OnEnd | None = None
         #: Each rank's latest dump per reason (section 2.5), compact and capped in bytes.
         self.stacks = RunStacks()
@@ -350,7 +348,7 @@ class RunSink:
             "hardware": self._hw.render(),
             "has_svg": self.svg is not None,
             "hosts": self.topology.ordered(),
-            "alerts": [dict(a) for a in self._alerts.values()],
+            "alerts": self.alerts.listed(),
             "started_at": self.started_at,
             "updated_at": self.updated_at,
             "steps_done": self.steps.last_step,
@@ -630,8 +628,7 @@ class RunSink:
                 touched.append(host)
             self._pending.discard(rank, not st.finished)
         if gone:
-            for key in [k for k in self._alerts if k[1] is not None and k[1] >= ws]:
-                del self._alerts[key]
+            self.alerts.forget_ranks_from(ws)
         self.gpu_rules.forget_from(ws)
         if touched:
             self._hw.hosts_changed(touched)
@@ -683,23 +680,24 @@ class RunSink:
 
     # ------------------------------------------------------------------ events
 
+    @property
+    def on_alert(self) -> OnAlert | None:
+        """Hook for alerts raised while live (the broker's webhooks)."""
+        return self.alerts.on_alert
+
+    @on_alert.setter
+    def on_alert(self, hook: OnAlert | None) -> None:
+        self.alerts.on_alert = hook
+
     def _raise(self, kind: str, rank: int | None, message: str, now: float,
                notify: bool = True) -> None:
-        """Raise (or re-raise) an alert; the header lists each (kind, rank) once. While
-        ``live`` (and ``notify``) it is handed to ``on_alert`` too (webhooks: grouping and
-        repeat suppression are theirs)."""
-        alert = self._alerts.get((kind, rank))
-        if alert is None:
-            self._alerts[(kind, rank)] = {"kind": kind, "rank": rank, "message": message, "at": now}
-        else:
-            alert["message"] = message
-            alert["at"] = now
-        # Coalesced: 65,536 ranks finishing with an error must not be 65,536 headers of a
-        # growing alert list (quadratic bytes). tick() emits it within ranks_interval.
+        """Raise (or re-raise) an alert (:class:`~broker.alerts.RunAlerts`), told to the
+        webhooks while ``live``. The header change is coalesced: 65,536 ranks finishing
+        with an error must not be 65,536 headers of a growing alert list (quadratic
+        bytes); tick() emits it within ranks_interval."""
+        self.alerts.raise_(self.run, kind, rank, message, now, self.topology.place.get,
+                           self.live and notify)
         self._header_pending = True
-        if self.live and notify and self.on_alert is not None:
-            p = self.topology.place.get(rank) if rank is not None else None
-            self.on_alert(self.run, kind, rank, message, p[0] if p else None, now)
 
     def _emit(self, kind: str, data: Any) -> int:
         self.seq += 1
