@@ -1,4 +1,5 @@
-"""The epochs of one run that have reports but have not closed yet (PROTOCOL.md 2.3).
+"""The epochs of one run (PROTOCOL.md 2.3): those with reports that have not closed yet
+(:class:`PendingEpochs`), and the sink's rules that close them (:class:`EpochRules`).
 
 Kept apart from the sink because it is the closing *bookkeeping* alone: which ranks
 reported which open epoch, and how many of those reporters are still active, so that the
@@ -7,13 +8,20 @@ close test is one comparison per frame. What a close produces (the record) is
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import math
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
+from broker import aggregate
 from broker.aggregate import EpochReports
 from broker.events import Rejected
 from rank_agent.protocol import Metrics
 
-__all__ = ["PendingEpochs", "MAX_OPEN_EPOCHS"]
+if TYPE_CHECKING:
+    from broker.rankstate import RankSamples, RankState
+    from broker.topology import Topology
+    from rank_agent.protocol import ResourceSample
+
+__all__ = ["PendingEpochs", "EpochRules", "MAX_OPEN_EPOCHS"]
 
 #: Most epochs one run holds open (reported, not closed). Open epochs close only when every
 #: rank reported (or a later one closed), so a silent rank, or a run whose world size is
@@ -93,3 +101,96 @@ class PendingEpochs:
             out.append((e, self._reports.pop(e)))
             self.last_closed = e
         return out
+
+
+class EpochRules:
+    """The sink's epoch rules (PROTOCOL.md 2.3), mixed into :class:`broker.sink.RunSink`:
+    a ``metrics`` frame's report, when the open epochs close, and the order of what a close
+    emits. Apart from the rest of the sink because it is the one per-epoch path, read on
+    its own; the state it uses is the sink's (declared below for the type checker)."""
+
+    if TYPE_CHECKING:
+        world_size: int | None
+        started_at: float | None
+        updated_at: float | None
+        total_epochs: int
+        status: str
+        late_metrics: int
+        records: List[Dict[str, Any]]
+        record_seqs: List[int]
+        topology: Topology
+        _samples: RankSamples
+        _pending: PendingEpochs
+        _durations: List[float]
+        _n_finished: int
+        _header_changed: bool
+        _header_pending: bool
+
+        def gpu_health(self, rank: int, sample: ResourceSample, now: float) -> None: ...
+        def _raise(self, kind: str, rank: int | None, message: str, now: float,
+                   notify: bool = True) -> None: ...
+        def _emit(self, kind: str, data: Any) -> int: ...
+        def _emit_header(self) -> None: ...
+
+    def _on_metrics(self, frame: Metrics, st: RankState, now: float) -> None:
+        rank = st.rank
+        st.stalled = False  # the loop moves (section 3)
+        sample = frame.resources
+        if sample is not None:  # applied first, exactly as a resources frame
+            self._samples.put(rank, sample)
+            st.sample_json = None
+            self.gpu_health(rank, sample, now)
+        epoch = frame.epoch
+        if epoch <= self._pending.last_closed:
+            self.late_metrics += 1
+            return
+        st.epoch = epoch
+        st.loss = frame.avg_loss
+        reported = self._pending.put(rank, frame, not st.finished)
+        ws = self.world_size
+        if ws is not None and reported == ws - self._n_finished:
+            self._close_through(epoch)
+
+    def _close_ready(self) -> None:
+        """Close the highest pending epoch that is complete, and every one below it."""
+        ws = self.world_size
+        if ws is None or not self._pending:
+            return
+        epoch = self._pending.highest_complete(ws - self._n_finished)
+        if epoch is not None:
+            self._close_through(epoch)
+
+    def _close_through(self, epoch: int) -> None:
+        """Close every pending epoch <= ``epoch`` in ascending order."""
+        for e, reports in self._pending.take_through(epoch):
+            self._close(e, reports)
+
+    def _close(self, epoch: int, reports: aggregate.EpochReports) -> None:
+        now = self.updated_at
+        assert self.world_size is not None and now is not None and self.started_at is not None
+        record = aggregate.epoch_record(
+            epoch=epoch,
+            world_size=self.world_size,
+            reports=reports,
+            samples=self._samples.latest,
+            hosts=[entry["ranks"] for entry in self.topology.ordered()],
+            gpus=self._samples.gpus(),
+            total_epochs=self.total_epochs or None,
+            past_durations=self._durations,
+            elapsed_secs=now - self.started_at,
+        )
+        self._durations.append(record["duration_secs"])
+        del self._durations[: -aggregate.ETA_WINDOW]
+        self.records.append(record)
+        if self._header_pending:
+            # The web must never show a record under a stale header: a coalesced header
+            # change goes out first.
+            self._emit_header()
+        self.record_seqs.append(self._emit("epoch", record))
+        if self.status == "waiting":
+            self.status = "training"
+            self._header_changed = True
+        loss = record["metrics"]["loss"]
+        if not math.isfinite(loss):
+            self._raise("nonfinite_loss", None, f"epoch {epoch}: loss is {loss}", now)
+

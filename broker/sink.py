@@ -33,8 +33,10 @@ Event data shares structure with the sink's caches and earlier events: it is rea
 
 The sink is the rules and the event policy; the state it keeps is in the modules below it:
 :mod:`broker.events` (Event, Rejected), :mod:`broker.rankstate` (per-rank state, samples,
-the ``ranks`` array), :mod:`broker.epochs` (open epochs), :mod:`broker.steps.closer` (the step
-pipeline), :mod:`broker.topology` (placement, hardware string), :mod:`broker.metadata`.
+the ``ranks`` array), :mod:`broker.epochs` (open epochs, and the epoch rules mixed in here),
+:mod:`broker.steps.closer` (the step pipeline) and :mod:`broker.steps.rules` (the step rules
+mixed in here), :mod:`broker.alerts`, :mod:`broker.topology` (placement, hardware string),
+:mod:`broker.metadata`.
 """
 from __future__ import annotations
 
@@ -45,9 +47,8 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import msgspec
 
-from broker import aggregate
 from broker.alerts import OnAlert, RunAlerts
-from broker.epochs import PendingEpochs
+from broker.epochs import EpochRules, PendingEpochs
 from broker.events import Event, Rejected
 from broker.gpualerts import GpuAlertRules, Sampled
 from broker.metadata import parse_metadata
@@ -55,6 +56,7 @@ from broker.rankstate import RankSamples, RankState, ranks_array
 from broker.stacks.feed import StackFeed, stall_message
 from broker.stacks.store import RunStacks
 from broker.steps.closer import RunSteps
+from broker.steps.rules import StepRules
 from broker.steps.store import StepStore
 from broker.topology import HardwareString, Topology
 from rank_agent.protocol import (
@@ -86,7 +88,7 @@ STEPS_INTERVAL = 0.25
 OnEnd = Callable[[str, str, float], None]
 
 
-class RunSink:
+class RunSink(EpochRules, StepRules):
     """The broker's state of one run; see the module docstring for the rules."""
 
     def __init__(self, run: str, *, stale_after: float = 30.0, ranks_interval: float = 1.0,
@@ -374,46 +376,6 @@ class RunSink:
             "stacks": self.stacks.wire(),
         }
 
-    @property
-    def steps_published_at(self) -> float | None:
-        """When the last ``steps`` event was published (None: none yet)."""
-        return self._steps.sent_at
-
-    @property
-    def steps_published(self) -> int:
-        """Steps published by this sink (not restored ones): the closed-step counter."""
-        return self._steps.published
-
-    def steps_named_since(self, row: int) -> List[str]:
-        """Metric names that may have a point in the closed steps' rows from ``row`` on
-        (:meth:`RunSteps.named_since`: the rows this sink published)."""
-        return self._steps.named_since(row)
-
-    @property
-    def late_steps(self) -> int:
-        """Step points dropped because their step had already closed."""
-        return self._closer.late
-
-    def restore_steps(self, block: Dict[str, Any]) -> None:
-        """Journal replay: closed steps as :meth:`StepStore.to_wire` wrote them. They were
-        published before the restart, so no event; what they change in the run is restored
-        (its status, the closing position, the straggler window, a non-finite loss alert).
-        Raises ``ValueError`` for a block that does not follow the stored ones."""
-        before = self._steps.restore(block)
-        if before is None:
-            return
-        if self.status == "waiting":
-            self.status = "training"
-        published = block.get("published_at")
-        updated = block.get("updated_at")
-        if isinstance(updated, float) and (self.updated_at is None or updated > self.updated_at):
-            self.updated_at = updated  # the steps frames behind it are not journaled
-        bad = self.steps.last_nonfinite("loss", since=before)
-        if bad is not None:
-            step, value, at = bad
-            self._raise("nonfinite_loss", None, f"step {step}: loss is {value}",
-                        published if isinstance(published, float) else at)
-
     # ------------------------------------------------------------------ validation
 
     def _check(self, frame: Frame) -> Any:
@@ -498,62 +460,6 @@ class RunSink:
         self._close_ready()
         self._close_steps(now)
 
-    def settle(self, now: float) -> List[Event]:
-        """The run leaves memory (``--max-runs`` eviction): every pending step closes with
-        the points it has, and every closed step still waiting for its ``steps`` event
-        (at most one per STEPS_INTERVAL) is published now; returns the events.
-
-        Why: the journal keeps closed steps as they are published (STEPS blocks), not the
-        points of steps in flight, so a run evicted between a step's close and its event,
-        or with points of a step not every rank had reported, lost those steps for good: in
-        the hostile soak, a 64-rank run evicted at each pause by a flood of junk runs lost
-        a step or two each time. A later point of a step closed here is late (dropped and
-        counted), as after ``--step-close-after``."""
-        if self._steps.close_all():
-            self._publish_steps(now)
-        return self._take_events()
-
-    def _close_steps(self, now: float) -> None:
-        """Queue what the closer lets close now (watermark, grace, force close)."""
-        self._steps.close(now, self.world_size)
-
-    def _publish_steps_due(self, now: float) -> None:
-        """Publish the closed steps waiting, if any, once STEPS_INTERVAL has passed."""
-        if self._steps.due(now):
-            self._publish_steps(now)
-
-    def _publish_steps(self, now: float) -> None:
-        """One ``steps`` event with every step closed since the last one (at most one per
-        STEPS_INTERVAL, or at once when the run ends). Its data is the store's wire block
-        of those rows (:meth:`RunSteps.take`; records: ``stepstore.wire_records``)."""
-        before = self.steps.rows
-        self._emit("steps", self._steps.take(now))
-        if self.status == "waiting":
-            self.status = "training"
-            self._header_changed = True
-        bad = self.steps.last_nonfinite("loss", since=before)  # array scan, not per record
-        if bad is not None:
-            self._raise("nonfinite_loss", None, f"step {bad[0]}: loss is {bad[1]}", now)
-
-    def _on_metrics(self, frame: Metrics, st: RankState, now: float) -> None:
-        rank = st.rank
-        st.stalled = False  # the loop moves (section 3)
-        sample = frame.resources
-        if sample is not None:  # applied first, exactly as a resources frame
-            self._samples.put(rank, sample)
-            st.sample_json = None
-            self.gpu_health(rank, sample, now)
-        epoch = frame.epoch
-        if epoch <= self._pending.last_closed:
-            self.late_metrics += 1
-            return
-        st.epoch = epoch
-        st.loss = frame.avg_loss
-        reported = self._pending.put(rank, frame, not st.finished)
-        ws = self.world_size
-        if ws is not None and reported == ws - self._n_finished:
-            self._close_through(epoch)
-
     def gpu_health(self, rank: int, sample: ResourceSample, now: float) -> None:
         """The GPU alerts of one sample of ``rank`` (PROTOCOL 3), while the run is live (a
         replayed sample raises nothing). Every sample comes here or to
@@ -632,51 +538,6 @@ class RunSink:
         self.gpu_rules.forget_from(ws)
         if touched:
             self._hw.hosts_changed(touched)
-
-    # ------------------------------------------------------------------ epochs
-
-    def _close_ready(self) -> None:
-        """Close the highest pending epoch that is complete, and every one below it."""
-        ws = self.world_size
-        if ws is None or not self._pending:
-            return
-        epoch = self._pending.highest_complete(ws - self._n_finished)
-        if epoch is not None:
-            self._close_through(epoch)
-
-    def _close_through(self, epoch: int) -> None:
-        """Close every pending epoch <= ``epoch`` in ascending order."""
-        for e, reports in self._pending.take_through(epoch):
-            self._close(e, reports)
-
-    def _close(self, epoch: int, reports: aggregate.EpochReports) -> None:
-        now = self.updated_at
-        assert self.world_size is not None and now is not None and self.started_at is not None
-        record = aggregate.epoch_record(
-            epoch=epoch,
-            world_size=self.world_size,
-            reports=reports,
-            samples=self._samples.latest,
-            hosts=[entry["ranks"] for entry in self.topology.ordered()],
-            gpus=self._samples.gpus(),
-            total_epochs=self.total_epochs or None,
-            past_durations=self._durations,
-            elapsed_secs=now - self.started_at,
-        )
-        self._durations.append(record["duration_secs"])
-        del self._durations[: -aggregate.ETA_WINDOW]
-        self.records.append(record)
-        if self._header_pending:
-            # The web must never show a record under a stale header: a coalesced header
-            # change goes out first.
-            self._emit_header()
-        self.record_seqs.append(self._emit("epoch", record))
-        if self.status == "waiting":
-            self.status = "training"
-            self._header_changed = True
-        loss = record["metrics"]["loss"]
-        if not math.isfinite(loss):
-            self._raise("nonfinite_loss", None, f"epoch {epoch}: loss is {loss}", now)
 
     # ------------------------------------------------------------------ events
 

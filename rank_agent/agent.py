@@ -199,10 +199,8 @@ class RankAgent:
         #: both started in this process (reset in a forked child): log_epoch's one check
         self._diag_started = False
 
-        self._sampler: Any = None  # rank_agent.sampler.Sampler, created on first need
-        self._sampler_thread: threading.Thread | None = None
-        self._sampler_stop = threading.Event()
-        self._latest: ResourceSample | None = None
+        #: resource sampling (rank_agent.sampler.SamplingThread), created on first need
+        self._sampling: Any = None
         _AGENTS.add(self)
 
     @property
@@ -319,9 +317,8 @@ class RankAgent:
         without touching them (the parent sends its own; threads come back lazily)."""
         self._pusher.reset_after_fork()
         self._diag_started = False  # the watch and the channel come back in this process
-        self._sampler_thread = None  # threads do not survive fork
-        self._sampler_stop = threading.Event()
-        self._sampler = None  # its NVML handles belong to the parent
+        if self._sampling is not None:
+            self._sampling.reset_after_fork()
         self._steps.reset()
 
     # -- the frames --------------------------------------------------------------------------
@@ -388,7 +385,7 @@ class RankAgent:
         (CPU model, threads, RAM, and this rank's own GPU through NVML). Clamped to 4096."""
         try:
             if summary is None:
-                summary = self._get_sampler().hardware_summary()
+                summary = self._get_sampling().get_sampler().hardware_summary()
             frame = Hardware(run=self.run, rank=self.rank, summary=clamp(str(summary), MAX_SUMMARY) or "")
         except Exception as exc:
             return self._lose("hardware", "rankboard: could not build the hardware summary: %r", exc)
@@ -440,7 +437,7 @@ class RankAgent:
                 run=self.run, rank=self.rank, epoch=epoch, avg_loss=avg_loss,
                 batches=batches, samples=samples, epoch_ms=epoch_ms,
                 share_complete_ms=share_complete_ms,
-                scalars=wire_scalars(scalars, self._warn) if scalars else {}, resources=self._latest,
+                scalars=wire_scalars(scalars, self._warn) if scalars else {}, resources=self.latest_sample,
             )
         except Exception as exc:
             return self._lose("metrics", "rankboard: bad log_epoch arguments; epoch not sent: %r", exc)
@@ -513,51 +510,34 @@ class RankAgent:
 
     # -- resource sampling -------------------------------------------------------------------
 
-    def _get_sampler(self) -> Any:
-        if self._sampler is None:
-            from .sampler import Sampler
+    def _get_sampling(self) -> Any:
+        if self._sampling is None:
+            from .sampler import SamplingThread  # psutil and NVML only when sampling is used
 
-            self._sampler = Sampler(self.local_rank)
-        return self._sampler
+            self._sampling = SamplingThread(
+                self.local_rank, f"rankboard-sampler-{self.rank}",
+                lambda sample: self._send(Resources(run=self.run, rank=self.rank, sample=sample)),
+                self._warn)
+        return self._sampling
 
     def start_sampling(self, interval: float = 2.0) -> None:
         """Sample CPU, RAM and this rank's GPU every ``interval`` seconds (at least 0.1) in a
-        daemon thread, sending each as a ``resources`` frame and keeping it for the next
-        :meth:`log_epoch`. The first sample comes after ``min(interval, 0.5)`` s so that its CPU %
-        covers a real interval. A second call while sampling runs does nothing; ``close()``
-        stops it. Sampling does not carry over into a forked child."""
-        if self.closed or (self._sampler_thread is not None and self._sampler_thread.is_alive()):
+        daemon thread (:class:`rank_agent.sampler.SamplingThread`), sending each as a
+        ``resources`` frame and keeping it for the next :meth:`log_epoch`. A second call
+        while sampling runs does nothing; ``close()`` stops it. Sampling does not carry
+        over into a forked child."""
+        if self.closed or (self._sampling is not None and self._sampling.running):
             return
         self._start_diag()
         try:
-            interval = max(0.1, float(interval))
-            sampler = self._get_sampler()
-            stop = self._sampler_stop = threading.Event()
-            thread = threading.Thread(
-                target=self._sample_loop, args=(sampler, stop, interval),
-                name=f"rankboard-sampler-{self.rank}", daemon=True,
-            )
-            thread.start()
-            self._sampler_thread = thread
+            self._get_sampling().start(interval)
         except Exception as exc:
             self._warn("sampler", "rankboard: could not start sampling: %r", exc)
-
-    def _sample_loop(self, sampler: Any, stop: threading.Event, interval: float) -> None:
-        wait = min(interval, 0.5)
-        while not stop.wait(wait):
-            wait = interval
-            try:
-                sample = sampler.sample()
-            except Exception as exc:  # Sampler.sample already guards each figure
-                self._warn("sample", "rankboard: resource sample failed: %r", exc)
-                continue
-            self._latest = sample
-            self._send(Resources(run=self.run, rank=self.rank, sample=sample))
 
     @property
     def latest_sample(self) -> ResourceSample | None:
         """The sampler's most recent sample (``None`` before the first)."""
-        return self._latest
+        return None if self._sampling is None else self._sampling.latest
 
     # -- shutdown ----------------------------------------------------------------------------
 
@@ -578,24 +558,14 @@ class RankAgent:
         self._users = 0
         if self._pending_status is not None:  # an earlier user's finish, deferred to now
             self.finish(self._pending_status)
-        current = threading.current_thread()
-        thread = self._sampler_thread
-        self._sampler_stop.set()
-        if thread is not None and thread is not current:
-            thread.join(timeout=2.0)
-        self._sampler_thread = None
+        if self._sampling is not None:
+            self._sampling.stop()
         self._stop_diag()  # before the PUSH socket: a dump in progress still has it
         self._steps.close()
         self._pusher.close()
         # points a concurrent log_step added after the flush, before closing: lost, counted
         self._steps.discard_pending()
         shared.forget(self)
-        sampler, self._sampler = self._sampler, None
-        if sampler is not None:
-            try:
-                sampler.close()
-            except Exception:
-                pass
         _AGENTS.discard(self)
 
     def __enter__(self) -> RankAgent:

@@ -30,7 +30,7 @@ import logging
 import os
 import platform
 import threading
-from typing import Any, List, Union
+from typing import Any, Callable, List, Union
 
 import psutil
 
@@ -343,3 +343,80 @@ class Sampler:
             if self._gpu_state == "ok":
                 self._gpu_state = "none"
             self._handle = self._mem_handle = None
+
+
+class SamplingThread:
+    """A rank's periodic resource sampling: a daemon thread taking a :class:`Sampler`
+    sample every ``interval`` seconds and handing it to ``send``; the latest one is kept
+    for ``log_epoch``.
+
+    Apart from the agent because it is the one part of the agent that owns a thread of its
+    own and the sampler's NVML handles; the agent only starts it, reads :attr:`latest`
+    and stops it. ``warn(key, fmt, *args)`` is the agent's rate-limited warning.
+    """
+
+    def __init__(self, local_rank: int, name: str, send: Callable[[ResourceSample], Any],
+                 warn: Callable[..., Any]) -> None:
+        self.local_rank = local_rank
+        self.name = name
+        self._send = send
+        self._warn = warn
+        #: the sampler (created on first need; a test or the demo may put its own)
+        self.sampler: Any = None
+        #: the most recent sample (None before the first)
+        self.latest: ResourceSample | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def get_sampler(self) -> Any:
+        if self.sampler is None:
+            self.sampler = Sampler(self.local_rank)
+        return self.sampler
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, interval: float) -> None:
+        """Start sampling every ``interval`` seconds (at least 0.1); the first sample after
+        ``min(interval, 0.5)`` s so that its CPU % covers a real interval."""
+        interval = max(0.1, float(interval))
+        sampler = self.get_sampler()
+        stop = self._stop = threading.Event()
+        thread = threading.Thread(target=self._loop, args=(sampler, stop, interval),
+                                  name=self.name, daemon=True)
+        thread.start()
+        self._thread = thread
+
+    def _loop(self, sampler: Any, stop: threading.Event, interval: float) -> None:
+        wait = min(interval, 0.5)
+        while not stop.wait(wait):
+            wait = interval
+            try:
+                sample = sampler.sample()
+            except Exception as exc:  # Sampler.sample already guards each figure
+                self._warn("sample", "rankboard: resource sample failed: %r", exc)
+                continue
+            self.latest = sample
+            self._send(sample)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the thread (joined, unless this is it) and release the sampler's handles."""
+        thread = self._thread
+        self._stop.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=timeout)
+        self._thread = None
+        sampler, self.sampler = self.sampler, None
+        if sampler is not None:
+            try:
+                sampler.close()
+            except Exception:
+                pass
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: threads do not survive fork, and the NVML handles are the
+        parent's; forget both without touching them."""
+        self._thread = None
+        self._stop = threading.Event()
+        self.sampler = None

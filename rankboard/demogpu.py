@@ -199,4 +199,4 @@ def use_simulated_gpu(agent: Any, world_size: int, seed: str = "") -> None:
 
     RankAgent creates its sampler on first need and has no public way to pass one; the
     demo is its own package's code, so it sets the agent's sampler slot directly."""
-    agent._sampler = simulated_sampler(agent.rank, world_size, agent.local_rank, seed)
+    agent._get_sampling().sampler = simulated_sampler(agent.rank, world_size, agent.local_rank, seed)

@@ -218,8 +218,8 @@ def test_an_upward_import_is_a_violation(tmp_path: Path, importer: str,
 #: through the modules named here, and never the other way round
 FAMILIES = ("broker.journal", "broker.steps", "broker.stacks")
 #: what the web may import from the broker: the feed codec and the pure shared stores
-WEB_MAY_IMPORT = {"broker.feed", "broker.keys", "broker.steps.store", "broker.stacks.groups",
-                  "broker.stacks.store"}
+WEB_MAY_IMPORT = {"broker.feed", "broker.keys", "broker.steps.store", "broker.steps.encodings",
+                  "broker.stacks.groups", "broker.stacks.store"}
 
 
 def test_the_broker_families_are_folders_not_prefixes() -> None:

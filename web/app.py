@@ -40,6 +40,7 @@ from flask import Blueprint, Flask, Response, current_app, g, render_template, r
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from werkzeug.exceptions import HTTPException
 
+from broker.steps.encodings import csv_columns
 from rank_agent.protocol import valid_run_id
 from web.hub import Hub, parse_position
 from web.metrics import make_registry
@@ -158,11 +159,7 @@ def steps_csv_header(metric_names: list[str]) -> str:
     """The ``/steps.csv`` header line of PROTOCOL 4 (CRLF), text cells neutralised
     (:func:`text_cell`). Written here rather than by the step store: the store's rows are
     numbers only, and the header is the one place a rank's string reaches the file."""
-    cols = ["step", "time", "n"]
-    for name in metric_names:
-        cols += [f"{name}_mean", f"{name}_min", f"{name}_max"]
-    cols += ["step_ms_mean", "step_ms_min", "step_ms_max", "slowest_rank", "samples", "tokens",
-             "samples_per_s", "tokens_per_s"]
+    cols = csv_columns(metric_names)
     out = io.StringIO()
     csv.writer(out, lineterminator="\r\n").writerow([text_cell(c) for c in cols])
     return out.getvalue()

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List
 
-from broker.steps.store import Series, StepStore
+from broker.steps.encodings import series_wire
+from broker.steps.store import StepStore
 
 __all__ = ["StepBlocks", "wire_block", "COLUMNS"]
 
@@ -39,12 +40,6 @@ class StepBlocks:
         self.visited = 0
 
 
-def _series_wire(s: Series, start: int, end: int) -> List[bytes]:
-    p0, p1 = s.span(start, end)
-    return [s.row[p0:p1].tobytes(), s.mean[p0:p1].tobytes(), s.lo[p0:p1].tobytes(),
-            s.hi[p0:p1].tobytes()]
-
-
 def wire_block(store: StepStore, start: int, end: int, names: Iterable[str],
                flight: StepBlocks) -> Dict[str, Any]:
     """Rows ``start:end`` of ``store`` as :meth:`StepStore.to_wire` gives them, looking only
@@ -53,7 +48,7 @@ def wire_block(store: StepStore, start: int, end: int, names: Iterable[str],
     out: Dict[str, Any] = {"base": start, "rows": end - start}
     for col in COLUMNS:
         out[col] = store.column(col)[start:end].tobytes()
-    out["step_ms"] = _series_wire(store.step_ms, start, end)
+    out["step_ms"] = series_wire(store.step_ms, start, end)
     metrics: Dict[str, List[bytes]] = {}
     series = store.metrics
     visited = 0
@@ -61,7 +56,7 @@ def wire_block(store: StepStore, start: int, end: int, names: Iterable[str],
         s = series.get(name)
         visited += 1
         if s is not None and s.n and s.row[s.n - 1] >= start:
-            wire = _series_wire(s, start, end)
+            wire = series_wire(s, start, end)
             if wire[0]:
                 metrics[name] = wire
     flight.visited += visited

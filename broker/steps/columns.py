@@ -28,21 +28,19 @@ steps, or a step of 1,024 ranks, must not be Python per value.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from itertools import chain, repeat
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import msgspec
 import numpy as np
 
+from broker.steps.encodings import RECORD_KEYS as _RECORD_KEYS
+from broker.steps.encodings import none_where as _none_where
+from broker.steps.encodings import spread as _spread
 from broker.steps.reduce import reduce_checked, reduce_groups, reduce_rows, starts_of
-from broker.steps.store import RECORD_KEYS as _RECORD_KEYS
-from broker.steps.store import none_where as _none_where
-from broker.steps.store import spread as _spread
 from rank_agent.protocol import Steps
 
-__all__ = ["ClosedSteps", "Columns", "FrameBuffer", "close_columns", "close_frames",
-           "slice_frame", "step_record"]
+__all__ = ["ClosedSteps", "Columns", "FrameBuffer", "close_columns", "slice_frame"]
 
 _NAN = math.nan
 _chain = chain.from_iterable
@@ -588,26 +586,6 @@ def close_columns(cols: Columns) -> Optional[ClosedSteps]:
             out.metric_idx = vstep[g]
             out.metric_mean, out.metric_lo, out.metric_hi = reduce_groups(vals, g)
     return out
-
-
-def close_frames(frames: Iterable[Steps]) -> Optional[ClosedSteps]:
-    """Every point of ``frames`` (arrival order) closed into one :class:`ClosedSteps`."""
-    buf = FrameBuffer()
-    for frame in frames:
-        buf.add(frame)
-    return close_columns(buf.take()) if buf else None
-
-
-def step_record(step: int, reports: Dict[int, Steps]) -> Dict[str, Any]:
-    """The closed step record of PROTOCOL 2.4 from the ranks' reports (rank -> a frame that
-    holds its point of ``step``), through the same arrays as a close."""
-    frames = []
-    for frame in reports.values():
-        i = bisect_left(frame.steps, step)
-        frames.append(slice_frame(frame, i, i + 1))
-    batch = close_frames(frames)
-    assert batch is not None and len(batch) == 1
-    return batch.records()[0]
 
 
 # ------------------------------------------------------------------ per rank

@@ -30,8 +30,19 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["StepStore", "Series", "STEP_MS", "SAMPLES_PER_S", "TOKENS_PER_S", "csv_header",
-           "wire_records"]
+from broker.steps.encodings import (
+    RECORD_KEYS,
+    buckets,
+    float_cells,
+    int_cells,
+    none_where,
+    series_arrays,
+    series_wire,
+    spread,
+    trip_array,
+)
+
+__all__ = ["StepStore", "Series", "STEP_MS", "SAMPLES_PER_S", "TOKENS_PER_S", "wire_records"]
 
 #: ``/steps`` names of the series that are not user metrics (they shadow a metric of the
 #: same name there; ``/steps.csv`` has every metric under its own name).
@@ -54,6 +65,10 @@ _isfinite = math.isfinite
 #: into (it then raises, and the array is copied as before); that check is unreliable from
 #: Python 3.14 (numpy#30265, numpy#30991), where every growth copies.
 _IN_PLACE = sys.version_info < (3, 14)
+
+#: a record's fields in the order :meth:`StepStore.append` reads them
+_RECORD = itemgetter("step", "time", "n", "slowest_rank", "samples", "tokens", "step_ms",
+                     "metrics")
 
 
 def _capacity(n: int, need: int) -> int:
@@ -241,13 +256,13 @@ class StepStore:
         tokens_a = np.array(tokens, np.int64)
         has = np.fromiter(map(is_not, ms, repeat(None)), bool, k)
         ms_rows = np.flatnonzero(has)
-        ms_trip = _trip_array(list(compress(ms, has)))
+        ms_trip = trip_array(list(compress(ms, has)))
         series_in: List[tuple[str, np.ndarray, np.ndarray]] = []
         keys = mets[0].keys()
         if all(map(keys.__eq__, map(dict.keys, mets))):  # every record: the same names
             every = np.arange(k)
             for name in keys:
-                series_in.append((name, every, _trip_array(list(map(itemgetter(name), mets)))))
+                series_in.append((name, every, trip_array(list(map(itemgetter(name), mets)))))
         else:
             per_metric: Dict[str, tuple[List[int], List[Any]]] = {}
             for row, m in enumerate(mets):
@@ -258,7 +273,7 @@ class StepStore:
                     got[0].append(row)
                     got[1].append(triple)
             for name, (rows, vals) in per_metric.items():
-                series_in.append((name, np.array(rows, np.int64), _trip_array(vals)))
+                series_in.append((name, np.array(rows, np.int64), trip_array(vals)))
         base = self._reserve(k)
         cols = self._cols
         end = base + k
@@ -320,7 +335,7 @@ class StepStore:
         out: Dict[str, Any] = {"base": start, "rows": end - start}
         for name, _ in _ROW_FIELDS:
             out[name] = self._cols[name][start:end].tobytes()
-        out["step_ms"] = _series_wire(self.step_ms, start, end)
+        out["step_ms"] = series_wire(self.step_ms, start, end)
         metrics = self.metrics
         if names is None:
             names = list(metrics)
@@ -328,7 +343,7 @@ class StepStore:
         for name in names:
             s = metrics.get(name)
             if s is not None and s.n and s.row[s.n - 1] >= start:
-                parts = _series_wire(s, start, end)
+                parts = series_wire(s, start, end)
                 if parts[0]:
                     wire[name] = parts
         out["metrics"] = wire
@@ -348,8 +363,8 @@ class StepStore:
             raise ValueError(f"step block at row {base} does not follow row {self.rows}")
         cols = {name: np.frombuffer(block[name], dtype=dt) for name, dt in _ROW_FIELDS}
         series: List[tuple[Optional[str], tuple[np.ndarray, ...]]] = [
-            (None, _series_arrays(block["step_ms"]))]
-        series += [(str(name), _series_arrays(v)) for name, v in block["metrics"].items()]
+            (None, series_arrays(block["step_ms"]))]
+        series += [(str(name), series_arrays(v)) for name, v in block["metrics"].items()]
         for name, arr in cols.items():
             if len(arr) != k:
                 raise ValueError(f"step block column {name} has {len(arr)} rows, not {k}")
@@ -403,7 +418,7 @@ class StepStore:
         steps = self._cols["step"]
         if metric == SAMPLES_PER_S or metric == TOKENS_PER_S:
             rows, mean = self._rates(metric, r0, r1)
-            return _buckets(steps[rows], mean, mean, mean, None, points)
+            return buckets(steps[rows], mean, mean, mean, None, points)
         series = self.step_ms if metric == STEP_MS else self.metrics.get(metric)
         if series is None or not series.n:
             return []
@@ -411,7 +426,7 @@ class StepStore:
         if p1 <= p0:
             return []
         mean = series.mean[p0:p1]
-        return _buckets(steps[series.row[p0:p1]], mean, series.lo[p0:p1], series.hi[p0:p1],
+        return buckets(steps[series.row[p0:p1]], mean, series.lo[p0:p1], series.hi[p0:p1],
                         series.nonfinite, points)
 
     def _rates(self, metric: str, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray]:
@@ -484,26 +499,26 @@ class StepStore:
         for r0 in range(0, self.rows, chunk):
             r1 = min(self.rows, r0 + chunk)
             columns: List[List[str]] = [
-                _ints(self._cols["step"][r0:r1]), _floats(self._cols["time"][r0:r1]),
-                _ints(self._cols["n"][r0:r1]),
+                int_cells(self._cols["step"][r0:r1]), float_cells(self._cols["time"][r0:r1]),
+                int_cells(self._cols["n"][r0:r1]),
             ]
             for name in names:
                 columns.extend(self._dense_cells(self.metrics[name], r0, r1))
             columns.extend(self._dense_cells(self.step_ms, r0, r1))
             slowest = self._cols["slowest"][r0:r1]
             columns.append(["" if v < 0 else str(v) for v in slowest.tolist()])
-            columns.append(_ints(self._cols["samples"][r0:r1]))
-            columns.append(_ints(self._cols["tokens"][r0:r1]))
+            columns.append(int_cells(self._cols["samples"][r0:r1]))
+            columns.append(int_cells(self._cols["tokens"][r0:r1]))
             for metric in (SAMPLES_PER_S, TOKENS_PER_S):
                 rows, rates = self._rates(metric, r0, r1)
                 dense = np.full(r1 - r0, _NAN)
                 dense[rows - r0] = rates
-                columns.append(_floats(dense))
+                columns.append(float_cells(dense))
             yield "".join(",".join(cells) + "\r\n" for cells in zip(*columns))
 
     @staticmethod
     def _dense_cells(s: Series, r0: int, r1: int) -> List[List[str]]:
-        return [_floats(s.dense(arr, r0, r1)) for arr in (s.mean, s.lo, s.hi)]
+        return [float_cells(s.dense(arr, r0, r1)) for arr in (s.mean, s.lo, s.hi)]
 
 
 def wire_records(block: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -513,107 +528,3 @@ def wire_records(block: Dict[str, Any]) -> List[Dict[str, Any]]:
     store = StepStore()
     store.extend_wire(block, rebase=True)
     return store.records(0)
-
-
-def csv_header(metric_names: Sequence[str]) -> str:
-    """The ``/steps.csv`` header line of PROTOCOL 4 (CRLF)."""
-    cols = ["step", "time", "n"]
-    for name in metric_names:
-        cols += [f"{name}_mean", f"{name}_min", f"{name}_max"]
-    cols += ["step_ms_mean", "step_ms_min", "step_ms_max", "slowest_rank", "samples", "tokens",
-             "samples_per_s", "tokens_per_s"]
-    return ",".join(_csv_quote(c) for c in cols) + "\r\n"
-
-
-def _csv_quote(cell: str) -> str:
-    if any(c in cell for c in ',"\r\n'):
-        return '"' + cell.replace('"', '""') + '"'
-    return cell
-
-
-def _ints(arr: np.ndarray) -> List[str]:
-    return [str(v) for v in arr.tolist()]
-
-
-def _floats(arr: np.ndarray) -> List[str]:
-    """CSV cells: ``repr`` of finite values, empty for NaN and infinities."""
-    isfinite = math.isfinite
-    return [repr(v) if isfinite(v) else "" for v in arr.tolist()]
-
-
-_RECORD = itemgetter("step", "time", "n", "slowest_rank", "samples", "tokens", "step_ms",
-                     "metrics")
-#: PROTOCOL 2.4's closed step record keys, in its order (what :meth:`StepStore.records`
-#: gives, as the broker's records did: the SSE bytes are the same)
-RECORD_KEYS = ("step", "time", "n", "metrics", "step_ms", "slowest_rank", "samples", "tokens",
-                "samples_per_s", "tokens_per_s")
-
-
-def none_where(arr: np.ndarray, mask: np.ndarray) -> List[Any]:
-    """``arr.tolist()`` with None where ``mask``."""
-    if not mask.any():
-        return arr.tolist()
-    obj = arr.astype(object)
-    obj[mask] = None
-    return obj.tolist()
-
-
-def spread(k: int, idx: np.ndarray, items: List[Any]) -> List[Any]:
-    """``items`` at positions ``idx`` of a list of ``k`` (None elsewhere)."""
-    if len(items) == k:
-        return items
-    out: List[Any] = [None] * k
-    for i, item in zip(idx.tolist(), items):
-        out[i] = item
-    return out
-
-
-def _trip_array(triples: List[Any]) -> np.ndarray:
-    """``[mean, min, max]`` lists as a (n, 3) float64 array (None -> NaN)."""
-    if not triples:
-        return np.empty((0, 3), np.float64)
-    arr = np.array(triples, np.float64)
-    if arr.ndim != 2 or arr.shape[1] != 3:
-        raise ValueError("a step series value is not [mean, min, max]")
-    return arr
-
-
-def _series_wire(s: Series, start: int, end: int) -> List[bytes]:
-    p0, p1 = s.span(start, end)
-    return [s.row[p0:p1].tobytes(), s.mean[p0:p1].tobytes(), s.lo[p0:p1].tobytes(),
-            s.hi[p0:p1].tobytes()]
-
-
-def _series_arrays(parts: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    rows, mean, lo, hi = parts
-    return (np.frombuffer(rows, np.uint32), np.frombuffer(mean, np.float64),
-            np.frombuffer(lo, np.float64), np.frombuffer(hi, np.float64))
-
-
-def _buckets(steps: np.ndarray, mean: np.ndarray, lo_src: np.ndarray, hi_src: np.ndarray,
-             nonfinite: Optional[int], points: int) -> List[List[Any]]:
-    """Buckets of equal point count over aligned arrays (``nonfinite``: how many means are
-    non-finite, 0 to skip masking; None: unknown, check)."""
-    m = len(steps)
-    if m == 0:
-        return []
-    if nonfinite is None:
-        nonfinite = int(m - np.count_nonzero(np.isfinite(mean)))
-    finite_mean = mean if not nonfinite else np.where(np.isfinite(mean), mean, _NAN)
-    if m <= points:
-        s = steps.tolist()
-        fm = finite_mean.tolist()
-        return [list(t) for t in zip(s, s, mean.tolist(), fm, fm, lo_src.tolist(),
-                                      hi_src.tolist(), [1] * m)]
-    edges = (np.arange(points, dtype=np.int64) * m) // points
-    counts = np.diff(np.append(edges, m))
-    last = np.append(edges[1:], m) - 1
-    with np.errstate(invalid="ignore", over="ignore"):
-        means = np.add.reduceat(mean, edges) / counts
-    lo = np.fmin.reduceat(finite_mean, edges)
-    hi = np.fmax.reduceat(finite_mean, edges)
-    rmin = np.fmin.reduceat(lo_src, edges)
-    rmax = np.fmax.reduceat(hi_src, edges)
-    return [list(t) for t in zip(steps[edges].tolist(), steps[last].tolist(), means.tolist(),
-                                  lo.tolist(), hi.tolist(), rmin.tolist(), rmax.tolist(),
-                                  counts.tolist())]

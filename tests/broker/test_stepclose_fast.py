@@ -19,9 +19,10 @@ import pytest
 from broker.steps import columns as stepclose
 from broker.steps import reduce as stepreduce
 from broker.steps.closer import StepCloser
-from broker.steps.columns import ClosedSteps, FrameBuffer, close_columns, close_frames
+from broker.steps.columns import ClosedSteps, FrameBuffer, close_columns
 from rank_agent.protocol import Steps
 from tests.support.spying import spy
+from tests.support.steprecords import close_frames
 
 FIELDS = ClosedSteps.__slots__
 

@@ -17,10 +17,10 @@ import pytest
 from broker.runs import Runs
 from broker.sink import STEPS_INTERVAL, Event, Rejected, RunSink
 from broker.steps.closer import SHARE_WINDOW, STEP_MS_WINDOW, StepCloser
-from broker.steps.columns import step_record
 from broker.steps.store import wire_records
 from rank_agent import protocol
 from rank_agent.protocol import Finish, Register, Steps, decode, encoder
+from tests.support.steprecords import step_record
 
 RUN = "steps-run"
 T0 = 1_000.0

@@ -16,16 +16,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.steps.columns import step_record
+from broker.steps.encodings import csv_columns
 from broker.steps.store import (
     SAMPLES_PER_S,
     STEP_MS,
     TOKENS_PER_S,
     StepStore,
-    csv_header,
     wire_records,
 )
 from rank_agent.protocol import Steps
+from tests.support.steprecords import step_record
+
+
+def csv_header(metric_names: list[str]) -> str:
+    """The header line, CSV-quoted (the web's adds only the formula guard)."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\r\n").writerow(csv_columns(metric_names))
+    return out.getvalue()
+
 
 NONFINITE = (math.nan, math.inf, -math.inf)
 

@@ -14,10 +14,10 @@ import pytest
 
 from broker import feed
 from broker.sink import Event, RunSink
-from broker.steps.columns import close_frames
 from broker.steps.store import StepStore, wire_records
 from rank_agent.protocol import Finish, Register, Steps
 from tests.support.spying import spy
+from tests.support.steprecords import close_frames
 from tests.web.test_hub import RUN, drain, ev, parse, ready_hub
 from web import hub as hub_mod
 from web import sse

@@ -1,0 +1,114 @@
+"""The sink's step rules (PROTOCOL.md 2.4), mixed into :class:`broker.sink.RunSink`: when
+closed steps become ``steps`` events, what a published or restored step changes in the run
+(its status, a non-finite loss alert), and the steps' counters the journal reads.
+
+Apart from :mod:`broker.steps.closer` (which decides *when* a step closes, knowing nothing of
+events) and from the sink's frame dispatch: this is where a closed step meets the run. The
+state it uses is the sink's (declared below for the type checker).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List
+
+if TYPE_CHECKING:
+    from broker.events import Event
+    from broker.steps.closer import RunSteps, StepCloser
+    from broker.steps.store import StepStore
+
+__all__ = ["StepRules"]
+
+
+class StepRules:
+    """Step publication and restoration for :class:`broker.sink.RunSink`."""
+
+    if TYPE_CHECKING:
+        world_size: int | None
+        updated_at: float | None
+        status: str
+        steps: StepStore
+        _steps: RunSteps
+        _closer: StepCloser
+        _header_changed: bool
+
+        def _raise(self, kind: str, rank: int | None, message: str, now: float,
+                   notify: bool = True) -> None: ...
+        def _emit(self, kind: str, data: Any) -> int: ...
+        def _take_events(self) -> List[Event]: ...
+
+    @property
+    def steps_published_at(self) -> float | None:
+        """When the last ``steps`` event was published (None: none yet)."""
+        return self._steps.sent_at
+
+    @property
+    def steps_published(self) -> int:
+        """Steps published by this sink (not restored ones): the closed-step counter."""
+        return self._steps.published
+
+    def steps_named_since(self, row: int) -> List[str]:
+        """Metric names that may have a point in the closed steps' rows from ``row`` on
+        (:meth:`RunSteps.named_since`: the rows this sink published)."""
+        return self._steps.named_since(row)
+
+    @property
+    def late_steps(self) -> int:
+        """Step points dropped because their step had already closed."""
+        return self._closer.late
+
+    def restore_steps(self, block: Dict[str, Any]) -> None:
+        """Journal replay: closed steps as :meth:`StepStore.to_wire` wrote them. They were
+        published before the restart, so no event; what they change in the run is restored
+        (its status, the closing position, the straggler window, a non-finite loss alert).
+        Raises ``ValueError`` for a block that does not follow the stored ones."""
+        before = self._steps.restore(block)
+        if before is None:
+            return
+        if self.status == "waiting":
+            self.status = "training"
+        published = block.get("published_at")
+        updated = block.get("updated_at")
+        if isinstance(updated, float) and (self.updated_at is None or updated > self.updated_at):
+            self.updated_at = updated  # the steps frames behind it are not journaled
+        bad = self.steps.last_nonfinite("loss", since=before)
+        if bad is not None:
+            step, value, at = bad
+            self._raise("nonfinite_loss", None, f"step {step}: loss is {value}",
+                        published if isinstance(published, float) else at)
+
+    def settle(self, now: float) -> List[Event]:
+        """The run leaves memory (``--max-runs`` eviction): every pending step closes with
+        the points it has, and every closed step still waiting for its ``steps`` event
+        (at most one per STEPS_INTERVAL) is published now; returns the events.
+
+        Why: the journal keeps closed steps as they are published (STEPS blocks), not the
+        points of steps in flight, so a run evicted between a step's close and its event,
+        or with points of a step not every rank had reported, lost those steps for good: in
+        the hostile soak, a 64-rank run evicted at each pause by a flood of junk runs lost
+        a step or two each time. A later point of a step closed here is late (dropped and
+        counted), as after ``--step-close-after``."""
+        if self._steps.close_all():
+            self._publish_steps(now)
+        return self._take_events()
+
+    def _close_steps(self, now: float) -> None:
+        """Queue what the closer lets close now (watermark, grace, force close)."""
+        self._steps.close(now, self.world_size)
+
+    def _publish_steps_due(self, now: float) -> None:
+        """Publish the closed steps waiting, if any, once STEPS_INTERVAL has passed."""
+        if self._steps.due(now):
+            self._publish_steps(now)
+
+    def _publish_steps(self, now: float) -> None:
+        """One ``steps`` event with every step closed since the last one (at most one per
+        STEPS_INTERVAL, or at once when the run ends). Its data is the store's wire block
+        of those rows (:meth:`RunSteps.take`; records: ``stepstore.wire_records``)."""
+        before = self.steps.rows
+        self._emit("steps", self._steps.take(now))
+        if self.status == "waiting":
+            self.status = "training"
+            self._header_changed = True
+        bad = self.steps.last_nonfinite("loss", since=before)  # array scan, not per record
+        if bad is not None:
+            self._raise("nonfinite_loss", None, f"step {bad[0]}: loss is {bad[1]}", now)
+
