@@ -219,15 +219,20 @@ def _start(data: Path, procs: list[Proc]) -> tuple[str, int]:
     return ends["ingest"], port
 
 
+def _drawn(page: Any) -> Any:
+    """The view's snapshot once both tables have drawn, else None."""
+    snap = page.evaluate("window.__rankboard && window.__rankboard.cluster()")
+    return snap if snap and snap["firstDraw"] else None
+
+
 def _page_figures(browser: Any, port: int, feed: Feed, quick: bool) -> list[dict[str, Any]]:
     draws = []
     for _ in range(2 if quick else 3):
         ctx = browser.new_context(viewport={"width": 1440, "height": 900}, device_scale_factor=1)
         page = ctx.new_page()
         page.goto(f"http://127.0.0.1:{port}/#cluster")
-        snap = wait_for(lambda: (lambda s: s if s and s["firstDraw"] else None)(
-            page.evaluate("window.__rankboard && window.__rankboard.cluster()")), 60,
-            "the cluster view's first draw", interval=0.02)
+        snap = wait_for(lambda pg=page: _drawn(pg), 60, "the cluster view's first draw",
+                        interval=0.02)
         assert snap["runs"] == RUNS and snap["hosts"] == HOSTS, snap
         draws.append(snap["firstDraw"] / 1000.0)
         ctx.close()
