@@ -17,6 +17,7 @@ from tests.support.polling import wait_for as wait_until
 pytestmark = pytest.mark.browser
 
 XID_RUN = "cl-xid"
+SCRIPT_RUN = "javascript:void.0"
 
 
 def _xid(rank: int) -> wire.ResourceSample:
@@ -37,13 +38,15 @@ def cluster(stack: Stack) -> Stack:
     for run in ("cl-fail-a", "cl-fail-b"):
         stack.send(wire.Register(run=run, rank=0, world_size=1, host="node-9", local_rank=0),
                    wire.Finish(run=run, rank=0, status="error"))
+    # a run id that would be a script URL if a link ever used it bare
+    stack.send(wire.Register(run=SCRIPT_RUN, rank=0, world_size=1, host="node-1", local_rank=1))
     for r in range(8):
         stack.send(wire.Register(run="cl-big", rank=r, world_size=8, host=f"node-{2 + r // 4}",
                                  local_rank=r % 4, total_epochs=3))
 
     def ready() -> bool:
         hosts = stack.get_json("/api/hosts")
-        return (sum(h["suspect"] for h in hosts) == 2
+        return (sum(h["suspect"] for h in hosts) == 2 and len(stack.get_json("/api/runs")) == 5
                 and len(stack.get_json("/api/runs?status=failed")) == 2)
     wait_until(ready, 20, "the suspects on /api/hosts")
     return stack
@@ -63,11 +66,11 @@ def test_the_cluster_view_from_the_picker(cluster: Stack, page: Any) -> None:
     assert page.evaluate("() => location.hash") == "#cluster"
     expect(page.locator("#run-view")).to_be_hidden()
     wait_js(page, "window.__rankboard.cluster().hosts >= 5 && "
-                  "window.__rankboard.cluster().runs >= 4")
+                  "window.__rankboard.cluster().runs >= 5")
 
     # runs: every run, newest first, with the counts per status
     runs = _rows(page, "cluster-runs", "run")
-    assert set(runs) >= {XID_RUN, "cl-fail-a", "cl-fail-b", "cl-big"}
+    assert set(runs) >= {XID_RUN, "cl-fail-a", "cl-fail-b", "cl-big", SCRIPT_RUN}
     counts = page.locator("[data-testid=cluster-counts]")
     expect(counts.locator("[data-status=failed]")).to_have_text("failed 2")
     expect(counts.locator("[data-status='']")).to_contain_text("all ")
@@ -102,6 +105,8 @@ def test_the_cluster_view_from_the_picker(cluster: Stack, page: Any) -> None:
     expect(page.locator("[data-testid=cluster-hosts]")).to_contain_text("incidents in 2 runs")
     assert page.locator("[data-testid=cluster-view] img").count() == 0  # no markup ran
     assert page.evaluate("() => window.__pwned") is None
+    script_link = page.locator(f"[data-testid=cluster-runs] tr[data-run='{SCRIPT_RUN}'] a")
+    assert script_link.get_attribute("href") == "#run=javascript%3Avoid.0"
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "cluster-view.png"), full_page=True)
 
@@ -123,7 +128,7 @@ def test_loading_cluster_opens_no_run(cluster: Stack, page: Any) -> None:
     expect(page.locator("#run-view")).to_be_hidden()
     assert page.evaluate("() => window.__rankboard.ranksLoads()") == 0
     # the picker is filled from the view's own /api/runs answer
-    wait_until(lambda: page.locator("#run-picker option").count() >= 4, 5, "the picker filled")
+    wait_until(lambda: page.locator("#run-picker option").count() >= 5, 5, "the picker filled")
     # the picker leaves the view for the run
     page.select_option("#run-picker", "cl-big")
     expect(page.locator("#run-view")).to_be_visible()
