@@ -260,8 +260,9 @@ def _page_figures(browser: Any, port: int, feed: Feed, quick: bool) -> list[dict
             result("cluster_page_live_cpu_ms_per_s", round(busy, 1), "ms/s", runs=RUNS,
                    training=TRAINING, window_s=round(wall, 1),
                    polls=s1["fetches"] - s0["fetches"], redraws=s1["draws"] - s0["draws"],
-                   script_ms_per_s=round((m1["ScriptDuration"] - m0["ScriptDuration"])
-                                         / wall * 1000.0, 1)),
+                   **{f"{key}_ms_per_s": round((m1[name] - m0[name]) / wall * 1000.0, 1)
+                      for key, name in (("script", "ScriptDuration"), ("layout", "LayoutDuration"),
+                                        ("style", "RecalcStyleDuration"))}),
         ]
     finally:
         ctx.close()
