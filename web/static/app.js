@@ -87,8 +87,13 @@ export class App {
     if (store.run !== null && !runs.some((r) => r.run === store.run)) {
       runs.unshift({ run: store.run, status: store.header?.status ?? "", label: store.header?.label });
     }
-    const opts = runs.map((r) => {
-      const o = h("option", null, runLabel(r));
+    const labels = runs.map(runLabel);
+    // the same options as last time (the usual poll of thousands of runs): nothing rebuilt
+    const key = `${store.run}\u0000${runs.map((r, i) => `${r.run}\u0001${r.status}\u0001${labels[i]}`).join("\u0000")}`;
+    if (key === this.pickerKey && sel.options.length === runs.length) return;
+    this.pickerKey = key;
+    const opts = runs.map((r, i) => {
+      const o = h("option", null, labels[i]);
       o.value = r.run;
       o.dataset.status = r.status || "";
       return o;
