@@ -194,6 +194,7 @@ export class ClusterView {
       [runsText, hostsText] = await Promise.all([this._text("/api/runs"), this._text("/api/hosts")]);
     } catch (err) {
       setText(this.runsSub, "cannot reach the dashboard");
+      this.runsText = null; // the next answer is drawn even if unchanged, clearing this
       return;
     }
     if (!this.shown) return;
