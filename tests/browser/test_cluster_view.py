@@ -135,3 +135,42 @@ def test_loading_cluster_opens_no_run(cluster: Stack, page: Any) -> None:
     expect(page.locator("[data-testid=cluster-view]")).to_be_hidden()
     assert page.evaluate("() => location.hash") == "#run=cl-big"
     page.errors.check()
+
+
+def test_the_page_filters_and_sorts_as_the_api_does(cluster: Stack, page: Any) -> None:
+    """``selectRuns``/``statusCounts`` (cluster.js, no DOM): the substring rule of ``q`` (the
+    box's blanks around ignored), every status or the chosen ones, missing values last, ties
+    in the server's order."""
+    page.goto(cluster.url + "/#cluster")
+    out = page.evaluate("""async () => {
+      const m = await import("/static/cluster.js");
+      const runs = [
+        {run: "r1", status: "complete", world_size: 8, started_at: 3, updated_at: 9, label: "Sweep A"},
+        {run: "r2", status: "failed", world_size: null, started_at: 2, updated_at: null, label: null},
+        {run: "R3", status: "training", world_size: 8, started_at: 1, updated_at: 7, label: null},
+        {run: "r4", status: "waiting", world_size: 64, started_at: null, updated_at: 8, label: "x"},
+      ];
+      const ids = (l) => l.map((r) => r.run);
+      const all = new Set();
+      return {
+        counts: m.statusCounts(runs),
+        byStartDesc: ids(m.selectRuns(runs, all, "", {key: "started", desc: true})),
+        byWorldDesc: ids(m.selectRuns(runs, all, "", {key: "world", desc: true})),
+        byWorldAsc: ids(m.selectRuns(runs, all, "", {key: "world", desc: false})),
+        byStatus: ids(m.selectRuns(runs, all, "", {key: "status", desc: false})),
+        byUpdate: ids(m.selectRuns(runs, all, "", {key: "updated", desc: true})),
+        failedOrWaiting: ids(m.selectRuns(runs, new Set(["failed", "waiting"]), "",
+                                          {key: "started", desc: true})),
+        search: ids(m.selectRuns(runs, all, " sWeEp ", {key: "started", desc: true})),
+        searchId: ids(m.selectRuns(runs, all, "r3", {key: "started", desc: true})),
+      };
+    }""")
+    assert out["counts"] == {"waiting": 1, "training": 1, "complete": 1, "failed": 1}
+    assert out["byStartDesc"] == ["r1", "r2", "R3", "r4"]  # no start: last
+    assert out["byWorldDesc"] == ["r4", "r1", "R3", "r2"]  # 8 = 8: the server's order
+    assert out["byWorldAsc"] == ["r1", "R3", "r4", "r2"]
+    assert out["byStatus"] == ["r2", "R3", "r4", "r1"]  # failed, training, waiting, complete
+    assert out["byUpdate"] == ["r1", "r4", "R3", "r2"]
+    assert out["failedOrWaiting"] == ["r2", "r4"]
+    assert out["search"] == ["r1"] and out["searchId"] == ["R3"]
+    page.errors.check()

@@ -19,6 +19,8 @@ const POLL_MS = 5000;
 const RUN_ROWS = 100;
 const HOST_ROWS = 50;
 const INCIDENTS_SHOWN = 4;
+/** Redraw unchanged runs this often, so their "… ago" times do not go stale. */
+const AGES_MS = 30000;
 const STATUS_RANK = { failed: 0, training: 1, waiting: 2, complete: 3 };
 
 /** The sortable columns: key -> [header text, value of a run (numbers; null last)]. */
@@ -101,6 +103,7 @@ export class ClusterView {
     this.shown = false;
     this.firstDraw = null; // performance.now() when both tables first showed data
     this.draws = 0;
+    this.drawnAt = 0;
     this.fetches = 0;
     this._build();
   }
@@ -206,6 +209,8 @@ export class ClusterView {
         this.renderRuns();
         if (this.hooks.onRuns) this.hooks.onRuns(runs);
       }
+    } else if (performance.now() - this.drawnAt > AGES_MS) {
+      this.renderRuns(); // nothing changed, but "started/updated … ago" has aged
     }
     if (hostsText !== this.hostsText) {
       const hosts = JSON.parse(hostsText);
@@ -290,6 +295,7 @@ export class ClusterView {
       this.renderRuns();
     });
     this.draws += 1;
+    this.drawnAt = performance.now();
   }
 
   _runRow(r) {
