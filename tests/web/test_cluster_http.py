@@ -1,6 +1,7 @@
 """The cluster routes end to end (PROTOCOL 7.4): real wire frames into a real broker, a real
 web subprocess, HTTP over loopback. A GPU that reports an XID, and a host whose ranks fail
-in two jobs, become suspects on ``/api/hosts`` and ``/metrics``; ``/api/runs`` filters."""
+in two jobs, become suspects on ``/api/hosts`` and ``/metrics``; ``/api/runs`` filters; a
+run evicted at ``--max-runs`` leaves them."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,6 +10,7 @@ from rank_agent import protocol
 from tests.support.brokers import Pusher
 from tests.support.http import fetch, get_json
 from tests.support.polling import wait_for
+from tests.support.procs import start_broker, start_web
 
 
 def _xid_sample() -> protocol.ResourceSample:
@@ -69,3 +71,27 @@ def test_hosts_runs_filters_and_the_suspect_metric(web: Any, pusher: Pusher) -> 
     assert bad.status == 400 and bad.json() == {
         "error": "unknown run status 'running' (one of waiting, training, complete, failed)"}
     assert fetch(web.port, "/api/runs?limit=10001").status == 400
+
+
+def test_a_run_evicted_at_max_runs_leaves_the_hosts_and_the_metric(spawn: Any,
+                                                                    tmp_path: Any) -> None:
+    """``--max-runs`` (PROTOCOL 6) bounds the webs too: the evicted run's hosts and
+    incidents go from ``/api/hosts``, ``/api/runs`` and ``rankboard_host_suspect``."""
+    _, ends = start_broker(spawn, tmp_path / "data", "--max-runs", "2")
+    web = start_web(spawn, ends)
+    pusher = Pusher(ends.ingest)
+    try:
+        pusher.register("old", 0, 1, host="gone-host")
+        pusher.send(protocol.Finish(run="old", rank=0, status="error"))
+        pusher.register("mid", 0, 1, host="kept-host")
+        _hosts(web.port, lambda hs: {h["host"] for h in hs} == {"gone-host", "kept-host"}
+               and any(h["incidents"] for h in hs), "both hosts, the old run's incident")
+        assert 'rankboard_host_suspect{host="gone-host"}' in fetch(web.port, "/metrics").text
+        pusher.register("new", 0, 1, host="new-host")  # a third run: the finished one goes
+        hosts = _hosts(web.port, lambda hs: {h["host"] for h in hs} == {"kept-host", "new-host"},
+                       "the evicted run's host gone")
+        assert all(h["incidents"] == [] for h in hosts)
+        assert {r["run"] for r in get_json(web.port, "/api/runs")} == {"mid", "new"}
+        assert "gone-host" not in fetch(web.port, "/metrics").text
+    finally:
+        pusher.close()
