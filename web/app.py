@@ -42,6 +42,7 @@ from werkzeug.exceptions import HTTPException
 
 from broker.steps.encodings import csv_columns
 from rank_agent.protocol import valid_run_id
+from web.clusterapi import bp as cluster_bp
 from web.hub import Hub, parse_position
 from web.metrics import make_registry
 from web.pump import StacksRequestError
@@ -370,20 +371,6 @@ def healthz() -> Response:
     return json_response({"ok": ok}, 200 if ok else 503)
 
 
-@bp.get("/api/runs")
-def runs() -> Response:
-    out = []
-    for state in _board().hub.runs_newest_first():
-        header = state.public_header()
-        out.append({
-            "run": state.run, "status": header["status"],
-            "world_size": header["world_size"], "total_epochs": header["total_epochs"],
-            "epochs_done": len(state.records), "label": header["label"],
-            "started_at": header["started_at"], "updated_at": header["updated_at"],
-        })
-    return json_response(out)
-
-
 @bp.get("/api/runs/<run>")
 def run_detail(run: str) -> Response:
     state = _run()
@@ -573,4 +560,5 @@ def create_app(hub: Hub, config: Mapping[str, Any] | None = None) -> Flask:
     )
     app.config["RANKBOARD_HUB"] = hub
     app.register_blueprint(bp)
+    app.register_blueprint(cluster_bp)  # /api/runs, /api/hosts (web/clusterapi.py)
     return app

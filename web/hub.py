@@ -32,6 +32,7 @@ import gevent
 
 from broker import feed
 from web import sse
+from web.cluster import ClusterIndex
 from web.parking import ParkedStreams
 from web.runstate import MAX_QUEUED_BYTES, RunState, Subscriber, finite
 from web.stacksview import RunDumps
@@ -107,6 +108,8 @@ class Hub:
         self._snap_stacks: dict[str, RunDumps] = {}  # the dumps of the RUN replies
         #: evicted runs' open streams (:mod:`web.parking`)
         self._parked = ParkedStreams()
+        #: the cluster view's per-run figures, cached (:mod:`web.cluster`)
+        self.cluster = ClusterIndex()
 
     # ----------------------------------------------------------------- status
     @property

@@ -153,6 +153,7 @@ class HubCollector(Collector):
 
         yield from self._rank_families()
         yield from self._gpu_families()
+        yield host_suspect_family(hub)
 
     def _rank_families(self) -> Iterator[Metric]:
         now = self.clock()
@@ -273,6 +274,18 @@ class HubCollector(Collector):
         yield nvlink
         yield xid
         yield last_xid
+
+
+def host_suspect_family(hub: Hub) -> GaugeMetricFamily:
+    """``rankboard_host_suspect{host}`` (PROTOCOL 7.4): one series per host of the runs the
+    web holds (bounded by them), from the hub's cached cluster index, so a scrape re-reads
+    only the runs whose header changed."""
+    family = GaugeMetricFamily(
+        "rankboard_host_suspect", "1 while the host is suspect (a GPU XID, ECC or row-remap "
+        "incident, or incidents in 2 or more runs; see /api/hosts), else 0.", labels=["host"])
+    for host, suspect in sorted(hub.cluster.suspects(hub).items()):
+        family.add_metric([host], 1.0 if suspect else 0.0)
+    return family
 
 
 def _xid_tallies(value: object) -> dict[str, tuple[float, float | None]]:

@@ -152,6 +152,11 @@ def test_demo_runs_and_stops_cleanly_on_sigint(spawn: Any) -> None:
     assert alerts[("gpu_xid", 2)] == "XID 79 on GPU 0"
     assert alerts[("gpu_throttle", 1)] == "hw_thermal throttling on GPU 1 (SM 1410 MHz)"
     assert {kind for kind, _ in alerts if kind.startswith("gpu_")} == {"gpu_xid", "gpu_throttle"}
+    # the cluster view names node-b (rank 2's host) a suspect for that XID (PROTOCOL 7.4)
+    steps_run = [r["run"] for r in get_json(port, "/api/runs") if r["run"].startswith("demo-steps-")][-1]
+    node_b = next(h for h in get_json(port, "/api/hosts") if h["host"] == "node-b")
+    assert node_b["suspect"] is True and f"gpu_xid in {steps_run}" in node_b["reasons"]
+    assert get_json(port, "/api/hosts")[0]["suspect"] is True
 
     children = psutil.Process(demo.proc.pid).children(recursive=True)
     assert children, "the broker child should be running"

@@ -1,6 +1,7 @@
-// rankboard page controller: which run (or comparison) is open. The run list and its
-// picker, the URL hash (#run=… / #compare=…), following the newest run when nobody chose
-// one, and opening a run: reset the store and the views, then start its Stream.
+// rankboard page controller: which run (or comparison, or the cluster view) is open. The
+// run list and its picker, the URL hash (#run=…[&rank=N] / #compare=… / #cluster), following
+// the newest run when nobody chose one, and opening a run: reset the store and the views,
+// then start its Stream.
 
 import { api, enc } from "./api.js";
 import { compareHash, parseCompareHash } from "./compare.js";
@@ -22,6 +23,14 @@ function runFromHash() {
     return null;
   }
 }
+
+/** `&rank=N` of a `#run=` hash (a cluster view incident links to its rank), or null. */
+function rankFromHash() {
+  const m = /&rank=([0-9]{1,9})(?:&|$)/.exec(location.hash);
+  return m ? Number(m[1]) : null;
+}
+
+const isClusterHash = () => /^#cluster(?:&|$)/.test(location.hash);
 
 function setHash(want) {
   if (location.hash !== want) history.replaceState(null, "", `${location.pathname}${location.search}${want}`);
@@ -54,6 +63,7 @@ export class App {
     if (!Array.isArray(runs)) return;
     store.runs = runs;
     this.renderPicker();
+    if (store.mode === "cluster") return; // it lists the runs itself; nothing is opened
     if (store.mode === "compare") {
       this.page.compare.renderRuns();
       return;
@@ -77,8 +87,13 @@ export class App {
     if (store.run !== null && !runs.some((r) => r.run === store.run)) {
       runs.unshift({ run: store.run, status: store.header?.status ?? "", label: store.header?.label });
     }
-    const opts = runs.map((r) => {
-      const o = h("option", null, runLabel(r));
+    const labels = runs.map(runLabel);
+    // the same options as last time (the usual poll of thousands of runs): nothing rebuilt
+    const key = `${store.run}\u0000${runs.map((r, i) => `${r.run}\u0001${r.status}\u0001${labels[i]}`).join("\u0000")}`;
+    if (key === this.pickerKey && sel.options.length === runs.length) return;
+    this.pickerKey = key;
+    const opts = runs.map((r, i) => {
+      const o = h("option", null, labels[i]);
       o.value = r.run;
       o.dataset.status = r.status || "";
       return o;
@@ -105,10 +120,34 @@ export class App {
 
   showEmpty(empty) {
     $("empty-state").hidden = !empty;
-    $("run-view").hidden = empty || this.store.mode === "compare";
+    $("run-view").hidden = empty || this.store.mode !== "run";
+  }
+
+  /** The cluster view (#cluster): every run and host; the open run's stream is closed. */
+  openCluster() {
+    const { store, stream } = this.page;
+    if (store.mode === "compare") {
+      this.page.compare.close();
+      $("compare-btn").setAttribute("aria-pressed", "false");
+    }
+    store.mode = "cluster";
+    stream.close();
+    $("run-view").hidden = true;
+    $("empty-state").hidden = true;
+    $("cluster-link").setAttribute("aria-current", "page");
+    setHash("#cluster");
+    this.page.cluster.open();
+  }
+
+  leaveCluster() {
+    if (this.store.mode !== "cluster") return;
+    this.store.mode = "run";
+    this.page.cluster.close();
+    $("cluster-link").removeAttribute("aria-current");
   }
 
   openCompare(sel) {
+    this.leaveCluster();
     this.store.mode = "compare";
     $("run-view").hidden = true;
     $("empty-state").hidden = true;
@@ -147,8 +186,9 @@ export class App {
     this.openCompare({ runs, metric: "loss", x: steps.hasSteps && !store.records.length ? "step" : "epoch" });
   }
 
-  openRun(run, picked) {
+  openRun(run, picked, rank = null) {
     const { store, stream } = this.page;
+    this.leaveCluster();
     if (store.mode === "compare") {
       store.mode = "run";
       this.page.compare.close();
@@ -156,6 +196,7 @@ export class App {
     }
     if (run === store.run && stream.live) {
       $("run-view").hidden = false;
+      if (rank !== null) this.page.selectTab(rank);
       return;
     }
     stream.close();
@@ -167,7 +208,7 @@ export class App {
     $("csv-link").href = `/api/runs/${enc(run)}/history.csv`;
     $("csv-link").setAttribute("download", `${run}.csv`);
     this.renderPicker();
-    this.page.selectTab("home");
+    this.page.selectTab(rank ?? "home");
     this.page.invalidate("header", "records", "ranks");
     stream.open(store.gen);
   }
@@ -181,14 +222,22 @@ export class App {
   /** Follow the URL hash (on load and on hashchange). */
   fromHash() {
     const store = this.store;
+    if (isClusterHash()) {
+      if (store.mode !== "cluster") this.openCluster();
+      return true;
+    }
     const cmp = parseCompareHash(location.hash);
     if (cmp) {
       this.openCompare(cmp);
       return true;
     }
     const want = runFromHash();
-    if (want && want !== store.run) this.openRun(want, true);
-    else if (want && store.mode === "compare") this.openRun(want, true);
+    const rank = rankFromHash();
+    if (want && (want !== store.run || store.mode !== "run" || !this.page.stream.live)) {
+      this.openRun(want, true, rank);
+    } else if (want && rank !== null) {
+      this.page.selectTab(rank);
+    }
     return false;
   }
 }

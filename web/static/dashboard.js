@@ -16,6 +16,7 @@
 
 import { serverNow } from "./api.js";
 import { App } from "./app.js";
+import { ClusterView } from "./cluster.js";
 import { CompareView } from "./compare.js";
 import { $ } from "./dom.js";
 import { onFrame } from "./frame.js";
@@ -102,6 +103,13 @@ function build() {
   page.stragglers = new Stragglers(page);
   page.ranks = new RanksView(page);
   page.stall = new StallView(page);
+  page.cluster = new ClusterView($("cluster-view"), {
+    // the cluster view's /api/runs answers keep the picker current: no second poll
+    onRuns: (runs) => {
+      store.runs = runs;
+      app.renderPicker();
+    },
+  });
   page.compare = new CompareView($("compare-view"), {
     runs: () => store.runs,
     close: () => app.closeCompare(),
@@ -136,6 +144,7 @@ function exposeHooks() {
     stepFetches: () => steps.fetches.slice(),
     firstDraw: () => steps.firstDraw,
     compareChart: () => compare.snapshot(),
+    cluster: () => page.cluster.snapshot(),
     stripColumns: () => stragglers.strip.cols.length,
     heatmapCells: () => overview.heatmap.drawnCells || 0,
     stacksFetches: () => page.stall.fetches,
@@ -160,7 +169,9 @@ function boot() {
   $("hardware").addEventListener("click", () => $("hardware").classList.toggle("expanded"));
   $("compare-btn").addEventListener("click", () => app.toggleCompare());
   window.addEventListener("hashchange", () => app.fromHash());
-  const refresh = () => app.refreshRuns();
+  const refresh = () => {
+    if (store.mode !== "cluster") app.refreshRuns(); // the cluster view polls the runs itself
+  };
   window.addEventListener("focus", refresh);
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden) refresh();
