@@ -43,8 +43,8 @@ FRAME_OVERHEAD = 512
 
 _encode = msgspec.msgpack.Encoder().encode
 
-#: A group's digest: [last_enqueued, last_completed, desc, size, {seq: (op, sizes key,
-#: sizes)}, top op (the op of its highest-seq entry, "" none)].
+#: A group's digest: [last_enqueued, last_completed, desc, size, {seq: entry (wire form)},
+#: top op (the op of its highest-seq entry, "" none)].
 Group = List[Any]
 #: A frame's digest: pg -> :data:`Group`.
 Digest = Dict[str, Group]
@@ -76,8 +76,7 @@ def digest_of(item: Mapping[str, Any]) -> Digest:
         if group is None:
             continue
         seq = e["seq"]
-        sizes = e["input_sizes"]
-        group[4][seq] = (e["op"], tuple(map(tuple, sizes)), sizes)
+        group[4][seq] = e
         top = tops.get(e["pg"])
         if top is None or seq >= top:
             tops[e["pg"]] = seq
@@ -135,15 +134,17 @@ def collective_verdict(current: Mapping[int, Digest],
         seq = max(group[0] for _, group in ranks)
         ops: Dict[str, int] = {}
         pairs: Dict[Tuple[str, Any], int] = {}
-        at_seq: List[Tuple[int, Any]] = []
+        at_seq: List[Tuple[int, Any, Any]] = []
         waiting: List[int] = []
         behind: List[Dict[str, Any]] = []
         for rank, group in ranks:
             entry = group[4].get(seq)
             if entry is not None:
-                at_seq.append((rank, entry))
-                ops[entry[0]] = ops.get(entry[0], 0) + 1
-                pair = (entry[0], entry[1])
+                op = entry["op"]
+                # (the sizes as a key only here: one entry a rank, not 64 a frame)
+                pair = (op, tuple(map(tuple, entry["input_sizes"])))
+                at_seq.append((rank, pair, entry))
+                ops[op] = ops.get(op, 0) + 1
                 pairs[pair] = pairs.get(pair, 0) + 1
             enqueued = group[0]
             if enqueued < seq:
@@ -151,8 +152,8 @@ def collective_verdict(current: Mapping[int, Digest],
             elif group[1] < seq:
                 waiting.append(rank)
         major = _majority(pairs)
-        mismatched = [{"rank": rank, "op": entry[0], "input_sizes": entry[2]}
-                      for rank, entry in at_seq if (entry[0], entry[1]) != major]
+        mismatched = [{"rank": rank, "op": entry["op"], "input_sizes": entry["input_sizes"]}
+                      for rank, pair, entry in at_seq if pair != major]
         absent: List[int] = []
         if pg == "0" and world_size is not None:
             absent = [r for r in range(world_size) if r not in current]
