@@ -121,36 +121,41 @@ def collective_verdict(current: Mapping[int, Digest],
     current frame. Returns the listed groups, by ``pg`` (numeric order where numeric), each
     ``{pg, desc, size, seq, op, waiting, behind, absent, mismatched}``."""
     members: Dict[str, List[Tuple[int, Group]]] = {}
+    tops: Dict[str, int] = {}  # pg -> the largest last_enqueued (the group's seq)
     for rank in sorted(current):
         for pg, group in current[rank].items():
             found = members.get(pg)
             if found is None:
                 members[pg] = [(rank, group)]
+                tops[pg] = group[0]
             else:
                 found.append((rank, group))
+                if group[0] > tops[pg]:
+                    tops[pg] = group[0]
     out: List[Dict[str, Any]] = []
     for pg in sorted(members, key=pg_order):
         ranks = members[pg]
-        seq = max(group[0] for _, group in ranks)
+        seq = tops[pg]
         ops: Dict[str, int] = {}
         pairs: Dict[Tuple[str, Any], int] = {}
         at_seq: List[Tuple[int, Any, Any]] = []
         waiting: List[int] = []
         behind: List[Dict[str, Any]] = []
+        op_get, pair_get, at_add, wait_add = ops.get, pairs.get, at_seq.append, waiting.append
         for rank, group in ranks:
             entry = group[4].get(seq)
             if entry is not None:
                 op = entry["op"]
                 # (the sizes as a key only here: one entry a rank, not 64 a frame)
                 pair = (op, tuple(map(tuple, entry["input_sizes"])))
-                at_seq.append((rank, pair, entry))
-                ops[op] = ops.get(op, 0) + 1
-                pairs[pair] = pairs.get(pair, 0) + 1
+                at_add((rank, pair, entry))
+                ops[op] = op_get(op, 0) + 1
+                pairs[pair] = pair_get(pair, 0) + 1
             enqueued = group[0]
             if enqueued < seq:
                 behind.append({"rank": rank, "last_enqueued": enqueued, "op": group[5]})
             elif group[1] < seq:
-                waiting.append(rank)
+                wait_add(rank)
         major = _majority(pairs)
         mismatched = [{"rank": rank, "op": entry["op"], "input_sizes": entry["input_sizes"]}
                       for rank, pair, entry in at_seq if pair != major]

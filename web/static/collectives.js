@@ -41,7 +41,7 @@ export function verdictLines(group) {
   const absent = Array.isArray(g.absent) ? g.absent : [];
   if (absent.length) {
     const [w, one] = who(absent);
-    lines.push(`${w} ${one ? "has" : "have"} not reported its collectives (group ${g.pg})`);
+    lines.push(`${w} sent no current collectives (absent from group ${g.pg})`);
   }
   if (!lines.length && waiting.length) lines.push(`${waitWho} ${waitOne ? "waits" : "wait"} in ${what}`);
   return lines;
