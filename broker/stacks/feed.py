@@ -72,6 +72,7 @@ class StackFeed:
         self.pending.clear()
         self.coll_pending.clear()
         self.coll_changed = True
+        self.verdict, self.verdict_due = [], False
 
     def put(self, frame: Stacks, now: float) -> None:
         """Keep the dump (section 2.5) and publish it if one is due."""

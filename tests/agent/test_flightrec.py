@@ -21,6 +21,7 @@ from typing import Any, Dict, List
 import pytest
 
 from rank_agent import protocol
+from rank_agent.control import Control
 from rank_agent.flightrec import FlightRecorder, collectives_frame, read_trace
 from rank_agent.protocol import Collectives, Stacks
 from rank_agent.stallwatch import StallWatch
@@ -150,6 +151,23 @@ def test_errors_are_logged_once_and_never_raise(caplog: pytest.LogCaptureFixture
     assert ok.send_beside(sent.append, Stacks(run="r", rank=1, reason="request",
                                               request_id="q7", taken_at=1.0))
     assert sent[0].reason == "request" and sent[0].request_id == "q7" and sent[0].rank == 1
+
+
+def test_a_request_answer_is_followed_by_the_collectives_frame(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gloo = json.dumps(sample(2)).encode()
+    for name, module in fake_torch(lambda *a: gloo).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    got: List[Any] = []
+    control = Control("tcp://127.0.0.1:9", "r", 2, got.append)  # never started: no socket
+    control._answer(Stacks(run="r", rank=2, reason="request", request_id="abc",
+                           taken_at=1.0))
+    assert [type(f) for f in got] == [Stacks, Collectives]
+    assert (got[1].reason, got[1].request_id, got[1].rank) == ("request", "abc", 2)
+    # without torch in the process: the answer alone
+    monkeypatch.delitem(sys.modules, "torch")
+    control._answer(Stacks(run="r", rank=2, reason="request", request_id="abd", taken_at=1.0))
+    assert [type(f) for f in got] == [Stacks, Collectives, Stacks]
 
 
 def test_a_stall_dump_is_followed_by_the_collectives_frame_from_the_agents_thread(

@@ -255,6 +255,7 @@ def test_a_replay_lists_the_frames_but_none_is_current(tmp_path: Path) -> None:
     j = Journal(tmp_path / "d")
     try:
         rebuilt = j.load()[RUN]
+        assert rebuilt.collectives_view()["groups"] == []  # not even before a tick
         rebuilt.tick(50.0)
         view = rebuilt.collectives_view()
         assert [r["rank"] for r in view["ranks"]] == [0, 1, 2]
