@@ -4,9 +4,14 @@
   run of 1,024 ranks whose current ``collectives`` frames each list 4 groups with 64 entries
   (rank 417 one collective behind in every group, rank 9 with other sizes at the head of
   group 1), digests built as the broker keeps them; the median of the rounds (target
-  <= 20 ms). Extra: ``put_us``, keeping one such frame (wire form + digest), per frame.
+  <= 20 ms), each over the same frames, as the broker recomputes it when ranks move on.
+  Extras: ``first_ms``, the first round (the entries' hashable keys made then, kept with
+  the frames); ``cpu_ms``, the median round's thread CPU time (the wall time on a shared
+  machine includes waiting for a core); ``put_us``, keeping one such frame (wire form +
+  digest), per frame.
 * ``collectives_dump_ms``: what the agent's thread does for one dump with 2,000 gloo entries
-  in the Flight Recorder: read it (``_dump_fr_trace_json``), decode the JSON, build the frame
+  in the Flight Recorder: read it (``_dump_fr_trace_json``), decode the JSON (as the agent
+  does: ``rank_agent.flightrec._loads``), build the frame
   (newest 64 per group) and encode it; the median of the rounds (target <= 100 ms). With
   torch importable, the read is real (a gloo group of one rank that ran 2,000 all_reduces);
   without it, the JSON of the same size is made here and ``torch_read`` says 0.
@@ -30,7 +35,7 @@ from common import result  # noqa: E402
 
 from broker.stacks.collectives import RunCollectives, collective_verdict  # noqa: E402
 from rank_agent import protocol  # noqa: E402
-from rank_agent.flightrec import collectives_frame  # noqa: E402
+from rank_agent.flightrec import _loads, collectives_frame  # noqa: E402
 from rank_agent.protocol import CollectiveEntry, Collectives, ProcessGroupStatus  # noqa: E402
 
 RANKS = 1024
@@ -52,7 +57,7 @@ def frame(rank: int) -> Collectives:
                        entries=entries)
 
 
-def time_verdict(rounds: int) -> tuple[list[float], float, list[dict[str, Any]]]:
+def time_verdict(rounds: int) -> tuple[list[float], list[float], float, list[dict[str, Any]]]:
     store = RunCollectives()
     frames = [frame(r) for r in range(RANKS)]
     t = time.perf_counter()
@@ -61,12 +66,14 @@ def time_verdict(rounds: int) -> tuple[list[float], float, list[dict[str, Any]]]
     put_us = (time.perf_counter() - t) / RANKS * 1e6
     digests = store.digests(range(RANKS))
     times = []
+    cpu = []
     verdict: list[dict[str, Any]] = []
     for _ in range(rounds):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         verdict = collective_verdict(digests, RANKS)
+        cpu.append((time.thread_time() - c) * 1000)
         times.append((time.perf_counter() - t) * 1000)
-    return times, put_us, verdict
+    return times, cpu, put_us, verdict
 
 
 def gloo_reader() -> tuple[Callable[[], bytes], bool]:
@@ -101,33 +108,38 @@ def gloo_reader() -> tuple[Callable[[], bytes], bool]:
     return (lambda: text), False
 
 
-def time_dump(rounds: int) -> tuple[list[float], bool, int]:
+def time_dump(rounds: int) -> tuple[list[float], list[float], bool, int]:
     read, real = gloo_reader()
     times = []
+    reads = []
     size = 0
     for _ in range(rounds):
         t = time.perf_counter()
         raw = read()
-        data = json.loads(raw)
+        reads.append((time.perf_counter() - t) * 1000)
+        data = _loads(raw)
+        assert data is not None
         built = collectives_frame(data, "bench", 0, "stall")
         assert built is not None and len(built.entries) == ENTRIES
         size = len(protocol.encoder.encode(built))
         times.append((time.perf_counter() - t) * 1000)
-    return times, real, size
+    return times, reads, real, size
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
     rounds = 5 if quick else 30
-    verdict_ms, put_us, verdict = time_verdict(rounds)
+    verdict_ms, cpu_ms, put_us, verdict = time_verdict(rounds)
     assert [g["behind"][0]["rank"] for g in verdict] == [417] * GROUPS
     assert verdict[1]["mismatched"][0]["rank"] == 9
-    dump_ms, real, size = time_dump(rounds)
+    dump_ms, read_ms, real, size = time_dump(rounds)
     return [
         result("collective_verdict_1024_ms", round(statistics.median(verdict_ms), 2), "ms",
-               ranks=RANKS, groups=GROUPS, entries=ENTRIES, p_max_ms=round(max(verdict_ms), 2),
+               ranks=RANKS, groups=GROUPS, entries=ENTRIES, first_ms=round(verdict_ms[0], 2),
+               p_max_ms=round(max(verdict_ms), 2), cpu_ms=round(statistics.median(cpu_ms), 2),
                put_us=round(put_us, 1)),
         result("collectives_dump_ms", round(statistics.median(dump_ms), 2), "ms",
                entries=DUMP_ENTRIES, torch_read=int(real), p_max_ms=round(max(dump_ms), 2),
+               read_ms=round(statistics.median(read_ms), 2),
                frame_bytes=size),
     ]
 

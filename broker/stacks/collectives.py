@@ -44,7 +44,9 @@ FRAME_OVERHEAD = 512
 _encode = msgspec.msgpack.Encoder().encode
 
 #: A group's digest: [last_enqueued, last_completed, desc, size, {seq: entry (wire form)},
-#: top op (the op of its highest-seq entry, "" none)].
+#: top op (the op of its highest-seq entry, "" none), {seq: (op, sizes as tuples)}: the
+#: hashable keys, made when a verdict first needs one and kept with the frame, so a verdict
+#: recomputed over the same frames (a rank moved on) does not make them again].
 Group = List[Any]
 #: A frame's digest: pg -> :data:`Group`.
 Digest = Dict[str, Group]
@@ -69,7 +71,7 @@ def digest_of(item: Mapping[str, Any]) -> Digest:
     groups: Digest = {}
     for g in item["groups"]:
         groups[g["pg"]] = [g["last_enqueued"], g["last_completed"], g["desc"], g["size"], {},
-                           None]
+                           None, {}]
     tops: Dict[str, int] = {}
     for e in item["entries"]:
         group = groups.get(e["pg"])
@@ -147,7 +149,10 @@ def collective_verdict(current: Mapping[int, Digest],
             if entry is not None:
                 op = entry["op"]
                 # (the sizes as a key only here: one entry a rank, not 64 a frame)
-                pair = (op, tuple(map(tuple, entry["input_sizes"])))
+                keys = group[6]
+                pair = keys.get(seq)
+                if pair is None:
+                    pair = keys[seq] = (op, tuple(map(tuple, entry["input_sizes"])))
                 at_add((rank, pair, entry))
                 ops[op] = op_get(op, 0) + 1
                 pairs[pair] = pair_get(pair, 0) + 1
