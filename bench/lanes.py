@@ -30,7 +30,7 @@ def make_lane(reg: List[bytes]) -> Tuple[Callable[[bytes], None], Callable[[], i
     max_bytes, steps_type = protocol.MAX_FRAME_BYTES, protocol.Steps
 
     class Rank:
-        __slots__ = ("highest", "ms", "active", "last_seen", "status", "stalled")
+        __slots__ = ("highest", "ms", "active", "last_seen", "status", "stalled", "collective")
 
         def __init__(self) -> None:
             self.highest = -1
@@ -39,6 +39,7 @@ def make_lane(reg: List[bytes]) -> Tuple[Callable[[bytes], None], Callable[[], i
             self.last_seen = 0.0
             self.status = "ok"
             self.stalled = False
+            self.collective = False
 
     class Run:
         def __init__(self, ws: int) -> None:
@@ -90,7 +91,7 @@ def make_lane(reg: List[bytes]) -> Tuple[Callable[[bytes], None], Callable[[], i
         if st.status == "stale":
             st.status = "ok"
         s.dirty = True
-        st.stalled = False
+        st.stalled = st.collective = False  # (sections 3, 7.2)
         steps = f.steps
         top, first, old = steps[-1], steps[0], st.highest
         if top <= s.last_closed:

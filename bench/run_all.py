@@ -22,6 +22,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import agent_send  # noqa: E402
+import collectives_bench  # noqa: E402
 import common  # noqa: E402
 import epoch_close  # noqa: E402
 import hostile_soak  # noqa: E402
@@ -49,6 +50,7 @@ GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
     ("steps", steps_bench.run),
     ("page", page_bench.run),
     ("stacks", stacks_bench.run),
+    ("collectives", collectives_bench.run),
     ("report", report_bench.run),
     ("webhook", webhook_bench.run),
     ("soak", hostile_soak.run),
@@ -87,6 +89,8 @@ TARGETS: dict[str, tuple[float, str]] = {
     "stacks_groups_1024_ms": (50.0, "<="),
     "profile_overhead_pct": (3.0, "<="),
     "stacks_request_s": (1.5, "<="),
+    "collective_verdict_1024_ms": (20.0, "<="),
+    "collectives_dump_ms": (100.0, "<="),
     # not in the table: the stall watch's whole cost on the training thread, kept
     # under a microsecond (log_step_p99_us is the contract's figure)
     "stall_note_ns": (1000.0, "<="),

@@ -134,7 +134,7 @@ class EpochRules:
 
     def _on_metrics(self, frame: Metrics, st: RankState, now: float) -> None:
         rank = st.rank
-        st.stalled = False  # the loop moves (section 3)
+        st.stalled = st.collective = False  # the loop moves (sections 3, 7.2)
         sample = frame.resources
         if sample is not None:  # applied first, exactly as a resources frame
             self._samples.put(rank, sample)

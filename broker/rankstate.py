@@ -21,7 +21,7 @@ class RankState:
     """Per-rank state. Plain slots: thousands of these are read at every close."""
 
     __slots__ = ("rank", "status", "last_seen", "epoch", "loss", "hardware", "sample_json",
-                 "stalled")
+                 "stalled", "collective")
 
     def __init__(self, rank: int, now: float) -> None:
         self.rank = rank
@@ -34,6 +34,9 @@ class RankState:
         #: a ``stall`` dump arrived after the rank's latest ``steps``/``metrics`` frame (and
         #: since this broker started): shown as ``stalled`` while the status is ``ok``
         self.stalled = False
+        #: a ``collectives`` frame arrived after the rank's latest ``steps``/``metrics`` frame
+        #: (and since this broker started): its latest one is current (section 7.2)
+        self.collective = False
 
     @property
     def finished(self) -> bool:

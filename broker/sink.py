@@ -48,6 +48,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import msgspec
 
 from broker.alerts import OnAlert, RunAlerts
+from broker.collectiverules import CollectiveRules
 from broker.epochs import EpochRules, PendingEpochs
 from broker.events import Event, Rejected
 from broker.gpualerts import GpuAlertRules, Sampled
@@ -60,6 +61,7 @@ from broker.steps.rules import StepRules
 from broker.steps.store import StepStore
 from broker.topology import HardwareString, Topology
 from rank_agent.protocol import (
+    Collectives,
     Finish,
     Frame,
     Hardware,
@@ -88,7 +90,7 @@ STEPS_INTERVAL = 0.25
 OnEnd = Callable[[str, str, float], None]
 
 
-class RunSink(EpochRules, StepRules):
+class RunSink(EpochRules, StepRules, CollectiveRules):
     """The broker's state of one run; see the module docstring for the rules."""
 
     def __init__(self, run: str, *, stale_after: float = 30.0, ranks_interval: float = 1.0,
@@ -218,7 +220,7 @@ class RunSink(EpochRules, StepRules):
             return self._take_events() if self._header_changed else []
         try:
             if tp is Steps:  # (inline: the per-frame path of a step flood)
-                st.stalled = False  # the loop moves (section 3)
+                st.stalled = st.collective = False  # the loop moves (sections 3, 7.2)
                 # (grace and force close also run in tick)
                 if self._steps.add(frame, now, not st.finished, self.world_size):  # type: ignore[arg-type]
                     self._publish_steps(now)
@@ -234,6 +236,8 @@ class RunSink(EpochRules, StepRules):
                 self._on_svg(frame)  # type: ignore[arg-type]
             elif tp is Stacks:
                 self._on_stacks(frame, st, now)  # type: ignore[arg-type]
+            elif tp is Collectives:  # (broker/collectiverules.py)
+                self._on_collectives(frame, st, now)  # type: ignore[arg-type]
             elif tp is Metadata and frame.json != self._metadata_raw:  # type: ignore[union-attr]
                 if parsed != self._metadata:
                     # (re-formatted but equal JSON changes nothing). Coalesced like the
@@ -316,8 +320,8 @@ class RunSink(EpochRules, StepRules):
                             notify=st.last_seen >= self.liveness_floor)
         self._close_steps(now)
         self._publish_steps_due(now)
-        if self._stack_feed.pending:
-            self._stack_feed.publish_due(now)
+        if self._stack_feed.pending or self._stack_feed.collectives.latest:
+            self._stacks_due(now)  # (with the collective verdict: broker/collectiverules.py)
         if self._header_changed or (self._header_pending and (
             self._header_sent_at is None or now - self._header_sent_at >= self.ranks_interval
         )):
@@ -374,6 +378,7 @@ class RunSink(EpochRules, StepRules):
             "svg": self.svg,
             "steps": self.steps.to_wire(),
             "stacks": self.stacks.wire(),
+            "collectives": self.collectives_view(),
         }
 
     # ------------------------------------------------------------------ validation
@@ -498,8 +503,8 @@ class RunSink(EpochRules, StepRules):
         """After a journal replay: dumps are still listed, but only a dump received since
         the restart makes a rank ``stalled`` (section 2), and none is pending publication."""
         for st in self._ranks.values():
-            st.stalled = False
-        self._stack_feed.pending.clear()
+            st.stalled = st.collective = False  # (and no replayed collectives frame counts)
+        self._stack_feed.forget_pending()
 
     def _summary_of(self, rank: int) -> str | None:
         st = self._ranks.get(rank)

@@ -38,6 +38,7 @@ import zmq
 
 from . import curve
 from .controlwire import ControlError, ControlRequest, control_topic, decode_request
+from .flightrec import send_collectives
 from .protocol import Stacks
 from .stacks import ProfileCounter, dump_threads, fit_profile, main_thread_ident
 
@@ -102,7 +103,7 @@ class Control:
     leaves the channel closed rather than open in plain. The constructor does no I/O.
     """
 
-    def __init__(self, endpoint: str, run: str, rank: int, send: Callable[[Stacks], Any], *,
+    def __init__(self, endpoint: str, run: str, rank: int, send: Callable[[Any], Any], *,
                  training_thread: Callable[[], Optional[int]] = main_thread_ident,
                  idle_s: Callable[[], float] = lambda: 0.0,
                  socket_options: Callable[[], Optional[Dict[int, bytes]]] = curve.socket_options,
@@ -255,6 +256,8 @@ class Control:
             self.answered += 1
         except Exception as exc:
             log.warning("rankboard: could not send an answer to a control request: %r", exc)
+            return
+        send_collectives(self.send, frame)  # the Flight Recorder's view (7.2); never raises
 
     def _answer_stacks(self, req: ControlRequest) -> None:
         self._answer(Stacks(run=self.run, rank=self.rank, reason="request",

@@ -257,7 +257,57 @@ class Stacks(_Frame, tag="stacks"):
     seconds: float = 0.0
 
 
-Frame = Union[Register, Svg, Metadata, Hardware, Resources, Metrics, Finish, Steps, Stacks]
+#: ``collectives`` bounds (PROTOCOL.md section 7.2): groups per frame, entries per group (the
+#: newest), characters of every string, dimensions per size, sizes per entry.
+MAX_COLLECTIVE_GROUPS = 64
+MAX_COLLECTIVE_ENTRIES = 64
+MAX_COLLECTIVE_TEXT = 128
+MAX_SIZE_DIMS = 16
+MAX_ENTRY_SIZES = 16
+
+CollectiveText = Annotated[str, Meta(max_length=MAX_COLLECTIVE_TEXT)]
+TensorSize = Annotated[list[int], Meta(max_length=MAX_SIZE_DIMS)]
+
+
+class ProcessGroupStatus(msgspec.Struct, omit_defaults=True, gc=False):
+    """One process group as the Flight Recorder reports it: collective sequence numbers of
+    the last collective enqueued and completed (-1: none)."""
+
+    pg: CollectiveText
+    desc: CollectiveText = ""
+    size: NonNegInt = 0
+    last_enqueued: int = -1
+    last_completed: int = -1
+
+
+class CollectiveEntry(msgspec.Struct, omit_defaults=True, gc=False):
+    """One collective of the Flight Recorder's ring: its group, ``collective_seq_id`` and
+    ``profiling_name`` (e.g. ``gloo:all_reduce``)."""
+
+    pg: CollectiveText
+    seq: int
+    op: CollectiveText
+    input_sizes: Annotated[list[TensorSize], Meta(max_length=MAX_ENTRY_SIZES)] = []
+    state: CollectiveText = ""
+    retired: bool = False
+
+
+class Collectives(_Frame, tag="collectives"):
+    """The rank's process groups and their newest collectives (section 7.2), sent with each
+    ``stacks`` frame (same ``reason`` and ``request_id``) where a Flight Recorder exists.
+    The per-group entry bound (:data:`MAX_COLLECTIVE_ENTRIES`) relates two fields, so
+    :func:`check_collectives` applies it after decoding."""
+
+    reason: Literal["stall", "request"]
+    taken_at: float
+    request_id: Annotated[str, Meta(max_length=MAX_REQUEST_ID)] = ""
+    groups: Annotated[list[ProcessGroupStatus], Meta(max_length=MAX_COLLECTIVE_GROUPS)] = []
+    entries: Annotated[list[CollectiveEntry],
+                       Meta(max_length=MAX_COLLECTIVE_GROUPS * MAX_COLLECTIVE_ENTRIES)] = []
+
+
+Frame = Union[Register, Svg, Metadata, Hardware, Resources, Metrics, Finish, Steps, Stacks,
+              Collectives]
 
 #: Shared codecs. msgspec encoders/decoders are cheap to call and costly to build.
 encoder = msgspec.msgpack.Encoder()
@@ -306,6 +356,26 @@ def check_steps(frame: Steps) -> None:
             prev = step
 
 
+class BadCollectives(LimitExceeded):
+    """A ``collectives`` frame with more than 64 entries of one group (section 7.2)."""
+
+    reason = "schema"
+
+
+def check_collectives(frame: Collectives) -> None:
+    """Raise :class:`BadCollectives` when one group has more than
+    :data:`MAX_COLLECTIVE_ENTRIES` entries (the list's own bound is 64 x 64)."""
+    entries = frame.entries
+    if len(entries) <= MAX_COLLECTIVE_ENTRIES:
+        return
+    counts: dict[str, int] = {}
+    for entry in entries:
+        n = counts[entry.pg] = counts.get(entry.pg, 0) + 1
+        if n > MAX_COLLECTIVE_ENTRIES:
+            raise BadCollectives(f"collectives: over {MAX_COLLECTIVE_ENTRIES} entries of "
+                                 f"group {entry.pg[:40]!r}")
+
+
 #: Up to this many steps a frame's order is checked by a loop (cheaper than the C-level
 #: pass's set-up), beyond it by ``all(map(lt, ...))``.
 _SHORT_STEPS = 8
@@ -335,6 +405,7 @@ def _check_metadata(frame: Metadata) -> None:
 #: frames that are nearly all the traffic, resources and metrics, have none).
 _CHECKS: dict[type, Callable[[Any], None]] = {
     Steps: check_steps, Svg: _check_svg, Metadata: _check_metadata,
+    Collectives: check_collectives,
 }
 _decode = decoder.decode
 #: The after-decode check of a frame type, or None: ``decode`` is ``decoder.decode`` then

@@ -36,6 +36,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Deque, Optional
 
+from .flightrec import send_collectives
 from .stacks import main_thread_ident, stacks_frame
 
 __all__ = ["StallWatch", "auto_stall_after", "MAX_DUMPS", "TICK", "MIN_AUTO", "INTERVALS"]
@@ -209,3 +210,5 @@ class StallWatch:
             self.dumps_sent += 1
         except Exception as exc:
             log.warning("rankboard: stall dump failed: %r", exc)
+            return
+        send_collectives(self.send, frame)  # the Flight Recorder's view (7.2); never raises

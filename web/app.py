@@ -441,7 +441,8 @@ def report(run: str) -> Response:
     """The run as one self-contained HTML file (PROTOCOL 4; ``web/report.py``), streamed
     as it is made: one series at a time straight from the run's step store."""
     state = _run()
-    rep = report_of_state(state, _board().hub.stacks_view(run))
+    rep = report_of_state(state, _board().hub.stacks_view(run),
+                          _board().hub.collectives_view(run))
 
     def body() -> Iterator[str]:
         for chunk in render_report(rep):
@@ -461,6 +462,13 @@ def stacks(run: str) -> Response:
     if view is None:  # the run went between the lookup and here
         return unknown_run(run)
     return json_response(view)
+
+
+@bp.get("/api/runs/<run>/collectives")
+def collectives(run: str) -> Response:
+    """Section 7.2: the broker's collective verdict and the ranks' latest frames."""
+    view = _board().hub.collectives_view(run)
+    return unknown_run(run) if view is None else json_response(view)
 
 
 def _body() -> bytes:

@@ -262,7 +262,10 @@ class Hub:
             payload = state.ranks
         elif update.kind == "stacks":
             # live only (never replayed): the dumps received, the page then reads /stacks
-            payload = {"dumps": self._dumps(update.run).apply_event(update.seq, data)}
+            dumps = self._dumps(update.run)  # (and the collectives of section 7.2)
+            payload = {"dumps": dumps.apply_event(update.seq, data)}
+            if coll := dumps.collectives.apply_event(data):
+                payload["collectives"] = coll
         elif update.kind == "complete":
             status = data.get("status") if isinstance(data, dict) else None
             state.complete = (update.seq, str(status))
@@ -327,7 +330,8 @@ class Hub:
                 log.warning("malformed run snapshot skipped: %r", exc)
                 return
             self._snap_runs[state.run] = state
-            self._snap_stacks[state.run] = RunDumps.from_snapshot(body.get("stacks"))
+            self._snap_stacks[state.run] = RunDumps.from_snapshot(body.get("stacks"),
+                                                                  body.get("collectives"))
             self._outstanding = (self._outstanding[0], self.clock())  # progress: not timed out
             return
         target = self._outstanding[0]
@@ -546,6 +550,14 @@ class Hub:
         if dumps is None:
             return {"dumps": [], "groups": []}
         return dumps.view(state.ranks, state.ranks_seq)
+
+    def collectives_view(self, run: str) -> dict[str, Any] | None:
+        """``GET /api/runs/<run>/collectives`` (section 7.2): the broker's verdict and each
+        rank's latest frame per reason; None for a run this web does not know (404)."""
+        if run not in self.runs:
+            return None
+        dumps = self.stacks.get(run)
+        return dumps.collectives.view() if dumps is not None else {"groups": [], "ranks": []}
 
     # ---------------------------------------------------------------- reads
     def runs_newest_first(self) -> list[RunState]:

@@ -25,6 +25,7 @@ one ``<style>``; the data is a ``<script type="application/json">`` (not execute
 /api/runs/<run>> (each epoch record's per-GPU lists packed as column tables:
 :class:`Packer`), "series": {name: /steps buckets at N = 2000}, "last": {name: the bucket of
 the last closed step}, "graph": data: URI or null, "stacks": <GET .../stacks> or null,
+"collectives": <GET .../collectives>'s listed ``groups`` or null,
 "generated_at", "version"}``. JSON is written by msgspec (non-finite numbers as ``null``),
 then ``<``, ``>``, ``&``, U+2028 and U+2029 are escaped as ``\\uXXXX``: they can only occur
 inside JSON strings, so the text means the same to ``JSON.parse`` and no metric name (say
@@ -261,6 +262,8 @@ class RunReport:
     steps: StepStore
     svg: str | None = None
     stacks: Any = None
+    #: ``GET .../collectives`` (section 7.2): its listed groups go in the file
+    collectives: Any = None
 
 
 def _graph_uri(svg: str | None) -> str | None:
@@ -273,6 +276,13 @@ def _stacks(value: Any) -> Any:
     """The run's stack dumps in ``GET .../stacks``'s shape, when the run has any."""
     if isinstance(value, dict) and (value.get("groups") or value.get("dumps")):
         return value
+    return None
+
+
+def _verdict(value: Any) -> Any:
+    """The run's collective verdict (the listed groups of ``GET .../collectives``), or None."""
+    if isinstance(value, dict) and isinstance(value.get("groups"), list) and value["groups"]:
+        return value["groups"]
     return None
 
 
@@ -350,7 +360,8 @@ def render(report: RunReport, *, now: float | None = None) -> Iterator[str]:
     made = time.time() if now is None else now
     yield (f'{{"format":{FORMAT},"run":{safe_json(report.run)},"generated_at":{safe_json(made)},'
            f'"version":{safe_json(version())},"graph":{safe_json(_graph_uri(report.svg))},'
-           f'"stacks":{safe_json(_stacks(report.stacks))},')
+           f'"stacks":{safe_json(_stacks(report.stacks))},'
+           f'"collectives":{safe_json(_verdict(report.collectives))},')
     yield '"snapshot":' + safe_json(snapshot)
     names = [*store.metric_names(), *BUILTIN_SERIES]
     last = store.last_step
@@ -382,11 +393,13 @@ def from_parts(run: str, header: dict[str, Any], ranks: Iterable[dict[str, Any]]
     return RunReport(run, header, public, list(records), steps, svg, stacks)
 
 
-def report_of_state(state: Any, stacks: Any = None) -> RunReport:
+def report_of_state(state: Any, stacks: Any = None, collectives: Any = None) -> RunReport:
     """A report of a run as this web holds it (a :class:`web.runstate.RunState`): its
     public header, ranks, records, graph, step store (not copied) and ``stacks``, the
     run's ``GET .../stacks`` JSON (:meth:`web.hub.Hub.stacks_view`), shown when it holds
-    any dump."""
-    return from_parts(state.run, state.public_header(), state.ranks,
-                      [record for _, record in state.records], state.steps, state.svg,
-                      stacks)
+    any dump, and ``collectives`` (:meth:`web.hub.Hub.collectives_view`), whose verdict it
+    carries."""
+    rep = from_parts(state.run, state.public_header(), state.ranks,
+                     [record for _, record in state.records], state.steps, state.svg, stacks)
+    rep.collectives = collectives
+    return rep

@@ -28,6 +28,7 @@ import msgspec
 
 from broker.stacks.groups import stack_groups
 from broker.stacks.store import RunStacks, Wire
+from web.collectivesview import RunCollectiveView
 
 __all__ = ["RunDumps", "summary"]
 
@@ -51,12 +52,16 @@ class RunDumps:
         self._requested: Optional[str] = None  # the latest request this web sent
         self._answered: Optional[tuple[float, str]] = None  # (taken_at, id) newest answer
         self._decoded: Dict[bytes, Any] = {}
+        #: the run's ``collectives`` frames and verdict (section 7.2), from the same events
+        self.collectives = RunCollectiveView()
 
     @classmethod
-    def from_snapshot(cls, items: Any) -> RunDumps:
-        """The dumps of a run snapshot (``items``: its ``stacks``; malformed ones skipped)."""
+    def from_snapshot(cls, items: Any, collectives: Any = None) -> RunDumps:
+        """The dumps of a run snapshot (``items``: its ``stacks``; malformed ones skipped),
+        and its ``collectives``."""
         dumps = cls()
         dumps._apply(items if isinstance(items, list) else [], 0)
+        dumps.collectives = RunCollectiveView.from_snapshot(collectives)
         return dumps
 
     def apply_event(self, seq: int, data: Any) -> List[Dict[str, Any]]:

@@ -323,7 +323,7 @@ class Journal:
             # does not latch, so it changes nothing but the rank's liveness; an empty
             # sample would show as the rank's resources).
             frame = Svg(run=frame.run, rank=frame.rank, svg="")
-        elif type(frame) is Stacks:
+        elif type(frame) is Stacks or type(frame) is protocol.Collectives:  # one budget (7.2)
             data = protocol.encoder.encode(frame)  # its known fields, as every frame
             if st.started and st.stacks_bytes + len(data) > MAX_STACKS_BYTES:
                 self.stacks_unjournaled += 1

@@ -108,7 +108,7 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
             try:
                 stand_in = superseded.get(i) if superseded else None
                 frame = stand_in if stand_in is not None else protocol.decode(bytes(payload[8:]))
-                if type(frame) is protocol.Stacks:
+                if type(frame) is protocol.Stacks or type(frame) is protocol.Collectives:
                     stacks_bytes += len(payload) - 8
                 sink.apply(frame, t)
                 applied += 1

@@ -48,6 +48,7 @@ from broker import feed
 from broker.coalesce import COALESCE_MIN_BYTES, peek_metadata_run
 from broker.steps.store import SAMPLES_PER_S, STEP_MS, StepStore
 from rank_agent import protocol
+from tests.support.fuzzcollectives import CollectiveFuzz
 
 CHECK_RUN = "fz-check"
 CHECK_WORLD = 3
@@ -201,8 +202,12 @@ def check_steps_blocks(msgs: list[Msg]) -> int:
     return max(0, n - 2 * CHECK_STEPS_WORLD) // CHECK_STEPS_WORLD
 
 
-class _Hostile:
-    """The hostile generators; each returns one :class:`Msg`."""
+class _Hostile(CollectiveFuzz):
+    """The hostile generators; each returns one :class:`Msg` (``collectives`` frames:
+    :mod:`tests.support.fuzzcollectives`)."""
+
+    def _msg(self, data: bytes, outcome: str, kind: str) -> Msg:
+        return Msg(data, one(outcome), kind)
 
     def __init__(self, rng: random.Random, big: bool) -> None:
         self.rng = rng
@@ -709,7 +714,7 @@ WEIGHTS: list[tuple[str, float]] = [
     ("unknown_tag", 5), ("wrong_type", 12), ("huge_length", 5), ("deep_nesting", 3),
     ("out_of_range", 6), ("bad_metadata", 3), ("over_limit", 6), ("new_run", 4),
     ("valid_steps", 8), ("bad_steps", 8), ("oversize", 0.02), ("step_names", 0.5),
-    ("valid_stacks", 4), ("bad_stacks", 4),
+    ("valid_stacks", 4), ("bad_stacks", 4), ("valid_collectives", 3), ("bad_collectives", 3),
 ]
 
 

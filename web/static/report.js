@@ -5,6 +5,7 @@
 // the web's routes are hidden). Text from the run only ever goes in through textContent.
 
 import { freezeClock } from "./api.js";
+import { verdictText } from "./collectives.js";
 import { $, h, setText } from "./dom.js";
 import { fmtInt, isNum } from "./fmt.js";
 import { onFrame } from "./frame.js";
@@ -229,6 +230,14 @@ function boot() {
 
   const stalls = stallCard(data.stacks);
   if (stalls) $("panel-home").prepend(stalls);
+  const verdict = verdictText(data.collectives);
+  if (verdict.length) { // the collective verdict (7.2) leads, above the stall groups
+    const card = h("div", "card span-12 collective-verdict");
+    card.dataset.testid = "collective-verdict";
+    card.append(h("h3", "card-title", "Collectives: who the others wait for"));
+    for (const line of verdict) card.append(h("p", "verdict-line", line));
+    $("panel-home").prepend(card);
+  }
   setText($("report-run"), run);
   const made = isNum(data.generated_at) ? new Date(data.generated_at * 1000) : null;
   setText($("report-made"), `made ${made ? `${made.toISOString().replace("T", " ").slice(0, 19)} UTC` : "at an unknown time"} by rankboard ${data.version ?? "?"} · a saved copy of run ${run}; it loads nothing`);

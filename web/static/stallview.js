@@ -12,6 +12,7 @@
 // file, code, thread name) goes into the DOM through textContent only (dom.js `h`).
 
 import { enc, serverNow } from "./api.js";
+import { verdictText } from "./collectives.js";
 import { $, button, h } from "./dom.js";
 import { fmtAgo, fmtDur, fmtInt, isNum } from "./fmt.js";
 import { hostOf } from "./model.js";
@@ -84,6 +85,7 @@ export class StallView {
     this.held = false; // a request is on its way, or was accepted less than HOLD_MS ago
     this.drawn = null; // what the last render drew from (skip a render that would not differ)
     this.opened = new Map(); // <details> key -> open, as the user left it
+    this.collectives = null; // GET /collectives (PROTOCOL 7.2), read with /stacks
   }
 
   /** A new run: forget the last one's dumps and read this one's. */
@@ -98,6 +100,7 @@ export class StallView {
     this.lastFetch = 0;
     this.drawn = null;
     this.opened = new Map();
+    this.collectives = null;
     this.box.replaceChildren();
     this.box.hidden = true;
     this.refresh();
@@ -145,6 +148,16 @@ export class StallView {
       .finally(() => {
         this.inFlight = false;
       });
+    // the collective verdict comes with the same events (7.2); drawn when it arrives
+    fetch(`/api/runs/${enc(run)}/collectives`, { credentials: "same-origin", cache: "no-store" })
+      .then((r) => (r.ok ? r.json() : null))
+      .then((view) => {
+        if (view && gen === store.gen) {
+          this.collectives = view;
+          this.render();
+        }
+      })
+      .catch(() => {});
   }
 
   /** POST /stacks for the run (`ranks` null) or some ranks. */
@@ -230,11 +243,12 @@ export class StallView {
     // a `ranks` event a second redraws nothing unless what this view shows changed (the
     // profiled ranks' step times label the profiles and choose the median one)
     const timing = shownProfiles.map((d) => (stepMs.has(d.rank) ? stepMs.get(d.rank).toFixed(1) : "")).join(",");
+    const verdict = verdictText(this.collectives && this.collectives.groups);
     const key = [view, stalled.join(","), this.focus, this.closed, this.message, this.held, store.run,
-      store.tab, timing];
+      store.tab, timing, verdict.join("\n")];
     if (this.drawn && key.every((v, i) => v === this.drawn[i])) return;
     this.drawn = key;
-    const trouble = stalled.length > 0 || stallGroups.length > 0;
+    const trouble = stalled.length > 0 || stallGroups.length > 0 || verdict.length > 0;
     const anything = trouble || requestGroups.length || shownProfiles.length || this.shownRank() !== null || this.message;
     this.box.hidden = !anything && this.readOnly;
     this.box.dataset.state = trouble ? "stalled" : "ok";
@@ -245,14 +259,21 @@ export class StallView {
     const title = h("h3", "card-title stall-title");
     if (trouble) {
       const n = new Set([...stalled, ...stallGroups.flatMap((g) => g.ranks)]).size;
-      title.append(h("span", "stall-badge", "stalled"));
-      title.append(h("span", null, ` ${fmtInt(n)} ${n === 1 ? "rank" : "ranks"} not stepping`));
+      title.append(h("span", "stall-badge", n ? "stalled" : "collectives"));
+      title.append(h("span", null, n ? ` ${fmtInt(n)} ${n === 1 ? "rank" : "ranks"} not stepping` : " a collective waits"));
     } else {
       title.append(h("span", null, "Stacks"));
       title.append(h("span", "card-sub", "no rank stalled"));
     }
     head.append(title, this._buttons(null, "run"));
     out.push(head);
+    if (verdict.length) {
+      // the collective verdict leads (7.2): which rank the others wait for
+      const box = h("div", "collective-verdict");
+      box.dataset.testid = "collective-verdict";
+      for (const line of verdict) box.append(h("p", "verdict-line", line));
+      out.push(box);
+    }
     if (this.message) out.push(h("p", "stall-message muted", this.message));
 
     const byRank = new Map();

@@ -1,0 +1,87 @@
+"""The sink's rules for ``collectives`` frames (PROTOCOL.md section 7.2), mixed into
+:class:`broker.sink.RunSink` as :class:`broker.epochs.EpochRules` is.
+
+What a frame does: it is kept (:class:`broker.stacks.collectives.RunCollectives`, held by the
+run's :class:`broker.stacks.feed.StackFeed`), it makes its rank's latest frame **current**
+(``RankState.collective``; the rank's next ``steps``/``metrics`` frame clears it, as it clears
+``stalled``), and the verdict is due. The verdict is computed when a ``stacks`` event may go
+out (at most 4 a second, :data:`broker.stacks.feed.STACKS_INTERVAL`) and only when a frame
+came or the set of current ranks changed since: a verdict over 1,024 ranks is milliseconds,
+so it is not redone per frame (1,024 frames of a hang would be quadratic). A new verdict
+raises its alerts through the sink's ``_raise`` and goes out in the next ``stacks`` event.
+
+Why currency lives in ``RankState`` rather than here: the ``steps`` path is the broker's
+hottest, and clearing a slot it already writes (``st.stalled = st.collective = False``) costs
+one store, where asking this module would cost a call per frame.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict
+
+from broker.stacks.collectives import collective_verdict, verdict_alerts
+from rank_agent.protocol import Collectives
+
+if TYPE_CHECKING:
+    from broker.rankstate import RankState
+    from broker.stacks.feed import StackFeed
+
+__all__ = ["CollectiveRules"]
+
+
+class CollectiveRules:
+    """Mixed into :class:`broker.sink.RunSink`: uses its ``_stack_feed``, ``_ranks``,
+    ``world_size`` and ``_raise``."""
+
+    if TYPE_CHECKING:
+        _stack_feed: StackFeed
+        _ranks: Dict[int, RankState]
+        world_size: int | None
+
+        def _raise(self, kind: str, rank: int | None, message: str, now: float,
+                   notify: bool = True) -> None: ...
+
+    def _on_collectives(self, frame: Collectives, st: RankState, now: float) -> None:
+        """Keep the frame; the rank's latest is current until its loop moves (7.2)."""
+        feed = self._stack_feed
+        feed.collectives.put(frame)
+        # kept or not (the cap), the web learns it: the frame, or that the rank has none
+        feed.coll_pending[(frame.rank, frame.reason)] = None
+        feed.coll_changed = True
+        st.collective = True
+        self._stacks_due(now)
+
+    def _stacks_due(self, now: float) -> None:
+        """The run's ``stacks`` event, if one may go out now: the verdict first, when
+        something it reads changed (the sink's tick calls this while anything is pending
+        or any ``collectives`` frame is kept)."""
+        feed = self._stack_feed
+        if not feed.due(now):
+            return
+        if feed.collectives.latest or feed.verdict:
+            self._refresh_verdict(now)
+        feed.publish_due(now)
+
+    def _refresh_verdict(self, now: float) -> None:
+        feed = self._stack_feed
+        ranks, ws = self._ranks, self.world_size
+        if ws is not None:  # frames of ranks that turned out to be past the world size
+            for r in [r for r in feed.collectives.latest if r >= ws]:
+                feed.collectives.discard(r)
+        current = frozenset(
+            r for r in feed.collectives.latest
+            if (st := ranks.get(r)) is not None and st.collective)
+        if current == feed.coll_current and not feed.coll_changed:
+            return
+        feed.coll_current, feed.coll_changed = current, False
+        verdict = collective_verdict(feed.collectives.digests(current), ws)
+        if verdict == feed.verdict:
+            return
+        for kind, rank, message in verdict_alerts(feed.verdict, verdict):
+            self._raise(kind, rank, message, now)
+        feed.verdict, feed.verdict_due = verdict, True
+
+    def collectives_view(self) -> Dict[str, Any]:
+        """``GET /api/runs/<run>/collectives`` as the broker has it, and what a run snapshot
+        carries: ``{"groups": verdict, "ranks": [frames]}``."""
+        feed = self._stack_feed
+        return {"groups": feed.verdict, "ranks": feed.collectives.wire()}
