@@ -56,6 +56,7 @@ from broker.rankstate import RankSamples, RankState, ranks_array
 from broker.stacks.feed import StackFeed, stall_message
 from broker.stacks.store import RunStacks
 from broker.steps.closer import RunSteps
+from broker.steps.datawait import DataWait
 from broker.steps.rules import StepRules
 from broker.steps.store import StepStore
 from broker.topology import HardwareString, Topology
@@ -140,6 +141,7 @@ class RunSink(EpochRules, StepRules):
         self._durations: List[float] = []
         #: The alert list (PROTOCOL 3): each (kind, rank) once, in first-raised order.
         self.alerts = RunAlerts()
+        self.data_wait = DataWait()  # the header's data-wait figures (7.1)
         # Hardware string of PROTOCOL 2.2, from each rank's last summary.
         self._hw = HardwareString(self.topology, self._summary_of)
         self._ranks_dirty = False
@@ -355,6 +357,8 @@ class RunSink(EpochRules, StepRules):
             "updated_at": self.updated_at,
             "steps_done": self.steps.last_step,
             "step_metrics": self.steps.metric_names(),
+            "data_share": self.data_wait.share,
+            "data_stragglers": self.data_wait.stragglers,
         }
 
     def ranks(self) -> List[Dict[str, Any]]:
