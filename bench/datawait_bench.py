@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import steps_bench
 from common import REPO, result
 
-import steps_bench
 from rank_agent import protocol
 
 RUN = steps_bench.RUN

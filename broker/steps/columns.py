@@ -256,10 +256,12 @@ class FrameBuffer:
         tokens = frame.tokens
         self.tokens += tokens if tokens else _zeros(k)
         dms = frame.data_ms
-        if dms:
+        if dms:  # (held from the first frame that sends it: a run without costs a test)
+            if not self.any_dms:
+                self.any_dms = True
+                self.dms = [None] * (len(self.step) - k)
             self.dms += dms
-            self.any_dms = True
-        else:
+        elif self.any_dms:
             self.dms += _nones(k)
         self.frank.append(frame.rank)
         self.fk.append(k)
