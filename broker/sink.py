@@ -574,7 +574,7 @@ class RunSink(EpochRules, StepRules):
         completed = "failed" if self._n_error else "complete"
         if self._steps.close_all():
             assert self.updated_at is not None
-            self._publish_steps(self.updated_at)
+            self._publish_steps(self.updated_at, final=True)
         self.status = completed
         self._emit_header()
         self.complete = (self._emit("complete", {"status": completed}), completed)

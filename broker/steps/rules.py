@@ -97,7 +97,7 @@ class StepRules:
         a step or two each time. A later point of a step closed here is late (dropped and
         counted), as after ``--step-close-after``."""
         if self._steps.close_all():
-            self._publish_steps(now)
+            self._publish_steps(now, final=True)
         return self._take_events()
 
     def _close_steps(self, now: float) -> None:
@@ -109,7 +109,7 @@ class StepRules:
         if self._steps.due(now):
             self._publish_steps(now)
 
-    def _publish_steps(self, now: float) -> None:
+    def _publish_steps(self, now: float, final: bool = False) -> None:
         """One ``steps`` event with every step closed since the last one (at most one per
         STEPS_INTERVAL, or at once when the run ends). Its data is the store's wire block
         of those rows (:meth:`RunSteps.take`; records: ``stepstore.wire_records``)."""
@@ -121,7 +121,7 @@ class StepRules:
         bad = self.steps.last_nonfinite("loss", since=before)  # array scan, not per record
         if bad is not None:
             self._raise("nonfinite_loss", None, f"step {bad[0]}: loss is {bad[1]}", now)
-        self._update_data_wait(now)
+        self._update_data_wait(now, force=final)  # (the run's end: its last figures)
 
     def _update_data_wait(self, now: float, force: bool = False) -> None:
         """The header's ``data_share`` and ``data_stragglers`` (7.1, :mod:`broker.steps.
