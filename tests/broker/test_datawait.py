@@ -245,3 +245,41 @@ def test_data_stragglers_of_1024_ranks_is_quick() -> None:
         best = min(best, time.perf_counter() - t0)
     assert [e["rank"] for e in entries] == [417]
     assert best < 0.05
+
+
+# ---------------------------------------------------------------- grid close = general close
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_grid_close_of_data_ms_equals_the_general_close(seed: int) -> None:
+    """The grid close's data_ms rows give, bit for bit, what the general close gives:
+    nulls, odd values, and frames that leave the list out among frames that send it."""
+    import random
+
+    from tests.broker.test_stepclose_fast import VALUES, both, grid_frame, may_decline, same
+
+    rng = random.Random(7000 + seed)
+    ranks = rng.choice((1, 2, 3, 33, 256))
+    k = rng.choice((1, 2, 5, 15))
+    steps = sorted(rng.sample(range(100), k))
+    names = rng.sample(["loss", "acc", "lr"], rng.randrange(0, 3))
+    frames = []
+    for r in rng.sample(range(ranks), ranks):
+        f = grid_frame(r, steps, rng, names, 0.1, 0.02, 0.1, True, VALUES)
+        mode = rng.random()
+        if mode < 0.2:
+            data: list[Optional[float]] = []  # this agent sends none
+        else:
+            data = [None if rng.random() < 0.2 else
+                    rng.choice((rng.uniform(0, 300), 0.0, *VALUES)) if mode < 0.4
+                    else rng.uniform(0, 300) for _ in steps]
+        frames.append(Steps(run=f.run, rank=f.rank, steps=f.steps, times=f.times,
+                            step_ms=f.step_ms, samples=f.samples, tokens=f.tokens,
+                            metrics=f.metrics, data_ms=data))
+    got, want = both(frames)
+    if got is None:
+        odd = [v for f in frames for v in f.data_ms if v is not None
+               and (v == 0 and math.copysign(1, v) < 0 or math.isfinite(v) and abs(v) > 1e300)]
+        assert may_decline(frames) or odd
+        return
+    same(got, want)
