@@ -29,6 +29,9 @@ __all__ = ["DataWait", "data_share", "data_stragglers", "others_medians", "round
 
 #: ``data_share`` looks at this many of the latest closed steps that have both means.
 SHARE_STEPS = 100
+#: ``data_share`` looks back at most this many steps with a ``data_ms`` for the ones that
+#: also have a ``step_ms`` (a bound on a call's work whatever the run sends).
+SEARCH_ROWS = 10_000
 #: ``data_stragglers`` lists at most this many ranks.
 MAX_STRAGGLERS = 10
 #: a straggler waits at least this many times the others' median ...
@@ -64,7 +67,7 @@ def data_share(data_rows: np.ndarray, data_mean: np.ndarray, ms_rows: np.ndarray
         ok = at < len(ms_rows)
         ok[ok] = ms_rows[at[ok]] == d_rows[ok]
         both = np.flatnonzero(ok)[-window:]
-        if len(both) >= window or take >= len(data_rows):
+        if len(both) >= window or take >= min(len(data_rows), SEARCH_ROWS):
             break
         take *= 4
     if not len(both):
