@@ -75,3 +75,50 @@ def test_repeated_step_keeps_the_first_calls_data_ms() -> None:
     # a repeat of the previous flush's last point is sent again, merged
     (again,), _ = step_frames("r", 0, [(2, 3.0, None, {"b": 1.0}, 0, 0, 9.0)], last)
     assert again.steps == [2] and again.data_ms == [8.0]
+
+
+class _Agent:
+    """What the integrations' Reporter needs of an agent, recording its log_step calls."""
+
+    rank, run = 0, "r"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, dict]] = []
+
+    def log_step(self, step, metrics=None, samples=0, tokens=0, **kw):  # noqa: ANN001
+        self.calls.append((step, kw))
+
+    def finish(self, status: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_integrations_send_the_wait_explicitly(fake_time) -> None:
+    """The Reporter (what Lightning's and the Trainer's callbacks call) measures from the
+    previous step's end to the latest batch_ready and passes data_ms to log_step, also for
+    a held step (the Trainer's) sent at the next step's end."""
+    from rank_agent.integrations._common import Reporter
+
+    agent = _Agent()
+    rep = Reporter(agent)  # type: ignore[arg-type]
+    try:
+        for t, call in [(1.0, "ready"), (1.1, 1), (1.3, "ready"), (1.5, 2), (1.6, 3),
+                        (2.0, "ready"), (2.05, "hold4"), (2.2, "ready"), (2.3, "hold5")]:
+            fake_time(t)
+            if call == "ready":
+                rep.batch_ready()
+            elif isinstance(call, str):
+                rep.hold_step(int(call[4:]))
+            else:
+                rep.step(call, {"loss": 1.0})
+        rep.release_step()
+    finally:
+        rep.end("ok")
+    got = {step: kw.get("data_ms") for step, kw in agent.calls}
+    assert got[1] is None  # no previous step
+    assert got[2] == pytest.approx(200.0)  # 1.3 - 1.1
+    assert got[3] is None  # no batch_ready since step 2
+    assert got[4] == pytest.approx(400.0)  # 2.0 - 1.6
+    assert got[5] == pytest.approx(150.0)  # 2.2 - 2.05
