@@ -103,10 +103,12 @@ def _draining(background: set[int] | None) -> Iterator[str]:
         proc.join(10)
 
 
-def _paced(call: Any, n: int, *args: Any, **kwargs: Any) -> tuple[list[float], int]:
+def _paced(call: Any, n: int, *args: Any, before: Any = None,
+           **kwargs: Any) -> tuple[list[float], int]:
     """Time ``call(i, *args, **kwargs)`` for i in range(n), one call every 200 µs
     (busy-waiting in between, so the thread keeps its CPU); returns (seconds per call, gc
-    collections meanwhile). ``call`` is the bound method itself: no wrapper in the timing."""
+    collections meanwhile). ``call`` is the bound method itself: no wrapper in the timing.
+    ``before``: called, untimed, before each timed call (``batch_ready``: 7.1)."""
     times: list[float] = []
     clock = time.perf_counter
     collections = sum(st["collections"] for st in gc.get_stats())
@@ -114,6 +116,8 @@ def _paced(call: Any, n: int, *args: Any, **kwargs: Any) -> tuple[list[float], i
     for i in range(n):
         while clock() < next_at:
             pass
+        if before is not None:
+            before()
         t0 = clock()
         call(i, *args, **kwargs)
         times.append(clock() - t0)
@@ -152,7 +156,8 @@ def _noop(step: int, metrics: Any, samples: int = 0, tokens: int = 0) -> bool:
     return True
 
 
-def _log_step_run(quick: bool, **diag: Any) -> tuple[list[float], int, int, int, list[float]]:
+def _log_step_run(quick: bool, ready: bool = False,
+                  **diag: Any) -> tuple[list[float], int, int, int, list[float]]:
     """One log_step measurement with the agent's diagnosis keywords ``diag``: the timed
     calls (seconds), gc collections, dropped, frames sent, and the no-op floor."""
     background, caller = _placement()
@@ -168,7 +173,8 @@ def _log_step_run(quick: bool, **diag: Any) -> tuple[list[float], int, int, int,
                 agent.log_step(i, metrics, samples=64, tokens=65536)
             _pin(caller)  # then only the calling thread moves to its own CPU
             n = 5000 if quick else 50000
-            times, collections = _paced(agent.log_step, n, metrics, samples=64, tokens=65536)
+            times, collections = _paced(agent.log_step, n, metrics, samples=64, tokens=65536,
+                                        before=agent.batch_ready if ready else None)
             dropped = agent.dropped
             floor, _ = _paced(_noop, n // 5, metrics, samples=64, tokens=65536)
         finally:
@@ -187,6 +193,8 @@ def log_step(quick: bool) -> dict[str, Any]:
     times, collections, dropped, sent, floor = _log_step_run(quick)
     off, _, _, _, _ = _log_step_run(quick, stall_after=0)
     bare, _, _, _, _ = _log_step_run(quick, stall_after=0, control=False)
+    # 7.1: batch_ready before each call (untimed), so every log_step derives a data_ms
+    data, _, _, _, _ = _log_step_run(quick, ready=True)
     us = [t * 1e6 for t in times]
     return result("log_step_p99_us", round(percentile(us, 99), 2), "us",
                   p50_us=round(percentile(us, 50), 2), max_us=round(max(us), 1),
@@ -194,7 +202,36 @@ def log_step(quick: bool) -> dict[str, Any]:
                   pinned=_placement()[1] is not None, gc_collections=collections,
                   noop_p99_us=round(percentile([t * 1e6 for t in floor], 99), 2),
                   stall_off_p99_us=round(percentile([t * 1e6 for t in off], 99), 2),
-                  diag_off_p99_us=round(percentile([t * 1e6 for t in bare], 99), 2))
+                  diag_off_p99_us=round(percentile([t * 1e6 for t in bare], 99), 2),
+                  data_ms_p99_us=round(percentile([t * 1e6 for t in data], 99), 2),
+                  data_ms_p50_us=round(percentile([t * 1e6 for t in data], 50), 2))
+
+
+def batch_ready_ns(calls: int, rounds: int = 5) -> dict[str, Any]:
+    """``batch_ready_ns`` (7.1): the training thread's cost of one ``agent.batch_ready()``
+    (the bound method as a loop calls it), ns per call, the best of ``rounds`` rounds of
+    ``calls`` calls; an empty method call measured alongside is the baseline."""
+    agent = RankAgent("tcp://127.0.0.1:9", run="bench-ready", rank=0, world_size=1,
+                      stall_after=0, control=False)
+
+    class Empty:
+        def batch_ready(self) -> None:
+            pass
+
+    def best(call: Any) -> float:
+        fastest = float("inf")
+        for _ in range(rounds):
+            t = time.perf_counter_ns()
+            for _ in range(calls):
+                call()
+            fastest = min(fastest, (time.perf_counter_ns() - t) / calls)
+        return fastest
+    try:
+        ready, empty = best(agent.batch_ready), best(Empty().batch_ready)
+    finally:
+        agent.close()
+    return result("batch_ready_ns", round(ready, 1), "ns", baseline=round(empty, 1),
+                  ratio=round(ready / empty, 2) if empty else None, calls=calls)
 
 
 def sampler_sample(quick: bool) -> dict[str, Any]:
@@ -219,7 +256,8 @@ def run(quick: bool) -> list[dict[str, Any]]:
     # sampler_sample_us is bench/sampler_bench.py's in run_all (with the GPU health reads,
     # through a fake NVML); sampler_sample() here is the same figure on this machine's own
     # NVML, if any, and stays callable.
-    return [agent_send(quick), log_step(quick)]
+    return [agent_send(quick), log_step(quick),
+            batch_ready_ns(100_000 if quick else 1_000_000)]
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ from broker.rankstate import RankSamples, RankState, ranks_array
 from broker.stacks.feed import StackFeed, stall_message
 from broker.stacks.store import RunStacks
 from broker.steps.closer import RunSteps
+from broker.steps.datawait import DataWait
 from broker.steps.rules import StepRules
 from broker.steps.store import StepStore
 from broker.topology import HardwareString, Topology
@@ -142,6 +143,7 @@ class RunSink(EpochRules, StepRules, CollectiveRules):
         self._durations: List[float] = []
         #: The alert list (PROTOCOL 3): each (kind, rank) once, in first-raised order.
         self.alerts = RunAlerts()
+        self.data_wait = DataWait()  # the header's data-wait figures (7.1)
         # Hardware string of PROTOCOL 2.2, from each rank's last summary.
         self._hw = HardwareString(self.topology, self._summary_of)
         self._ranks_dirty = False
@@ -359,6 +361,8 @@ class RunSink(EpochRules, StepRules, CollectiveRules):
             "updated_at": self.updated_at,
             "steps_done": self.steps.last_step,
             "step_metrics": self.steps.metric_names(),
+            "data_share": self.data_wait.share,
+            "data_stragglers": self.data_wait.stragglers,
         }
 
     def ranks(self) -> List[Dict[str, Any]]:
@@ -575,7 +579,7 @@ class RunSink(EpochRules, StepRules, CollectiveRules):
         completed = "failed" if self._n_error else "complete"
         if self._steps.close_all():
             assert self.updated_at is not None
-            self._publish_steps(self.updated_at)
+            self._publish_steps(self.updated_at, final=True)
         self.status = completed
         self._emit_header()
         self.complete = (self._emit("complete", {"status": completed}), completed)

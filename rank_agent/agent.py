@@ -177,6 +177,7 @@ class RankAgent:
                                  warn=self._warn, on_fork=self._reset_after_fork,
                                  world_size=world_size)
         self.log_step = self._steps.log_step  # type: ignore[method-assign]
+        self.batch_ready = self._steps.batch_ready  # type: ignore[method-assign]
 
         # diagnosis (section 2.5): a bad stall_after is a set-up error (ValueError)
         if stall_after is not None:
@@ -445,8 +446,13 @@ class RankAgent:
 
     # -- per-step points ---------------------------------------------------------------------
 
+    def batch_ready(self) -> None:
+        """Call when the loop has its batch in hand (PROTOCOL 7.1): one timestamp; the next
+        :meth:`log_step` sends the wait since the previous one as its ``data_ms``."""
+        self._steps.batch_ready()
+
     def log_step(self, step: int, metrics: Mapping[str, Any] | None = None,
-                 samples: int = 0, tokens: int = 0) -> bool:
+                 samples: int = 0, tokens: int = 0, *, data_ms: float | None = None) -> bool:
         """Record one optimizer step (the per-step hot path: about a microsecond).
 
         The call records ``time.time()``, derives ``step_ms`` = (t - t_prev) / (step -
@@ -477,10 +483,12 @@ class RankAgent:
           logging hook's call, or one call per gradient-accumulation micro-batch, works.
         * At most 8192 points wait (:data:`MAX_PENDING_STEPS`); beyond that the oldest are
           dropped and counted in :attr:`dropped`.
+        * ``data_ms`` (7.1): the ms the loop waited for this step's batch; ``None``: the time
+          from the previous call to the latest :meth:`batch_ready` since it, or none.
         """
         # each agent binds log_step to its buffer's method in __init__ (no call in between);
         # this method documents it and serves a call through the class
-        return self._steps.log_step(step, metrics, samples, tokens)
+        return self._steps.log_step(step, metrics, samples, tokens, data_ms=data_ms)
 
     @property
     def pending_steps(self) -> int:

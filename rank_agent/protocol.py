@@ -199,6 +199,8 @@ class Steps(_Frame, tag="steps"):
     samples: Counts = []
     tokens: Counts = []
     metrics: Annotated[dict[StepMetricName, OptFloats], Meta(max_length=MAX_STEP_METRICS)] = {}
+    #: (v4, 7.1) per point, the ms the loop waited for that step's batch; ``[]``: not sent
+    data_ms: OptFloats = []
 
 
 #: ``stacks`` limits (PROTOCOL.md section 2): threads per dump, frames per thread, characters
@@ -341,6 +343,8 @@ def check_steps(frame: Steps) -> None:
         raise BadSteps("steps: times/step_ms length differs from steps")
     if (frame.samples and len(frame.samples) != n) or (frame.tokens and len(frame.tokens) != n):
         raise BadSteps("steps: samples/tokens length differs from steps")
+    if frame.data_ms and len(frame.data_ms) != n:
+        raise BadSteps("steps: data_ms length differs from steps")
     for values in frame.metrics.values():
         if len(values) != n:
             name = next(k for k, v in frame.metrics.items() if len(v) != n)

@@ -81,6 +81,10 @@ class StepBuffer:
         self._buf: Deque[StepPoint] = deque()
         self._prev: int | None = None
         self._t = 0.0
+        #: (7.1) the time of the previous log_step call (None: none yet) and of the latest
+        #: batch_ready since it (None: not called since)
+        self._tlast: float | None = None
+        self._ready: float | None = None
         self._last: StepPoint | None = None  # last point of the last flush (merging)
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
@@ -92,10 +96,27 @@ class StepBuffer:
         """Step points buffered and not yet handed to a ``steps`` frame."""
         return len(self._buf)
 
+    def batch_ready(self) -> None:
+        """:meth:`rank_agent.RankAgent.batch_ready`: one timestamp, nothing else."""
+        self._ready = time.time()
+
     def log_step(self, step: int, metrics: Mapping[str, Any] | None = None,
-                 samples: int = 0, tokens: int = 0) -> bool:
+                 samples: int = 0, tokens: int = 0, *, data_ms: float | None = None) -> bool:
         """:meth:`rank_agent.RankAgent.log_step` (its docstring says what it does)."""
         t = time.time()  # through the module, so a test may patch time.time
+        # the data wait (7.1): explicit, or the latest batch_ready since the previous call
+        ready = self._ready
+        if data_ms is None:
+            if ready is not None:
+                self._ready = None
+                last = self._tlast
+                if last is not None:
+                    data_ms = (ready - last) * 1000.0 if ready > last else 0.0
+        else:
+            self._ready = None
+            if type(data_ms) is not float:
+                data_ms = self._data_arg(data_ms)
+        self._tlast = t
         watch = self.watch
         if watch is not None:  # StallWatch.note(), inlined: the only cost of the watch here
             watch._last = _monotonic()
@@ -140,7 +161,7 @@ class StepBuffer:
         if len(buf) >= MAX_PENDING_STEPS:
             self._full(buf)
             buf = self._buf  # a fork the hook missed replaces it
-        buf.append((step, t, step_ms, m, samples, tokens))
+        buf.append((step, t, step_ms, m, samples, tokens, data_ms))
         if self.thread is None:
             self._start_thread()
         return True
@@ -153,6 +174,18 @@ class StepBuffer:
         self._warn("step_" + what, "rankboard: log_step %s=%r is not an int >= 0; sent as 0",
                    what, type(value).__name__ if not isinstance(value, int) else value)
         return 0
+
+    def _data_arg(self, value: Any) -> float | None:
+        """An explicit ``data_ms`` that is not a ``float``: an ``int`` (or a ``float``
+        subclass) as ``float``, anything else (a tensor, a ``bool``) not sent, logged."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                return float(value)
+            except OverflowError:
+                pass
+        self._warn("step_data_ms", "rankboard: log_step data_ms=%r is not a number; not sent",
+                   type(value).__name__)
+        return None
 
     def _odd_metric(self, m: Dict[Any, Any], name: Any, value: Any) -> None:
         """A metric value that is not exactly ``int``/``float``: keep a subclass (as the base

@@ -26,8 +26,9 @@ def flush_interval(step_flush: float, world_size: int) -> float:
     return max(step_flush, world_size / MAX_RUN_STEPS_FRAMES_PER_S)
 
 #: One ``log_step`` call as buffered: (step, time.time(), step_ms, metrics or None, samples,
-#: tokens). A tuple, because building it is the cheapest thing the hot path can do.
-StepPoint = Tuple[int, float, Optional[float], Optional[Dict[Any, Any]], int, int]
+#: tokens, data_ms). A tuple, because building it is the cheapest thing the hot path can do.
+StepPoint = Tuple[int, float, Optional[float], Optional[Dict[Any, Any]], int, int,
+                  Optional[float]]
 
 
 def _step_metrics(raw: Dict[Any, Any], warn: Callable[..., object]) -> Dict[str, float]:
@@ -76,8 +77,8 @@ def step_frames(run: str, rank: int, points: List[StepPoint], last: StepPoint | 
     * **Repeated step** (consecutive calls with the same step, e.g. one call at the step's
       end and one from a logging hook, or one per gradient-accumulation micro-batch): merged
       into one point. Metrics are united (a later value of a name wins), ``samples`` and
-      ``tokens`` add up, ``time`` and ``step_ms`` are the first call's (a repeat has no
-      ``step_ms`` of its own). ``last`` is the last point of the previous flush: when a
+      ``tokens`` add up, ``time``, ``step_ms`` and ``data_ms`` are the first call's (a
+      repeat has no ``step_ms`` of its own; its ``data_ms`` counts when the first had none). ``last`` is the last point of the previous flush: when a
       flush starts with its step, the merged point is sent again, and the broker's
       per-(rank, step) last write then holds the merged view rather than only the repeat.
     * **Step going back** (a restart of counting): a new frame starts there, since steps
@@ -92,10 +93,10 @@ def step_frames(run: str, rank: int, points: List[StepPoint], last: StepPoint | 
     """
     merged: List[StepPoint] = []
     prev_step = last[0] if last is not None else -1
-    for step, t, ms, raw, samples, tokens in points:
+    for step, t, ms, raw, samples, tokens, data in points:
         metrics = _step_metrics(raw, warn) if raw else None
         if step != prev_step:
-            merged.append((step, t, ms, metrics, samples, tokens))
+            merged.append((step, t, ms, metrics, samples, tokens, data))
             prev_step = step
             continue
         if merged:
@@ -111,7 +112,7 @@ def step_frames(run: str, rank: int, points: List[StepPoint], last: StepPoint | 
                 warn("step_names", "rankboard: more than %d step metrics in one point; the "
                      "rest are not sent", MAX_STEP_METRICS)
         merged.append((step, cur[1], cur[2] if cur[2] is not None else ms, have or None,
-                       cur[4] + samples, cur[5] + tokens))
+                       cur[4] + samples, cur[5] + tokens, cur[6] if cur[6] is not None else data))
     if not merged:
         return [], last
 
@@ -135,12 +136,13 @@ def step_frames(run: str, rank: int, points: List[StepPoint], last: StepPoint | 
                 names.update(dict.fromkeys(new))
             prev = point[0]
             j += 1
-        steps, times, step_ms, metric_cols, samples_col, tokens_col = zip(*merged[i:j])
+        steps, times, step_ms, metric_cols, samples_col, tokens_col, data_col = zip(*merged[i:j])
         i = j
         frames.append(Steps(
             run=run, rank=rank, steps=list(steps), times=list(times), step_ms=list(step_ms),
             samples=list(samples_col) if any(samples_col) else [],
             tokens=list(tokens_col) if any(tokens_col) else [],
             metrics={name: [m.get(name) if m else None for m in metric_cols] for name in names},
+            data_ms=list(data_col) if data_col.count(None) != len(data_col) else [],
         ))
     return frames, merged[-1]

@@ -13,8 +13,11 @@ each ``--ranks`` processes spread over ``--hosts`` simulated hosts (``node-a``, 
   slower, as real clusters have a straggler);
 * the **step job** (``--mode steps``): one epoch of optimizer steps at about 10 steps/s,
   each logged with the real :meth:`RankAgent.log_step` (loss, lr, grad_norm, samples and
-  tokens); the last rank, on the last host, is deliberately slower, so the straggler board
-  has someone to point at. Its steps take as long as the epoch job's epochs in all.
+  tokens); the last rank, on the last host, is deliberately slower **because of its data**:
+  each step waits for its batch (calling :meth:`RankAgent.batch_ready` when it has it, so
+  every point carries ``data_ms``), and the last rank's loader takes longer, so the
+  straggler board has someone to point at and its line names the cause ("rank 3 waits 35
+  ms a step for data, median 6 ms: input-bound on that rank", PROTOCOL 7.1). Its steps take as long as the epoch job's epochs in all.
   Half-way through, one rank's data loader hangs for :data:`STALL_SECONDS` (a dead loader
   worker, :class:`DataLoader`) while every other rank waits for it in :func:`all_reduce`, as
   ranks wait in a collective for a missing peer; the agents' stall watch (at
@@ -55,6 +58,9 @@ BATCHES = 120
 #: sequence length (tokens = samples x this) and per-rank micro-batch.
 STEP_SECONDS = 0.095
 SLOW_STEP = 1.3
+#: The step job's wait for a batch, of a normal rank (the slow rank's is longer by all of
+#: its extra step time: it is slow because of its input)
+DATA_SECONDS = 0.006
 SEQ_LEN = 512
 STEP_BATCH = 16
 MIN_STEPS = 100
@@ -231,8 +237,12 @@ def run_steps(ns: argparse.Namespace) -> int:
         started = time.monotonic()
         losses = []
         next_at = time.monotonic()
+        data_s = DATA_SECONDS + (slow - 1.0) * STEP_SECONDS
         for step in range(ns.steps):
-            next_at += STEP_SECONDS * slow * (1.0 + rng.uniform(-0.08, 0.08))
+            next_at += data_s * (1.0 + rng.uniform(-0.08, 0.08))  # waiting for the batch
+            time.sleep(max(0.0, next_at - time.monotonic()))
+            agent.batch_ready()
+            next_at += (STEP_SECONDS - DATA_SECONDS) * (1.0 + rng.uniform(-0.08, 0.08))
             time.sleep(max(0.0, next_at - time.monotonic()))
             if loader is not None and step == ns.stall_at:
                 train_step(loader, timeout=4 * STALL_SECONDS + 10)

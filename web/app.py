@@ -109,7 +109,7 @@ def steps_query(args: Mapping[str, str]) -> tuple[str, int | None, int | None, i
     """``(metric, start, end, points)`` of a ``/steps`` query; :class:`BadQuery` otherwise."""
     metric = args.get("metric")
     if not metric:
-        raise BadQuery("metric is required (a step metric, step_ms, samples_per_s or "
+        raise BadQuery("metric is required (a step metric, step_ms, data_ms, samples_per_s or "
                        "tokens_per_s)")
     raw_points = args.get("points")
     if raw_points is not None and raw_points != "" and not _INT.match(raw_points.strip()):

@@ -57,7 +57,7 @@ from broker.steps.store import StepStore
 #: Buckets per embedded step series (PROTOCOL 4): zoom works within this resolution.
 REPORT_POINTS = 2000
 #: The series every run may have besides its metrics (PROTOCOL 4 ``/steps?metric=``).
-BUILTIN_SERIES = ("step_ms", "samples_per_s", "tokens_per_s")
+BUILTIN_SERIES = ("step_ms", "samples_per_s", "tokens_per_s", "data_ms")
 FORMAT = 1
 
 _WEB = Path(__file__).resolve().parent

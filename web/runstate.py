@@ -129,6 +129,7 @@ class RunState:
             "run": self.run, "status": "waiting", "world_size": None, "total_epochs": None,
             "label": None, "hash": None, "port": None, "metadata": None, "hardware": "",
             "has_svg": False, "hosts": [], "alerts": [], "started_at": None, "updated_at": None,
+            "data_share": None, "data_stragglers": [],  # 7.1
         }
         header.update(self.header)
         header["steps_done"] = self.steps.last_step

@@ -63,16 +63,23 @@ class RankSteps:
     """One step rank: its highest reported step, its recent step times, whether it counts
     for the watermark."""
 
-    __slots__ = ("highest", "ms", "active")
+    __slots__ = ("highest", "ms", "active", "data")
 
     def __init__(self) -> None:
         self.highest = -1
         self.ms: Deque[float] = deque(maxlen=STEP_MS_WINDOW)
         self.active = True
+        #: (7.1) its last non-null ``data_ms`` values, as ``ms``
+        self.data: Deque[float] = deque(maxlen=STEP_MS_WINDOW)
 
     def mean_ms(self) -> Optional[float]:
         ms = self.ms
         return sum(ms) / len(ms) if ms else None
+
+    def mean_data(self) -> Optional[float]:
+        """The ranks array's ``data_ms`` (7.1): mean of the last <= 100 non-null values."""
+        data = self.data
+        return sum(data) / len(data) if data else None
 
 
 # ------------------------------------------------------------------ the closer
@@ -169,6 +176,9 @@ class StepCloser:
             rs.ms.extend([v for v in ms if v is not None])
         else:
             rs.ms.extend(ms)  # type: ignore[arg-type]
+        dms = frame.data_ms
+        if dms:
+            rs.data.extend([v for v in dms if v is not None] if None in dms else dms)  # type: ignore[arg-type]
         if top > old:
             rs.highest = top
             if rs.active:
@@ -465,7 +475,8 @@ class RunSteps:
             store.append_columns(batch.step, batch.time, batch.n, batch.slowest,
                                  batch.samples, batch.tokens,
                                  (batch.ms_idx, batch.ms_mean, batch.ms_lo, batch.ms_hi),
-                                 batch.per_metric())
+                                 batch.per_metric(),
+                                 (batch.d_idx, batch.d_mean, batch.d_lo, batch.d_hi))
             names.update(batch.names)
         self.published += store.rows - before
         self.sent_at = now

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from itertools import chain, repeat
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import msgspec
 import numpy as np
@@ -37,88 +37,18 @@ import numpy as np
 from broker.steps.encodings import RECORD_KEYS as _RECORD_KEYS
 from broker.steps.encodings import none_where as _none_where
 from broker.steps.encodings import spread as _spread
+from broker.steps.floats import list_floats as _list_floats
+from broker.steps.floats import opt_floats as _opt_floats
+from broker.steps.merge import merge_points
 from broker.steps.reduce import reduce_checked, reduce_groups, reduce_rows, starts_of
 from rank_agent.protocol import Steps
 
-__all__ = ["ClosedSteps", "Columns", "FrameBuffer", "close_columns", "slice_frame"]
+__all__ = ["ClosedSteps", "Columns", "FrameBuffer", "close_columns", "slice_frame", "merge_points"]
 
 _NAN = math.nan
 _chain = chain.from_iterable
 _EMPTY_I = np.empty(0, np.int64)
 _EMPTY_F = np.empty(0, np.float64)
-
-# ------------------------------------------------------------------ array helpers
-
-
-def _opt_floats(values: Iterable[Any], count: int,
-                listed: Optional[Callable[[], List[Any]]] = None
-                ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
-    """``count`` values (floats and ``None``) as float64, and which are not ``None`` (None:
-    all are). One C pass (``np.fromiter``, which makes ``None`` NaN); only when there is a
-    NaN are the values listed again (``listed()``, or ``values`` when it is a list) and the
-    NaN positions looked at (a value that really is NaN is one of them)."""
-    arr = np.fromiter(values, np.float64, count)
-    nan = np.flatnonzero(arr != arr)
-    if not len(nan):
-        return arr, None
-    seq = values if isinstance(values, list) else listed() if listed is not None else []
-    idx = nan.tolist()
-    gone = [i for i, v in zip(idx, map(seq.__getitem__, idx)) if v is None]
-    if not gone:
-        return arr, None
-    has = np.ones(len(arr), dtype=bool)
-    has[gone] = False
-    return arr, has
-
-
-_pack = msgspec.msgpack.Encoder().encode
-#: one MessagePack float64: the ``0xcb`` tag, then the value big-endian
-_FLOAT_DTYPE = np.dtype([("t", "u1"), ("v", ">f8")])
-
-
-def _list_floats(lists: List[Any], k: int) -> Optional[np.ndarray]:
-    """The values of ``lists`` (each a list of ``k`` values, 1 <= k <= 15; ``k`` = 0:
-    ``lists`` is itself a list of values) concatenated, as float64, or None when some value
-    is not a float (``None``, an int): then the caller converts them one by one.
-
-    Why: a ``steps`` frame's metric values are one Python list per name, so a close of
-    1,024 one-point frames x 4 names has 4,096 lists of one float; iterating them
-    (``chain``) cost ~55 ns a value, 4x what converting a flat list costs. Encoded at once
-    (C, ~12 ns a value), the lists are fixed-size MessagePack records (``0x90|k``, then
-    ``0xcb`` + a big-endian float64 per value) that numpy reads in place. The layout is
-    checked, not assumed: the total length and every header and tag byte (no other
-    MessagePack value of a float list is 9 bytes with an ``0xcb`` tag), each with a bytes
-    slice and count (C, a third of what the same checks cost as numpy calls), but for each
-    list's header and first tag, one two-byte compare."""
-    n = len(lists)
-    if not n or not 0 <= k <= 15:
-        return None
-    try:
-        buf = _pack(lists)
-    except (TypeError, OverflowError):  # (values of a frame built in code, not decoded)
-        return None
-    size = 1 + 9 * k if k else 9
-    head = 1 if n <= 15 else 3 if n <= 0xFFFF else 5
-    if len(buf) != head + n * size:
-        return None
-    if not k:
-        if buf[head::9].count(b"\xcb") != n:
-            return None
-        return np.frombuffer(buf, _FLOAT_DTYPE, n, head)["v"].astype(np.float64)
-    # each list's header and first tag as one little-endian uint16 (one strided compare
-    # where a bytes slice and count per byte position cost twice as much), then the tags
-    # of its other values
-    if not (np.ndarray((n,), "<u2", buf, head, (size,)) == _HEAD_TAG[k]).all():
-        return None
-    for j in range(head + 10, head + size, 9):
-        if buf[j::size].count(b"\xcb") != n:
-            return None
-    return np.ndarray((n, k), ">f8", buf, head + 2, (size, 9)).astype(np.float64).ravel()
-
-
-#: the MessagePack header of a list of k values (k <= 15) and the float64 tag after it,
-#: read as a little-endian uint16
-_HEAD_TAG = [(0xcb << 8) | 0x90 | k for k in range(16)]
 
 
 def slice_frame(frame: Steps, i: int, j: int) -> Steps:
@@ -126,7 +56,8 @@ def slice_frame(frame: Steps, i: int, j: int) -> Steps:
     return msgspec.structs.replace(
         frame, steps=frame.steps[i:j], times=frame.times[i:j], step_ms=frame.step_ms[i:j],
         samples=frame.samples[i:j], tokens=frame.tokens[i:j],
-        metrics={name: v[i:j] for name, v in frame.metrics.items()})
+        metrics={name: v[i:j] for name, v in frame.metrics.items()},
+        data_ms=frame.data_ms[i:j])
 
 
 # ------------------------------------------------------------------ a closed batch
@@ -141,7 +72,7 @@ class ClosedSteps:
 
     __slots__ = ("step", "time", "n", "slowest", "samples", "tokens", "ms_idx", "ms_mean",
                  "ms_lo", "ms_hi", "names", "metric_name", "metric_idx", "metric_mean",
-                 "metric_lo", "metric_hi")
+                 "metric_lo", "metric_hi", "d_idx", "d_mean", "d_lo", "d_hi")
 
     def __init__(self) -> None:
         self.step = self.n = self.slowest = self.samples = self.tokens = _EMPTY_I
@@ -150,6 +81,9 @@ class ClosedSteps:
         self.ms_mean = self.ms_lo = self.ms_hi = _EMPTY_F
         self.metric_mean = self.metric_lo = self.metric_hi = _EMPTY_F
         self.names: List[str] = []
+        #: ``data_ms`` (7.1) as ``step_ms``: the steps that have one, and their reduction
+        self.d_idx = _EMPTY_I
+        self.d_mean = self.d_lo = self.d_hi = _EMPTY_F
 
     def __len__(self) -> int:
         return len(self.step)
@@ -185,6 +119,8 @@ class ClosedSteps:
         unless the batch's metrics are sparse (then one dict store per (step, name))."""
         k = len(self.step)
         ms = _spread(k, self.ms_idx, _triples(self.ms_mean, self.ms_lo, self.ms_hi))
+        data = _spread(k, self.d_idx, _triples(self.d_mean, self.d_lo, self.d_hi)) \
+            if len(self.d_idx) else repeat(None, k)
         names = self.names
         metrics: List[Dict[str, Any]]
         vid = self.metric_name
@@ -211,7 +147,7 @@ class ClosedSteps:
         slowest = _none_where(self.slowest, self.slowest < 0)
         return list(map(dict, map(zip, repeat(_RECORD_KEYS), zip(
             self.step.tolist(), times, self.n.tolist(), metrics, ms, slowest,
-            self.samples.tolist(), self.tokens.tolist(), sps, tps))))
+            self.samples.tolist(), self.tokens.tolist(), sps, tps, data))))
 
 
 def _triples(mean: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> List[List[Any]]:
@@ -226,15 +162,16 @@ class Columns:
     ``names``; ``None`` values are not entries)."""
 
     __slots__ = ("step", "rank", "time", "ms", "ms_has", "samples", "tokens", "m_pos",
-                 "m_name", "m_val", "names")
+                 "m_name", "m_val", "names", "dms", "dms_has")
 
     def __init__(self, step: np.ndarray, rank: np.ndarray, time: np.ndarray, ms: np.ndarray,
                  ms_has: np.ndarray, samples: np.ndarray, tokens: np.ndarray,
                  m_pos: np.ndarray, m_name: np.ndarray, m_val: np.ndarray,
-                 names: List[str]) -> None:
+                 names: List[str], dms: np.ndarray, dms_has: np.ndarray) -> None:
         self.step, self.rank, self.time, self.ms, self.ms_has = step, rank, time, ms, ms_has
         self.samples, self.tokens = samples, tokens
         self.m_pos, self.m_name, self.m_val, self.names = m_pos, m_name, m_val, names
+        self.dms, self.dms_has = dms, dms_has  # data_ms (7.1), as ms and ms_has
 
     def __len__(self) -> int:
         return len(self.step)
@@ -245,7 +182,8 @@ class Columns:
         mk = keep[self.m_pos]
         return Columns(self.step[keep], self.rank[keep], self.time[keep], self.ms[keep],
                      self.ms_has[keep], self.samples[keep], self.tokens[keep],
-                     new[self.m_pos[mk]], self.m_name[mk], self.m_val[mk], self.names)
+                     new[self.m_pos[mk]], self.m_name[mk], self.m_val[mk], self.names,
+                     self.dms[keep], self.dms_has[keep])
 
     def then(self, later: Columns) -> Columns:
         """These entries followed by ``later``'s (which arrived after them)."""
@@ -267,7 +205,8 @@ class Columns:
                      cat((self.time, later.time)), cat((self.ms, later.ms)),
                      cat((self.ms_has, later.ms_has)), cat((self.samples, later.samples)),
                      cat((self.tokens, later.tokens)), cat((self.m_pos, later.m_pos + n)),
-                     cat((self.m_name, m_name)), cat((self.m_val, later.m_val)), names)
+                     cat((self.m_name, m_name)), cat((self.m_val, later.m_val)), names,
+                     cat((self.dms, later.dms)), cat((self.dms_has, later.dms_has)))
 
 
 class FrameBuffer:
@@ -279,7 +218,7 @@ class FrameBuffer:
     its share of the close's conversion saved: issue 17.)"""
 
     __slots__ = ("step", "time", "ms", "samples", "tokens", "frank", "fk", "mvals", "groups",
-                 "gnames", "overlap")
+                 "gnames", "overlap", "dms", "any_dms")
 
     def __init__(self) -> None:
         self.step: List[int] = []
@@ -294,6 +233,9 @@ class FrameBuffer:
         self.gnames: Optional[List[str]] = None
         #: a frame may share a rank with an earlier one (see :meth:`add`)
         self.overlap = False
+        #: ``data_ms`` per point (None: not sent), and whether any frame sent it
+        self.dms: List[Optional[float]] = []
+        self.any_dms = False
 
     def __bool__(self) -> bool:
         return bool(self.fk)
@@ -313,6 +255,14 @@ class FrameBuffer:
         self.samples += samples if samples else _zeros(k)
         tokens = frame.tokens
         self.tokens += tokens if tokens else _zeros(k)
+        dms = frame.data_ms
+        if dms:  # (held from the first frame that sends it: a run without costs a test)
+            if not self.any_dms:
+                self.any_dms = True
+                self.dms = [None] * (len(self.step) - k)
+            self.dms += dms
+        elif self.any_dms:
+            self.dms += _nones(k)
         self.frank.append(frame.rank)
         self.fk.append(k)
         metrics = frame.metrics
@@ -364,11 +314,17 @@ class FrameBuffer:
         else:
             vals, m_name, m_pos = _EMPTY_F, _EMPTY_I, _EMPTY_I
         total = len(step)
+        if self.any_dms:
+            dms, dhas = _opt_floats(self.dms, total)
+            dms_has = np.ones(total, bool) if dhas is None else dhas
+        else:
+            dms, dms_has = np.zeros(total), np.zeros(total, bool)
         cols = Columns(step, np.repeat(np.fromiter(self.frank, np.int64, len(fk)), fk),
                      np.fromiter(self.time, np.float64, total), ms,
                      np.ones(total, bool) if has is None else has,
                      np.fromiter(self.samples, np.int64, total),
-                     np.fromiter(self.tokens, np.int64, total), m_pos, m_name, vals, names)
+                     np.fromiter(self.tokens, np.int64, total), m_pos, m_name, vals, names,
+                     dms, dms_has)
         self.__init__()  # type: ignore[misc]
         return cols
 
@@ -403,28 +359,40 @@ class FrameBuffer:
         gnames: List[str] = self.groups[0][0] if self.groups else []
         g = len(gnames)
         total = nf * k
-        # rows: step_ms at each step, then each name at each step; columns: the frames
-        mat = np.empty((1 + g, k, nf))
+        # rows: step_ms at each step, data_ms at each step (when sent), then each name at
+        # each step; columns: the frames
+        dd = 1 if self.any_dms else 0
+        b = 1 + dd  # the metrics' first block
+        mat = np.empty((b + g, k, nf))
         has: Optional[np.ndarray] = None
         ms = _list_floats(self.ms, 0)
         if ms is None:  # a None (or an int) among them
             ms, ms_has = _opt_floats(self.ms, total)
             if ms_has is not None:
-                has = np.ones((1 + g, k, nf), dtype=bool)
+                has = np.ones((b + g, k, nf), dtype=bool)
                 has[0] = ms_has.reshape(nf, k).T
         mat[0] = ms.reshape(nf, k).T
+        if dd:
+            dms = _list_floats(self.dms, 0)
+            if dms is None:
+                dms, d_has = _opt_floats(self.dms, total)
+                if d_has is not None:
+                    if has is None:
+                        has = np.ones((b + g, k, nf), dtype=bool)
+                    has[1] = d_has.reshape(nf, k).T
+            mat[1] = dms.reshape(nf, k).T
         if g:
             mvals = self.mvals
             vals = _list_floats(mvals, k)
             vhas = None
             if vals is None:
                 vals, vhas = _opt_floats(_chain(mvals), total * g, lambda: list(_chain(mvals)))
-            mat[1:] = vals.reshape(nf, g, k).transpose(1, 2, 0)
+            mat[b:] = vals.reshape(nf, g, k).transpose(1, 2, 0)
             if vhas is not None:
                 if has is None:
-                    has = np.ones((1 + g, k, nf), dtype=bool)
-                has[1:] = vhas.reshape(nf, g, k).transpose(1, 2, 0)
-        rows = mat.reshape((1 + g) * k, nf)
+                    has = np.ones((b + g, k, nf), dtype=bool)
+                has[b:] = vhas.reshape(nf, g, k).transpose(1, 2, 0)
+        rows = mat.reshape((b + g) * k, nf)
         reduced: Optional[Tuple[np.ndarray, np.ndarray, np.ndarray]] = None
         if has is None:  # every value there: each row reduced whole
             present = np.arange(len(rows))
@@ -475,28 +443,39 @@ class FrameBuffer:
                     ranks = np.array(frank, np.int64)
                     slowest[pos[fin]] = np.where(at, ranks, np.iinfo(np.int64).max).min(axis=1)
         out.slowest = slowest
-        if nms < len(present):  # metrics, sorted by (name, step)
+        nd = nms
+        if dd:  # data_ms rows come next
+            nd = int(np.searchsorted(present, 2 * k))
+            if nd > nms:
+                out.d_idx = present[nms:nd] - k
+                out.d_mean, out.d_lo, out.d_hi = mean[nms:nd], lo[nms:nd], hi[nms:nd]
+        if nd < len(present):  # metrics, sorted by (name, step)
             by_name = sorted(range(g), key=gnames.__getitem__)
             rank_of = np.empty(g, np.int64)
             rank_of[by_name] = np.arange(g)
-            mrow = present[nms:] - k
+            mrow = present[nd:] - b * k
             name = rank_of[mrow // k]
             at_step = mrow % k
             order = np.argsort(name * k + at_step, kind="stable")
             out.names = [gnames[i] for i in by_name]
             out.metric_name = name[order]
             out.metric_idx = at_step[order]
-            order += nms
+            order += nd
             out.metric_mean, out.metric_lo, out.metric_hi = mean[order], lo[order], hi[order]
         self.__init__()  # type: ignore[misc]
         return out
 
 
 _ZEROS: List[int] = [0] * 1024
+_NONES: List[Optional[float]] = [None] * 1024
 
 
 def _zeros(k: int) -> List[int]:
     return _ZEROS if k == 1024 else _ZEROS[:k]
+
+
+def _nones(k: int) -> List[Optional[float]]:
+    return _NONES if k == 1024 else _NONES[:k]
 
 
 def close_columns(cols: Columns) -> Optional[ClosedSteps]:
@@ -514,11 +493,8 @@ def close_columns(cols: Columns) -> Optional[ClosedSteps]:
         order = np.lexsort((rank, step))
         step_s, rank_s = step[order], rank[order]
         dup = (step_s[1:] == step_s[:-1]) & (rank_s[1:] == rank_s[:-1])
-        if dup.any():
-            keep = np.ones(total, dtype=bool)
-            keep[:-1] = ~dup
-            order = order[keep]
-            step_s, rank_s = step[order], rank[order]
+        if dup.any():  # a rank sent a step twice: one point, merged field by field
+            return close_columns(merge_points(cols, order, dup))
         sel = order
     entries = len(step_s)
     starts = starts_of(step_s)
@@ -552,6 +528,15 @@ def close_columns(cols: Columns) -> Optional[ClosedSteps]:
             first = at_top[starts_of(tseg)]  # the lowest rank of a step at its top
             slowest[ms_seg[first]] = ms_rank[first]
     out.slowest = slowest
+    # data_ms (7.1): reduced as step_ms is
+    dhas = cols.dms_has
+    if dhas.any():
+        dhas = pick(dhas)
+        dms, d_seg = pick(cols.dms)[dhas], seg[dhas]
+        if len(dms):
+            g0 = starts_of(d_seg)
+            out.d_idx = d_seg[g0]
+            out.d_mean, out.d_lo, out.d_hi = reduce_groups(dms, g0)
     # metrics, long form, sorted by (name, step, rank)
     if len(cols.m_val):
         names = cols.names

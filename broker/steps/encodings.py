@@ -26,8 +26,9 @@ def csv_columns(metric_names: List[str]) -> List[str]:
     cols = ["step", "time", "n"]
     for name in metric_names:
         cols += [f"{name}_mean", f"{name}_min", f"{name}_max"]
-    return cols + ["step_ms_mean", "step_ms_min", "step_ms_max", "slowest_rank", "samples",
-                   "tokens", "samples_per_s", "tokens_per_s"]
+    return cols + ["step_ms_mean", "step_ms_min", "step_ms_max", "data_ms_mean", "data_ms_min",
+                   "data_ms_max", "slowest_rank", "samples", "tokens", "samples_per_s",
+                   "tokens_per_s"]
 
 
 def int_cells(arr: np.ndarray) -> List[str]:
@@ -43,7 +44,7 @@ def float_cells(arr: np.ndarray) -> List[str]:
 #: PROTOCOL 2.4's closed step record keys, in its order (what :meth:`StepStore.records`
 #: gives, as the broker's records did: the SSE bytes are the same)
 RECORD_KEYS = ("step", "time", "n", "metrics", "step_ms", "slowest_rank", "samples", "tokens",
-                "samples_per_s", "tokens_per_s")
+                "samples_per_s", "tokens_per_s", "data_ms")
 
 
 def none_where(arr: np.ndarray, mask: np.ndarray) -> List[Any]:

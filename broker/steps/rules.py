@@ -10,12 +10,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List
 
+from broker.steps.datawait import DataWait, data_share
+
 if TYPE_CHECKING:
     from broker.events import Event
     from broker.steps.closer import RunSteps, StepCloser
     from broker.steps.store import StepStore
+    from broker.topology import Topology
 
-__all__ = ["StepRules"]
+__all__ = ["StepRules", "DATA_WAIT_INTERVAL"]
+
+#: the header's data-wait figures (7.1) are worked out at most this often (seconds)
+DATA_WAIT_INTERVAL = 1.0
 
 
 class StepRules:
@@ -29,6 +35,9 @@ class StepRules:
         _steps: RunSteps
         _closer: StepCloser
         _header_changed: bool
+        _header_pending: bool
+        data_wait: DataWait
+        topology: Topology
 
         def _raise(self, kind: str, rank: int | None, message: str, now: float,
                    notify: bool = True) -> None: ...
@@ -74,6 +83,7 @@ class StepRules:
             step, value, at = bad
             self._raise("nonfinite_loss", None, f"step {step}: loss is {value}",
                         published if isinstance(published, float) else at)
+        self._update_data_wait(self.updated_at or 0.0, force=True)
 
     def settle(self, now: float) -> List[Event]:
         """The run leaves memory (``--max-runs`` eviction): every pending step closes with
@@ -87,7 +97,7 @@ class StepRules:
         a step or two each time. A later point of a step closed here is late (dropped and
         counted), as after ``--step-close-after``."""
         if self._steps.close_all():
-            self._publish_steps(now)
+            self._publish_steps(now, final=True)
         return self._take_events()
 
     def _close_steps(self, now: float) -> None:
@@ -99,7 +109,7 @@ class StepRules:
         if self._steps.due(now):
             self._publish_steps(now)
 
-    def _publish_steps(self, now: float) -> None:
+    def _publish_steps(self, now: float, final: bool = False) -> None:
         """One ``steps`` event with every step closed since the last one (at most one per
         STEPS_INTERVAL, or at once when the run ends). Its data is the store's wire block
         of those rows (:meth:`RunSteps.take`; records: ``stepstore.wire_records``)."""
@@ -111,4 +121,23 @@ class StepRules:
         bad = self.steps.last_nonfinite("loss", since=before)  # array scan, not per record
         if bad is not None:
             self._raise("nonfinite_loss", None, f"step {bad[0]}: loss is {bad[1]}", now)
+        self._update_data_wait(now, force=final)  # (the run's end: its last figures)
+
+    def _update_data_wait(self, now: float, force: bool = False) -> None:
+        """The header's ``data_share`` and ``data_stragglers`` (7.1, :mod:`broker.steps.
+        datawait`), at most once per DATA_WAIT_INTERVAL; a rank entering the list raises
+        ``data_straggler``; the header goes out (coalesced) when the figures moved."""
+        dw = self.data_wait
+        if not force and dw.at is not None and now - dw.at < DATA_WAIT_INTERVAL:
+            return
+        dw.at = now
+        d, ms = self.steps.data_ms, self.steps.step_ms
+        share = data_share(d.row[:d.n], d.mean[:d.n], ms.row[:ms.n], ms.mean[:ms.n])
+        figures = [(rank, rs.mean_data(), rs.mean_ms())
+                   for rank, rs in self._closer.ranks.items() if rs.data]
+        changed, new = dw.update(share, figures, self.topology.place.get)  # type: ignore[arg-type]
+        for rank, message in new:
+            self._raise("data_straggler", rank, message, now)
+        if changed:
+            self._header_pending = True
 

@@ -42,14 +42,17 @@ from broker.steps.encodings import (
     trip_array,
 )
 
-__all__ = ["StepStore", "Series", "STEP_MS", "SAMPLES_PER_S", "TOKENS_PER_S", "wire_records"]
+__all__ = ["StepStore", "Series", "STEP_MS", "DATA_MS", "SAMPLES_PER_S", "TOKENS_PER_S", "wire_records"]
 
 #: ``/steps`` names of the series that are not user metrics (they shadow a metric of the
 #: same name there; ``/steps.csv`` has every metric under its own name).
 STEP_MS = "step_ms"
+#: (v4, 7.1) the ms a step waited for its batch: a series like ``step_ms``, not a metric
+DATA_MS = "data_ms"
 SAMPLES_PER_S = "samples_per_s"
 TOKENS_PER_S = "tokens_per_s"
 
+_DATA_KEY = object()  # extend_wire's key of the data_ms series (no metric name is it)
 _ROW_FIELDS = (("step", np.int64), ("time", np.float64), ("n", np.int32),
                ("slowest", np.int32), ("samples", np.int64), ("tokens", np.int64))
 _MIN_CAPACITY = 8
@@ -162,6 +165,7 @@ class StepStore:
         self.rows = 0
         self._cols: Dict[str, np.ndarray] = {name: np.empty(0, dt) for name, dt in _ROW_FIELDS}
         self.step_ms = Series()
+        self.data_ms = Series()
         self.metrics: Dict[str, Series] = {}
         self._names: List[str] | None = []
         self._order: Dict[str, int] = {}  # name -> when its series was made (0, 1, ...)
@@ -202,6 +206,7 @@ class StepStore:
     def nbytes(self) -> int:
         """Bytes allocated for the closed steps (arrays, capacity included)."""
         return (sum(c.nbytes for c in self._cols.values()) + self.step_ms.nbytes()
+                + self.data_ms.nbytes()
                 + sum(s.nbytes() for s in self.metrics.values()))
 
     def slowest_ranks(self, since: int = 0) -> List[int]:
@@ -257,6 +262,10 @@ class StepStore:
         has = np.fromiter(map(is_not, ms, repeat(None)), bool, k)
         ms_rows = np.flatnonzero(has)
         ms_trip = trip_array(list(compress(ms, has)))
+        dms = [r.get(DATA_MS) for r in records]
+        d_has = np.fromiter(map(is_not, dms, repeat(None)), bool, k)
+        d_rows = np.flatnonzero(d_has)
+        d_trip = trip_array(list(compress(dms, d_has)))
         series_in: List[tuple[str, np.ndarray, np.ndarray]] = []
         keys = mets[0].keys()
         if all(map(keys.__eq__, map(dict.keys, mets))):  # every record: the same names
@@ -285,6 +294,8 @@ class StepStore:
         cols["tokens"][base:end] = tokens_a
         if len(ms_rows):
             self.step_ms.extend(ms_rows + base, ms_trip[:, 0], ms_trip[:, 1], ms_trip[:, 2])
+        if len(d_rows):
+            self.data_ms.extend(d_rows + base, d_trip[:, 0], d_trip[:, 1], d_trip[:, 2])
         for name, at, trip in series_in:
             series = self.metrics.get(name)
             if series is None:
@@ -296,7 +307,9 @@ class StepStore:
                        slowest: np.ndarray, samples: np.ndarray, tokens: np.ndarray,
                        step_ms: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
                        metrics: Iterable[tuple[str, np.ndarray, np.ndarray, np.ndarray,
-                                               np.ndarray]]) -> None:
+                                               np.ndarray]],
+                       data_ms: Optional[tuple[np.ndarray, np.ndarray, np.ndarray,
+                                               np.ndarray]] = None) -> None:
         """Append a batch of closed steps given as arrays (the broker's close: one call per
         batch, no Python per step): the row columns (``time`` NaN: none; ``slowest`` -1:
         none), then each series as ``(idx, mean, lo, hi)`` with ``idx`` the position in the
@@ -315,6 +328,9 @@ class StepStore:
         cols["tokens"][base:end] = tokens
         idx, mean, lo, hi = step_ms
         self.step_ms.extend(idx + base, mean, lo, hi)
+        if data_ms is not None and len(data_ms[0]):
+            idx, mean, lo, hi = data_ms
+            self.data_ms.extend(idx + base, mean, lo, hi)
         for name, idx, mean, lo, hi in metrics:
             series = self.metrics.get(name)
             if series is None:
@@ -336,6 +352,7 @@ class StepStore:
         for name, _ in _ROW_FIELDS:
             out[name] = self._cols[name][start:end].tobytes()
         out["step_ms"] = series_wire(self.step_ms, start, end)
+        out["data_ms"] = series_wire(self.data_ms, start, end)
         metrics = self.metrics
         if names is None:
             names = list(metrics)
@@ -362,8 +379,11 @@ class StepStore:
         if k < 0 or (base != self.rows and not rebase):
             raise ValueError(f"step block at row {base} does not follow row {self.rows}")
         cols = {name: np.frombuffer(block[name], dtype=dt) for name, dt in _ROW_FIELDS}
-        series: List[tuple[Optional[str], tuple[np.ndarray, ...]]] = [
+        # keys: None = step_ms, _DATA_KEY = data_ms, else a metric's name
+        series: List[tuple[Any, tuple[np.ndarray, ...]]] = [
             (None, series_arrays(block["step_ms"]))]
+        if block.get("data_ms") is not None:  # (absent from blocks written before v4)
+            series.append((_DATA_KEY, series_arrays(block["data_ms"])))
         series += [(str(name), series_arrays(v)) for name, v in block["metrics"].items()]
         for name, arr in cols.items():
             if len(arr) != k:
@@ -389,7 +409,8 @@ class StepStore:
         for col, arr in cols.items():
             self._cols[col][start:start + k] = arr
         for key, (rows, mean, lo, hi) in series:
-            target = self.step_ms if key is None else self.metrics.get(key)
+            target = self.step_ms if key is None else self.data_ms if key is _DATA_KEY \
+                else self.metrics.get(key)
             if target is None:
                 assert key is not None
                 if not len(rows):  # no row of this block has it: not seen yet
@@ -419,7 +440,8 @@ class StepStore:
         if metric == SAMPLES_PER_S or metric == TOKENS_PER_S:
             rows, mean = self._rates(metric, r0, r1)
             return buckets(steps[rows], mean, mean, mean, None, points)
-        series = self.step_ms if metric == STEP_MS else self.metrics.get(metric)
+        series = self.step_ms if metric == STEP_MS else self.data_ms if metric == DATA_MS \
+            else self.metrics.get(metric)
         if series is None or not series.n:
             return []
         p0, p1 = series.span(r0, r1)
@@ -479,7 +501,8 @@ class StepStore:
             cols["step"][r0:r1].tolist(), none_where(times, np.isnan(times)),
             cols["n"][r0:r1].tolist(), metrics, ms if ms is not None else repeat(None, k),
             none_where(slowest, slowest < 0), cols["samples"][r0:r1].tolist(),
-            cols["tokens"][r0:r1].tolist(), rates[0], rates[1]))))
+            cols["tokens"][r0:r1].tolist(), rates[0], rates[1],
+            self._spread_triples(self.data_ms, r0, r1) or repeat(None, k)))))
 
     @staticmethod
     def _spread_triples(s: Series, r0: int, r1: int) -> Optional[List[Any]]:
@@ -505,6 +528,7 @@ class StepStore:
             for name in names:
                 columns.extend(self._dense_cells(self.metrics[name], r0, r1))
             columns.extend(self._dense_cells(self.step_ms, r0, r1))
+            columns.extend(self._dense_cells(self.data_ms, r0, r1))
             slowest = self._cols["slowest"][r0:r1]
             columns.append(["" if v < 0 else str(v) for v in slowest.tolist()])
             columns.append(int_cells(self._cols["samples"][r0:r1]))

@@ -36,6 +36,7 @@ import numbers
 import os
 import sys
 import threading
+import time
 from pathlib import PurePath
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
@@ -209,10 +210,12 @@ def default_event(device: Any) -> Any:
 class _Entry:
     """One optimizer step waiting in :class:`StepPipeline`."""
 
-    __slots__ = ("step", "ready", "hosts", "events", "samples", "tokens")
+    __slots__ = ("step", "ready", "hosts", "events", "samples", "tokens", "data_ms")
 
     def __init__(self, step: int, ready: Dict[str, Any], hosts: List[Tuple[str, Any]],
-                 events: List[Any], samples: int, tokens: int) -> None:
+                 events: List[Any], samples: int, tokens: int,
+                 data_ms: Optional[float] = None) -> None:
+        self.data_ms = data_ms  # (7.1) sent explicitly: the point may leave steps late
         self.step = step
         self.ready = ready
         self.hosts = hosts
@@ -248,7 +251,7 @@ class StepPipeline:
         return len(self._queue)
 
     def push(self, step: int, metrics: Mapping[str, Any] | None = None,
-             samples: int = 0, tokens: int = 0) -> None:
+             samples: int = 0, tokens: int = 0, data_ms: Optional[float] = None) -> None:
         """One optimizer step's values: numbers go as they are, device tensors are copied
         to the host asynchronously and sent once the copy is done (never waited for here)."""
         ready: Dict[str, Any] = {}
@@ -267,12 +270,12 @@ class StepPipeline:
         queue = self._queue
         if not devs:
             if not queue:
-                self._log_step(step, ready, samples, tokens)
+                self._send(_Entry(step, ready, [], [], samples, tokens, data_ms))
                 return
-            queue.append(_Entry(step, ready, [], [], samples, tokens))
+            queue.append(_Entry(step, ready, [], [], samples, tokens, data_ms))
         else:
             hosts, events = self._copy(devs, ready)
-            queue.append(_Entry(step, ready, hosts, events, samples, tokens))
+            queue.append(_Entry(step, ready, hosts, events, samples, tokens, data_ms))
         self._emit(burst=len(queue) > self.max_lag)
         if len(queue) > self.hard_cap:
             self.forced_syncs += 1
@@ -333,7 +336,11 @@ class StepPipeline:
         for device, event in entry.events:
             self._free.setdefault(device, []).append(event)
         entry.events = []
-        self._log_step(entry.step, metrics, entry.samples, entry.tokens)
+        if entry.data_ms is None:
+            self._log_step(entry.step, metrics, entry.samples, entry.tokens)
+        else:
+            self._log_step(entry.step, metrics, entry.samples, entry.tokens,
+                           data_ms=entry.data_ms)
 
     def _wait(self, entry: _Entry) -> None:
         for _, event in entry.events:
@@ -452,8 +459,12 @@ class Reporter:
         self.clean_exit = clean_exit
         self.ended: str | None = None
         self._lock = threading.Lock()
-        # a step held back by hold_step(): [step, metrics, samples, tokens]
+        # a step held back by hold_step(): [step, metrics, samples, tokens, data_ms]
         self._held: list[Any] | None = None
+        # the data wait (7.1): the latest batch_ready() since the last step, and that step's
+        # time (time.time(), the agent's clock)
+        self._ready: float | None = None
+        self._step_t: float | None = None
         atexit.register(self._at_exit)
 
     def start(self, *, total_epochs: int = 0, metadata: Any = None, port: int = 0,
@@ -477,7 +488,24 @@ class Reporter:
             held[2] += samples
             held[3] += tokens
             return
-        self.steps.push(step, metrics, samples, tokens)
+        self.steps.push(step, metrics, samples, tokens, self._data_ms())
+
+    def batch_ready(self) -> None:
+        """The framework has the step's batch in hand (PROTOCOL 7.1: the integration calls
+        this for the user): the next step's point carries the wait since the previous step
+        as an explicit ``data_ms``, since the pipeline may send the point later than the
+        step (the agent's own derivation would then measure the wrong gap)."""
+        self._ready = time.time()
+
+    def _data_ms(self) -> Optional[float]:
+        """At a step's end: the wait from the previous step's end to the latest
+        :meth:`batch_ready` since, in ms (None: no batch_ready since, or no previous step)."""
+        now = time.time()
+        ready, last = self._ready, self._step_t
+        self._ready, self._step_t = None, now
+        if ready is None or last is None:
+            return None
+        return (ready - last) * 1000.0 if ready > last else 0.0
 
     def hold_step(self, step: int, samples: int = 0, tokens: int = 0) -> None:
         """Start the point of ``step`` but send it only at the next :meth:`hold_step` (or the
@@ -487,13 +515,13 @@ class Reporter:
         would then be late, dropped. Every point is one step late, so step times stay one
         loop period each."""
         self.release_step()
-        self._held = [step, {}, samples, tokens]
+        self._held = [step, {}, samples, tokens, self._data_ms()]
 
     def release_step(self) -> None:
         """Send the held step, if any."""
         held, self._held = self._held, None
         if held is not None:
-            self.steps.push(held[0], held[1] or None, held[2], held[3])
+            self.steps.push(held[0], held[1] or None, held[2], held[3], held[4])
 
     def epoch(self, epoch: int, avg_loss: float, *, batches: int = 0, samples: int = 0,
               epoch_ms: float = 0.0, scalars: Mapping[str, Any] | None = None) -> None:

@@ -20,6 +20,7 @@ process's agent and sends what every rank sends:
 times and the tracker's logged values land in the same run and merge per step::
 
     agent = RankAgent.from_env()              # every process (README: "Accelerate")
+    agent.batch_ready()                       # the batch in hand: its wait is data_ms (7.1)
     agent.log_step(step, samples=batch_size)  # each optimizer step
 
 The shared agent finishes and closes when its last user does (the tracker at

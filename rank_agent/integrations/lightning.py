@@ -15,7 +15,9 @@ What a fit sends (PROTOCOL.md section 5):
 * every optimizer step (``global_step`` grew): ``log_step(global_step, {"loss": ...,
   <step-level logged metrics>}, samples=<batch size>)``; the loss is the mean over the
   step's accumulated batches (Lightning hands the callback each batch's loss divided by
-  ``accumulate_grad_batches``, so their sum is that mean);
+  ``accumulate_grad_batches``, so their sum is that mean); ``on_train_batch_start`` marks
+  the batch in hand, so each point carries the step's ``data_ms`` (the wait for its batch
+  since the previous step, PROTOCOL 7.1);
 * every training epoch: ``log_epoch`` with the mean batch loss, batches, samples, the
   epoch's wall time and the epoch-level metrics (``trainer.callback_metrics`` without the
   ``*_step`` forms) as scalars;
@@ -208,6 +210,12 @@ class RankboardCallback(pl.Callback):
         self._epoch_batches = 0
         self._epoch_samples = 0
         self._epoch_t0 = time.perf_counter()
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        """The batch is in hand: the data wait (PROTOCOL 7.1) ends here."""
+        if self.reporter is not None:
+            self.reporter.batch_ready()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:

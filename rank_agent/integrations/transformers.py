@@ -19,7 +19,13 @@ What a ``trainer.train()`` sends (PROTOCOL.md section 5):
   ``samples`` is ``per_device_train_batch_size * gradient_accumulation_steps``, ``tokens``
   this process's share of the growth of ``state.num_input_tokens_seen`` (counted by the
   Trainer when ``include_num_input_tokens_seen`` is on; it is a job-wide count, so the
-  shares add up to it);
+  shares add up to it); ``on_step_begin`` marks the batch in hand, so the point carries
+  ``data_ms`` (the wait for the step's batches since the previous step, PROTOCOL 7.1).
+  With ``average_tokens_across_devices`` on (the default when the model counts label
+  tokens), the Trainer gathers each step's token count over the ranks after loading the
+  batches and before ``on_step_begin``, so every rank waits there for the slowest loader
+  and every rank's ``data_ms`` includes it: ``data_share`` shows the job waiting, but no
+  rank stands out. Set it to ``False`` to see which rank's input is slow (logged once);
 * every ``on_log``: its numbers (``loss``, ``learning_rate``, ``grad_norm``, eval metrics)
   as metrics of the current step, merged into its held point. The Trainer
   averages ``loss`` over processes before logging it, so every rank sends the same value.
@@ -151,6 +157,10 @@ class RankboardCallback(TrainerCallback):
         self.reporter.start(total_epochs=int(state.num_train_epochs or 0),
                             metadata=self._metadata(args, model), port=self.port,
                             sample_interval=self.sample_interval)
+        if world > 1 and rank == 0 and getattr(args, "average_tokens_across_devices", False):
+            log.info("rankboard: average_tokens_across_devices gathers every step before "
+                     "on_step_begin, so each rank's data_ms includes the slowest rank's "
+                     "input wait; set it to False to see which rank's input is slow")
 
     @staticmethod
     def _metadata(args: Any, model: Any) -> Dict[str, Any]:
@@ -177,6 +187,11 @@ class RankboardCallback(TrainerCallback):
             return
         self._send_closed()
         self._open = _Epoch(int(round(state.epoch or 0)), int(state.global_step))
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The step's batches are in hand: the data wait (PROTOCOL 7.1) ends here."""
+        if self.reporter is not None:
+            self.reporter.batch_ready()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         reporter = self.reporter

@@ -410,13 +410,14 @@ def test_fork_child_logs_its_own_steps_parent_unaffected(receiver, make_agent):
 
 
 def test_step_frames_restart_starts_a_new_frame_and_last_merges():
-    pts = [(5, 1.0, None, {"a": 1.0}, 0, 0), (6, 2.0, 10.0, None, 2, 0), (3, 3.0, None, None, 0, 0)]
+    pts = [(5, 1.0, None, {"a": 1.0}, 0, 0, None), (6, 2.0, 10.0, None, 2, 0, None),
+           (3, 3.0, None, None, 0, 0, None)]
     frames, last = step_frames("r", 0, pts)
     assert [f.steps for f in frames] == [[5, 6], [3]]
     assert frames[0].metrics == {"a": [1.0, None]}
     assert frames[0].samples == [0, 2] and frames[1].samples == []
-    assert last == (3, 3.0, None, None, 0, 0)
-    frames, last = step_frames("r", 0, [(3, 9.0, None, {"b": 2.0}, 1, 1)], last)
+    assert last == (3, 3.0, None, None, 0, 0, None)
+    frames, last = step_frames("r", 0, [(3, 9.0, None, {"b": 2.0}, 1, 1, None)], last)
     assert [f.steps for f in frames] == [[3]] and frames[0].times == [3.0]
     assert frames[0].metrics == {"b": [2.0]} and frames[0].tokens == [1]
     assert step_frames("r", 0, [], last) == ([], last)

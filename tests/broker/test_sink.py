@@ -34,7 +34,7 @@ RUN = "run-1"
 HEADER_KEYS = [
     "run", "status", "world_size", "total_epochs", "label", "hash", "port", "metadata",
     "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at", "steps_done",
-    "step_metrics",
+    "step_metrics", "data_share", "data_stragglers",
 ]
 
 
@@ -117,7 +117,7 @@ def test_header_defaults() -> None:
         "run": RUN, "status": "waiting", "world_size": None, "total_epochs": None,
         "label": None, "hash": None, "port": None, "metadata": None, "hardware": "",
         "has_svg": False, "hosts": [], "alerts": [], "started_at": 1.0, "updated_at": 1.0,
-        "steps_done": None, "step_metrics": [],
+        "steps_done": None, "step_metrics": [], "data_share": None, "data_stragglers": [],
     }
 
 
@@ -929,7 +929,7 @@ def test_rank_entries() -> None:
         "resources": {"cpu_percent": 3.0, "ram_used_bytes": None, "ram_total_bytes": None,
                       "gpu_util_percent": None, "vram_allocated_bytes": None, "vram_total_bytes": None,
                       "gpus": []},
-        "step": None, "step_ms": None, "slowest_share": 0.0,
+        "step": None, "step_ms": None, "data_ms": None, "slowest_share": 0.0,
         "loss": None, "gpu_xids": None,
     }
     assert (r1["host"], r1["local_rank"], r1["epoch"], r1["loss"], r1["last_seen"]) == (None, None, 4, 0.5, 1.0)

@@ -436,7 +436,7 @@ def test_record_shape_and_plain_figures() -> None:
         (2, dict(ms=200.0, samples=[8], tokens=[800], loss=6.0, times=[T0 + 5])),
     ))
     assert list(rec) == ["step", "time", "n", "metrics", "step_ms", "slowest_rank", "samples",
-                         "tokens", "samples_per_s", "tokens_per_s"]
+                         "tokens", "samples_per_s", "tokens_per_s", "data_ms"]
     assert rec["step"] == 7 and rec["n"] == 3
     assert rec["time"] == T0 + 9  # the largest times value, not the last rank's
     assert rec["metrics"] == {"loss": [4.0, 2.0, 6.0]}

@@ -505,7 +505,8 @@ def reference_records(store: StepStore, r0: int, r1: int) -> list[dict[str, Any]
                     "step_ms": triple(store.step_ms, row), "slowest_rank": None if slowest < 0 else slowest,
                     "samples": int(store.column("samples")[row]),
                     "tokens": int(store.column("tokens")[row]),
-                    "samples_per_s": rates[SAMPLES_PER_S], "tokens_per_s": rates[TOKENS_PER_S]})
+                    "samples_per_s": rates[SAMPLES_PER_S], "tokens_per_s": rates[TOKENS_PER_S],
+                    "data_ms": triple(store.data_ms, row)})
     return out
 
 
@@ -534,14 +535,17 @@ def _cell(x: Any) -> str:
 def expected_csv(records: list[dict[str, Any]]) -> list[list[str]]:
     names = sorted({m for r in records for m in r["metrics"]})
     rows = [["step", "time", "n"] + [f"{m}_{k}" for m in names for k in ("mean", "min", "max")]
-            + ["step_ms_mean", "step_ms_min", "step_ms_max", "slowest_rank", "samples",
-               "tokens", "samples_per_s", "tokens_per_s"]]
+            + ["step_ms_mean", "step_ms_min", "step_ms_max", "data_ms_mean", "data_ms_min",
+               "data_ms_max", "slowest_rank", "samples", "tokens", "samples_per_s",
+               "tokens_per_s"]]
     for r in records:
         row = [str(r["step"]), _cell(r["time"]), str(r["n"])]
         for m in names:
             t = r["metrics"].get(m)
             row += [_cell(v) for v in t] if t is not None else ["", "", ""]
         row += [_cell(v) for v in r["step_ms"]] if r["step_ms"] is not None else ["", "", ""]
+        dms = r.get("data_ms")
+        row += [_cell(v) for v in dms] if dms is not None else ["", "", ""]
         row += [_cell(r["slowest_rank"]), str(r["samples"]), str(r["tokens"]),
                 _cell(r["samples_per_s"]), _cell(r["tokens_per_s"])]
         rows.append(row)
@@ -569,7 +573,8 @@ def test_csv_matches_protocol_columns_and_cells(chunk: int) -> None:
 def test_csv_of_an_empty_store() -> None:
     store = StepStore()
     assert list(store.csv_rows()) == []
-    assert csv_header([]) == ("step,time,n,step_ms_mean,step_ms_min,step_ms_max,slowest_rank,"
+    assert csv_header([]) == ("step,time,n,step_ms_mean,step_ms_min,step_ms_max,"
+                              "data_ms_mean,data_ms_min,data_ms_max,slowest_rank,"
                               "samples,tokens,samples_per_s,tokens_per_s\r\n")
 
 

@@ -59,6 +59,9 @@ def test_demo_dashboard_is_live_and_clean(demo: Stack, page: Any) -> None:
     wait_until(lambda: coloured(page, '[data-step-chart="loss"] canvas') > 30, 15.0, "step loss drawn")
     expect(page.locator('#straggler-marks [data-mark="straggler"][data-rank="3"]')).to_be_visible(
         timeout=15_000)
+    # ... slow because of its data: the line above the board says so (PROTOCOL 7.1)
+    expect(page.locator("#data-cause")).to_contain_text("rank 3 waits", timeout=15_000)
+    expect(page.locator("#data-cause")).to_contain_text("input-bound on that rank")
     page.screenshot(path=str(ARTIFACTS / "demo-steps.png"), full_page=True)
     page.errors.check()
 

@@ -101,6 +101,7 @@ export function rankRows(store, lastStep) {
       util: g.util, vu: g.vu, vt: g.vt,
       throughput: m && isNum(m.throughput) ? m.throughput : null,
       share: m ? m.chunk_ratio : null, stepMs,
+      dataMs: r && isNum(r.data_ms) ? r.data_ms : null,
       stepRatio: stepMs !== null && meanMs ? stepMs / meanMs : null,
       slowShare: share, marks,
       health: rankHealth(r ? r.resources : null, xidAlerts.get(rank) || null),

@@ -116,6 +116,7 @@ const COLUMNS = [
     if (isNum(r.stepRatio)) td.title = `${r.stepRatio.toFixed(2)}× the mean of ranks`;
     return td;
   } },
+  { key: "dataMs", label: "data wait", title: "ms a step this rank waited for its batch (mean of its last ≤100 steps)", when: "steps", num: true, sort: (r) => num(r.dataMs), cell: (r) => h("td", "num mono", fmtMs(r.dataMs)) },
   { key: "slowShare", label: "slowest share", title: "fraction of the last ≤1000 closed steps in which this rank was the slowest", when: "steps", num: true, sort: (r) => num(r.slowShare), cell: (r) => {
     const td = h("td", "num mono", isNum(r.slowShare) ? fmtPct(r.slowShare * 100, 1) : DASH);
     if (r.marks.includes("straggler")) td.classList.add("warn-text");

@@ -14,7 +14,7 @@ export const BIG = 32;
 
 const HEADER_KEYS = ["run", "status", "world_size", "total_epochs", "label", "hash", "port",
   "metadata", "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
-  "steps_done", "step_metrics"];
+  "steps_done", "step_metrics", "data_share", "data_stragglers"];
 
 export class Store {
   constructor() {

@@ -3,6 +3,7 @@
 // columns, one per `ranks` update (the store's stepTimes hook feeds it).
 
 import { serverNow } from "./api.js";
+import { dataFig, renderDataCause } from "./datawait.js";
 import { $, button, h, setText } from "./dom.js";
 import { fmtAgo, fmtInt, fmtMs, fmtPct, isNum } from "./fmt.js";
 import { StragglerStrip } from "./heatmap.js";
@@ -49,11 +50,13 @@ export class Stragglers {
       chip.append(h("span", "chip-rank mono", `rank ${r.rank}`), h("span", "chip-host", r.host ?? ""),
         h("span", "chip-fig mono", `slowest in ${fmtPct((r.slowShare || 0) * 100, 0)} of steps`),
         h("span", "chip-fig mono muted", isNum(r.stepRatio) ? `${fmtMs(r.stepMs)} · ${r.stepRatio.toFixed(2)}× mean` : fmtMs(r.stepMs)));
+      if (dataFig(r.dataMs)) chip.append(h("span", "chip-fig chip-data mono muted", dataFig(r.dataMs)));
       return chip;
     });
     if (marked.length > 6) chips.push(h("span", "muted", `and ${fmtInt(marked.length - 6)} more marked`));
     if (!marked.length) chips.unshift(h("span", "muted straggler-none", "no straggler: the slowest rank changes from step to step"));
     $("straggler-marks").replaceChildren(...chips);
+    renderDataCause($("data-cause"), store.header, store.ranks); // 7.1: the cause, above the board
     const groups = hostGroups(store, rows);
     const perRank = rows.length <= 48;
     const stripRows = perRank
