@@ -122,6 +122,10 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
                         "needs --curve-authorized")
     p.add_argument("--curve-authorized", type=Path, default=None,
                    help="directory of authorized client public keys")
+    p.add_argument("--curve-web-authorized", type=Path, default=None, metavar="PATH",
+                   help="the webs' public keys (a directory, e.g. authorized-webs/ of "
+                        "`rankboard keys`, or one key file): under CURVE only these may make "
+                        "ranks dump their stacks (up/demo: their web's --curve-client-key)")
     # (v3, PROTOCOL 3.1) no type=: argparse would echo a bad URL, secret and all
     p.add_argument("--alert-webhook", action="append", default=[], metavar="URL",
                    help="POST every alert to this URL (repeatable; Slack- and Discord-style "
@@ -291,7 +295,7 @@ def _demo(cfg: Any) -> int:
 
 
 def _keys(cfg: KeysConfig) -> int:
-    from broker.keys import keys_main
+    from rankboard.keys import keys_main
 
     return keys_main(cfg.dir, cfg.clients, cfg.webs)
 
