@@ -37,7 +37,7 @@ import os
 import sys
 import threading
 from pathlib import PurePath
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Tuple
 
 from ..agent import RankAgent
 from ..launcher import launcher_run_id, new_run_id, sanitize_run_id
@@ -547,10 +547,3 @@ def scalars_only(values: Mapping[str, Any]) -> Dict[str, Any]:
         if number is not None and type(number) is not bool:
             out[str(name)] = float(number)
     return out
-
-
-def optional_int(value: Any) -> Optional[int]:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None

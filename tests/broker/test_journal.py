@@ -85,7 +85,7 @@ class Server:
         except Rejected:
             return False
         self.sinks[decoded.run] = sink
-        self.journal.record(decoded.run, raw, decoded, self.now)
+        self.journal.accept(sink, raw, decoded, self.now)
         self._publish(sink, events)
         if flush:
             self.journal.flush()
@@ -256,8 +256,7 @@ def test_record_without_raw_bytes_encodes_the_frame(tmp_path: Path) -> None:
     sink = RunSink("r")
     f = Register(run="r", rank=0, world_size=1, host="h")
     sink.apply(f, T0)
-    j.record("r", b"", f, T0)
-    j.note_seq(sink)
+    j.accept(sink, b"", f, T0)
     j.close()
     j2, sinks = reload(tmp_path)
     j2.close()
@@ -504,8 +503,7 @@ def test_unreadable_files_are_skipped_and_moved_aside(tmp_path: Path,
         sink = RunSink("alien")
         f = Register(run="alien", rank=0, world_size=1, host="h")
         sink.apply(f, T0)
-        j.record("alien", protocol.encoder.encode(f), f, T0)
-        j.note_seq(sink)
+        j.accept(sink, protocol.encoder.encode(f), f, T0)
     finally:
         j.close()
     j, sinks = reload(data_dir)
@@ -723,7 +721,7 @@ def send(frame):
     raw = protocol.encoder.encode(frame)
     f = protocol.decode(raw)
     events = sink.apply(f, t)
-    j.record("kill", raw, f, t)
+    j.accept(sink, raw, f, t)
     issued = max([issued] + [e.seq for e in events])
     return [e for e in events if e.kind == "epoch"]
 
