@@ -1,8 +1,9 @@
 """The broker -> web feed codec (docs/DESIGN.md "The feed"): PUB topics and snapshot messages.
 
 Both sides import this module: the broker to encode, the web (under gevent) to decode. It
-therefore imports only msgspec, the standard library and ``rank_agent.controlwire`` (the
-request type, itself msgspec-only), never zmq, the sink or the web.
+therefore imports only msgspec and the standard library, never zmq, the sink or the web
+(the request type, ``rank_agent.controlwire``, only where the broker decodes a request:
+importing ``rank_agent`` starts the agent's package, zmq and all).
 Messages are lists of ``bytes`` parts, ready for ``send_multipart``/``recv_multipart``.
 
 PUB topics (first part):
@@ -28,11 +29,12 @@ however many subscribers receive it.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Union
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Union
 
 import msgspec
 
-from rank_agent.controlwire import ControlRequest, decode_body, encode_body
+if TYPE_CHECKING:
+    from rank_agent.controlwire import ControlRequest
 
 __all__ = [
     "RUN_PREFIX",
@@ -266,13 +268,15 @@ def decode_snapshot_reply(parts: list[bytes]) -> tuple[str, dict[str, Any]]:
 
 def encode_stacks_request(req: ControlRequest) -> list[bytes]:
     """DEALER message asking the broker to forward ``req`` to its run's ranks: the request
-    is encoded here, once (module docstring)."""
-    return [STACKS, encode_body(req)]
+    is encoded here, once (module docstring), as ``controlwire.encode_body`` would."""
+    return [STACKS, _pack(req)]
 
 
 def decode_stacks_request(parts: list[bytes]) -> tuple[ControlRequest, bytes]:
     """The request and its body bytes (to forward unchanged); :class:`FeedError` if the
     message is not ``[STACKS, body]`` or the body is not a request the agents accept."""
+    from rank_agent.controlwire import decode_body
+
     if len(parts) != 2 or parts[0] != STACKS:
         raise FeedError("stacks request must be [STACKS, body]")
     try:

@@ -575,7 +575,7 @@ def test_changes_users_expect_at_once_emit_from_apply_and_clear_the_pending_head
     events = sink.apply(fin(1), 10.2)
     assert [a["kind"] for a in events[0].data["alerts"]] == ["rank_error"]
     assert events[0].data["hosts"][0]["host"] == "z"
-    assert kinds(events) == ["run", "complete"] and events[0].data["status"] == "failed"
+    assert kinds(events) == ["run", "ranks", "complete"] and events[0].data["status"] == "failed"
 
 
 def test_coalesced_header_rate_limited_per_ranks_interval() -> None:
@@ -800,13 +800,25 @@ def test_all_finished_completes_once() -> None:
     sink = registered(2)
     assert sink.apply(fin(0), 1.0) == []
     events = sink.apply(fin(1), 2.0)
-    assert kinds(events) == ["run", "complete"]
-    assert events[0].data["status"] == "complete" and events[1].data == {"status": "complete"}
-    assert sink.complete == (events[1].seq, "complete") and sink.finished
+    assert kinds(events) == ["run", "ranks", "complete"]
+    assert events[0].data["status"] == "complete" and events[2].data == {"status": "complete"}
+    assert sink.complete == (events[2].seq, "complete") and sink.finished
     assert sink.apply(fin(1), 3.0) == []  # idempotent
     assert sink.status == "complete"
     assert [r["status"] for r in sink.ranks()] == ["finished", "finished"]
-    assert sink.snapshot()["complete"] == [events[1].seq, "complete"]
+    assert sink.snapshot()["complete"] == [events[2].seq, "complete"]
+
+
+def test_the_final_ranks_go_with_the_completion_not_after_it() -> None:
+    """Issue 27: the ``ranks`` event is throttled to one per ``ranks_interval`` and could
+    trail ``complete`` (a client saw the run end with a rank still "running")."""
+    sink = registered(2)
+    assert of_kind(sink.tick(1.0), "ranks")  # the throttle's clock starts now
+    assert sink.apply(fin(0), 1.1) == []
+    events = sink.apply(fin(1), 1.2)  # well within ranks_interval of the last ranks event
+    assert kinds(events)[-2:] == ["ranks", "complete"]
+    assert [r["status"] for r in of_kind(events, "ranks")[0]] == ["finished", "finished"]
+    assert of_kind(sink.tick(5.0), "ranks") == []  # nothing left to trail it
 
 
 def test_any_error_fails_the_run_and_raises_alert() -> None:

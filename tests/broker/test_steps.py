@@ -335,7 +335,7 @@ def test_run_end_closes_everything_then_completes() -> None:
     d.send(fin(0), 2.01)
     events = d.send(fin(1), 2.02)  # within STEPS_INTERVAL of the last steps event
     kinds = [e.kind for e in events]
-    assert kinds == ["steps", "run", "complete"]  # steps first: nothing after complete
+    assert kinds == ["steps", "run", "ranks", "complete"]  # steps first: nothing after complete
     assert numbers(wire_records(events[0].data)) == [3, 4, 5]
     assert d.closed == list(range(6))
     assert events[1].data["status"] == "complete" and events[1].data["steps_done"] == 5
@@ -347,7 +347,7 @@ def test_run_end_within_the_grace_still_closes_everything() -> None:
     d.send(fin(1), 1.1)
     assert d.closed == []
     events = d.send(fin(0), 1.2)
-    assert [e.kind for e in events] == ["steps", "run", "complete"]
+    assert [e.kind for e in events] == ["steps", "run", "ranks", "complete"]
     assert d.closed == [0, 1, 2]
 
 
