@@ -216,7 +216,9 @@ class BrokerServer:
         self._router: zmq.Socket | None = None
         self._auth: Any = None
         self._journal: Any = None
-        self._stop = threading.Event()
+        #: set by :meth:`stop`: a plain attribute the loop reads each turn, not an Event,
+        #: because a signal handler calls stop() and a lock there can deadlock (below)
+        self._stop_requested = False
         self._closed = False
         self._rlog = RateLimitedLog(log)
         #: which requests for dumps reach ranks, and the counts of those refused
@@ -401,7 +403,7 @@ class BrokerServer:
         next_tick = next_heartbeat + self.poll_interval
 
         def stopping() -> bool:
-            return self._stop.is_set() or (stop_event is not None and stop_event.is_set())
+            return self._stop_requested or (stop_event is not None and stop_event.is_set())
 
         while not stopping():
             ready = dict(poller.poll(timeout_ms))
@@ -418,8 +420,11 @@ class BrokerServer:
                 self._send_heartbeat()
 
     def stop(self) -> None:
-        """Ask :meth:`run` to return within one poll interval; safe from any thread."""
-        self._stop.set()
+        """Ask :meth:`run` to return within one poll interval; safe from any thread and from
+        a signal handler. It only sets an attribute: ``threading.Event.set`` takes a lock,
+        and a second SIGTERM landing while the main thread is inside that same ``set``
+        would re-enter the lock and hang the broker until SIGKILL (issue 27)."""
+        self._stop_requested = True
 
     def close(self) -> None:
         """Close the journal, the sockets (linger 0) and the context if we made it."""

@@ -253,7 +253,10 @@ def _configure_logging(level: str) -> None:
 
 
 def _install_stop_handlers(stop: Callable[[], None]) -> None:
-    """SIGINT/SIGTERM call ``stop`` (main thread only; elsewhere the caller stops us)."""
+    """SIGINT/SIGTERM call ``stop`` (main thread only; elsewhere the caller stops us).
+    ``stop`` must only note the signal (set an attribute): no lock, no I/O, since a second
+    signal can land while the main thread is inside the first one's handler or anywhere
+    else (``BrokerServer.stop``)."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -266,9 +269,11 @@ def run_broker(cfg: BrokerConfig) -> int:
 
     tune_gc()  # process-wide: here in the entry point, not at import
     server = cfg.build_server()
+    # before bind: a signal during the bind (or the journal's replay) is noted, and the
+    # loop then returns at once; installed after, it would kill the process mid-start
+    _install_stop_handlers(server.stop)
     try:
         server.bind()
-        _install_stop_handlers(server.stop)
         server.serve_forever()
     finally:
         server.close()
