@@ -229,16 +229,7 @@ def run_fuzz(ingest: str, publish: str, snapshot: str, msgs: list[Msg], epochs: 
                 problems.append(f"{outcome}: counted 0, expected at least {lo}")
 
         # the check run: every epoch closed, with the expected loss, nobody missing
-        dealer.send_multipart(feed.encode_snapshot_request(CHECK_RUN))
-        snap: dict[str, Any] | None = None
-        while True:
-            if not dealer.poll(15_000):
-                problems.append("no snapshot reply")
-                break
-            verb, body = feed.decode_snapshot_reply(dealer.recv_multipart())
-            if verb == "END":
-                break
-            snap = body
+        snap = _snapshot(dealer, CHECK_RUN, problems)
         steps_snap = _snapshot(dealer, CHECK_STEPS_RUN, problems)
         # every run the broker holds must still be servable (encodable) as a snapshot
         dealer.send_multipart(feed.encode_snapshot_request())
