@@ -13,18 +13,6 @@ from broker.journal import codec as jmod
 from broker.journal.journal import HEADER, Journal, read_entries
 from broker.sink import Rejected, RunSink
 from rank_agent import protocol
-from rank_agent.protocol import (
-    Finish,
-    Frame,
-    GpuSample,
-    Hardware,
-    Metadata,
-    Metrics,
-    Register,
-    Resources,
-    ResourceSample,
-    Svg,
-)
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_800_000_000.0
@@ -35,12 +23,12 @@ def same(a: Any, b: Any) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-def sample(rank: int, k: int) -> ResourceSample:
-    return ResourceSample(
+def sample(rank: int, k: int) -> protocol.ResourceSample:
+    return protocol.ResourceSample(
         cpu_percent=float(k % 100), ram_used_bytes=1000 + k, ram_total_bytes=10_000,
         gpu_util_percent=float((k * 7) % 100), vram_allocated_bytes=500 + k,
         vram_total_bytes=8000,
-        gpus=[GpuSample(device_index=rank % 2, name="H200", util_percent=float(k % 50))],
+        gpus=[protocol.GpuSample(device_index=rank % 2, name="H200", util_percent=float(k % 50))],
     )
 
 
@@ -56,7 +44,7 @@ class Server:
         self.issued: dict[str, int] = {}  # highest id published per run
         self.events: list[tuple[str, Any]] = []
 
-    def send(self, frame: Frame, *, dt: float = 0.5, flush: bool = True) -> bool:
+    def send(self, frame: protocol.Frame, *, dt: float = 0.5, flush: bool = True) -> bool:
         """One frame received ``dt`` seconds after the previous one; False if rejected."""
         self.now += dt
         raw = protocol.encoder.encode(frame)
@@ -107,29 +95,29 @@ def training(srv: Server, run: str = "r1", *, ranks: int = 3, epochs: int = 4,
              samples_per_epoch: int = 3, finish: bool = False) -> None:
     """A plausible run: registers, svg, metadata, hardware, sampling and metrics."""
     for r in range(ranks):
-        assert srv.send(Register(run=run, rank=r, world_size=ranks, host=f"h{r // 2}",
+        assert srv.send(protocol.Register(run=run, rank=r, world_size=ranks, host=f"h{r // 2}",
                                  local_rank=r % 2, port=8600, total_epochs=epochs, pid=100 + r))
-        assert srv.send(Hardware(run=run, rank=r, summary=f"cpu{r // 2} | gpu{r}"))
-    assert srv.send(Svg(run=run, rank=0, svg="<svg/>", label="net", hash="abc"))
-    assert srv.send(Metadata(run=run, rank=0, json='{"lr": 0.1}'))
+        assert srv.send(protocol.Hardware(run=run, rank=r, summary=f"cpu{r // 2} | gpu{r}"))
+    assert srv.send(protocol.Svg(run=run, rank=0, svg="<svg/>", label="net", hash="abc"))
+    assert srv.send(protocol.Metadata(run=run, rank=0, json='{"lr": 0.1}'))
     k = 0
     for e in range(epochs):
         for _ in range(samples_per_epoch):
             for r in range(ranks):
                 k += 1
-                assert srv.send(Resources(run=run, rank=r, sample=sample(r, k)), dt=0.2)
+                assert srv.send(protocol.Resources(run=run, rank=r, sample=sample(r, k)), dt=0.2)
         srv.tick()
         for r in range(ranks):
             loss = math.nan if (e == 1 and r == 0) else 1.0 / (e + 1) + r
-            assert srv.send(Metrics(run=run, rank=r, epoch=e, avg_loss=loss, batches=10 + r,
+            assert srv.send(protocol.Metrics(run=run, rank=r, epoch=e, avg_loss=loss, batches=10 + r,
                                     samples=100, epoch_ms=1000.0 + r,
                                     scalars={"acc": (0.5 * (r + 1), 1)}))
     if finish:
         for r in range(ranks):
-            assert srv.send(Finish(run=run, rank=r, status="error" if r == 2 else "ok"))
+            assert srv.send(protocol.Finish(run=run, rank=r, status="error" if r == 2 else "ok"))
 
 
-def frame_entries(path: Path) -> list[Frame]:
+def frame_entries(path: Path) -> list[protocol.Frame]:
     data = path.read_bytes()
     assert data.startswith(HEADER)
     entries, _, problem = read_entries(data[len(HEADER):])

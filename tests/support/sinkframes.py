@@ -6,18 +6,8 @@ from __future__ import annotations
 import msgspec
 
 from broker.sink import Event, RunSink
-from rank_agent.protocol import (
-    Finish,
-    Hardware,
-    Metadata,
-    Metrics,
-    Register,
-    Resources,
-    ResourceSample,
-    Svg,
-    decode,
-    encoder,
-)
+from rank_agent import protocol
+from rank_agent.protocol import decode, encoder
 
 RUN = "run-1"
 HEADER_KEYS = [
@@ -32,33 +22,33 @@ def wire(frame):
     return decode(encoder.encode(frame))
 
 
-def reg(rank: int, ws: int = 2, host: str = "a", lr: int | None = None, **kw) -> Register:
-    return wire(Register(run=RUN, rank=rank, world_size=ws, host=host,
+def reg(rank: int, ws: int = 2, host: str = "a", lr: int | None = None, **kw) -> protocol.Register:
+    return wire(protocol.Register(run=RUN, rank=rank, world_size=ws, host=host,
                          local_rank=rank if lr is None else lr, **kw))
 
 
-def met(rank: int, epoch: int, loss: float = 1.0, b: int = 1, **kw) -> Metrics:
-    return wire(Metrics(run=RUN, rank=rank, epoch=epoch, avg_loss=loss, batches=b, **kw))
+def met(rank: int, epoch: int, loss: float = 1.0, b: int = 1, **kw) -> protocol.Metrics:
+    return wire(protocol.Metrics(run=RUN, rank=rank, epoch=epoch, avg_loss=loss, batches=b, **kw))
 
 
-def fin(rank: int, status: str = "ok") -> Finish:
-    return wire(Finish(run=RUN, rank=rank, status=status))
+def fin(rank: int, status: str = "ok") -> protocol.Finish:
+    return wire(protocol.Finish(run=RUN, rank=rank, status=status))
 
 
-def res(rank: int, **kw) -> Resources:
-    return wire(Resources(run=RUN, rank=rank, sample=ResourceSample(**kw)))
+def res(rank: int, **kw) -> protocol.Resources:
+    return wire(protocol.Resources(run=RUN, rank=rank, sample=protocol.ResourceSample(**kw)))
 
 
-def hw(rank: int, summary: str) -> Hardware:
-    return wire(Hardware(run=RUN, rank=rank, summary=summary))
+def hw(rank: int, summary: str) -> protocol.Hardware:
+    return wire(protocol.Hardware(run=RUN, rank=rank, summary=summary))
 
 
-def svg(rank: int, text: str, label=None, hash=None) -> Svg:
-    return wire(Svg(run=RUN, rank=rank, svg=text, label=label, hash=hash))
+def svg(rank: int, text: str, label=None, hash=None) -> protocol.Svg:
+    return wire(protocol.Svg(run=RUN, rank=rank, svg=text, label=label, hash=hash))
 
 
-def meta(rank: int, text: str) -> Metadata:
-    return wire(Metadata(run=RUN, rank=rank, json=text))
+def meta(rank: int, text: str) -> protocol.Metadata:
+    return wire(protocol.Metadata(run=RUN, rank=rank, json=text))
 
 
 def kinds(events: list[Event]) -> list[str]:
