@@ -18,38 +18,31 @@ and ``decode`` (``--case steps|resources``): the decode and check alone, the flo
 ``sketch``: the steps frames through decode, check and only the bookkeeping any closer
 must do (the rank looked up, the points appended to pending columns, the watermark
 counted), none of the rules, events, closes or journal: a lower bound for a broker written
-in Python (BENCHMARKS.md, issue 17's fourth pass); ``lane``: the steps frames through every
-per-frame rule the broker applies to them (bounds, the run's names, liveness, late points,
-the pending columns, the force-close timer, the rank's step times, the watermark, the
-count, the journal's sequence test), written as one function with no module structure
-and no closes (``bench/lanes.py``), so ``steps --hold`` (the broker with its closes held back, the frames kept
-as the lane keeps them) measures what the structure costs (issue 17's sixth pass);
-``lane --case resources`` the same for the ``resources`` frames, held per batch;
-``close``: one step closed for 1,024
+in Python (BENCHMARKS.md, issue 17's fourth pass); ``steps --hold``: the broker with its
+closes held back (the frames stay pending); ``close``: one step closed for 1,024
 ranks x 4 metrics (``steps_close_1024_ms``: the close, the store append and the ``steps``
 event's wire block; the adds before each close are not counted), per close.
 
-Two cases time what the others count (issue 17's seventh pass: does a fused path reach
-the figures by the clock, where instructions say it might?):
+(Issue 17's sixth and seventh passes also measured a "lane": the per-frame rules fused into
+one function, an upper bound for a fused path. That path is not going to be built, so the
+lane, a copy of the rules that nothing kept in step with the broker, is gone; BENCHMARKS.md
+keeps its figures.) Two cases time what the others count:
 
 * ``time`` (``--case steps|resources``): each variant of those frames (decode + check, the
-  lane, the broker with closes held (steps), the broker) run ``--rounds`` times,
+  broker with closes held (steps), the broker) run ``--rounds`` times,
   alternated, each in a fresh process, timed by the thread's CPU clock around the same loop
   callgrind counts; the median CPU per frame and decode's time over each;
 * ``rate`` (``--case steps|resources|resources256``): the floor (the bare PULL + decode
-  loop), the lane behind that same loop, and the real broker, over real sockets with the
-  figure's own senders and frames (``steps_ingest_frames_per_s``,
-  ``ingest_floor_ratio_64r`` without the web, ``ingest_floor_ratio``), alternated
-  ``--rounds`` times: frames/s and each over the floor's. The lane is an upper bound for a
-  Python broker applying these rules with this decoder: it closes no step, emits no event,
-  writes no journal and publishes nothing.
+  loop) and the real broker, over real sockets with the figure's own senders and frames
+  (``steps_ingest_frames_per_s``, ``ingest_floor_ratio_64r`` without the web,
+  ``ingest_floor_ratio``), alternated ``--rounds`` times: frames/s and each over the floor's.
 
-    python bench/frame_instructions.py steps|resources|decode|sketch|lane|close [--hold]
+    python bench/frame_instructions.py steps|resources|decode|sketch|close [--hold]
         [--case steps|resources] [--gc N] [--annotate N]
     python bench/frame_instructions.py time|rate [--case ...] [--rounds N] [--quick]
 
 ``--hold``: for ``steps``, the run's steps never close (its closer answers nothing; the
-frames stay buffered, as in ``lane``). ``--gc``: the young-generation threshold (default: the broker's, ``tune_gc``; 700 is
+frames stay buffered). ``--gc``: the young-generation threshold (default: the broker's, ``tune_gc``; 700 is
 CPython's). ``--annotate N``: also the N C functions with the most instructions
 (``callgrind_annotate``), which says where a Python path's cost lands (eval loop, dict
 lookups, allocation, msgspec). Needs valgrind (not ``time`` and ``rate``); prints why and
@@ -66,11 +59,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
-from typing import Callable, List, Tuple
-
-from lanes import make_lane, make_resources_lane
+from typing import List, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -164,34 +154,6 @@ def sketch(body: List[bytes]) -> None:
     _drive(one, body)
 
 
-def lane(reg: List[bytes], body: List[bytes]) -> None:
-    """Every per-frame rule the broker applies to a steps frame of a known run and rank, as
-    one function (see the module docstring): what the broker's per-frame path would cost
-    with its calls and objects fused away. No closes: the points stay pending."""
-    one, accepted = make_lane(reg)
-    _drive(one, body)
-    if accepted() != len(body):
-        raise RuntimeError("the lane dropped frames")
-
-
-def resources_lane(reg: List[bytes], body: List[bytes]) -> None:
-    """Every per-frame rule the broker applies to a ``resources`` frame of a known run, as
-    one function (the ``resources`` case's counterpart of :func:`lane`): held per batch
-    (each rank's newest sample), every sample's quiet GPU test as it arrives (the six GPU
-    rules' inputs; none fires in these frames), and at the batch's end each held sample
-    applied (bounds, liveness, the rank's latest sample, the journal's pending sample)."""
-    one, release, accepted = make_resources_lane(reg)
-
-    def batch(frames: List[bytes]) -> None:
-        for raw in frames:  # (not a deque: callgrind's toggle would nest)
-            one(raw)
-        release()
-
-    _drive(batch, [body[i:i + BATCH] for i in range(0, len(body), BATCH)])
-    if accepted() != len(body):
-        raise RuntimeError("the lane dropped frames")
-
-
 CLOSE_ROUNDS = 40
 
 
@@ -234,19 +196,13 @@ def inner(case: str, decode_only: bool, hold: bool = False) -> int:
 
     if case == "close":
         return closes()
-    if case in ("steps", "sketch", "lane"):
+    if case in ("steps", "sketch"):
         reg, body = _steps_frames()
         if case == "sketch":
             sketch(body)
             return len(body)
-        if case == "lane":
-            lane(reg, body)
-            return len(body)
     else:
         reg, body = _resources_frames()
-        if case == "resources_lane":
-            resources_lane(reg, body)
-            return len(body)
     if decode_only:
         decode, check_of = protocol.decoder.decode, protocol.check_of
 
@@ -299,11 +255,9 @@ def inner(case: str, decode_only: bool, hold: bool = False) -> int:
 def _timed_variants(of: str) -> List[Tuple[str, List[str]]]:
     if of == "steps":
         return [("decode + check", ["decode", "--case", "steps"]),
-                ("lane (no closes)", ["lane"]),
                 ("broker, closes held", ["steps", "--hold"]),
                 ("broker", ["steps"])]
     return [("decode + check", ["decode", "--case", "resources"]),
-            ("lane", ["lane", "--case", "resources"]),
             ("broker", ["resources"])]
 
 
@@ -337,51 +291,8 @@ def timed(of: str, rounds: int, gc_threshold: int | None) -> int:
     return 0
 
 
-def _lane_rate(of: str, size: int) -> Tuple[float, float]:
-    """(frames/s, CPU s per frame) of the lane behind the floor's PULL loop: the same
-    senders and frames as ``steps_ingest_frames_per_s`` (``of`` steps, ``size`` rounds),
-    ``ingest_floor_ratio`` (resources256, ``size`` epochs) or ``ingest_floor_ratio_64r``
-    (resources, ``size`` frames a sender; its ``metrics`` frames at the end are received
-    and ignored); the resources lane's batches every :data:`BATCH` frames."""
-    import ingest as ib
-    import steps_bench as sb
-    from common import Senders, pull_rate
-
-    cpu: dict[str, float] = {}
-    senders: Callable[[str], Senders]
-    if of == "steps":
-        one, accepted = make_lane(sb.registers())
-        total = want = sb.RANKS * size
-        rate = pull_rate(lambda ep: Senders(ep, sb.frames_for, sb.SENDERS, size), total,
-                         cpu=cpu, handle=one)
-    else:
-        if of == "resources256":  # ``ingest_floor_ratio``' frames: 4 senders, 256 ranks
-            reg, total = ib.registers(), ib._total(size)
-            want = total
-            senders = partial(ib._senders, epochs=size, resources_only=True)
-        else:
-            reg = ib._registers_64()
-            total = ib.SENDERS_64 * (size + ib.RANKS_64 // ib.SENDERS_64)
-            want = ib.SENDERS_64 * size
-            senders = partial(Senders, frames_for=ib.frames_64, n=ib.SENDERS_64, size=size)
-        one, release, accepted = make_resources_lane(reg)
-        count = [0]
-
-        def handle(raw: bytes) -> None:
-            one(raw)
-            count[0] += 1
-            if count[0] % BATCH == 0:
-                release()
-
-        rate = pull_rate(senders, total, cpu=cpu, handle=handle)
-        release()
-    if accepted() != want:
-        raise RuntimeError(f"the lane accepted {accepted()} of {want} frames")
-    return rate, cpu["per_frame"]
-
-
 def rates(of: str, rounds: int, quick: bool) -> int:
-    """The ``rate`` case: the floor, the lane and the broker over real sockets (the floor's
+    """The ``rate`` case: the floor and the broker over real sockets (the floor's
     PULL loop and senders; the broker is the real :class:`BrokerServer` in a thread, as
     ``steps_ingest_frames_per_s``, ``ingest_floor_ratio`` (``resources256``) and
     ``ingest_floor_ratio_64r``' no-web figure measure it), alternated ``rounds`` times;
@@ -397,17 +308,14 @@ def rates(of: str, rounds: int, quick: bool) -> int:
     if of == "steps":
         size = 10 if quick else 100
         runs = [("floor (recv + decode)", lambda: sb.floor_rate(size)),
-                ("lane (no closes)", lambda: _lane_rate("steps", size)),
                 ("broker", lambda: (lambda r: (r[0], r[2]))(sb.broker_rate(size)))]
     elif of == "resources256":
         size = 40 if quick else 200
         runs = [("floor (recv + decode)", lambda: (ib.floor_rate(size), math.nan)),
-                ("lane", lambda: _lane_rate("resources256", size)),
                 ("broker", lambda: (ib.broker_rate(size, resources_only=True)[0], math.nan))]
     else:
         size = 20_000 if quick else 200_000
         runs = [("floor (recv + decode)", lambda: ib.floor_64(size)),
-                ("lane", lambda: _lane_rate("resources", size)),
                 ("broker (no web)", lambda: ib.broker_64_thread(size))]
     got: dict[str, List[Tuple[float, float]]] = {name: [] for name, _ in runs}
     for _ in range(rounds):
@@ -431,10 +339,10 @@ def rates(of: str, rounds: int, quick: bool) -> int:
 
 def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("case", choices=("steps", "resources", "decode", "sketch", "lane", "close",
+    ap.add_argument("case", choices=("steps", "resources", "decode", "sketch", "close",
                                      "time", "rate"))
     ap.add_argument("--case", dest="of", choices=("steps", "resources", "resources256"),
-                    default="steps", help="for decode, lane, time and rate: whose frames "
+                    default="steps", help="for decode, time and rate: whose frames "
                     "(resources256: rate only)")
     ap.add_argument("--hold", action="store_true", help="steps: no step closes")
     ap.add_argument("--gc", type=int, default=None, help="young-generation GC threshold")
@@ -457,8 +365,6 @@ def main(argv: List[str]) -> int:
         if args.gc is not None:
             gc.set_threshold(args.gc, *gc.get_threshold()[1:])
         case = args.of if args.case == "decode" else args.case
-        if args.case == "lane" and args.of == "resources":
-            case = "resources_lane"
         print("frames", inner(case, args.case == "decode", args.hold), file=sys.stderr)
         print(f"seconds {_TIMED[0]:.6f} {_TIMED[1]:.6f}", file=sys.stderr)
         return 0
@@ -484,8 +390,6 @@ def main(argv: List[str]) -> int:
         per = int(collected.group(1)) / int(frames.group(1))
         what = {"decode": f"decode+check of {args.of} frames",
                 "sketch": "steps frames, decode + check + the least bookkeeping",
-                "lane": f"{args.of} frames, every per-frame rule in one function"
-                        + (", no closes" if args.of == "steps" else ""),
                 "close": "one step closed for 1,024 ranks x 4 metrics"}.get(
                     args.case, args.case + (" (closes held)" if args.hold else ""))
         unit = "close" if args.case == "close" else "frame"

@@ -2,7 +2,7 @@
 of a real ``rankboard broker`` process; prints frames fuzzed, crashes, valid frames lost
 (epoch records of the check run, and closed steps of the check steps run, each compared with
 a brute-force PROTOCOL 2.3/2.4 reference), steps closed and late step points, and
-rejections by reason (tests/support/fuzzgen.py has the generator and the checks).
+rejections by reason (tests/support/fuzzgen.py has the generator, fuzzrun.py the checks).
 ``steps`` frames are part of the traffic: valid ones (NaN/inf, huge steps and integers,
 1024 points, 64 names) and hostile ones (unequal lengths, non-increasing steps, empty,
 1025 points, 65 names, long names, None times, wrong types, integers past their bounds).
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support import fuzzgen  # noqa: E402
+from tests.support import fuzzgen, fuzzrun  # noqa: E402
 
 BOUND = re.compile(r"broker (ingest|publish|snapshot) bound at (\S+)")
 
@@ -71,7 +71,7 @@ def main() -> int:
         proc, eps = start_broker(data_dir, max_runs=2 * new_runs + 100)
         errors: list[str] = []
         try:
-            report = fuzzgen.run_fuzz(eps["ingest"], eps["publish"], eps["snapshot"], msgs,
+            report = fuzzrun.run_fuzz(eps["ingest"], eps["publish"], eps["snapshot"], msgs,
                                       epochs, alive=lambda: proc.poll() is None, timeout=600)
         finally:
             if proc.poll() is None:

@@ -40,7 +40,7 @@ from common import result  # noqa: E402
 
 from broker.stacks.groups import stack_groups  # noqa: E402
 from rank_agent.control import Control  # noqa: E402
-from rank_agent.controlwire import encode_request  # noqa: E402
+from rank_agent.controlwire import ControlRequest, encode_request  # noqa: E402
 from rank_agent.protocol import Stacks, decoder, encoder  # noqa: E402
 from rank_agent.stacks import ProfileCounter  # noqa: E402
 from rank_agent.stallwatch import StallWatch  # noqa: E402
@@ -168,8 +168,8 @@ def profile_overhead(seconds: float, rounds: int) -> dict[str, Any]:
         profiled: list[float] = []
         for r in range(rounds):
             plain += _steps_for(seconds)
-            pub.send_multipart(encode_request("bench", f"p{r}", "profile", hz=100,
-                                              seconds=seconds))
+            pub.send_multipart(encode_request(ControlRequest(
+                run="bench", request_id=f"p{r}", kind="profile", hz=100, seconds=seconds)))
             profiled += _steps_for(seconds)
             deadline = time.monotonic() + seconds + 5
             while len(answers) <= r and time.monotonic() < deadline:

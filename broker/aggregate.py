@@ -253,29 +253,6 @@ class EpochReports:
         return out
 
 
-def _gather(reports: Sequence[Metrics]) -> EpochReports:
-    gathered = EpochReports()
-    for i, m in enumerate(reports):
-        gathered.put(i, m)
-    return gathered
-
-
-def weighted_loss(reports: Sequence[Metrics]) -> float:
-    """:meth:`EpochReports.loss` over a list of reports."""
-    return _gather(reports).loss()
-
-
-def mean_scalars(reports: Sequence[Metrics]) -> Dict[str, float]:
-    """:meth:`EpochReports.scalar_means` over a list of reports: per-rank sum/count (a count
-    of 0: not reported), then a batch-weighted mean over the reporting ranks."""
-    return _gather(reports).scalar_means()
-
-
-def max_epoch_ms(reports: Sequence[Metrics]) -> float:
-    """:meth:`EpochReports.epoch_ms` over a list of reports."""
-    return _gather(reports).epoch_ms()
-
-
 def gpu_metrics(ranks: Sequence[int], reports: Sequence[Metrics]) -> List[Dict[str, Any]]:
     """The ``gpu_metrics`` entries of ``reports`` sent by ``ranks`` (same order)."""
     gathered = EpochReports()

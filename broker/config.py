@@ -43,6 +43,9 @@ class BrokerConfig:
     retention_days: float | None = None
     curve_secret_key: Path | None = None
     curve_authorized: Path | None = None
+    #: the webs' public keys (a directory or one key file): whose requests for dumps reach
+    #: ranks under CURVE (``up``/``demo``: defaults to their own web's key file)
+    curve_web_authorized: Path | None = None
     log_level: str = "INFO"
     #: ``--alert-webhook`` URLs (already checked by :func:`broker.webhooks.webhook_urls`);
     #: left out of ``repr``: a URL may hold a secret.
@@ -64,6 +67,8 @@ class BrokerConfig:
             cmd += ["--curve-secret-key", str(self.curve_secret_key)]
         if self.curve_authorized is not None:
             cmd += ["--curve-authorized", str(self.curve_authorized)]
+        if self.curve_web_authorized is not None:
+            cmd += ["--curve-web-authorized", str(self.curve_web_authorized)]
         if self.alert_repeat != DEFAULT_REPEAT:
             cmd += ["--alert-repeat", repr(float(self.alert_repeat))]
         if self.public_url is not None:
@@ -88,6 +93,7 @@ class BrokerConfig:
             data_dir=self.data_dir if self.data_dir is not None else default_data_dir(),
             curve_secret_key=self.curve_secret_key,
             curve_authorized=self.curve_authorized,
+            curve_web_authorized=self.curve_web_authorized,
             max_runs=self.max_runs,
             retention_days=self.retention_days,
             alert_webhooks=self.alert_webhooks,

@@ -1,7 +1,10 @@
 """What a run's sink says: the events it emits and the rejection it raises.
 
-Kept apart from :mod:`broker.sink` so that the server, the journal and the feed, which only
-move events and count rejections, depend on this vocabulary and not on the state machine.
+Kept apart from :mod:`broker.sink` because the sink is made of modules that need this
+vocabulary (its epoch rules, metadata, the steps rules and closer) and that the sink itself
+imports: they cannot import it back. The broker's loop (``ingest``, ``server``), which only
+moves events, takes ``Event`` from here too; ``runs`` and the journal's replay, which drive
+sinks anyway, take both names from :mod:`broker.sink`, which re-exports them.
 """
 from __future__ import annotations
 
@@ -14,8 +17,9 @@ class Event(NamedTuple):
     """One thing the web must hear about, numbered in the run's sequence."""
 
     seq: int  # the run's sequence number; strictly increasing per run, never reused
-    kind: str  # "run" | "epoch" | "ranks" | "steps" | "complete" | "evicted" (by Runs)
-    data: Any  # run header | epoch record | ranks list | StepStore.to_wire block | {"status": ...}
+    kind: str  # "run" | "epoch" | "ranks" | "steps" | "stacks" | "complete" | "evicted" (by Runs)
+    data: Any  # run header | epoch record | ranks list | StepStore.to_wire block
+    #            | {"dumps", "gone"} (stacks) | {"status": ...}
     #            | {"run": run} (the run left the broker's memory: --max-runs)
 
 

@@ -1,7 +1,9 @@
 """The broker -> web feed codec (docs/DESIGN.md "The feed"): PUB topics and snapshot messages.
 
 Both sides import this module: the broker to encode, the web (under gevent) to decode. It
-therefore imports only msgspec and the standard library, never zmq, the sink or the web.
+therefore imports only msgspec and the standard library, never zmq, the sink or the web
+(the request type, ``rank_agent.controlwire``, only where the broker decodes a request:
+importing ``rank_agent`` starts the agent's package, zmq and all).
 Messages are lists of ``bytes`` parts, ready for ``send_multipart``/``recv_multipart``.
 
 PUB topics (first part):
@@ -15,10 +17,10 @@ PUB topics (first part):
 Snapshot (DEALER -> ROUTER): ``[b"SNAP"]`` or ``[b"SNAP", run]``; answered by one
 ``[b"RUN", run snapshot]`` per run, then ``[b"END", {"instance", "runs"}]``.
 
-Requests for dumps (DEALER -> ROUTER, PROTOCOL.md section 2.5): ``[b"STACKS", {"run",
-"request_id", "kind", "ranks", "hz", "seconds"}]``, never answered on this socket: the
-broker forwards it to the run's agents on the PUB socket (``b"!ctl:" + run + b"!"``, framed
-by ``rank_agent/controlwire.py``, a topic a web ignores) and the answers come back as
+Requests for dumps (DEALER -> ROUTER, PROTOCOL.md section 2.5): ``[b"STACKS", body]``, the
+body a :class:`rank_agent.controlwire.ControlRequest` as the web encoded it, never answered
+on this socket: the broker checks it and forwards the same bytes to the run's agents on the
+PUB socket (``b"!ctl:" + run + b"!"``, a topic a web ignores); the answers come back as
 ``stacks`` events. The feed's PUB messages also carry those control topics: a web
 subscribed to everything decodes them as unknown (``decode_update`` returns None).
 
@@ -27,9 +29,12 @@ however many subscribers receive it.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Union
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Union
 
 import msgspec
+
+if TYPE_CHECKING:
+    from rank_agent.controlwire import ControlRequest
 
 __all__ = [
     "RUN_PREFIX",
@@ -261,26 +266,20 @@ def decode_snapshot_reply(parts: list[bytes]) -> tuple[str, dict[str, Any]]:
     return parts[0].decode(), body
 
 
-def encode_stacks_request(run: str, request_id: str, kind: str, ranks: list[int] | None,
-                          hz: int = 100, seconds: float = 5.0) -> list[bytes]:
-    """DEALER message asking the broker to forward a request for dumps to ``run``'s ranks
-    (``ranks`` None: every rank). The broker checks it again (the agents' rules)."""
-    return [STACKS, _pack({"run": run, "request_id": request_id, "kind": kind,
-                           "ranks": None if ranks is None else [int(r) for r in ranks],
-                           "hz": hz, "seconds": seconds})]
+def encode_stacks_request(req: ControlRequest) -> list[bytes]:
+    """DEALER message asking the broker to forward ``req`` to its run's ranks: the request
+    is encoded here, once (module docstring), as ``controlwire.encode_body`` would."""
+    return [STACKS, _pack(req)]
 
 
-def decode_stacks_request(parts: list[bytes]) -> dict[str, Any]:
-    """The request's fields (``run``, ``request_id``, ``kind``, ``ranks``, ``hz``,
-    ``seconds``); :class:`FeedError` if the message is not a map with them."""
+def decode_stacks_request(parts: list[bytes]) -> tuple[ControlRequest, bytes]:
+    """The request and its body bytes (to forward unchanged); :class:`FeedError` if the
+    message is not ``[STACKS, body]`` or the body is not a request the agents accept."""
+    from rank_agent.controlwire import decode_body
+
     if len(parts) != 2 or parts[0] != STACKS:
         raise FeedError("stacks request must be [STACKS, body]")
-    body = _unpack(parts[1], "stacks request")
-    if not isinstance(body, dict):
-        raise FeedError("stacks request body is not a map")
     try:
-        return {"run": str(body["run"]), "request_id": str(body["request_id"]),
-                "kind": str(body["kind"]), "ranks": body.get("ranks"),
-                "hz": body.get("hz", 100), "seconds": body.get("seconds", 5.0)}
-    except (KeyError, TypeError) as exc:
-        raise FeedError(f"malformed stacks request: {exc!r}") from None
+        return decode_body(parts[1]), parts[1]
+    except ValueError as exc:  # ControlError
+        raise FeedError(str(exc)) from None

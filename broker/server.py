@@ -41,9 +41,11 @@ from broker.ingest import IngestLoop
 from broker.runs import Runs
 from broker.sink import RunSink
 from broker.snapshots import SnapshotCache
+from broker.stacks.requests import ForwardGate
 from broker.webhooks import DEFAULT_REPEAT, WebhookNotifier
 from rank_agent import protocol
-from rank_agent.controlwire import ControlError, encode_request
+from rank_agent.controlwire import control_topic
+from rank_agent.curve import CurveError, load_key, load_public_keys
 from rank_agent.protocol import Register
 from rank_agent.ratelimit import RateLimitedLog
 
@@ -152,6 +154,7 @@ class BrokerServer:
         data_dir: Union[str, Path, None] = None,
         curve_secret_key: Union[str, Path, None] = None,
         curve_authorized: Union[str, Path, None] = None,
+        curve_web_authorized: Union[str, Path, None] = None,
         max_runs: int = 1000,
         retention_days: float | None = None,
         clock: Callable[[], float] = time.time,
@@ -181,6 +184,9 @@ class BrokerServer:
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.curve_secret_key = curve_secret_key
         self.curve_authorized = curve_authorized
+        #: (CURVE) the webs' public keys (a directory, or one key file): the only clients
+        #: whose requests for dumps reach ranks (broker/stacks/requests.py)
+        self.curve_web_authorized = curve_web_authorized
         self.max_runs = max_runs
         #: finished runs older than this are deleted from the journal at start (None: kept)
         self.retention_days = retention_days
@@ -210,12 +216,13 @@ class BrokerServer:
         self._router: zmq.Socket | None = None
         self._auth: Any = None
         self._journal: Any = None
-        self._stop = threading.Event()
+        #: set by :meth:`stop`: a plain attribute the loop reads each turn, not an Event,
+        #: because a signal handler calls stop() and a lock there can deadlock (below)
+        self._stop_requested = False
         self._closed = False
         self._rlog = RateLimitedLog(log)
-        #: requests for dumps forwarded to ranks, and the malformed ones refused
-        self.stacks_requests = 0
-        self.stacks_requests_refused = 0
+        #: which requests for dumps reach ranks, and the counts of those refused
+        self.stacks_gate = ForwardGate()
         #: encoded run snapshots, reused while their run's seq has not moved
         self.snapshots = SnapshotCache(self._rlog)
         #: the receive loop and its state across batches (broker/ingest.py)
@@ -302,21 +309,20 @@ class BrokerServer:
 
         Why all three: the feed carries every run's data (metadata included) and the snapshot
         hands out all of it on request, so a web on another host must prove who it is exactly
-        as a rank does. One key pair and one authorized-keys directory serve both kinds of
-        client: ranks and webs are told apart by the files they are given, not by the broker.
+        as a rank does. One authorized-keys directory lets ranks and webs connect; one verb
+        tells them apart: a request for dumps reaches ranks only from a key in
+        ``curve_web_authorized`` (a rank's key would otherwise make other jobs' ranks dump).
         """
-        import zmq.auth
         from zmq.auth.thread import ThreadAuthenticator
 
         authorized = Path(str(self.curve_authorized))
         if not authorized.is_dir():
-            raise BindError(errno.ENOENT, f"CURVE authorized-keys directory not found: {authorized}")
+            raise BindError(errno.ENOENT, f"--curve-authorized {authorized}: no such directory")
         try:
-            public, secret = zmq.auth.load_certificate(str(self.curve_secret_key))
-        except (OSError, ValueError) as exc:
-            raise BindError(errno.EINVAL, f"cannot load CURVE secret key {self.curve_secret_key}: {exc}") from None
-        if secret is None:
-            raise BindError(errno.EINVAL, f"{self.curve_secret_key} holds no CURVE secret key")
+            public, secret = load_key(str(self.curve_secret_key), "--curve-secret-key",
+                                      secret=True)
+        except CurveError as exc:
+            raise BindError(errno.EINVAL, str(exc)) from None
         assert self._ctx is not None
         self._auth = ThreadAuthenticator(self._ctx)
         self._auth.start()
@@ -327,6 +333,22 @@ class BrokerServer:
             sock.curve_server = True
         log.info("ingest, publish and snapshot require CURVE; authorized client keys from %s",
                  authorized)
+        self.stacks_gate.web_keys = self._web_keys()
+
+    def _web_keys(self) -> frozenset[str]:
+        """The z85 public keys whose requests for dumps reach ranks (CURVE): the key files
+        in ``curve_web_authorized`` (a directory, or one file). None given: no one's."""
+        where = self.curve_web_authorized
+        if where is None:
+            log.warning("no --curve-web-authorized: requests for dumps are refused from every "
+                        "client (name the directory of the webs' public keys)")
+            return frozenset()
+        try:
+            keys = load_public_keys(where, "--curve-web-authorized")
+        except CurveError as exc:
+            raise BindError(errno.EINVAL, str(exc)) from None
+        log.info("requests for dumps accepted from the %d web keys in %s", len(keys), where)
+        return keys
 
     def _open_journal(self) -> None:
         from broker.journal.journal import Journal, JournalError
@@ -381,7 +403,7 @@ class BrokerServer:
         next_tick = next_heartbeat + self.poll_interval
 
         def stopping() -> bool:
-            return self._stop.is_set() or (stop_event is not None and stop_event.is_set())
+            return self._stop_requested or (stop_event is not None and stop_event.is_set())
 
         while not stopping():
             ready = dict(poller.poll(timeout_ms))
@@ -398,8 +420,11 @@ class BrokerServer:
                 self._send_heartbeat()
 
     def stop(self) -> None:
-        """Ask :meth:`run` to return within one poll interval; safe from any thread."""
-        self._stop.set()
+        """Ask :meth:`run` to return within one poll interval; safe from any thread and from
+        a signal handler. It only sets an attribute: ``threading.Event.set`` takes a lock,
+        and a second SIGTERM landing while the main thread is inside that same ``set``
+        would re-enter the lock and hang the broker until SIGKILL (issue 27)."""
+        self._stop_requested = True
 
     def close(self) -> None:
         """Close the journal, the sockets (linger 0) and the context if we made it."""
@@ -502,24 +527,28 @@ class BrokerServer:
             webhooks_failed=hooks["failed"], webhooks_dropped=hooks["dropped"], journal=journal,
         ))
 
-    def _forward_stacks_request(self, body: list[bytes]) -> None:
-        """A web's request for dumps (docs/DESIGN.md "Requests for dumps"): forwarded to the
-        run's agents on the publish socket, framed by ``rank_agent.controlwire``. Only a
-        peer of the snapshot socket (a web: CURVE-authenticated where the broker requires
-        it) can ask; nothing is answered on this socket."""
+    def _forward_stacks_request(self, body: list[bytes], user_id: str | None) -> None:
+        """A request for dumps (docs/DESIGN.md "Requests for dumps"): checked, judged by
+        :class:`~broker.stacks.requests.ForwardGate` (who, which run, how often) and, if
+        admitted, its bytes forwarded unchanged to the run's agents on the publish socket.
+        Refusals are counted and logged at most once per reason per 10 s."""
         try:
-            req = feed.decode_stacks_request(body)
-            msg = encode_request(req["run"], req["request_id"], req["kind"], req["ranks"],
-                                 hz=req["hz"], seconds=req["seconds"])
-        except (feed.FeedError, ControlError, TypeError, ValueError) as exc:
-            self.stacks_requests_refused += 1
-            self._rlog.warning("stacks_request", "bad stacks request refused: %s", exc)
+            req, raw = feed.decode_stacks_request(body)
+        except feed.FeedError as exc:
+            self.stacks_gate.refuse("malformed")
+            self._rlog.warning("stacks_malformed", "bad stacks request refused: %s", exc)
+            return
+        refused = self.stacks_gate.admit(req, user_id, self.runs.get(req.run) is not None,
+                                         time.monotonic())
+        if refused is not None:
+            self._rlog.warning(("stacks_refused", refused), "stacks request for run %r refused "
+                               "(%s)", req.run, refused)
             return
         assert self._pub is not None
-        self._pub.send_multipart(msg)
-        self.stacks_requests += 1
-        log.info("stacks request %s (%s) forwarded to run %r, ranks %s", req["request_id"],
-                 req["kind"], req["run"], "all" if req["ranks"] is None else req["ranks"])
+        self._pub.send_multipart([control_topic(req.run), raw])
+        self._rlog.log(("stacks_forwarded", req.run), logging.INFO,
+                       "stacks request %s (%s) forwarded to run %r, ranks %s", req.request_id,
+                       req.kind, req.run, "all" if req.ranks is None else len(req.ranks))
 
     def _serve_snapshots(self) -> None:
         """Answer pending snapshot requests (one RUN per run, then END) for at most
@@ -535,16 +564,17 @@ class BrokerServer:
             if time.monotonic() >= deadline:
                 return
             try:
-                parts = router.recv_multipart(zmq.NOBLOCK)
+                frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            identity, body = parts[0], parts[1:]
+            identity, body = frames[0].bytes, [f.bytes for f in frames[1:]]
             envelope: list[bytes] = [identity]
             if body and body[0] == b"":  # a REQ-style delimiter: keep it in the reply
                 envelope.append(b"")
                 body = body[1:]
-            if body and body[0] == feed.STACKS:
-                self._forward_stacks_request(body)
+            if body and body[0] == feed.STACKS:  # the peer's key: ZAP's User-Id (CURVE)
+                user = frames[-1].get("User-Id") if self._auth is not None else None
+                self._forward_stacks_request(body, None if user is None else str(user))
                 continue
             try:
                 run = feed.decode_snapshot_request(body)

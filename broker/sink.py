@@ -575,13 +575,17 @@ class RunSink(EpochRules, StepRules, CollectiveRules):
         return self.seq
 
     def _complete(self) -> None:
-        """Every rank finished: the run ends; the header (with its status), then completion."""
+        """Every rank finished: the run ends; the header (with its status), the ranks if they
+        changed (not throttled: whoever sees the end saw every rank's), then completion."""
         completed = "failed" if self._n_error else "complete"
         if self._steps.close_all():
             assert self.updated_at is not None
             self._publish_steps(self.updated_at, final=True)
         self.status = completed
         self._emit_header()
+        if self._ranks_dirty:  # the final ranks go with the completion, never after it
+            self._ranks_dirty, self._ranks_sent_at = False, self.updated_at
+            self._emit("ranks", self.ranks())
         self.complete = (self._emit("complete", {"status": completed}), completed)
         if self.live and self.on_end is not None:
             assert self.updated_at is not None

@@ -22,7 +22,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import math
 import os
 import socket as _socket
 import threading
@@ -53,7 +52,7 @@ from .protocol import (
 from .pusher import Pusher
 from .ratelimit import RateLimitedLog
 from .stallwatch import StallWatch
-from .stepbuffer import MAX_PENDING_STEPS, StepBuffer
+from .stepbuffer import MAX_PENDING_STEPS, StepBuffer, checked_step_flush
 from .values import clamp, finite_or_none, wire_scalars
 
 log = logging.getLogger(__name__)
@@ -140,9 +139,7 @@ class RankAgent:
         control: Union[bool, str, None] = True,
     ) -> None:
         rank, world_size, local_rank = int(rank), int(world_size), int(local_rank)
-        step_flush = float(step_flush)
-        if not (math.isfinite(step_flush) and step_flush > 0):
-            raise ValueError(f"step_flush must be a positive number of seconds, got {step_flush}")
+        step_flush = checked_step_flush(step_flush)
         if not 1 <= world_size <= MAX_WORLD_SIZE:
             raise ValueError(f"world_size must be 1..{MAX_WORLD_SIZE}, got {world_size}")
         if not 0 <= rank < world_size:
@@ -211,6 +208,7 @@ class RankAgent:
 
     @step_flush.setter
     def step_flush(self, value: float) -> None:
+        """Checked as the constructor's argument is (``ValueError`` unless positive)."""
         self._steps.step_flush = value
 
     # -- construction from the launcher's environment ----------------------------------------

@@ -15,6 +15,12 @@ other feed message (``broker/feed.py``):
   ``stacks``). An agent checks ``run`` again after the topic and acts only when its rank is
   asked; a body it cannot decode is dropped and logged (rate-limited by its owner).
 
+One type end to end: the web builds a :class:`ControlRequest` from a ``POST /stacks`` body
+and encodes it once (:func:`encode_body`); the broker decodes those bytes with the type's
+constraints (:func:`decode_body`) and forwards the very same bytes to the agents, which
+decode them once more (they trust no one). The bounds and defaults below are the only
+copy: the web's 400 messages quote them.
+
 Only msgspec and the standard library are imported, so the broker (and, through
 ``broker/feed.py``, anything that speaks the feed) can encode requests without zmq.
 """
@@ -32,9 +38,15 @@ __all__ = [
     "ControlRequest",
     "ControlError",
     "control_topic",
+    "encode_body",
+    "decode_body",
     "encode_request",
     "decode_request",
+    "DEFAULT_HZ",
+    "DEFAULT_SECONDS",
+    "MIN_HZ",
     "MAX_HZ",
+    "MIN_SECONDS",
     "MAX_SECONDS",
 ]
 
@@ -43,22 +55,27 @@ _END = b"!"
 #: Request bounds (PROTOCOL.md section 4, ``POST /stacks``).
 MIN_HZ, MAX_HZ = 1, 250
 MIN_SECONDS, MAX_SECONDS = 0.5, 60.0
+#: What a profile request that names no ``hz`` or ``seconds`` gets.
+DEFAULT_HZ = 100
+DEFAULT_SECONDS = 5.0
 
 
 class ControlError(ValueError):
     """A control message that does not have the documented shape."""
 
 
-class ControlRequest(msgspec.Struct, omit_defaults=True, gc=False, forbid_unknown_fields=False):
-    """One request for dumps of a run's ranks (module docstring)."""
+class ControlRequest(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False,
+                     forbid_unknown_fields=False):
+    """One request for dumps of a run's ranks (module docstring). Keyword-only: one
+    spelling everywhere, no argument order to get wrong."""
 
     run: RunId
     request_id: Annotated[str, Meta(min_length=1, max_length=MAX_REQUEST_ID)]
     kind: Literal["stacks", "profile"]
     ranks: Optional[Annotated[list[Annotated[int, Meta(ge=0, lt=MAX_WORLD_SIZE)]],
                               Meta(min_length=1, max_length=MAX_WORLD_SIZE)]] = None
-    hz: Annotated[int, Meta(ge=MIN_HZ, le=MAX_HZ)] = 100
-    seconds: Annotated[float, Meta(ge=MIN_SECONDS, le=MAX_SECONDS)] = 5.0
+    hz: Annotated[int, Meta(ge=MIN_HZ, le=MAX_HZ)] = DEFAULT_HZ
+    seconds: Annotated[float, Meta(ge=MIN_SECONDS, le=MAX_SECONDS)] = DEFAULT_SECONDS
     v: int = 1
 
     def asks(self, rank: int) -> bool:
@@ -75,19 +92,28 @@ def control_topic(run: str) -> bytes:
     return CONTROL_PREFIX + run.encode() + _END
 
 
-def encode_request(run: str, request_id: str, kind: str, ranks: Optional[list[int]] = None,
-                   hz: int = 100, seconds: float = 5.0) -> list[bytes]:
-    """The two parts to ``send_multipart`` on the publish socket. Raises
-    :class:`ControlError` for a request the agents would refuse (checked here, once)."""
-    req = ControlRequest(run=run, request_id=request_id, kind=kind,  # type: ignore[arg-type]
-                         ranks=None if ranks is None else list(ranks), hz=hz,
-                         seconds=float(seconds))
-    body = _encoder.encode(req)
+def encode_body(req: ControlRequest) -> bytes:
+    """The request's MessagePack body, as the web sends it to the broker and the broker
+    forwards it. Not checked here: msgspec checks the constraints when decoding, and every
+    receiver decodes (:func:`decode_body`)."""
+    return _encoder.encode(req)
+
+
+def decode_body(body: bytes) -> ControlRequest:
+    """The request a body holds, its constraints checked; :class:`ControlError` otherwise."""
     try:
-        _decoder.decode(body)  # the constraints live on the type: validate by round trip
-    except msgspec.ValidationError as exc:
+        return _decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ControlError(f"bad control request: {exc}") from None
-    return [control_topic(run), body]
+
+
+def encode_request(req: ControlRequest) -> list[bytes]:
+    """The two parts to ``send_multipart`` on the publish socket. Raises
+    :class:`ControlError` for a request the agents would refuse (checked by round trip:
+    the constraints live on the type)."""
+    body = encode_body(req)
+    decode_body(body)
+    return [control_topic(req.run), body]
 
 
 def decode_request(parts: list[bytes]) -> ControlRequest:
@@ -95,10 +121,7 @@ def decode_request(parts: list[bytes]) -> ControlRequest:
     body's run does not match the topic's."""
     if len(parts) != 2 or not parts[0].startswith(CONTROL_PREFIX) or not parts[0].endswith(_END):
         raise ControlError("control message must be [b'!ctl:<run>!', body]")
-    try:
-        req = _decoder.decode(parts[1])
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ControlError(f"bad control request: {exc}") from None
+    req = decode_body(parts[1])
     if control_topic(req.run) != parts[0]:
         raise ControlError("control request's run does not match its topic")
     return req

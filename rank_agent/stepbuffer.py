@@ -12,6 +12,7 @@ points wait; beyond that the oldest are dropped and counted.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -39,6 +40,19 @@ def _int_arg(value: Any, what: str) -> int:
     raise TypeError(f"{what} must be an int, got {type(value).__name__}")
 
 
+def checked_step_flush(value: Any) -> float:
+    """``value`` as seconds between two flushes; ``ValueError`` unless a positive finite
+    number. The one check, for the agent's constructor and its ``step_flush`` setter alike
+    (0 would wake the flusher every few microseconds)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"step_flush must be a positive number of seconds, got {value}")
+    return seconds
+
+
 class StepBuffer:
     """One agent's ``log_step`` points and their flusher (see the module docstring).
 
@@ -60,7 +74,7 @@ class StepBuffer:
         #: diagnosis threads there, off the per-step path
         self._on_start = on_start
         self.rank = rank
-        self.step_flush = step_flush
+        self._step_flush = checked_step_flush(step_flush)
         self.world_size = world_size
         self._send = send
         self._lose = lose
@@ -254,6 +268,15 @@ class StepBuffer:
                 self._on_start()
             except Exception as exc:  # pragma: no cover - the owner's starts never raise
                 self._warn("diag_start", "rankboard: could not start diagnosis: %r", exc)
+
+    @property
+    def step_flush(self) -> float:
+        """Seconds between two flushes asked for (read by the flusher on each wait)."""
+        return self._step_flush
+
+    @step_flush.setter
+    def step_flush(self, value: float) -> None:
+        self._step_flush = checked_step_flush(value)
 
     @property
     def interval(self) -> float:

@@ -122,6 +122,10 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
                         "needs --curve-authorized")
     p.add_argument("--curve-authorized", type=Path, default=None,
                    help="directory of authorized client public keys")
+    p.add_argument("--curve-web-authorized", type=Path, default=None, metavar="PATH",
+                   help="the webs' public keys (a directory, e.g. authorized-webs/ of "
+                        "`rankboard keys`, or one key file): under CURVE only these may make "
+                        "ranks dump their stacks (up/demo: their web's --curve-client-key)")
     # (v3, PROTOCOL 3.1) no type=: argparse would echo a bad URL, secret and all
     p.add_argument("--alert-webhook", action="append", default=[], metavar="URL",
                    help="POST every alert to this URL (repeatable; Slack- and Discord-style "
@@ -249,7 +253,10 @@ def _configure_logging(level: str) -> None:
 
 
 def _install_stop_handlers(stop: Callable[[], None]) -> None:
-    """SIGINT/SIGTERM call ``stop`` (main thread only; elsewhere the caller stops us)."""
+    """SIGINT/SIGTERM call ``stop`` (main thread only; elsewhere the caller stops us).
+    ``stop`` must only note the signal (set an attribute): no lock, no I/O, since a second
+    signal can land while the main thread is inside the first one's handler or anywhere
+    else (``BrokerServer.stop``)."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -262,9 +269,11 @@ def run_broker(cfg: BrokerConfig) -> int:
 
     tune_gc()  # process-wide: here in the entry point, not at import
     server = cfg.build_server()
+    # before bind: a signal during the bind (or the journal's replay) is noted, and the
+    # loop then returns at once; installed after, it would kill the process mid-start
+    _install_stop_handlers(server.stop)
     try:
         server.bind()
-        _install_stop_handlers(server.stop)
         server.serve_forever()
     finally:
         server.close()
@@ -291,7 +300,7 @@ def _demo(cfg: Any) -> int:
 
 
 def _keys(cfg: KeysConfig) -> int:
-    from broker.keys import keys_main
+    from rankboard.keys import keys_main
 
     return keys_main(cfg.dir, cfg.clients, cfg.webs)
 

@@ -9,7 +9,7 @@ arguments (``argv()``) for the child processes that ``up``, ``demo`` and ``--wor
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Union
 
@@ -65,7 +65,8 @@ def _broker(args: argparse.Namespace) -> BrokerConfig:
         data_dir=args.data_dir, stale_after=args.stale_after,
         step_close_after=args.step_close_after, max_runs=args.max_runs,
         retention_days=args.retention_days, curve_secret_key=args.curve_secret_key,
-        curve_authorized=args.curve_authorized, log_level=log_level(args),
+        curve_authorized=args.curve_authorized,
+        curve_web_authorized=args.curve_web_authorized, log_level=log_level(args),
         alert_webhooks=tuple(args.alert_webhook), alert_repeat=args.alert_repeat,
         public_url=args.public_url)
 
@@ -94,7 +95,11 @@ def from_args(args: argparse.Namespace) -> Config:
     if args.command == "web":
         return _web(args, with_broker=False)
     if args.command in ("up", "demo"):
-        up = UpConfig(broker=_broker(args), web=_web(args, with_broker=True))
+        broker, web = _broker(args), _web(args, with_broker=True)
+        if broker.curve_web_authorized is None and web.curve_client_key is not None:
+            # the broker of up/demo serves its own web: that web's key may ask for dumps
+            broker = replace(broker, curve_web_authorized=web.curve_client_key)
+        up = UpConfig(broker=broker, web=web)
         if args.command == "up":
             return up
         return DemoConfig(up=up, ranks=args.ranks, hosts=args.hosts, epochs=args.epochs,

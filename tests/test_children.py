@@ -60,7 +60,7 @@ def test_a_plain_python_m_child_would_import_the_users_package(hostile: Path) ->
 def test_child_command_ignores_the_current_directory(hostile: Path,
                                                      safe_path_flag: bool) -> None:
     """Both ways (``-P`` on 3.11+, the ``-c`` bootstrap before): ``rankboard keys`` imports
-    ``broker.keys``; the child's ``PYTHONPATH`` starts with rankboard's directory even when
+    ``rankboard.keys``; the child's ``PYTHONPATH`` starts with rankboard's directory even when
     ours does not name it."""
     env = _env()
     env.pop("PYTHONPATH")

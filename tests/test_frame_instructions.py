@@ -1,9 +1,9 @@
 """``bench/frame_instructions.py`` drives what BENCHMARKS.md's instruction counts measure.
 
 CI has no valgrind, so this runs each case's inner loop (``--inner``: the frames through the
-path, no counting) and checks it ran whole: every frame through the broker, the lanes or the
-closes, each case's own checks passed (the broker accepted every frame; with ``--hold`` no
-step closed, without it some did; a lane dropped none). A harness that stopped measuring
+path, no counting) and checks it ran whole: every frame through the broker or the closes,
+each case's own checks passed (the broker accepted every frame; with ``--hold`` no step
+closed, without it some did). A harness that stopped measuring
 what its docstring says would fail here rather than print a figure.
 """
 from __future__ import annotations
@@ -22,11 +22,9 @@ SCRIPT = REPO / "bench" / "frame_instructions.py"
 @pytest.mark.parametrize("args, frames", [
     (["steps"], 10240),
     (["steps", "--hold"], 10240),
-    (["lane"], 10240),
     (["sketch"], 10240),
     (["decode"], 10240),
     (["resources"], 10240),
-    (["lane", "--case", "resources"], 10240),
     (["decode", "--case", "resources"], 10240),
     (["close"], 40),
 ])
@@ -40,7 +38,7 @@ def test_each_case_runs_its_frames_whole(args: list[str], frames: int) -> None:
 def test_inner_times_the_loop_it_counts() -> None:
     """``--inner`` reports the CPU and wall seconds spent inside the counted loop (what the
     ``time`` case divides by the frames): real, and no more than the process ran."""
-    proc = subprocess.run([sys.executable, str(SCRIPT), "lane", "--inner"], cwd=str(REPO),
+    proc = subprocess.run([sys.executable, str(SCRIPT), "sketch", "--inner"], cwd=str(REPO),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = re.search(r"^seconds ([\d.]+) ([\d.]+)$", proc.stderr, re.M)
@@ -54,21 +52,7 @@ def test_time_case_prints_each_variant_against_decode() -> None:
                            "--rounds", "1"], cwd=str(REPO), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = re.findall(r"^  (decode \+ check|lane|broker) +([\d.]+) us .* ratio ([\d.]+)$",
+    rows = re.findall(r"^  (decode \+ check|broker) +([\d.]+) us .* ratio ([\d.]+)$",
                       proc.stdout, re.M)
-    assert [name for name, _, _ in rows] == ["decode + check", "lane", "broker"], proc.stdout
+    assert [name for name, _, _ in rows] == ["decode + check", "broker"], proc.stdout
     assert float(rows[0][2]) == 1.0 and all(float(us) > 0 for _, us, _ in rows)
-
-
-@pytest.mark.parametrize("of, size", [("steps", 1), ("resources", 256), ("resources256", 1)])
-def test_lane_rate_takes_every_frame_over_sockets(of: str, size: int) -> None:
-    """The ``rate`` case's lane behind the floor's PULL loop: the senders' frames all
-    arrive and the lane accepts every one it should (it raises otherwise)."""
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import frame_instructions
-
-        rate, cpu = frame_instructions._lane_rate(of, size)
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    assert rate > 0 and cpu > 0

@@ -218,7 +218,7 @@ def test_an_upward_import_is_a_violation(tmp_path: Path, importer: str,
 #: through the modules named here, and never the other way round
 FAMILIES = ("broker.journal", "broker.steps", "broker.stacks")
 #: what the web may import from the broker: the feed codec and the pure shared stores
-WEB_MAY_IMPORT = {"broker.feed", "broker.keys", "broker.steps.store", "broker.steps.encodings",
+WEB_MAY_IMPORT = {"broker.feed", "broker.steps.store", "broker.steps.encodings",
                   "broker.stacks.groups", "broker.stacks.store"}
 
 

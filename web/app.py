@@ -491,7 +491,7 @@ def request_stacks(run: str) -> Response:
     world = _run().header.get("world_size")
     try:
         check_media_type(request.mimetype or None)
-        asked = parse_body(_body(), world if isinstance(world, int) and world > 0 else None)
+        asked = parse_body(run, _body(), world if isinstance(world, int) and world > 0 else None)
     except BadBody as exc:
         gate.count("unsupported_media_type" if exc.status == 415 else "bad_request")
         return error(exc.status, str(exc))
@@ -505,11 +505,7 @@ def request_stacks(run: str) -> Response:
         gate.count("unavailable")
         return error(503, "this web has no broker connection to send requests on")
     try:
-        request_id = board.request_stacks(run, asked.kind, asked.ranks,
-                                          seconds=asked.seconds, hz=asked.hz)
-    except ValueError as exc:  # a field the agents would refuse that the rules above let by
-        gate.count("bad_request")
-        return error(400, str(exc).splitlines()[0] if str(exc) else "bad request")
+        request_id = board.request_stacks(asked)
     except StacksRequestError as exc:
         gate.count("unavailable")
         return error(503, str(exc))

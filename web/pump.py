@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
 
 from broker import feed
-from rank_agent.controlwire import ControlError, encode_request
+from rank_agent.controlwire import ControlRequest
 
 if TYPE_CHECKING:
     from web.hub import Hub
@@ -35,7 +34,7 @@ class FeedPump:
     freeze every greenlet, pyzmq#809).
 
     ``curve``: ZeroMQ options that make both sockets CURVE clients
-    (:func:`broker.keys.client_options`), for a broker started with ``--curve-secret-key``.
+    (:func:`rank_agent.curve.client_options`), for a broker started with ``--curve-secret-key``.
     A broker that refuses the handshake (a key it does not authorize, or CURVE on one side
     only) lets nothing through, so the hub never connects and ``/healthz`` stays 503; a
     monitor on the SUB turns refusals into a log line (the first at once, then at most one
@@ -72,37 +71,27 @@ class FeedPump:
         #: requests for dumps handed to the broker
         self.stacks_requests = 0
 
-    def request_stacks(self, run: str, kind: str, ranks: list[int] | None = None,
-                       seconds: float = 5.0, hz: int = 100) -> str:
-        """Ask ``run``'s ranks (``ranks`` None: every rank) for a dump (``kind``
-        ``"stacks"``) or a profile (``"profile"``, ``hz`` samples a second for ``seconds``)
-        through the broker (PROTOCOL.md section 2.5); returns the new ``request_id``. The
-        answers arrive as ``stacks`` feed events (:meth:`web.hub.Hub.stacks_view`), and
-        the hub groups this request's answers from now on.
+    def request_stacks(self, req: ControlRequest) -> str:
+        """Hand ``req`` (checked by ``web/stacksapi.py``) to the broker, which forwards it to
+        the run's ranks (PROTOCOL.md section 2.5); returns its ``request_id``. The answers
+        arrive as ``stacks`` feed events (:meth:`web.hub.Hub.stacks_view`), and the hub
+        groups this request's answers from now on.
 
-        Raises ``ValueError`` for fields the agents would refuse (the route checks them
-        first, with section 4's messages) and :class:`StacksRequestError` when the broker
-        cannot be reached now (nothing sent). Never blocks: one non-blocking send on the
-        pump's snapshot socket, from the caller's greenlet."""
-        request_id = uuid.uuid4().hex[:16]
-        try:
-            encode_request(run, request_id, kind, ranks, hz=hz, seconds=seconds)
-        except ControlError as exc:
-            raise ValueError(str(exc)) from None
+        Raises :class:`StacksRequestError` when the broker cannot be reached now (nothing
+        sent). Never blocks: one non-blocking send on the pump's snapshot socket, from the
+        caller's greenlet."""
         dealer = self._dealer
         if dealer is None or self._stopping:
             raise StacksRequestError("not connected to the broker")
         import zmq
 
         try:
-            dealer.send_multipart(feed.encode_stacks_request(run, request_id, kind, ranks,
-                                                             hz=hz, seconds=float(seconds)),
-                                  zmq.NOBLOCK)
+            dealer.send_multipart(feed.encode_stacks_request(req), zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # Again: no broker connected
             raise StacksRequestError(f"cannot reach the broker: {exc.strerror}") from None
         self.stacks_requests += 1
-        self.hub.note_stacks_request(run, request_id)
-        return request_id
+        self.hub.note_stacks_request(req.run, req.request_id)
+        return req.request_id
 
     def start(self) -> None:
         self._greenlet = gevent.spawn(self._run)

@@ -379,10 +379,6 @@ def render(report: RunReport, *, now: float | None = None) -> Iterator[str]:
     yield sh.tail
 
 
-def render_bytes(report: RunReport, *, now: float | None = None) -> bytes:
-    return "".join(render(report, now=now)).encode("utf-8")
-
-
 def from_parts(run: str, header: dict[str, Any], ranks: Iterable[dict[str, Any]],
                records: Iterable[dict[str, Any]], steps: StepStore, svg: str | None,
                stacks: Any = None) -> RunReport:

@@ -145,10 +145,10 @@ def feed_curve(cfg: WebConfig) -> dict[int, bytes] | None:
         return None
     if cfg.curve_server_key is None:
         raise ValueError("--curve-client-key needs --curve-server-key (the broker's public key)")
-    from broker.keys import client_options
+    from rank_agent.curve import client_options
 
     return client_options(Path(cfg.curve_server_key), Path(cfg.curve_client_key),
-                          server_flag=cfg.curve_server_flag)
+                          server_label=cfg.curve_server_flag)
 
 
 def reuseport_socket(host: str, port: int, *, listen: bool) -> socket.socket:

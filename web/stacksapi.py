@@ -4,8 +4,10 @@ request counters (PROTOCOL.md section 4), apart from the Flask view in ``web/app
 The route's order is the contract's: the ``Host`` check (421) and auth (401) are the app's
 hooks for every route, ``--read-only`` (403) comes before the run lookup (404) so a
 read-only web says nothing about which runs exist to a writer, then this module:
-:func:`parse_request` (415 for a body that is not ``application/json``, 400 with a one-line
-reason) and :class:`RequestGate` (429 when this web process accepted a request for the same
+:func:`check_media_type` (415 for a body that is not ``application/json``),
+:func:`parse_body` (400 with a one-line reason; else the
+:class:`~rank_agent.controlwire.ControlRequest` the pump sends, encoded once, whose bounds
+and defaults are the only copy) and :class:`RequestGate` (429 when this web process accepted a request for the same
 run less than :data:`MIN_INTERVAL_S` before; only accepted requests count, so a burst of
 bad bodies never locks a user out).
 
@@ -20,22 +22,30 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import msgspec
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rank_agent.controlwire import MAX_HZ, MAX_SECONDS, MIN_HZ, MIN_SECONDS
+from rank_agent.controlwire import (
+    DEFAULT_HZ,
+    DEFAULT_SECONDS,
+    MAX_HZ,
+    MAX_SECONDS,
+    MIN_HZ,
+    MIN_SECONDS,
+    ControlRequest,
+)
+from rank_agent.protocol import MAX_WORLD_SIZE
 
-__all__ = ["BadBody", "MIN_INTERVAL_S", "RequestGate", "StacksCollector", "StacksRequest",
-           "check_media_type", "parse_body", "parse_request"]
+__all__ = ["BadBody", "MIN_INTERVAL_S", "RequestGate", "StacksCollector", "check_media_type",
+           "parse_body"]
 
 #: A web process accepts at most one request per run this often (PROTOCOL 4: 429).
 MIN_INTERVAL_S = 1.0
 KINDS = ("stacks", "profile")
-DEFAULT_SECONDS = 5.0
-DEFAULT_HZ = 100
 #: The outcomes counted in ``rankboard_stacks_requests_total{result}``.
 RESULTS = ("accepted", "read_only", "unsupported_media_type", "bad_request", "rate_limited",
            "unavailable")
@@ -47,17 +57,6 @@ class BadBody(ValueError):
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
         self.status = status
-
-
-@dataclass(frozen=True)
-class StacksRequest:
-    """A checked request: what :meth:`web.pump.FeedPump.request_stacks` is called with."""
-
-    kind: str
-    #: the ranks asked, sorted and without repeats; None: every rank
-    ranks: Optional[List[int]]
-    seconds: float = DEFAULT_SECONDS
-    hz: int = DEFAULT_HZ
 
 
 def _is_int(value: Any) -> bool:
@@ -75,18 +74,10 @@ def check_media_type(content_type: Optional[str]) -> None:
         raise BadBody(415, "the body must be JSON sent as Content-Type: application/json")
 
 
-def parse_request(content_type: Optional[str], body: bytes,
-                  world_size: Optional[int]) -> StacksRequest:
-    """The request a ``POST /stacks`` body asks for; :class:`BadBody` otherwise.
-
-    ``content_type``: the mimetype without parameters (``None`` if absent);
-    ``world_size``: the run's, or None while unknown (then any rank >= 0 is allowed)."""
-    check_media_type(content_type)
-    return parse_body(body, world_size)
-
-
-def parse_body(body: bytes, world_size: Optional[int]) -> StacksRequest:
-    """The request a JSON body asks for (the 400 rules); :class:`BadBody` otherwise."""
+def parse_body(run: str, body: bytes, world_size: Optional[int]) -> ControlRequest:
+    """The request a JSON body asks of ``run``'s ranks (the 400 rules), with a new
+    ``request_id``; :class:`BadBody` otherwise. ``world_size``: the run's, or None while
+    unknown (then any rank >= 0 is allowed)."""
     try:
         data = msgspec.json.decode(body)
     except msgspec.DecodeError:
@@ -97,8 +88,9 @@ def parse_body(body: bytes, world_size: Optional[int]) -> StacksRequest:
     if kind not in KINDS:
         raise BadBody(400, 'kind must be "stacks" or "profile"')
     ranks = _ranks(data.get("ranks"), world_size)
+    request_id = uuid.uuid4().hex[:16]
     if kind == "stacks":  # seconds and hz mean nothing to a dump: ignored, whatever they are
-        return StacksRequest(kind, ranks)
+        return ControlRequest(run=run, request_id=request_id, kind=kind, ranks=ranks)
     seconds = data.get("seconds", DEFAULT_SECONDS)
     if seconds is None:
         seconds = DEFAULT_SECONDS
@@ -111,7 +103,8 @@ def parse_body(body: bytes, world_size: Optional[int]) -> StacksRequest:
         hz = int(hz)
     if not _is_int(hz) or not MIN_HZ <= hz <= MAX_HZ:
         raise BadBody(400, f"hz must be an integer from {MIN_HZ} to {MAX_HZ}")
-    return StacksRequest(kind, ranks, float(seconds), hz)
+    return ControlRequest(run=run, request_id=request_id, kind=kind, ranks=ranks,
+                          seconds=float(seconds), hz=hz)
 
 
 def _ranks(value: Any, world_size: Optional[int]) -> Optional[List[int]]:
@@ -128,6 +121,9 @@ def _ranks(value: Any, world_size: Optional[int]) -> Optional[List[int]]:
             raise BadBody(400, f"rank {rank} is negative")
         if world_size is not None and rank >= world_size:
             raise BadBody(400, f"rank {rank} is not below the world size {world_size}")
+        if rank >= MAX_WORLD_SIZE:
+            raise BadBody(400, f"rank {rank} is not below the largest world size "
+                               f"{MAX_WORLD_SIZE}")
     return sorted(set(value))
 
 

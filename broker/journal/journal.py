@@ -121,8 +121,8 @@ def _time_of(item: tuple[float, Resources]) -> float:
 class Journal:
     """Per-run append-only journals under ``data_dir``, and the rebuild of runs from them.
 
-    The server calls :meth:`load` once at start, :meth:`record` for every accepted frame
-    (after ``sink.apply`` succeeded), :meth:`note_seq` after publishing a run's events,
+    The server calls :meth:`load` once at start, :meth:`accept` for every accepted frame
+    (after ``sink.apply`` succeeded), :meth:`note_seq` after a tick's events,
     :meth:`flush` once per drained batch and :meth:`close` at exit. The constructor does
     no I/O.
     """
@@ -275,25 +275,17 @@ class Journal:
 
     # -- the hot path ------------------------------------------------------------------
 
-    def record(self, run: str, raw: bytes | memoryview, frame: Frame, now: float) -> None:
-        """Journal one accepted frame (the sink already applied it). Buffers only.
+    def accept(self, sink: RunSink, raw: bytes | memoryview, frame: Frame, now: float) -> None:
+        """Journal the frame the sink just applied, then note the sink's ``seq`` (buffers
+        only): the broker's per-frame call (``Runs.recorder``). In the common case (a
+        ``resources`` frame to hold, or a frame that issued no id) it is a few attribute
+        checks and one dict store.
 
         What is journaled is the frame's known fields (the decoded Struct, encoded again),
         never ``raw``: unknown keys a sender added are ignored by the sink, so they are not
         kept either (PROTOCOL 2, "Limits"). A frame that changed nothing is not journaled
         at all (:mod:`broker.journal.noops`). ``raw`` stays in the signature for
         :data:`broker.runs.Recorder`."""
-        st = self._files.get(run)
-        if st is None:
-            st = self._new_state(run)
-        n = len(st.buf)
-        self._record(st, frame, now)
-        self._grew(len(st.buf) - n)
-
-    def accept(self, sink: RunSink, raw: bytes | memoryview, frame: Frame, now: float) -> None:
-        """:meth:`record` then :meth:`note_seq`, for the frame the sink just applied: the
-        broker's per-frame call. In the common case (a ``resources`` frame to hold, or a
-        frame that issued no id) it is a few attribute checks and one dict store."""
         st = self._files.get(sink.run)
         if st is None:
             st = self._new_state(sink.run)

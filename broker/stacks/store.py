@@ -180,6 +180,3 @@ class RunStacks:
         """The kept dumps as dicts (:func:`dump_dict`), by rank then reason."""
         return [dump_dict(item) for item in self.wire(keys)]
 
-    def of_reason(self, reason: str) -> Dict[int, Wire]:
-        """rank -> its kept dump of ``reason``, in wire form."""
-        return {k[0]: v for k, v in self._dumps.items() if k[1] == reason}

@@ -575,10 +575,3 @@ def scalars_only(values: Mapping[str, Any]) -> Dict[str, Any]:
         if number is not None and type(number) is not bool:
             out[str(name)] = float(number)
     return out
-
-
-def optional_int(value: Any) -> Optional[int]:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None

@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from rank_agent import RankAgent
-from rank_agent.controlwire import encode_request
+from rank_agent.controlwire import ControlRequest, encode_request
 from rank_agent.protocol import Stacks
 from tests.support.agent import Receiver
 from tests.support.polling import wait_for
@@ -93,7 +93,8 @@ def test_close_leaves_no_thread_or_socket(receiver: Receiver) -> None:
         deadline = time.monotonic() + 10
         while not receiver.of_type(Stacks) or all(s.reason != "request"
                                                   for s in receiver.of_type(Stacks)):
-            pub.send_multipart(encode_request("closing", "r1", "stacks", [0]))
+            pub.send_multipart(encode_request(ControlRequest(run="closing", request_id="r1",
+                                                             kind="stacks", ranks=[0])))
             receiver._pump(min(deadline, time.monotonic() + 0.2))
             assert time.monotonic() < deadline, "no answer"
         agent.close()

@@ -19,6 +19,7 @@ import zmq
 from rank_agent.control import Control, control_endpoint
 from rank_agent.controlwire import (
     ControlError,
+    ControlRequest,
     control_topic,
     decode_request,
     encode_request,
@@ -59,7 +60,8 @@ class Publisher:
 
     def request(self, run: str, request_id: str, kind: str = "stacks",
                 ranks: Optional[List[int]] = None, **kw: Any) -> float:
-        self.sock.send_multipart(encode_request(run, request_id, kind, ranks, **kw))
+        self.sock.send_multipart(encode_request(
+            ControlRequest(run=run, request_id=request_id, kind=kind, ranks=ranks, **kw)))
         return time.monotonic()
 
     def close(self) -> None:
@@ -244,12 +246,14 @@ def test_control_endpoint_rules() -> None:
 def test_framing_topics_cannot_match_another_run() -> None:
     assert control_topic("a") == b"!ctl:a!"
     assert not control_topic("a1").startswith(control_topic("a"))
-    parts = encode_request("run-7", "rid", "profile", [3, 5], hz=250, seconds=60)
+    parts = encode_request(ControlRequest(run="run-7", request_id="rid", kind="profile",
+                                          ranks=[3, 5], hz=250, seconds=60))
     req = decode_request(parts)
     assert (req.run, req.request_id, req.kind, req.ranks, req.hz, req.seconds) == \
         ("run-7", "rid", "profile", [3, 5], 250, 60.0)
     assert req.asks(5) and not req.asks(4)
-    assert decode_request(encode_request("r", "q", "stacks")).asks(12345)
+    assert decode_request(encode_request(ControlRequest(run="r", request_id="q",
+                                                        kind="stacks"))).asks(12345)
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -260,11 +264,11 @@ def test_framing_topics_cannot_match_another_run() -> None:
 def test_framing_refuses_requests_out_of_bounds(kwargs: Dict[str, Any]) -> None:
     args = {"run": "r", "request_id": "q", "kind": "profile", **kwargs}
     with pytest.raises((ControlError, msgspec.ValidationError)):
-        encode_request(**args)
+        encode_request(ControlRequest(**args))
 
 
 def test_framing_refuses_forged_or_malformed_messages() -> None:
-    good = encode_request("a", "q", "stacks")
+    good = encode_request(ControlRequest(run="a", request_id="q", kind="stacks"))
     with pytest.raises(ControlError):
         decode_request([control_topic("b"), good[1]])  # body's run is not the topic's
     with pytest.raises(ControlError):

@@ -421,3 +421,18 @@ def test_step_frames_restart_starts_a_new_frame_and_last_merges():
     assert [f.steps for f in frames] == [[3]] and frames[0].times == [3.0]
     assert frames[0].metrics == {"b": [2.0]} and frames[0].tokens == [1]
     assert step_frames("r", 0, [], last) == ([], last)
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -1.0, float("nan"), float("inf"), "x"])
+def test_step_flush_is_checked_the_same_way_by_the_constructor_and_the_setter(
+        make_agent: Callable[..., Any], bad: Any) -> None:
+    """Issue 27: ``agent.step_flush = 0`` skipped the constructor's check, and the flusher
+    then woke every 61 us. One check serves both."""
+    with pytest.raises(ValueError, match="step_flush"):
+        make_agent(broker="tcp://127.0.0.1:1", step_flush=bad)
+    agent = make_agent(broker="tcp://127.0.0.1:1", step_flush=ASLEEP)
+    with pytest.raises(ValueError, match="step_flush"):
+        agent.step_flush = bad
+    assert agent.step_flush == ASLEEP
+    agent.step_flush = 0.5
+    assert agent.step_flush == 0.5

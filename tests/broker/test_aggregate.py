@@ -11,6 +11,26 @@ from rank_agent.protocol import GpuSample, Metrics, ResourceSample
 RUN = "run-1"
 
 
+def gathered(reports: list[Metrics]) -> agg.EpochReports:
+    """One epoch's reports as the sink gathers them (rank i: the i-th report)."""
+    out = agg.EpochReports()
+    for i, m in enumerate(reports):
+        out.put(i, m)
+    return out
+
+
+def loss_of(reports: list[Metrics]) -> float:
+    return gathered(reports).loss()
+
+
+def scalars_of(reports: list[Metrics]) -> dict[str, float]:
+    return gathered(reports).scalar_means()
+
+
+def epoch_ms_of(reports: list[Metrics]) -> float:
+    return gathered(reports).epoch_ms()
+
+
 def met(rank: int, loss: float = 1.0, b: int = 1, **kw) -> Metrics:
     return Metrics(run=RUN, rank=rank, epoch=0, avg_loss=loss, batches=b, **kw)
 
@@ -23,16 +43,16 @@ def gpu(name: str = "H100", index: int = 0, **kw) -> GpuSample:
 
 
 def test_loss_is_batch_weighted() -> None:
-    assert agg.weighted_loss([met(0, 1.0, b=1), met(1, 4.0, b=3)]) == pytest.approx(3.25)
+    assert loss_of([met(0, 1.0, b=1), met(1, 4.0, b=3)]) == pytest.approx(3.25)
 
 
 def test_loss_is_zero_when_no_batches() -> None:
-    assert agg.weighted_loss([met(0, 5.0, b=0), met(1, 7.0, b=0)]) == 0.0
+    assert loss_of([met(0, 5.0, b=0), met(1, 7.0, b=0)]) == 0.0
 
 
 @pytest.mark.parametrize("b", [0, 2])
 def test_nan_loss_stays_nan(b: int) -> None:
-    assert math.isnan(agg.weighted_loss([met(0, 1.0, b=b), met(1, math.nan, b=b)]))
+    assert math.isnan(loss_of([met(0, 1.0, b=b), met(1, math.nan, b=b)]))
 
 
 # ---------------------------------------------------------------- scalars
@@ -44,22 +64,22 @@ def test_scalars_weighted_by_batches_over_reporting_ranks() -> None:
         met(1, b=3, scalars={"acc": (6.0, 2)}),  # 3.0
         met(2, b=100),  # does not report acc: not part of its mean
     ]
-    assert agg.mean_scalars(reports) == {"acc": pytest.approx((1.0 * 1 + 3.0 * 3) / 4)}
+    assert scalars_of(reports) == {"acc": pytest.approx((1.0 * 1 + 3.0 * 3) / 4)}
 
 
 def test_scalar_count_zero_means_not_reported() -> None:
     reports = [met(0, b=1, scalars={"acc": (100.0, 0)}), met(1, b=1, scalars={"acc": (3.0, 1)})]
-    assert agg.mean_scalars(reports) == {"acc": 3.0}
-    assert agg.mean_scalars([met(0, scalars={"acc": (1.0, 0)})]) == {}
+    assert scalars_of(reports) == {"acc": 3.0}
+    assert scalars_of([met(0, scalars={"acc": (1.0, 0)})]) == {}
 
 
 def test_scalars_unweighted_when_their_batches_sum_to_zero() -> None:
     reports = [met(0, b=0, scalars={"x": (1.0, 1)}), met(1, b=0, scalars={"x": (4.0, 2)})]
-    assert agg.mean_scalars(reports) == {"x": pytest.approx(1.5)}
+    assert scalars_of(reports) == {"x": pytest.approx(1.5)}
 
 
 def test_scalars_sorted_by_name() -> None:
-    out = agg.mean_scalars([met(0, scalars={"zeta": (1.0, 1), "alpha": (1.0, 1), "mid": (1.0, 1)})])
+    out = scalars_of([met(0, scalars={"zeta": (1.0, 1), "alpha": (1.0, 1), "mid": (1.0, 1)})])
     assert list(out) == ["alpha", "mid", "zeta"]
 
 
@@ -91,8 +111,8 @@ def test_chunk_ratio_equal_shares_when_no_batches() -> None:
 
 
 def test_epoch_ms_is_max() -> None:
-    assert agg.max_epoch_ms([met(0, epoch_ms=5.0), met(1, epoch_ms=9.0), met(2)]) == 9.0
-    assert agg.max_epoch_ms([met(0, epoch_ms=math.nan), met(1, epoch_ms=3.0)]) == 3.0
+    assert epoch_ms_of([met(0, epoch_ms=5.0), met(1, epoch_ms=9.0), met(2)]) == 9.0
+    assert epoch_ms_of([met(0, epoch_ms=math.nan), met(1, epoch_ms=3.0)]) == 3.0
 
 
 # ---------------------------------------------------------------- resources
@@ -261,8 +281,8 @@ def test_record_does_not_depend_on_report_order() -> None:
 
 
 def test_infinite_losses_of_both_signs_make_nan() -> None:
-    assert math.isnan(agg.weighted_loss([met(0, math.inf), met(1, -math.inf)]))
-    assert agg.weighted_loss([met(0, math.inf), met(1, 1.0)]) == math.inf
+    assert math.isnan(loss_of([met(0, math.inf), met(1, -math.inf)]))
+    assert loss_of([met(0, math.inf), met(1, 1.0)]) == math.inf
 
 
 def test_epoch_reports_pop_forgets_everything_of_the_rank() -> None:

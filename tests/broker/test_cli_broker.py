@@ -239,3 +239,32 @@ def test_sigkill_restart_on_same_data_dir_keeps_records_and_raises_ids(
         push.close(linger=0)
         client.close()
         ctx.term()
+
+
+def burst(pid: int, n: int = 300) -> int:
+    """Send ``n`` SIGTERM and SIGINT, alternated, as fast as possible (systemd and
+    Kubernetes repeat SIGTERM; Ctrl-C reaches a process group); returns how many were
+    sent before the process was gone."""
+    for i in range(n):
+        try:
+            os.kill(pid, signal.SIGTERM if i % 2 else signal.SIGINT)
+        except ProcessLookupError:
+            return i
+    return n
+
+
+def test_a_burst_of_signals_stops_the_broker_cleanly_and_promptly(
+        tmp_path: Path, spawn: list[Broker]) -> None:
+    """Issue 27: the handler called ``threading.Event.set``, whose lock a second signal
+    could re-enter: the broker hung until SIGKILL. The handler now only sets an attribute;
+    a burst must end in exit 0, within seconds, with no traceback."""
+    b = Broker("--ingest", ANY, "--publish", ANY, "--snapshot", ANY, "--data-dir", str(tmp_path))
+    spawn.append(b)
+    b.wait_bound()
+    started = time.monotonic()
+    sent = burst(b.proc.pid)
+    assert b.proc.wait(15) == 0
+    assert time.monotonic() - started < 10
+    assert sent > 1
+    rest = b.rest()
+    assert not any("Traceback" in line for line in rest), rest

@@ -4,12 +4,13 @@ them or fail on them, and their topics must not be taken for a run's events."""
 from __future__ import annotations
 
 from broker import feed
-from rank_agent.controlwire import CONTROL_PREFIX, decode_request, encode_request
+from rank_agent.controlwire import CONTROL_PREFIX, ControlRequest, decode_request, encode_request
 
 
 def test_a_web_ignores_control_requests_on_the_feed() -> None:
     for kind in ("stacks", "profile"):
-        parts = encode_request("run-1", "q", kind, [0, 1])
+        parts = encode_request(ControlRequest(run="run-1", request_id="q", kind=kind,  # type: ignore[arg-type]
+                                              ranks=[0, 1]))
         assert feed.decode_update(parts) is None
         assert decode_request(parts).run == "run-1"
 

@@ -457,7 +457,7 @@ def test_steps_only_run_completed_then_reloaded(tmp_path: Path) -> None:
     sink = b.sinks["c"]
     assert [r["step"] for r in b.published("c")] == list(range(10))
     kinds = [ev.kind for _, ev in b.events]
-    assert kinds[-3:] == ["steps", "run", "complete"]
+    assert kinds[-4:] == ["steps", "run", "ranks", "complete"]
     complete = sink.complete
     b.close()
     b2 = Broker(tmp_path / "d", now=b.now)

@@ -188,7 +188,7 @@ def test_run_with_stop_event_and_thread_safe_stop() -> None:
     t.join(5)
     assert not t.is_alive()
     t = threading.Thread(target=server.serve_forever, daemon=True)
-    server._stop.clear()
+    server._stop_requested = False
     t.start()
     server.stop()
     t.join(5)

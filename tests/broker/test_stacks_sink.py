@@ -16,7 +16,7 @@ from broker.server import BrokerServer
 from broker.sink import RunSink
 from broker.stacks.feed import STACKS_INTERVAL
 from broker.stacks.store import DUMP_OVERHEAD, RunStacks
-from rank_agent.controlwire import decode_request
+from rank_agent.controlwire import ControlRequest, decode_request
 from rank_agent.protocol import (
     Metrics,
     Register,
@@ -25,7 +25,7 @@ from rank_agent.protocol import (
     Steps,
     ThreadStack,
 )
-from tests.support.brokers import RunningBroker
+from tests.support.brokers import Pusher, RunningBroker
 from tests.support.polling import wait_for
 
 RUN = "s1"
@@ -191,12 +191,17 @@ def test_the_snapshot_socket_forwards_a_web_request_to_the_runs_ranks() -> None:
         sub.setsockopt(zmq.SUBSCRIBE, b"!ctl:" + RUN.encode() + b"!")
         sub.connect(broker.endpoints["publish"])
         dealer.connect(broker.endpoints["snapshot"])
+        pusher = Pusher(broker.endpoints["ingest"])  # the broker forwards only to runs it holds
+        pusher.register(RUN, 0, 4)
+        wait_for(lambda: broker.server.runs.get(RUN), timeout=10)
+        pusher.close()
         # a malformed request is refused (counted), never forwarded
-        dealer.send_multipart(feed.encode_stacks_request(RUN, "bad", "nope", None))
+        dealer.send_multipart(feed.encode_stacks_request(
+            ControlRequest(run=RUN, request_id="bad", kind="nope")))  # type: ignore[arg-type]
 
         def forwarded() -> Any:
-            dealer.send_multipart(feed.encode_stacks_request(RUN, "q1", "profile", [2, 3],
-                                                             hz=50, seconds=1.0))
+            dealer.send_multipart(feed.encode_stacks_request(ControlRequest(
+                run=RUN, request_id="q1", kind="profile", ranks=[2, 3], hz=50, seconds=1.0)))
             if sub.poll(200):
                 return decode_request(sub.recv_multipart())
             return None
@@ -204,7 +209,7 @@ def test_the_snapshot_socket_forwards_a_web_request_to_the_runs_ranks() -> None:
         req = wait_for(forwarded, timeout=10)
         assert (req.run, req.request_id, req.kind, req.ranks, req.hz, req.seconds) == (
             RUN, "q1", "profile", [2, 3], 50, 1.0)
-        assert broker.server.stacks_requests_refused == 1
+        assert broker.server.stacks_gate.refused["malformed"] == 1
     finally:
         sub.close(linger=0)
         dealer.close(linger=0)

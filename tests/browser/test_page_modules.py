@@ -113,3 +113,25 @@ def test_the_page_preloads_every_module_it_imports(stack: Stack) -> None:
     for name in sorted(preloaded):
         with urllib.request.urlopen(f"{stack.url}/static/{name}", timeout=5) as resp:
             assert resp.status == 200 and "javascript" in resp.headers["Content-Type"], name
+
+
+def test_one_helper_pushes_a_single_step_bucket(stack: Stack, page: Any) -> None:
+    """``Buckets.pushStep``: the one place a step's point becomes a 9-value bucket (the
+    live chart, its zoom, the history's tail and the comparison's epochs all call it):
+    the mean is its own lo and hi, the ranks' band beside it, anything non-finite NaN,
+    and a non-finite mean marks the bucket bad."""
+    page.goto(f"{stack.url}/")
+    rows = page.evaluate("""async () => {
+      const { Buckets } = await import("/static/buckets.js");
+      const b = new Buckets(1);
+      b.pushStep(3, 1.5, 1.0, 2.0);
+      b.pushStep(4, null);
+      b.pushStep(5, "x", 0, Infinity);
+      const cols = ["s0", "s1", "mean", "lo", "hi", "rmin", "rmax", "cnt", "bad"];
+      return [0, 1, 2].map((i) => cols.map((k) => (Number.isNaN(b[k][i]) ? "NaN" : b[k][i])));
+    }""")
+    nan = "NaN"
+    assert rows == [[3, 3, 1.5, 1.5, 1.5, 1, 2, 1, 0],
+                    [4, 4, nan, nan, nan, nan, nan, 1, 1],
+                    [5, 5, nan, nan, nan, 0, nan, 1, 1]]
+    page.errors.check()

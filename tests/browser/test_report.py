@@ -14,7 +14,7 @@ import pytest
 from rankboard.export import report_of_sink
 from tests.support.browser import ARTIFACTS, Stack, coloured, epoch, register, wait_drawn, wait_js
 from tests.support.reportrun import HOSTILE, HOSTILE_METRIC, build_run, host_of, stacks
-from web.report import render_bytes
+from web.report import render
 
 
 def write_report(tmp: Path, name: str, stall: list[int] | None = None, **kw: Any) -> Path:
@@ -22,7 +22,7 @@ def write_report(tmp: Path, name: str, stall: list[int] | None = None, **kw: Any
     rep = report_of_sink(build_run(None, name, **kw))
     if stall:
         rep.stacks = stacks(stall)
-    path.write_bytes(render_bytes(rep))
+    path.write_text("".join(render(rep)), encoding="utf-8")
     return path
 
 

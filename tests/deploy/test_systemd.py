@@ -81,6 +81,7 @@ def test_exec_start_is_a_valid_rankboard_command_line(name: str) -> None:
     credentials = {v.split(":")[0] for v in settings.get("LoadCredential", [])}
     if args.command == "broker":  # all three sockets public: CURVE is not optional then
         assert args.curve_secret_key is not None and args.curve_authorized is not None
+        assert args.curve_web_authorized is not None
         assert args.curve_secret_key.name in credentials
     else:
         assert args.workers > 1 and args.metrics_port is not None

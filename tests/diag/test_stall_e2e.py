@@ -15,12 +15,14 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import gevent
 import pytest
 
+from rank_agent.controlwire import ControlRequest
 from tests.support import REPO
 from tests.support.brokers import Broker
 from web.hub import Hub
@@ -150,7 +152,8 @@ def test_hung_ranks_are_stalled_grouped_asked_and_recover(
         asked = [1, 3]
 
         def answered() -> bool:
-            rid = web.pump.request_stacks(RUN, "stacks", asked)
+            rid = web.pump.request_stacks(ControlRequest(run=RUN, request_id=uuid.uuid4().hex,
+                                                         kind="stacks", ranks=asked))
             deadline = time.monotonic() + 2.0
             while time.monotonic() < deadline:
                 view = web.hub.stacks_view(RUN)

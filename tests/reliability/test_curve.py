@@ -18,8 +18,8 @@ import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
 from broker import feed
-from broker.keys import client_options
 from rank_agent import RankAgent, curve
+from rank_agent.curve import client_options
 from rank_agent.protocol import Register, encoder
 from tests.support import REPO
 from tests.support.brokers import FeedClient
@@ -70,7 +70,9 @@ def test_keys_command_writes_private_secrets_and_an_authorized_dir(keydir: Path)
     assert mode(keydir / "webs" / "web-1.key_secret") == 0o600
     authorized = sorted(p.name for p in (keydir / "authorized").iterdir())
     assert authorized == ["client-1.key", "client-2.key", "web-1.key"]  # public keys only
-    for path in (keydir / "authorized").iterdir():
+    # the webs' public keys apart too: only they may make ranks dump (--curve-web-authorized)
+    assert sorted(p.name for p in (keydir / "authorized-webs").iterdir()) == ["web-1.key"]
+    for path in [*(keydir / "authorized").iterdir(), *(keydir / "authorized-webs").iterdir()]:
         assert "secret-key" not in path.read_text()
     pub, sec = zmq.auth.load_certificate(str(keydir / "server.key_secret"))
     assert sec is not None and zmq.auth.load_certificate(str(keydir / "server.key"))[0] == pub

@@ -1,5 +1,6 @@
 """Hostile input through the REAL PULL socket of a real ``rankboard broker`` process: random
-and malformed frames interleaved with a checkable valid run (tests/support/fuzzgen.py).
+and malformed frames interleaved with a checkable valid run (tests/support/fuzzgen.py, pushed
+and checked by tests/support/fuzzrun.py).
 Zero crashes, every valid frame applied, every frame counted by reason, and the counts on the
 web's /metrics. The long run is ``python bench/fuzz_ingest.py`` (>= 100 000 frames)."""
 from __future__ import annotations
@@ -14,7 +15,7 @@ from broker import feed
 from broker.runs import Runs
 from broker.snapshots import msgpack_ints
 from rank_agent import protocol as P
-from tests.support import fuzzgen
+from tests.support import fuzzgen, fuzzrun
 from tests.support.brokers import Pusher
 from tests.support.http import fetch
 from tests.support.polling import wait_for
@@ -49,7 +50,7 @@ def test_fuzzed_ingest_in_process_counts_within_bounds_and_closes_every_check_st
             runs.tick(now)
     observed = dict(runs.rejected, accept=runs.accepted)
     assert "internal" not in observed
-    limits = fuzzgen.bounds(msgs)
+    limits = fuzzrun.bounds(msgs)
     for outcome, count in observed.items():
         lo, hi = limits.get(outcome, (0, 0))
         assert lo <= count <= hi, (outcome, count, lo, hi)
@@ -58,7 +59,7 @@ def test_fuzzed_ingest_in_process_counts_within_bounds_and_closes_every_check_st
     (snap,) = runs.snapshot(fuzzgen.CHECK_STEPS_RUN)
     want = fuzzgen.expected_check_steps(fuzzgen.check_steps_blocks(msgs))
     assert len(want) >= 2 * fuzzgen.CHECK_STEP_BLOCK
-    assert fuzzgen.check_steps_result(snap, want, problems) == set() and problems == []
+    assert fuzzrun.check_steps_result(snap, want, problems) == set() and problems == []
     assert snap["header"]["status"] == "complete"
     for run in runs:  # every run still servable as a snapshot (as the server encodes it)
         (one,) = runs.snapshot(run)
@@ -78,7 +79,7 @@ def test_fuzzed_ingest_no_crash_no_valid_frame_lost_rejects_counted(
     msgs.append(fuzzgen._Hostile(__import__("random").Random(1), True).oversize())
     broker, eps = start_broker(spawn, tmp_path / "data", "--max-runs", "100000")
     web = start_web(spawn, eps)
-    report = fuzzgen.run_fuzz(eps.ingest, eps.publish, eps.snapshot, msgs, epochs,
+    report = fuzzrun.run_fuzz(eps.ingest, eps.publish, eps.snapshot, msgs, epochs,
                               alive=lambda: broker.proc.poll() is None)
     print("\n" + "\n".join(report.lines()))
     assert report.broker_alive

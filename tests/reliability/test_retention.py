@@ -22,8 +22,7 @@ def write_journal(data: Path) -> None:
     """old-done (finished 3 days ago), old-open (unfinished, 3 days), new-done (finished now)."""
     journal = Journal(data)
     journal.load()
-    runs = Runs(on_accept=lambda run, raw, frame, now: (
-        journal.record(run, raw, frame, now), journal.note_seq(runs.get(run))))
+    runs = Runs(recorder=journal.accept)
     now = time.time()
     for run, at, done in (("old-done", now - 3 * DAY, True), ("old-open", now - 3 * DAY, False),
                           ("new-done", now, True)):

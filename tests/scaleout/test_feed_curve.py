@@ -126,7 +126,7 @@ def test_an_unusable_key_file_stops_the_web_with_one_line(
 
 
 def test_keys_for_webs_are_private_and_authorized(tmp_path: Path) -> None:
-    from broker.keys import create_keys
+    from rankboard.keys import create_keys
 
     written = create_keys(tmp_path / "k", clients=1, webs=2)
     names = {p.relative_to(tmp_path / "k").as_posix() for p in written}

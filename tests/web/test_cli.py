@@ -226,3 +226,22 @@ def test_a_web_with_no_broker_says_so_once_in_its_log(spawn: Any) -> None:
                              timeout=30.0)
         assert line.group(1) == dead.publish
         assert "Traceback" not in web.output()
+
+
+def test_up_survives_a_burst_of_signals_and_exits_0(spawn: Any) -> None:
+    """Issue 27: SIGTERM and SIGINT sent many times over (as systemd, Kubernetes or a
+    Ctrl-C to the process group do) stop ``up`` and its broker child cleanly: exit 0
+    within seconds, no traceback."""
+    from tests.broker.test_cli_broker import burst
+
+    up = spawn("up", "--port", "0", "--ingest", "tcp://127.0.0.1:*",
+               "--publish", "tcp://127.0.0.1:*", "--snapshot", "tcp://127.0.0.1:*")
+    up.wait_dashboard(timeout=30)
+    children = psutil.Process(up.proc.pid).children(recursive=True)
+    assert children  # the broker
+    started = time.monotonic()
+    burst(up.proc.pid)
+    assert up.proc.wait(20) == 0, up.output("stderr")[-3000:]
+    assert time.monotonic() - started < 15
+    assert "Traceback" not in up.output("stderr"), up.output("stderr")[-3000:]
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]

@@ -14,11 +14,16 @@ from web.stacksapi import (
     BadBody,
     RequestGate,
     StacksCollector,
-    StacksRequest,
     check_media_type,
     parse_body,
-    parse_request,
 )
+
+
+def asked(body: bytes, world_size: Optional[int]) -> tuple:
+    """What a body asks, without its random request id."""
+    req = parse_body("run-1", body, world_size)
+    assert req.run == "run-1" and len(req.request_id) == 16
+    return (req.kind, req.ranks, req.seconds, req.hz)
 
 
 @pytest.mark.parametrize("content_type", [None, "", "text/plain", "application/x-www-form-urlencoded",
@@ -36,24 +41,36 @@ def test_json_media_type_case_and_blanks() -> None:
 
 
 def test_defaults_and_ignored_fields() -> None:
-    assert parse_body(b'{"kind": "stacks"}', 4) == StacksRequest("stacks", None)
-    assert parse_body(b'{"kind": "stacks", "ranks": null, "hz": "x", "seconds": -1}', 4) == \
-        StacksRequest("stacks", None)
-    assert parse_body(b'{"kind": "profile"}', None) == StacksRequest("profile", None, 5.0, 100)
-    assert parse_body(b'{"kind": "profile", "seconds": 60, "hz": 250.0, "ranks": [3, 0, 3]}',
-                      4) == StacksRequest("profile", [0, 3], 60.0, 250)
-    assert parse_body(b'{"kind": "profile", "seconds": 0.5, "hz": 1}', 4).seconds == 0.5
-    # an unknown world size allows any rank >= 0
-    assert parse_body(b'{"kind": "stacks", "ranks": [70000]}', None).ranks == [70000]
+    assert asked(b'{"kind": "stacks"}', 4) == ("stacks", None, 5.0, 100)
+    assert asked(b'{"kind": "stacks", "ranks": null, "hz": "x", "seconds": -1}', 4) == \
+        ("stacks", None, 5.0, 100)
+    assert asked(b'{"kind": "profile"}', None) == ("profile", None, 5.0, 100)
+    assert asked(b'{"kind": "profile", "seconds": 60, "hz": 250.0, "ranks": [3, 0, 3]}',
+                 4) == ("profile", [0, 3], 60.0, 250)
+    assert asked(b'{"kind": "profile", "seconds": 0.5, "hz": 1}', 4)[2] == 0.5
+    # an unknown world size allows any rank the protocol allows
+    assert asked(b'{"kind": "stacks", "ranks": [65535]}', None)[1] == [65535]
+
+
+def test_an_accepted_body_is_a_request_the_broker_and_agents_accept() -> None:
+    """What the web accepts, it encodes once, and those bytes pass the type's constraints
+    (the broker forwards them unchanged)."""
+    from broker import feed
+
+    for body in (b'{"kind": "stacks"}', b'{"kind": "profile", "seconds": 60, "hz": 250}',
+                 b'{"kind": "stacks", "ranks": [0, 65535]}', b'{"kind": "profile", "hz": 1.0}'):
+        req = parse_body("run-1", body, None)
+        assert feed.decode_stacks_request(feed.encode_stacks_request(req))[0] == req
 
 
 @pytest.mark.parametrize("body", [
     b'{"kind": "profile", "seconds": NaN}', b'{"kind": "profile", "seconds": 1e999}',
     b'{"kind": "profile", "hz": 100.5}', b'{"kind": "stacks", "ranks": [0, null]}',
-    b'{"kind": "stacks", "ranks": {"0": 1}}', b'"stacks"', b"", b"\xff"])
+    b'{"kind": "stacks", "ranks": {"0": 1}}', b'"stacks"', b"", b"\xff",
+    b'{"kind": "stacks", "ranks": [65536]}'])
 def test_bad_bodies(body: bytes) -> None:
     with pytest.raises(BadBody) as exc:
-        parse_request("application/json", body, 4)
+        parse_body("run-1", body, None if b"65536" in body else 4)
     assert exc.value.status == 400 and "\n" not in str(exc.value)
 
 

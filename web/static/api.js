@@ -41,6 +41,18 @@ export async function api(path, signal) {
   return (await get(path, signal)).json();
 }
 
+/** POST `body` as JSON to a route of this origin: `{ status, data }` whatever the status
+ * (`data`: the answer's JSON, `{}` when it has none); rejects only when the web is
+ * unreachable. */
+export async function postJson(path, body) {
+  const resp = await fetch(path, {
+    method: "POST", credentials: "same-origin", cache: "no-store",
+    headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+  });
+  learnClock(resp);
+  return { status: resp.status, statusText: resp.statusText, data: await resp.json().catch(() => ({})) };
+}
+
 /** `api`, with the answer's headers: `{ data, headers }`. */
 export async function apiWithHeaders(path, signal) {
   const resp = await get(path, signal);

@@ -46,6 +46,14 @@ export class Buckets {
     this.bad[i] = bad ? 1 : 0;
   }
 
+  /** Append one step's point as a bucket of its own: `value` its mean (and its lo and hi:
+   * one step's mean is the whole range of means), `rmin`..`rmax` the ranks' band; any of
+   * them non-finite or absent is NaN, and a non-finite `value` marks the bucket bad. */
+  pushStep(step, value, rmin = NaN, rmax = NaN) {
+    const m = fin(value);
+    this.push(step, step, m, m, m, fin(rmin), fin(rmax), 1, !isNum(value));
+  }
+
   /** From the API's `buckets` array. */
   static fromApi(rows) {
     const b = new Buckets(Math.max(16, rows.length));

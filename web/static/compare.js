@@ -238,9 +238,7 @@ export class CompareView {
     const recs = (this.history.get(run) || []).slice().sort((p, q) => p.epoch - q.epoch);
     for (const rec of recs) {
       if (!rec.metrics || !(metric in rec.metrics)) continue;
-      const v = rec.metrics[metric];
-      const m = isNum(v) ? v : NaN;
-      b.push(rec.epoch, rec.epoch, m, m, m, NaN, NaN, 1, !isNum(v));
+      b.pushStep(rec.epoch, rec.metrics[metric]);
     }
     return b;
   }

@@ -6,9 +6,8 @@
 
 import { fmtInt, isNum } from "./fmt.js";
 
-/** Levels, worst last: no GPU figures, nothing wrong, look at it (throttle, PCIe, NVLink),
- * act on it (XID, uncorrected ECC, row remapping). */
-export const LEVELS = ["none", "ok", "warn", "bad"];
+/** Levels by rank, worst last: no GPU figures, nothing wrong, look at it (throttle, PCIe,
+ * NVLink), act on it (XID, uncorrected ECC, row remapping). */
 const RANK = { none: 0, ok: 1, warn: 2, bad: 3 };
 
 /** Clock event reasons worth a tag (`sw_power_cap` alone is normal at full load). */

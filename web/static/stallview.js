@@ -11,7 +11,7 @@
 // once a second (a burst of events costs one fetch). Every string from a rank (function,
 // file, code, thread name) goes into the DOM through textContent only (dom.js `h`).
 
-import { enc, serverNow } from "./api.js";
+import { api, enc, postJson, serverNow } from "./api.js";
 import { verdictText } from "./collectives.js";
 import { $, button, h } from "./dom.js";
 import { fmtAgo, fmtDur, fmtInt, isNum } from "./fmt.js";
@@ -139,8 +139,7 @@ export class StallView {
     this.inFlight = true;
     this.lastFetch = Date.now();
     this.fetches += 1;
-    fetch(`/api/runs/${enc(run)}/stacks`, { credentials: "same-origin", cache: "no-store" })
-      .then((r) => (r.ok ? r.json() : null))
+    api(`/api/runs/${enc(run)}/stacks`)
       .then((view) => {
         if (view && gen === store.gen) store.setStacks(view);
       })
@@ -149,8 +148,7 @@ export class StallView {
         this.inFlight = false;
       });
     // the collective verdict comes with the same events (7.2); drawn when it arrives
-    fetch(`/api/runs/${enc(run)}/collectives`, { credentials: "same-origin", cache: "no-store" })
-      .then((r) => (r.ok ? r.json() : null))
+    api(`/api/runs/${enc(run)}/collectives`)
       .then((view) => {
         if (view && gen === store.gen) {
           this.collectives = view;
@@ -168,11 +166,8 @@ export class StallView {
     this.message = kind === "profile" ? `profiling for ${PROFILE.seconds} s…` : "asking for stacks…";
     this.held = true; // no second request while this one is on its way
     this.render();
-    fetch(`/api/runs/${enc(store.run)}/stacks`, {
-      method: "POST", credentials: "same-origin", cache: "no-store",
-      headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-    }).then(async (r) => {
-      const answer = await r.json().catch(() => ({}));
+    postJson(`/api/runs/${enc(store.run)}/stacks`, body).then((r) => {
+      const answer = r.data;
       // the web accepts one request per run a second (429): the buttons wait that long
       setTimeout(() => {
         this.held = false;

@@ -300,25 +300,10 @@ export class StepView {
   _appendLive(e, r) {
     const v = e.pick(r);
     if (v === undefined || v === null) return;
-    let mean;
-    let lo;
-    let hi;
-    if (Array.isArray(v)) {
-      mean = v[0];
-      lo = v[1];
-      hi = v[2];
-    } else {
-      mean = v;
-      lo = v;
-      hi = v;
-    }
-    const bad = !isNum(mean);
-    const m = isNum(mean) ? mean : NaN;
-    const rmin = isNum(lo) ? lo : NaN;
-    const rmax = isNum(hi) ? hi : NaN;
+    const [mean, lo, hi] = Array.isArray(v) ? v : [v, v, v];
     if (e.all.last !== null && r.step <= e.all.last) return;
     // lo/hi of one step are its mean (the per-step means); the band is the ranks' min..max
-    e.all.push(r.step, r.step, m, m, m, rmin, rmax, 1, bad);
+    e.all.pushStep(r.step, mean, lo, hi);
     if (!e.hasData) {
       e.hasData = true;
       this._layout();
@@ -326,7 +311,7 @@ export class StepView {
     const cap = 4 * e.chart.plotColumns();
     if (e.all.n > cap) e.all.compact();
     if (e.zoomed && this.view && r.step <= this.view[1] && (e.zoomed.last === null || r.step > e.zoomed.last)) {
-      e.zoomed.push(r.step, r.step, m, m, m, rmin, rmax, 1, bad);
+      e.zoomed.pushStep(r.step, mean, lo, hi);
     }
   }
 
@@ -383,8 +368,7 @@ export class StepView {
     if (v === undefined || v === null) return;
     const [mean, lo, hi] = Array.isArray(v) ? v : [v, v, v];
     if (b.last !== null && r.step <= b.last) return;
-    const m = isNum(mean) ? mean : NaN;
-    b.push(r.step, r.step, m, m, m, isNum(lo) ? lo : NaN, isNum(hi) ? hi : NaN, 1, !isNum(mean));
+    b.pushStep(r.step, mean, lo, hi);
   }
 
   async _fetchKpis() {

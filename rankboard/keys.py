@@ -1,4 +1,4 @@
-"""``rankboard keys DIR``: the CURVE key pairs of a broker and its ranks.
+"""``rankboard keys DIR``: the CURVE key pairs of a broker, its ranks and its webs.
 
 Layout written under ``DIR`` (ZeroMQ certificate files, ``zmq.auth.create_certificates``)::
 
@@ -10,6 +10,7 @@ Layout written under ``DIR`` (ZeroMQ certificate files, ``zmq.auth.create_certif
     DIR/webs/web-N.key              its public half
     DIR/authorized/client-N.key     the public keys the broker accepts -> --curve-authorized
     DIR/authorized/web-N.key        (ranks and webs alike: one directory, one ZAP policy)
+    DIR/authorized-webs/web-N.key   the webs' alone -> broker --curve-web-authorized
 
 Why this shape: the secret files are the only things that must stay private, so they are
 created with mode 0600 (under a 0077 umask, so they are never readable by others, not even
@@ -18,8 +19,12 @@ public keys, so it can be copied anywhere; revoking a rank (or a web) is deletin
 there and restarting the broker. Existing files are never overwritten: running the command
 again with a larger ``--clients`` or ``--webs`` adds the missing ones and keeps every key
 already handed out. Web keys live apart from rank keys (``webs/``) because they go to other
-machines (the web hosts, not the training nodes); the broker treats both the same, since
-its publish and snapshot sockets demand CURVE with the same authorized directory as ingest.
+machines (the web hosts, not the training nodes). The broker lets both connect, since its
+publish and snapshot sockets demand CURVE with the same authorized directory as ingest, and
+tells them apart for one verb: only a key in ``authorized-webs/`` may make ranks dump their
+stacks (a rank's key would otherwise make every other job's ranks stop and dump).
+
+The clients' half of the key files (reading them) is :mod:`rank_agent.curve`.
 """
 from __future__ import annotations
 
@@ -29,8 +34,8 @@ import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["keys_main", "create_keys", "client_options", "SERVER", "CLIENTS_DIR", "WEBS_DIR",
-           "AUTHORIZED_DIR"]
+__all__ = ["keys_main", "create_keys", "SERVER", "CLIENTS_DIR", "WEBS_DIR", "AUTHORIZED_DIR",
+           "AUTHORIZED_WEBS_DIR"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,7 @@ SERVER = "server"
 CLIENTS_DIR = "clients"
 WEBS_DIR = "webs"
 AUTHORIZED_DIR = "authorized"
+AUTHORIZED_WEBS_DIR = "authorized-webs"
 
 
 def _pair(folder: Path, name: str) -> tuple[Path, Path, bool]:
@@ -79,57 +85,24 @@ def create_keys(directory: Path, clients: int = 1, webs: int = 1) -> list[Path]:
     clients_dir = directory / CLIENTS_DIR
     webs_dir = directory / WEBS_DIR
     authorized = directory / AUTHORIZED_DIR
-    for folder in (clients_dir, webs_dir, authorized):
-        folder.mkdir(mode=0o755 if folder is authorized else 0o700, exist_ok=True)
-    pairs = [(clients_dir, f"client-{n}") for n in range(1, clients + 1)]
-    pairs += [(webs_dir, f"web-{n}") for n in range(1, webs + 1)]
-    for folder, name in pairs:
+    authorized_webs = directory / AUTHORIZED_WEBS_DIR
+    for folder in (clients_dir, webs_dir, authorized, authorized_webs):
+        public_only = folder in (authorized, authorized_webs)
+        folder.mkdir(mode=0o755 if public_only else 0o700, exist_ok=True)
+    pairs: list[tuple[Path, str, tuple[Path, ...]]] = [
+        (clients_dir, f"client-{n}", (authorized,)) for n in range(1, clients + 1)]
+    pairs += [(webs_dir, f"web-{n}", (authorized, authorized_webs)) for n in range(1, webs + 1)]
+    for folder, name, copies in pairs:
         public, secret, created = _pair(folder, name)
         if created:
             written += [public, secret]
-        target = authorized / public.name
-        if not target.exists():
-            shutil.copyfile(public, target)
-            os.chmod(target, 0o644)
-            written.append(target)
+        for where in copies:
+            target = where / public.name
+            if not target.exists():
+                shutil.copyfile(public, target)
+                os.chmod(target, 0o644)
+                written.append(target)
     return written
-
-
-def _load_key(path: Path, flag: str, *, secret: bool) -> tuple[bytes, bytes | None]:
-    import zmq.auth
-
-    try:
-        public, secret_key = zmq.auth.load_certificate(str(path))
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise ValueError(f"{flag} {path}: cannot read a CURVE key file: {reason}") from None
-    if not public or len(public) != 40:
-        raise ValueError(f"{flag} {path}: no CURVE public key in the file")
-    if secret and (not secret_key or len(secret_key) != 40):
-        raise ValueError(f"{flag} {path}: no CURVE secret key in the file "
-                         "(use a .key_secret file, e.g. webs/web-1.key_secret)")
-    return public, secret_key
-
-
-def client_options(server_key: Path, client_key: Path, *,
-                   server_flag: str = "--curve-server-key",
-                   client_flag: str = "--curve-client-key") -> dict[int, bytes]:
-    """The ZeroMQ options that make a socket a CURVE client of the broker: the broker's
-    public key from ``server_key`` (``server.key``, or the broker's own ``.key_secret``,
-    which holds the public half too) and this client's pair from ``client_key``.
-
-    Raises ``ValueError`` with a one-line reason naming the flag and the file. Read once at
-    start, so a bad file stops the command instead of a web that silently never connects.
-    """
-    import zmq
-
-    if not zmq.has("curve"):
-        raise ValueError("this libzmq was built without CURVE support")
-    server_public, _ = _load_key(Path(server_key), server_flag, secret=False)
-    public, secret = _load_key(Path(client_key), client_flag, secret=True)
-    assert secret is not None
-    return {zmq.CURVE_SERVERKEY: server_public, zmq.CURVE_PUBLICKEY: public,
-            zmq.CURVE_SECRETKEY: secret}
 
 
 def keys_main(directory: Path, clients: int = 1, webs: int = 1) -> int:
@@ -152,12 +125,13 @@ def keys_main(directory: Path, clients: int = 1, webs: int = 1) -> int:
         print(f"{directory}: every key already exists (nothing written)")
     d = directory
     print(f"broker: rankboard broker --ingest tcp://*:5585 --curve-secret-key {d / 'server.key_secret'}"
-          f" --curve-authorized {d / AUTHORIZED_DIR}")
+          f" --curve-authorized {d / AUTHORIZED_DIR}"
+          f" --curve-web-authorized {d / AUTHORIZED_WEBS_DIR}")
     print(f"ranks:  RANKBOARD_CURVE_SERVER_KEY={d / 'server.key'} "
           f"RANKBOARD_CURVE_CLIENT_KEY={d / CLIENTS_DIR / 'client-1.key_secret'}")
     if webs:
         print(f"web:    rankboard web --curve-server-key {d / 'server.key'} "
               f"--curve-client-key {d / WEBS_DIR / 'web-1.key_secret'}")
     print("keep *.key_secret private; revoke a rank or a web by deleting its file in "
-          f"{d / AUTHORIZED_DIR} and restarting the broker")
+          f"{d / AUTHORIZED_DIR} (and {d / AUTHORIZED_WEBS_DIR}) and restarting the broker")
     return 0
