@@ -23,7 +23,7 @@ from broker.steps.datawait import (
 from broker.steps.encodings import csv_columns
 from broker.steps.store import StepStore, wire_records
 from rank_agent.protocol import BadSteps, Steps, check_steps, decode, encoder
-from tests.broker.test_steps import RUN, T0, Drive
+from tests.support.stepdrive import RUN, T0, Drive
 
 PLACE = {0: ("h0", 0), 1: ("h0", 1), 2: ("h1", 0), 3: ("h1", 1)}.get
 

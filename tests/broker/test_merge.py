@@ -13,7 +13,7 @@ from typing import Any
 
 from broker.steps.closer import StepCloser
 from rank_agent.protocol import Steps, decode, encoder
-from tests.broker.test_steps import RUN, T0, Drive
+from tests.support.stepdrive import RUN, T0, Drive
 
 LATER = T0 + 0.5
 
