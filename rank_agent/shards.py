@@ -78,11 +78,11 @@ def parse_shard(text: str) -> Tuple[int, int]:
             raise ValueError
         index, count = int(k), int(n)
     except ValueError:
-        raise ShardError(f"--shard wants K/N (e.g. 0/2), got {text!r}") from None
+        raise ShardError(f"expected K/N (e.g. 0/2), got {text!r}") from None
     if count < 1:
-        raise ShardError(f"--shard {text}: N must be >= 1")
+        raise ShardError(f"N must be >= 1, got {text!r}")
     if not 0 <= index < count:
-        raise ShardError(f"--shard {text}: K must be 0..{count - 1}")
+        raise ShardError(f"K must be 0..{count - 1} (N - 1), got {text!r}")
     return index, count
 
 

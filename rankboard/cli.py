@@ -24,6 +24,7 @@ from typing import Any, Callable, NoReturn, Sequence
 from broker.config import BrokerConfig, default_data_dir
 from broker.webhooks import DEFAULT_REPEAT, ENV_VAR, redact, webhook_urls
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
+from rank_agent.shards import ShardError, parse_shard
 from rankboard.config import KeysConfig, from_args, log_level
 from web.config import DEFAULT_WEB_HOST, DEFAULT_WEB_PORT
 
@@ -85,6 +86,13 @@ def _endpoint(text: str) -> str:
             f"not a ZeroMQ endpoint: {text!r} (expected e.g. tcp://127.0.0.1:5585)"
         )
     return text
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        return parse_shard(text)
+    except ShardError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -187,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("broker", help="run the broker (ingest, feed, journal)")
     _broker_flags(p)
+    p.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
+                   help="own the runs whose id hashes to shard K of N brokers (default 0/1; "
+                        "PROTOCOL 7.3)")
     _feed_flags(p)
     _common(p)
 
@@ -264,6 +275,7 @@ def run_broker(cfg: BrokerConfig) -> int:
     server = cfg.build_server()
     try:
         server.bind()
+        print(f"shard {cfg.shard[0]}/{cfg.shard[1]}", flush=True)
         _install_stop_handlers(server.stop)
         server.serve_forever()
     finally:

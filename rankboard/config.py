@@ -67,7 +67,7 @@ def _broker(args: argparse.Namespace) -> BrokerConfig:
         retention_days=args.retention_days, curve_secret_key=args.curve_secret_key,
         curve_authorized=args.curve_authorized, log_level=log_level(args),
         alert_webhooks=tuple(args.alert_webhook), alert_repeat=args.alert_repeat,
-        public_url=args.public_url)
+        public_url=args.public_url, shard=getattr(args, "shard", (0, 1)))
 
 
 def _web(args: argparse.Namespace, *, with_broker: bool) -> WebConfig:

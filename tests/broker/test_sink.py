@@ -32,7 +32,7 @@ from rank_agent.protocol import (
 
 RUN = "run-1"
 HEADER_KEYS = [
-    "run", "status", "world_size", "total_epochs", "label", "hash", "port", "metadata",
+    "run", "status", "world_size", "total_epochs", "label", "shard", "hash", "port", "metadata",
     "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at", "steps_done",
     "step_metrics",
 ]
@@ -115,7 +115,7 @@ def test_header_defaults() -> None:
     sink.apply(res(0), 1.0)
     assert sink.header() == {
         "run": RUN, "status": "waiting", "world_size": None, "total_epochs": None,
-        "label": None, "hash": None, "port": None, "metadata": None, "hardware": "",
+        "label": None, "shard": 0, "hash": None, "port": None, "metadata": None, "hardware": "",
         "has_svg": False, "hosts": [], "alerts": [], "started_at": 1.0, "updated_at": 1.0,
         "steps_done": None, "step_metrics": [],
     }

@@ -11,7 +11,7 @@ from tests.support.brokers import Pusher
 from tests.support.http import fetch, get_json
 from tests.support.polling import wait_for
 
-HEADER_KEYS = {"run", "status", "world_size", "total_epochs", "label", "hash", "port", "metadata",
+HEADER_KEYS = {"run", "status", "world_size", "total_epochs", "label", "shard", "hash", "port", "metadata",
                "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
                "steps_done", "step_metrics"}
 RANK_KEYS = {"rank", "host", "local_rank", "status", "last_seen", "epoch", "hardware", "resources",
