@@ -26,7 +26,8 @@ from broker.webhooks import DEFAULT_REPEAT, ENV_VAR, redact, webhook_urls
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
 from rank_agent.shards import ShardError, parse_shard
 from rankboard.config import KeysConfig, from_args, log_level
-from web.config import DEFAULT_WEB_HOST, DEFAULT_WEB_PORT
+from rankboard.shardplan import MAX_SHARDS
+from web.config import DEFAULT_WEB_HOST, DEFAULT_WEB_PORT, FeedError, feed_pairs
 
 __all__ = ["main", "build_parser", "run_broker"]
 
@@ -212,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     _feed_flags(p)
     _web_flags(p, port_default=None)
     _scale_flags(p, worker_id=False)
+    p.add_argument("--shards", type=_int_range(1, MAX_SHARDS), default=1, metavar="N",
+                   help="start N brokers, each owning the runs whose id hashes to it "
+                        "(shard K: ports + 3*K, <data-dir>/shard-K; default 1)")
     p.set_defaults(worker_id=None)
     _common(p)
 
@@ -337,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         print(f"{prog}: --curve-secret-key and --curve-authorized go together", file=sys.stderr)
         return 2
-    problem = _curve_client_problem(args) or _read_token_file(args)
+    problem = _feed_problem(args) or _curve_client_problem(args) or _read_token_file(args)
     if problem:
         print(f"{prog}: {problem}", file=sys.stderr)
         return 2
@@ -359,6 +363,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # BindError, data dir problems, ...
         print(f"{prog}: {_one_line(exc)}", file=sys.stderr)
         return 1
+
+
+def _feed_problem(args: argparse.Namespace) -> str | None:
+    """Why the endpoint lists cannot work (PROTOCOL 7.3), or None: a web's ``--publish``
+    and ``--snapshot`` list one endpoint per shard each, the same number; a broker (and
+    ``up``/``demo``, which start theirs) binds one of each."""
+    if not hasattr(args, "publish"):
+        return None
+    if args.command == "web":
+        try:
+            feed_pairs(args.publish, args.snapshot)
+        except FeedError as exc:
+            return str(exc)
+        return None
+    for flag in ("ingest", "publish", "snapshot"):
+        if "," in getattr(args, flag, ""):
+            return f"--{flag} takes one endpoint here (a list is for `rankboard web`)"
+    return None
 
 
 def _curve_client_problem(args: argparse.Namespace) -> str | None:

@@ -28,6 +28,8 @@ class UpConfig:
 
     broker: BrokerConfig
     web: WebConfig
+    #: ``--shards N`` (PROTOCOL 7.3): N brokers (rankboard/shardplan.py), one web over all
+    shards: int = 1
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ def from_args(args: argparse.Namespace) -> Config:
     if args.command == "web":
         return _web(args, with_broker=False)
     if args.command in ("up", "demo"):
-        up = UpConfig(broker=_broker(args), web=_web(args, with_broker=True))
+        up = UpConfig(broker=_broker(args), web=_web(args, with_broker=True),
+                      shards=getattr(args, "shards", 1))
         if args.command == "up":
             return up
         return DemoConfig(up=up, ranks=args.ranks, hosts=args.hosts, epochs=args.epochs,

@@ -19,7 +19,7 @@ RANK_KEYS = {"rank", "host", "local_rank", "status", "last_seen", "epoch", "hard
 RECORD_KEYS = {"epoch", "total_epochs", "duration_secs", "elapsed_secs", "eta_secs", "metrics",
                "resources", "gpu_metrics", "missing_ranks"}
 LIST_KEYS = {"run", "status", "world_size", "total_epochs", "epochs_done", "label", "started_at",
-             "updated_at"}
+             "updated_at", "shard"}
 PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
             "connect-src 'self'; frame-ancestors 'none'; object-src 'none'; base-uri 'none'")
 SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><rect width="5" height="5"/></svg>'
@@ -134,7 +134,7 @@ def test_page_and_static(web: Any) -> None:
 
 def test_healthz_and_metrics(web: Any, pusher: Pusher) -> None:
     r = fetch(web.port, "/healthz")
-    assert r.status == 200 and r.json() == {"ok": True}
+    assert r.status == 200 and r.json() == {"ok": True, "shards": [{"shard": 0, "connected": True}]}
     pusher.sock.send(b"\xc1 not msgpack")
     pusher.register("m", 0, 1, host="h0")
     pusher.send(protocol.Resources(run="m", rank=0, sample=protocol.ResourceSample(
@@ -167,7 +167,7 @@ def test_healthz_503_until_a_late_broker_comes_up(spawn: Any, tmp_path: Any) -> 
 
     web = start_web(spawn, Nowhere(), healthy=False)
     r = fetch(web.port, "/healthz")
-    assert r.status == 503 and r.json() == {"ok": False}
+    assert r.status == 503 and r.json() == {"ok": False, "shards": [{"shard": 0, "connected": False}]}
     assert fetch(web.port, "/api/runs").json() == []
 
     late = Broker(tmp_path / "data", {"ingest": "tcp://127.0.0.1:*", "publish": Nowhere.publish,
