@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import signal
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from rank_agent import RankAgent
 from rank_agent.shards import shard_of
@@ -64,7 +64,10 @@ def test_three_shards_a_wrong_rank_a_sigkill_and_a_return(
                 assert agent.shard == k
                 agent.register(total_epochs=10)
                 agent.log_epoch(0, 1.0)
-        listed: Any = lambda: {r["run"]: r["shard"] for r in get_json(port, "/api/runs")}
+
+        def listed() -> dict[str, int]:
+            return {r["run"]: r["shard"] for r in get_json(port, "/api/runs")}
+
         want = {run: k for k, runs in RUNS.items() for run in runs}
         wait_for(lambda: listed() == want, what="every run listed with its shard")
         assert get_json(port, f"/api/runs/{RUNS[2][0]}")["shard"] == 2
