@@ -66,11 +66,15 @@ class MergedRuns(Mapping[str, RunState]):
 
     def items_by_shard(self) -> Iterator[tuple[int, RunState]]:
         """(shard, state) of every run once: a run id two shards hold is its home's."""
-        n = len(self.hubs)
-        for index, hub in enumerate(self.hubs):
+        hubs = self.hubs
+        n = len(hubs)
+        for index, hub in enumerate(hubs):
             for run, state in hub.runs.items():
-                if index != shard_of(run, n) and run in self.hubs[shard_of(run, n)].runs:
-                    continue  # shadowed by the copy of the shard the id hashes to now
+                # a dict lookup per other shard first: the hash only for an id held twice
+                if any(other is not hub and run in other.runs for other in hubs):
+                    home = shard_of(run, n)
+                    if index != home and run in hubs[home].runs:
+                        continue  # shadowed by the copy of the shard the id hashes to now
                 yield index, state
 
     def __iter__(self) -> Iterator[str]:
