@@ -228,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=_int_range(1), default=20, help="epochs (default 20)")
     p.add_argument("--epoch-seconds", type=_positive_float, default=2.0,
                    help="seconds per simulated epoch (default 2.0)")
+    p.add_argument("--shards", type=_int_range(1, MAX_SHARDS), default=1, metavar="N",
+                   help="run the demo on N brokers (PROTOCOL 7.3; default 1)")
     p.add_argument("--no-browser", action="store_true",
                    help="do not open the dashboard in a browser (it opens only where there "
                         "is a display)")

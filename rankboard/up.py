@@ -208,7 +208,6 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
         return fail(prog, str(exc), 2)
     stopper = Stopper()
     brokers = [BrokerChild(one) for one in bcfgs]
-    broker = brokers[0]
     web: Web | None = None
     cluster: Any = None
     try:
@@ -244,10 +243,10 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
             from rankboard.demo import Cluster, open_browser
 
             assert web.port is not None
-            cluster = Cluster(
-                broker.endpoints["ingest"], ranks=demo.ranks, hosts=demo.hosts,
-                epochs=demo.epochs, epoch_seconds=demo.epoch_seconds, port=web.port,
-                control=broker.endpoints["publish"],
+            cluster = Cluster(  # the ranks get every shard's endpoints, in shard order
+                ",".join(b.endpoints["ingest"] for b in brokers), ranks=demo.ranks,
+                hosts=demo.hosts, epochs=demo.epochs, epoch_seconds=demo.epoch_seconds,
+                port=web.port, control=",".join(b.endpoints["publish"] for b in brokers),
             )
             cluster.start()
             if not demo.no_browser:

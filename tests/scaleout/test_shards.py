@@ -156,3 +156,23 @@ def test_up_shards_starts_n_brokers_and_one_web(spawn: Callable[..., Proc],
         no_traceback(up)
     finally:
         up.close()
+
+
+def test_demo_on_two_shards(spawn: Callable[..., Proc]) -> None:
+    demo = spawn("demo", "--shards", "2", "--no-browser", "--port", "0", "--ranks", "2",
+                 "--hosts", "1", "--epochs", "3", "--epoch-seconds", "0.3")
+    try:
+        port = demo.wait_dashboard(timeout=60)
+        wait_for(lambda: [s["connected"] for s in fetch(port, "/healthz").json()["shards"]]
+                 == [True, True], what="the demo's two shards connected")
+
+        def runs() -> list[dict[str, object]]:
+            return [r for r in get_json(port, "/api/runs") if r["world_size"] == 2]
+
+        wait_for(lambda: len(runs()) >= 2, timeout=60, what="both demo jobs running")
+        for entry in runs():  # every run on the shard its id hashes to: the ranks' list works
+            assert entry["shard"] == shard_of(str(entry["run"]), 2)
+        assert demo.stop() == 0
+        no_traceback(demo)
+    finally:
+        demo.close()
