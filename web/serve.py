@@ -232,7 +232,7 @@ class Web:
         from web.app import create_app
         from web.hub import DEFAULT_QUEUE_SIZE, Hub
         from web.pump import FeedPump
-        from web.shards import ShardedHub, feed_pairs, run_live
+        from web.shards import ShardedHub, ShardHub, feed_pairs, run_live
 
         self.host: str = cfg.host
         #: this process's slot in a ``--workers`` pool (None: a web on its own)
@@ -240,7 +240,8 @@ class Web:
         queue_size = _env_number("RANKBOARD_SSE_QUEUE", DEFAULT_QUEUE_SIZE, int)
         # one hub and pump per shard (PROTOCOL 7.3, web/shards.py); one broker: a plain hub
         feeds = feed_pairs(cfg.publish, cfg.snapshot)
-        hubs = [Hub(queue_size=queue_size) for _ in feeds]
+        hubs = [Hub(queue_size=queue_size)] if len(feeds) == 1 else [
+            ShardHub(queue_size=queue_size) for _ in feeds]
         self.pumps = [FeedPump(h, p, s, curve=curve) for h, (p, s) in zip(hubs, feeds)]
         self.pump = self.pumps[0]
         self.hub: Hub | ShardedHub = hubs[0] if len(hubs) == 1 else ShardedHub(hubs)

@@ -87,6 +87,22 @@ class MergedRuns(Mapping[str, RunState]):
         return [state for _, state in self.items_by_shard()]
 
 
+class ShardHub(Hub):
+    """One shard's hub: a :class:`Hub` that also keeps, in :attr:`retired`, the counters its
+    broker's earlier instances had reached when a restart began a new instance at zero (the
+    sum over shards then never goes back, PROTOCOL 7.3)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.retired: dict[str, Any] = {}
+
+    def _on_heartbeat(self, hb: feed.Heartbeat) -> None:
+        previous = self.heartbeat
+        if previous is not None and previous.instance != hb.instance:
+            _merge(self.retired, previous._asdict())
+        super()._on_heartbeat(hb)
+
+
 class ShardedHub:
     """The hubs of N shards (index = shard), read as one hub (module docstring). The pumps
     feed each its own hub; this object only reads them and routes by run."""
@@ -127,26 +143,20 @@ class ShardedHub:
     @property
     def heartbeat(self) -> feed.Heartbeat | None:
         """The broker counters summed over the shards' last heartbeats (a lost shard's
-        last figures stay in the sum: a counter never goes back while it is away)."""
+        last figures stay in the sum) and, for a :class:`ShardHub`, what its earlier broker
+        instances had counted before a restart began a new one at zero: a counter never
+        goes back."""
         beats = [hub.heartbeat for hub in self.hubs if hub.heartbeat is not None]
         if not beats:
             return None
-        rejected: dict[str, int] = {}
-        journal: dict[str, int] = {}
+        totals: dict[str, Any] = {}
+        for hub in self.hubs:
+            _merge(totals, getattr(hub, "retired", {}))
         for hb in beats:
-            for reason, n in hb.rejected.items():
-                rejected[reason] = rejected.get(reason, 0) + n
-            for kind, n in hb.journal.items():
-                journal[kind] = journal.get(kind, 0) + n
+            _merge(totals, hb._asdict())
         return feed.Heartbeat(
             instance=",".join(hb.instance for hb in beats), time=max(hb.time for hb in beats),
-            accepted=sum(hb.accepted for hb in beats), rejected=rejected,
-            late_metrics=sum(hb.late_metrics for hb in beats),
-            runs=sum(hb.runs for hb in beats), late_steps=sum(hb.late_steps for hb in beats),
-            steps_closed=sum(hb.steps_closed for hb in beats),
-            webhooks_sent=sum(hb.webhooks_sent for hb in beats),
-            webhooks_failed=sum(hb.webhooks_failed for hb in beats),
-            webhooks_dropped=sum(hb.webhooks_dropped for hb in beats), journal=journal)
+            **{name: totals.get(name, {} if name in _MAPS else 0) for name in _COUNTERS})
 
     @property
     def client_count(self) -> int:
@@ -217,6 +227,24 @@ class ShardedHub:
             return result
 
         return request_stacks
+
+
+#: the heartbeat's counters (every field but ``instance`` and ``time``) and which are maps
+_COUNTERS = tuple(f for f in feed.Heartbeat._fields if f not in ("instance", "time"))
+_MAPS = ("rejected", "journal")
+
+
+def _merge(totals: dict[str, Any], other: Mapping[str, Any]) -> None:
+    """Add the counters of ``other`` (a heartbeat's fields) into ``totals``, maps key by key."""
+    for name, value in other.items():
+        if name not in _COUNTERS:
+            continue
+        if name in _MAPS:
+            bucket = totals.setdefault(name, {})
+            for key, n in value.items():
+                bucket[key] = bucket.get(key, 0) + n
+        else:
+            totals[name] = totals.get(name, 0) + value
 
 
 AnyHub = Union[Hub, ShardedHub]

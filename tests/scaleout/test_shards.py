@@ -113,6 +113,11 @@ def test_three_shards_a_wrong_rank_a_sigkill_and_a_return(
         for run in RUNS[1]:
             wait_for(lambda run=run: _records(port, run) == 2, what=f"{run} continued")
         assert listed() == want
+        # the returned shard counts from zero again; the web's sum never goes back
+        # (without the old instance's 4 frames kept, the sum would read 14)
+        total = 2 * len(want) + len(RUNS[0] + RUNS[2]) + len(RUNS[1])
+        wait_for(lambda: _metric(port, "rankboard_frames_accepted_total")[""] == total,
+                 what="accepted frames summed across the restart")
         no_traceback(web, *(proc for proc, _ in brokers))
     finally:
         stray.close()

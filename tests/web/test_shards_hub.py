@@ -13,7 +13,7 @@ from web.config import FeedError, feed_pairs
 from web.hub import Hub
 from web.metrics import make_registry
 from web.runstate import RunState
-from web.shards import ShardedHub, shard_states
+from web.shards import ShardedHub, ShardHub, shard_states
 
 NOW = 1000.0
 RUN = next(r for r in (f"job-{i}" for i in range(64)) if shard_of(r, 2) == 1)
@@ -27,14 +27,14 @@ def _state(run: str, shard: int, started: float) -> RunState:
 
 
 def _beat(hub: Hub, instance: str, accepted: int, wrong: int) -> None:
-    hub.heartbeat = feed.Heartbeat(instance=instance, time=NOW, accepted=accepted,
-                                   rejected={"wrong_shard": wrong}, late_metrics=0, runs=1)
-    hub.heartbeat_at = NOW
+    """A heartbeat through the hub's own handler, then its snapshot taken (connected)."""
+    hub._on_heartbeat(feed.Heartbeat(instance=instance, time=NOW, accepted=accepted,
+                                     rejected={"wrong_shard": wrong}, late_metrics=0, runs=1))
     hub.instance = instance
 
 
 def _hubs() -> list[Hub]:
-    return [Hub(clock=lambda: NOW) for _ in range(2)]
+    return [ShardHub(clock=lambda: NOW) for _ in range(2)]
 
 
 def test_a_run_two_shards_hold_is_the_home_shards() -> None:
@@ -63,13 +63,19 @@ def test_counters_summed_and_liveness_by_shard() -> None:
     assert hb is not None and hb.accepted == 15 and hb.rejected == {"wrong_shard": 3}
     hubs[1].heartbeat_at = NOW - 60  # shard 1 went away: its last figures stay in the sum
     assert sharded.heartbeat.accepted == 15  # type: ignore[union-attr]
+    _beat(hubs[1], "b2", 1, 0)  # it returned, a new instance counting from zero
+    hb = sharded.heartbeat
+    assert hb is not None and hb.accepted == 16 and hb.rejected == {"wrong_shard": 3}
+    _beat(hubs[1], "b2", 4, 1)
+    assert sharded.heartbeat.accepted == 19  # type: ignore[union-attr]
+    hubs[1].heartbeat_at = NOW - 60
     assert sharded.connected and sharded.live(OTHER) and not sharded.live(RUN)
     assert shard_states(sharded) == [{"shard": 0, "connected": True},
                                      {"shard": 1, "connected": False}]
     text = generate_latest(make_registry(sharded)).decode()
     assert 'rankboard_shard_connected{shard="0"} 1.0' in text
     assert 'rankboard_shard_connected{shard="1"} 0.0' in text
-    assert 'rankboard_frames_rejected_total{reason="wrong_shard"} 3.0' in text
+    assert 'rankboard_frames_rejected_total{reason="wrong_shard"} 4.0' in text
     client = create_app(sharded, {"run_live": sharded.live}).test_client()
     health = client.get("/healthz")
     assert health.status_code == 200 and health.get_json()["shards"][1]["connected"] is False
