@@ -7,6 +7,8 @@ Real processes, real signals, real sockets on 127.0.0.1 ephemeral ports; every w
 """
 from __future__ import annotations
 
+import http.client
+import json
 import re
 import signal
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Callable
 from rank_agent import RankAgent
 from rank_agent.shards import shard_of
 from tests.support.brokers import Pusher
-from tests.support.http import fetch, get_json
+from tests.support.http import Resp, SSEClient, fetch, get_json
 from tests.support.polling import wait_for
 from tests.support.procs import Proc, no_traceback, start_broker
 
@@ -28,6 +30,16 @@ RUNS = {k: [r for r in (f"job-{i}" for i in range(64)) if shard_of(r, N) == k][:
 def _records(port: int, run: str) -> int:
     r = fetch(port, f"/api/runs/{run}")
     return len(r.json()["records"]) if r.status == 200 else -1
+
+
+def _post_json(port: int, path: str, body: dict[str, object]) -> Resp:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return Resp(r.status, r.headers, r.read())
+    finally:
+        conn.close()
 
 
 def _metric(port: int, name: str) -> dict[str, float]:
@@ -52,15 +64,18 @@ def test_three_shards_a_wrong_rank_a_sigkill_and_a_return(
     port = web.wait_dashboard()
     agents: dict[str, RankAgent] = {}
     stray = Pusher(brokers[0][1].ingest)
+    stream: SSEClient | None = None
     try:
         wait_for(lambda: fetch(port, "/healthz").json() == {"ok": True, "shards": [
             {"shard": k, "connected": True} for k in range(N)]}, what="every shard connected")
         # the ranks are given the list: each reaches its run's own shard
         broker_list = ",".join(e.ingest for _, e in brokers)
+        # the control channels follow the shard too: the same position of the publish list
+        controls = ",".join(e.publish for _, e in brokers)
         for k, runs in RUNS.items():
             for run in runs:
-                agent = agents[run] = RankAgent(broker_list, run, 0, 1, control=False,
-                                                linger_ms=0)
+                agent = agents[run] = RankAgent(broker_list, run, 0, 1, control=controls,
+                                                stall_after=0, linger_ms=0)
                 assert agent.shard == k
                 agent.register(total_epochs=10)
                 agent.log_epoch(0, 1.0)
@@ -71,6 +86,12 @@ def test_three_shards_a_wrong_rank_a_sigkill_and_a_return(
         want = {run: k for k, runs in RUNS.items() for run in runs}
         wait_for(lambda: listed() == want, what="every run listed with its shard")
         assert get_json(port, f"/api/runs/{RUNS[2][0]}")["shard"] == 2
+        # POST …/stacks reaches the run's own shard, which forwards it to the run's rank
+        target = RUNS[2][0]
+        asked = _post_json(port, f"/api/runs/{target}/stacks", {"kind": "stacks"})
+        assert asked.status == 202, asked.body
+        wait_for(lambda: get_json(port, f"/api/runs/{target}/stacks")["dumps"],
+                 what="the rank's answer, through shard 2")
 
         # a misconfigured rank (another list): its frames reach shard 0 with a run of shard 1
         wrong = next(r for r in (f"stray-{i}" for i in range(64)) if shard_of(r, N) == 1)
@@ -79,8 +100,14 @@ def test_three_shards_a_wrong_rank_a_sigkill_and_a_return(
             '{reason="wrong_shard"}') == 1.0, what="wrong_shard counted on the web's /metrics")
         assert wrong not in listed() and fetch(port, f"/api/runs/{wrong}").status == 404
         assert not (tmp_path / "shard-0" / "runs" / f"{wrong}.journal").exists()
-        wait_for(lambda: _metric(port, "rankboard_frames_accepted_total")[""] == 2 * len(want),
+        wait_for(lambda: _metric(port, "rankboard_frames_accepted_total")[""]
+                 == 2 * len(want) + 1,  # (+ the stacks answer)
                  what="accepted frames summed over the shards")
+
+        # a stream of a shard-1 run opened before its shard dies goes on after it returns
+        stream = SSEClient(port, f"/api/runs/{RUNS[1][0]}/events")
+        first = stream.events_until(lambda e: e["event"] == "epoch")
+        assert first[0]["event"] == "run" and first[0]["data"]["shard"] == 1
 
         # shard 1 dies: its runs stay listed and readable, the others stay live
         killed, eps1 = brokers[1]
@@ -112,14 +139,17 @@ def test_three_shards_a_wrong_rank_a_sigkill_and_a_return(
             agents[run].log_epoch(1, 0.5)
         for run in RUNS[1]:
             wait_for(lambda run=run: _records(port, run) == 2, what=f"{run} continued")
+        assert stream.events_until(lambda e: e["event"] == "epoch")[-1]["data"]["epoch"] == 1
         assert listed() == want
         # the returned shard counts from zero again; the web's sum never goes back
         # (without the old instance's 4 frames kept, the sum would read 14)
-        total = 2 * len(want) + len(RUNS[0] + RUNS[2]) + len(RUNS[1])
+        total = 2 * len(want) + 1 + len(RUNS[0] + RUNS[2]) + len(RUNS[1])
         wait_for(lambda: _metric(port, "rankboard_frames_accepted_total")[""] == total,
                  what="accepted frames summed across the restart")
         no_traceback(web, *(proc for proc, _ in brokers))
     finally:
+        if stream is not None:
+            stream.close()
         stray.close()
         for agent in agents.values():
             agent.close()
