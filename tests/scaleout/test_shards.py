@@ -211,3 +211,23 @@ def test_demo_on_two_shards(spawn: Callable[..., Proc]) -> None:
         no_traceback(demo)
     finally:
         demo.close()
+
+
+def test_a_worker_pool_follows_every_shard(spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    """``web --workers 2`` over two shards, as the Kubernetes web Deployment runs it."""
+    brokers = [start_broker(spawn, tmp_path / f"s{k}", "--shard", f"{k}/2") for k in range(2)]
+    web = spawn("web", "--publish", ",".join(e.publish for _, e in brokers),
+                "--snapshot", ",".join(e.snapshot for _, e in brokers),
+                "--host", "127.0.0.1", "--port", "0", "--workers", "2")
+    try:
+        port = web.wait_dashboard(timeout=60)
+        both = [{"shard": 0, "connected": True}, {"shard": 1, "connected": True}]
+        for _ in range(4):  # the kernel spreads the connections over the workers
+            wait_for(lambda: fetch(port, "/healthz").json()["shards"] == both,
+                     what="a worker connected to both shards")
+        assert web.stop() == 0
+        no_traceback(web)
+    finally:
+        web.close()
+        for proc, _ in brokers:
+            proc.close()
