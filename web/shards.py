@@ -205,12 +205,6 @@ class ShardedHub:
         for hub in self.hubs:
             hub.unsubscribe(sub)
 
-    def drop(self, sub: Subscriber, why: str) -> None:
-        for hub in self.hubs:
-            if sub.run in hub.runs and sub in hub.runs[sub.run].subscribers:
-                hub.drop(sub, why)
-                return
-
     def close_all(self) -> None:
         for hub in self.hubs:
             hub.close_all()
