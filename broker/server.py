@@ -370,7 +370,7 @@ class BrokerServer:
         self.runs.on_evict = on_evict
         if isinstance(self.runs.owns, ShardGate):  # the journal's runs are this shard's too
             self.runs.owns.held = lambda run: os.path.exists(
-                os.path.join(journal.runs_dir, run + ".journal"))  # (ids are checked)
+                os.path.join(journal.runs_dir, run + ".journal"))  # (a decoded id: no "/")
         log.info("journal %s: %d runs restored", self.data_dir, len(sinks))
 
     # -- serving -------------------------------------------------------------------------
