@@ -52,6 +52,8 @@ class BrokerConfig:
     alert_webhooks: tuple[str, ...] = field(default=(), repr=False)
     alert_repeat: float = DEFAULT_REPEAT
     public_url: str | None = None
+    #: ``--shard K/N`` (PROTOCOL 7.3): this broker owns the runs whose id hashes to K of N
+    shard: tuple[int, int] = (0, 1)
 
     def argv(self) -> list[str]:
         """``broker --ingest ...``: the arguments that make a child process this broker."""
@@ -73,6 +75,8 @@ class BrokerConfig:
             cmd += ["--alert-repeat", repr(float(self.alert_repeat))]
         if self.public_url is not None:
             cmd += ["--public-url", self.public_url]
+        if self.shard != (0, 1):
+            cmd += ["--shard", f"{self.shard[0]}/{self.shard[1]}"]
         # never the webhook URLs: see child_env()
         return cmd + ["--log-level", self.log_level]
 
@@ -99,4 +103,5 @@ class BrokerConfig:
             alert_webhooks=self.alert_webhooks,
             alert_repeat=self.alert_repeat,
             public_url=self.public_url,
+            shard=self.shard,
         )

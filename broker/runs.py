@@ -115,6 +115,10 @@ class Runs:
         #: runs evicted from memory to make room for a new one (see the class docstring)
         self.evictions = 0
         self._rlog = rate_log if rate_log is not None else RateLimitedLog(log)
+        #: PROTOCOL 7.3: this broker's shard index (each sink's header ``shard``) and the
+        #: test a new run's id must pass (None: every run; the server's broker.shardgate)
+        self.shard = 0
+        self.owns: Callable[[str], bool] | None = None
         # Ordered by last accepted frame, least recent first: eviction scans from the front.
         self._sinks: OrderedDict[str, RunSink] = OrderedDict(sinks or {})
         for sink in self._sinks.values():
@@ -318,6 +322,8 @@ class Runs:
     def _apply_new(self, frame: Frame, now: float, raw: Raw) -> list[tuple[str, Event]]:
         """A frame naming a run not in memory: bring it back or make it, within the cap."""
         run = frame.run
+        if self.owns is not None and not self.owns(run):  # before anything is made
+            return self._reject("wrong_shard", "run %r is not shard %d's", run, self.shard)
         # The least recently active run, whatever its status (scans nothing: the order is
         # kept by every accepted frame).
         victim = next(iter(self._sinks)) if len(self._sinks) >= self.max_runs else None
@@ -417,6 +423,7 @@ class Runs:
     def _go_live(self, sink: RunSink) -> None:
         """From now on ``sink``'s frames are live: its alerts and its end reach the hooks."""
         sink.live = True
+        sink.shard = self.shard
         sink.on_alert = self._alert
         sink.on_end = self._run_end
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import os
 import re
 import threading
 import time
@@ -39,6 +40,7 @@ from broker import feed
 from broker.events import Event
 from broker.ingest import IngestLoop
 from broker.runs import Runs
+from broker.shardgate import ShardGate
 from broker.sink import RunSink
 from broker.snapshots import SnapshotCache
 from broker.stacks.requests import ForwardGate
@@ -167,6 +169,7 @@ class BrokerServer:
         alert_repeat: float = DEFAULT_REPEAT,
         public_url: str | None = None,
         webhooks: WebhookNotifier | None = None,
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
         if (curve_secret_key is None) != (curve_authorized is None):
             raise ValueError("CURVE needs both a secret key file and an authorized-keys directory")
@@ -207,6 +210,11 @@ class BrokerServer:
                          step_close_after=step_close_after, on_alert=self.webhooks.alert,
                          on_run_end=self.webhooks.run_ended, on_evict=self.webhooks.forget_run,
                          hold_samples=True)
+        #: ``--shard K/N`` (PROTOCOL 7.3): (K, N); a run not K's is ``wrong_shard``
+        self.shard = shard
+        self.runs.shard = shard[0]
+        if shard[1] > 1:
+            self.runs.owns = ShardGate(*shard)
         self.endpoints: dict[str, str] = {}
         self._context = context
         self._own_context = context is None
@@ -382,6 +390,9 @@ class BrokerServer:
             forget_webhooks(run)
 
         self.runs.on_evict = on_evict
+        if isinstance(self.runs.owns, ShardGate):  # the journal's runs are this shard's too
+            self.runs.owns.held = lambda run: os.path.exists(
+                os.path.join(journal.runs_dir, run + ".journal"))  # (a decoded id: no "/")
         log.info("journal %s: %d runs restored", self.data_dir, len(sinks))
 
     # -- serving -------------------------------------------------------------------------

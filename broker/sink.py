@@ -94,6 +94,8 @@ OnEnd = Callable[[str, str, float], None]
 class RunSink(EpochRules, StepRules, CollectiveRules):
     """The broker's state of one run; see the module docstring for the rules."""
 
+    shard = 0  #: the broker's shard index (PROTOCOL 7.3), set by broker.runs.Runs
+
     def __init__(self, run: str, *, stale_after: float = 30.0, ranks_interval: float = 1.0,
                  step_close_after: float = 10.0) -> None:
         self.run = run
@@ -350,6 +352,7 @@ class RunSink(EpochRules, StepRules, CollectiveRules):
             "world_size": self.world_size,
             "total_epochs": self.total_epochs or None,
             "label": self.label,
+            "shard": self.shard,
             "hash": self.hash,
             "port": self.port or None,
             "metadata": self.metadata,  # decoded per header: resident only as MessagePack

@@ -51,6 +51,7 @@ from .protocol import (
 )
 from .pusher import Pusher
 from .ratelimit import RateLimitedLog
+from .shards import pick_endpoint
 from .stallwatch import StallWatch
 from .stepbuffer import MAX_PENDING_STEPS, StepBuffer, checked_step_flush
 from .values import clamp, finite_or_none, wire_scalars
@@ -97,7 +98,8 @@ atexit.register(_close_all_at_exit)
 class RankAgent:
     """One training rank's connection to the rankboard broker.
 
-    ``broker`` is the broker's ingest endpoint (e.g. ``tcp://head-node:5585``); ``run`` the
+    ``broker`` is the broker's ingest endpoint (e.g. ``tcp://head-node:5585``), or N of them
+    comma-separated, shard 0 first (the agent connects to its run's own: PROTOCOL 7.3); ``run`` the
     run id shared by every rank of the job (sanitised with :func:`sanitize_run_id`); ``rank``
     the global rank (0 <= rank < world_size); ``world_size`` the number of ranks (1-65536);
     ``local_rank`` the rank on its host (it picks the GPU the sampler reads); ``host`` the
@@ -146,10 +148,11 @@ class RankAgent:
             raise ValueError(f"rank must be 0..world_size-1 ({world_size - 1}), got {rank}")
         if local_rank < 0:
             raise ValueError(f"local_rank must be >= 0, got {local_rank}")
-        self.broker = str(broker)
         self.run = sanitize_run_id(run)
         if self.run != str(run):
             log.info("run id %r sent as %r (wire pattern)", run, self.run)
+        #: the run's own shard's endpoint (a list names one per shard: PROTOCOL 7.3)
+        self.broker, self.shard, shards = pick_endpoint(str(broker), self.run)
         self.rank = rank
         self.world_size = world_size
         self.local_rank = local_rank
@@ -180,7 +183,7 @@ class RankAgent:
         if stall_after is not None:
             stall_after = float(stall_after)
         self._watch = StallWatch(self._send, self.run, rank, stall_after)
-        endpoint = control_endpoint(control, self.broker)
+        endpoint = control_endpoint(control, self.broker, shard=self.shard, shards=shards)
         if endpoint is None and control not in (False, None):
             log.info("rankboard: no control channel for broker %s (no TCP port; set %s)",
                      self.broker, "RANKBOARD_CONTROL")

@@ -40,6 +40,7 @@ from . import curve
 from .controlwire import ControlError, ControlRequest, control_topic, decode_request
 from .flightrec import send_collectives
 from .protocol import Stacks
+from .shards import pick_control
 from .stacks import ProfileCounter, dump_threads, fit_profile, main_thread_ident
 
 __all__ = ["Control", "control_endpoint", "CONTROL_ENV", "POLL_S", "MAX_QUEUED_PROFILES"]
@@ -67,21 +68,30 @@ if hasattr(os, "register_at_fork"):
 
 
 def control_endpoint(control: Union[bool, str, None], broker: str,
-                     env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+                     env: Optional[Mapping[str, str]] = None, *, shard: int = 0,
+                     shards: int = 1) -> Optional[str]:
     """The endpoint the control channel connects to, or None for none.
 
     ``control`` is the ``RankAgent(control=...)`` argument: ``False``/``None`` none, a
     string that endpoint, ``True`` ``RANKBOARD_CONTROL`` or else ``broker``'s host with its
     port + 1 (``tcp://h:5585`` -> ``tcp://h:5586``). A broker endpoint with no TCP port
-    (``ipc://``...) has no default: None, and the caller logs that it has no control."""
+    (``ipc://``...) has no default: None, and the caller logs that it has no control.
+    ``broker`` is the run's own shard's endpoint, number ``shard`` of ``shards`` in the
+    agent's list (PROTOCOL 7.3): an explicit endpoint may then be a comma-separated list of
+    the same length, read at that position; a list of another length gives no control
+    channel and one warning (a misconfiguration the ranks must not guess around)."""
     if control is False or control is None:
         return None
-    if isinstance(control, str):
-        return control.strip() or None
     env = os.environ if env is None else env
-    explicit = env.get(CONTROL_ENV, "").strip()
-    if explicit:
-        return explicit
+    explicit = control if isinstance(control, str) else env.get(CONTROL_ENV, "")
+    if explicit.strip():
+        picked = pick_control(explicit, shard, shards)
+        if picked is None:
+            log.warning("rankboard: %s %r does not list %d endpoint(s), one per broker: no "
+                        "control channel", CONTROL_ENV, explicit, shards)
+        return picked
+    if isinstance(control, str):
+        return None
     if not broker.startswith("tcp://"):
         return None
     host, sep, port = broker.rpartition(":")

@@ -24,8 +24,10 @@ from typing import Any, Callable, NoReturn, Sequence
 from broker.config import BrokerConfig, default_data_dir
 from broker.webhooks import DEFAULT_REPEAT, ENV_VAR, redact, webhook_urls
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
+from rank_agent.shards import ShardError, parse_shard
 from rankboard.config import KeysConfig, from_args, log_level
-from web.config import DEFAULT_WEB_HOST, DEFAULT_WEB_PORT
+from rankboard.shardplan import MAX_SHARDS
+from web.config import DEFAULT_WEB_HOST, DEFAULT_WEB_PORT, FeedError, feed_pairs
 
 __all__ = ["main", "build_parser", "run_broker"]
 
@@ -85,6 +87,13 @@ def _endpoint(text: str) -> str:
             f"not a ZeroMQ endpoint: {text!r} (expected e.g. tcp://127.0.0.1:5585)"
         )
     return text
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        return parse_shard(text)
+    except ShardError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -191,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("broker", help="run the broker (ingest, feed, journal)")
     _broker_flags(p)
+    p.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
+                   help="own the runs whose id hashes to shard K of N brokers (default 0/1; "
+                        "PROTOCOL 7.3)")
     _feed_flags(p)
     _common(p)
 
@@ -205,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     _feed_flags(p)
     _web_flags(p, port_default=None)
     _scale_flags(p, worker_id=False)
+    p.add_argument("--shards", type=_int_range(1, MAX_SHARDS), default=1, metavar="N",
+                   help="start N brokers, each owning the runs whose id hashes to it "
+                        "(shard K: ports + 3*K, <data-dir>/shard-K; default 1)")
     p.set_defaults(worker_id=None)
     _common(p)
 
@@ -217,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=_int_range(1), default=20, help="epochs (default 20)")
     p.add_argument("--epoch-seconds", type=_positive_float, default=2.0,
                    help="seconds per simulated epoch (default 2.0)")
+    p.add_argument("--shards", type=_int_range(1, MAX_SHARDS), default=1, metavar="N",
+                   help="run the demo on N brokers (PROTOCOL 7.3; default 1)")
     p.add_argument("--no-browser", action="store_true",
                    help="do not open the dashboard in a browser (it opens only where there "
                         "is a display)")
@@ -274,6 +291,7 @@ def run_broker(cfg: BrokerConfig) -> int:
     _install_stop_handlers(server.stop)
     try:
         server.bind()
+        print(f"shard {cfg.shard[0]}/{cfg.shard[1]}", flush=True)
         server.serve_forever()
     finally:
         server.close()
@@ -334,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         print(f"{prog}: --curve-secret-key and --curve-authorized go together", file=sys.stderr)
         return 2
-    problem = _curve_client_problem(args) or _read_token_file(args)
+    problem = _feed_problem(args) or _curve_client_problem(args) or _read_token_file(args)
     if problem:
         print(f"{prog}: {problem}", file=sys.stderr)
         return 2
@@ -356,6 +374,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # BindError, data dir problems, ...
         print(f"{prog}: {_one_line(exc)}", file=sys.stderr)
         return 1
+
+
+def _feed_problem(args: argparse.Namespace) -> str | None:
+    """Why the endpoint lists cannot work (PROTOCOL 7.3), or None: a web's ``--publish``
+    and ``--snapshot`` list one endpoint per shard each, the same number; a broker (and
+    ``up``/``demo``, which start theirs) binds one of each."""
+    if not hasattr(args, "publish"):
+        return None
+    if args.command == "web":
+        try:
+            feed_pairs(args.publish, args.snapshot)
+        except FeedError as exc:
+            return str(exc)
+        return None
+    for flag in ("ingest", "publish", "snapshot"):
+        if "," in getattr(args, flag, ""):
+            return f"--{flag} takes one endpoint here (a list is for `rankboard web`)"
+    return None
 
 
 def _curve_client_problem(args: argparse.Namespace) -> str | None:

@@ -28,6 +28,8 @@ class UpConfig:
 
     broker: BrokerConfig
     web: WebConfig
+    #: ``--shards N`` (PROTOCOL 7.3): N brokers (rankboard/shardplan.py), one web over all
+    shards: int = 1
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def _broker(args: argparse.Namespace) -> BrokerConfig:
         curve_authorized=args.curve_authorized,
         curve_web_authorized=args.curve_web_authorized, log_level=log_level(args),
         alert_webhooks=tuple(args.alert_webhook), alert_repeat=args.alert_repeat,
-        public_url=args.public_url)
+        public_url=args.public_url, shard=getattr(args, "shard", (0, 1)))
 
 
 def _web(args: argparse.Namespace, *, with_broker: bool) -> WebConfig:
@@ -99,7 +101,7 @@ def from_args(args: argparse.Namespace) -> Config:
         if broker.curve_web_authorized is None and web.curve_client_key is not None:
             # the broker of up/demo serves its own web: that web's key may ask for dumps
             broker = replace(broker, curve_web_authorized=web.curve_client_key)
-        up = UpConfig(broker=broker, web=web)
+        up = UpConfig(broker=broker, web=web, shards=getattr(args, "shards", 1))
         if args.command == "up":
             return up
         return DemoConfig(up=up, ranks=args.ranks, hosts=args.hosts, epochs=args.epochs,

@@ -31,6 +31,7 @@ from broker.config import BrokerConfig, default_data_dir
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
 from rankboard.config import DemoConfig, UpConfig
 from rankboard.process import PARENT_ENV, child_command, terminate
+from rankboard.shardplan import broker_line, shard_configs
 from web.config import WebConfig
 from web.serve import (
     LazyBinder,
@@ -42,6 +43,7 @@ from web.serve import (
     feed_curve,
     patch,
     run_web,
+    say,
 )
 from web.workers import WorkerPool, pool_refusal, run_pool
 
@@ -115,7 +117,7 @@ class BrokerChild:
         env[PARENT_ENV] = str(os.getpid())  # the broker ends when we end, even SIGKILLed
         env.update(self.cfg.child_env())  # the webhook URLs: never on a command line
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     env=env)
+                                     stdout=subprocess.DEVNULL, env=env)  # (`up` says "shard")
 
         def relay() -> None:
             assert self.proc is not None
@@ -200,20 +202,29 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
         else:
             bcfg = replace(bcfg, data_dir=default_data_dir())
 
+    try:  # --shards N (PROTOCOL 7.3): N brokers, ports + 3 x K, <data-dir>/shard-K
+        bcfgs = shard_configs(bcfg, cfg.shards)
+    except ValueError as exc:
+        return fail(prog, str(exc), 2)
     stopper = Stopper()
-    broker = BrokerChild(bcfg)
+    brokers = [BrokerChild(one) for one in bcfgs]
     web: Web | None = None
     cluster: Any = None
     try:
-        problem = broker.start(stopper)
-        if problem:
-            return fail(prog, problem)
-        if stopper.stopping:
-            return 0
-        wcfg = replace(cfg.web, publish=broker.endpoints["publish"],
-                       snapshot=broker.endpoints["snapshot"])
+        for child in brokers:
+            problem = child.start(stopper)
+            if problem:
+                return fail(prog, problem)
+            if stopper.stopping:
+                return 0
+        for k in range(len(brokers)):
+            say(f"shard {k}/{len(brokers)}")
+        if all("ingest" in child.endpoints for child in brokers):
+            say(broker_line([child.endpoints["ingest"] for child in brokers]))
+        wcfg = replace(cfg.web, publish=",".join(b.endpoints["publish"] for b in brokers),
+                       snapshot=",".join(b.endpoints["snapshot"] for b in brokers))
         if wcfg.workers > 1:
-            return _up_pool(wcfg, prog, broker, stopper, curve)
+            return _up_pool(wcfg, prog, brokers, stopper, curve)
         web = Web(wcfg, curve=curve)
         if wcfg.port is None:
             LazyBinder(web).listen(web.hub)
@@ -232,33 +243,41 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
             from rankboard.demo import Cluster, open_browser
 
             assert web.port is not None
-            cluster = Cluster(
-                broker.endpoints["ingest"], ranks=demo.ranks, hosts=demo.hosts,
-                epochs=demo.epochs, epoch_seconds=demo.epoch_seconds, port=web.port,
-                control=broker.endpoints["publish"],
+            cluster = Cluster(  # the ranks get every shard's endpoints, in shard order
+                ",".join(b.endpoints["ingest"] for b in brokers), ranks=demo.ranks,
+                hosts=demo.hosts, epochs=demo.epochs, epoch_seconds=demo.epoch_seconds,
+                port=web.port, control=",".join(b.endpoints["publish"] for b in brokers),
             )
             cluster.start()
             if not demo.no_browser:
                 open_browser(dashboard_url(wcfg.host, web.port))
         while not stopper.wait(0.5):
-            if broker.exited() is not None:
+            gone = _exited(brokers)
+            if gone is not None:
                 if stopper.wait(0.5):  # Ctrl-C reached the broker first
                     return 0
-                return fail(prog, broker.failure())
+                return fail(prog, gone.failure())
         return 0
     finally:
         if cluster is not None:
             cluster.stop()
         if web is not None:
             web.close()
-        broker.stop()
+        for child in brokers:
+            child.stop()
         stopper.close()
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
         log.info("%s stopped", prog)
 
 
-def _up_pool(cfg: WebConfig, prog: str, broker: BrokerChild, stopper: Stopper,
+def _exited(brokers: list[BrokerChild]) -> BrokerChild | None:
+    """The first broker child that has exited, or None (``up`` owns them all: one gone ends
+    it, as one broker's exit always did)."""
+    return next((child for child in brokers if child.exited() is not None), None)
+
+
+def _up_pool(cfg: WebConfig, prog: str, brokers: list[BrokerChild], stopper: Stopper,
              curve: dict[int, bytes] | None) -> int:
     """``up --workers N``: the pool instead of the in-process web, beside the broker child.
 
@@ -268,17 +287,13 @@ def _up_pool(cfg: WebConfig, prog: str, broker: BrokerChild, stopper: Stopper,
     here, keeps N workers from ever picking N different ports. (That hub holds a copy of
     the runs, as a worker does: the price of reusing the one implementation of the rule.)
     """
-    from web.hub import Hub
-    from web.pump import FeedPump
-
     pool = WorkerPool(cfg, launch_worker)
-    pump: FeedPump | None = None
+    feed: Web | None = None
     try:
         if cfg.port is None:
-            hub = Hub()
-            pump = FeedPump(hub, cfg.publish, cfg.snapshot, curve=curve)
-            LazyBinder(pool).listen(hub)
-            pump.start()
+            feed = Web(replace(cfg, workers=1), curve=curve)  # its hubs and pumps, never bound
+            LazyBinder(pool).listen(feed.hub)
+            feed.start_feed()
         else:
             try:
                 pool.bind(cfg.port)
@@ -287,13 +302,14 @@ def _up_pool(cfg: WebConfig, prog: str, broker: BrokerChild, stopper: Stopper,
         while not stopper.wait(0.5):
             if pool.failure:
                 return fail(prog, pool.failure)
-            if broker.exited() is not None:
+            gone = _exited(brokers)
+            if gone is not None:
                 if stopper.wait(0.5):  # Ctrl-C reached the broker first
                     return 0
-                return fail(prog, broker.failure())
+                return fail(prog, gone.failure())
             pool.check(stopper)
         return 0
     finally:
-        if pump is not None:
-            pump.stop()
+        if feed is not None:
+            feed.close()
         pool.stop()

@@ -43,13 +43,14 @@ from werkzeug.exceptions import HTTPException
 from broker.steps.encodings import csv_columns
 from rank_agent.protocol import valid_run_id
 from web.clusterapi import bp as cluster_bp
-from web.hub import Hub, parse_position
+from web.hub import parse_position
 from web.metrics import make_registry
 from web.pump import StacksRequestError
 from web.report import attachment_name, report_of_state
 from web.report import render as render_report
 from web.report import shell as report_shell
 from web.runstate import RunState
+from web.shards import AnyHub, shard_states
 from web.stacksapi import BadBody, RequestGate, StacksCollector, check_media_type, parse_body
 from web.stream import client_stream
 
@@ -205,7 +206,7 @@ def _same(supplied: str | None, expected: str) -> bool:
 class Board:
     """What the views need of one app, built once by :func:`create_app`."""
 
-    hub: Hub
+    hub: AnyHub
     #: the bearer token; None: no auth
     token: str | None
     #: ``Host`` names answered without a token (see the module docstring)
@@ -216,6 +217,8 @@ class Board:
     read_only: bool = False
     #: ``FeedPump.request_stacks`` (None: no feed to send it on, 503)
     request_stacks: Optional[Callable[..., str]] = None
+    #: is this run's shard connected (a web of N brokers, PROTOCOL 7.3; None: one broker)
+    run_live: Optional[Callable[[str], bool]] = None
     #: the 429 rule and the request counters of ``POST /stacks``
     gate: RequestGate = field(default_factory=RequestGate)
 
@@ -367,8 +370,9 @@ def index() -> str:
 
 @bp.get("/healthz")
 def healthz() -> Response:
-    ok = _board().hub.connected
-    return json_response({"ok": ok}, 200 if ok else 503)
+    shards = shard_states(_board().hub)  # PROTOCOL 7.3: by shard, one for one broker
+    ok = any(shard["connected"] for shard in shards)
+    return json_response({"ok": ok, "shards": shards}, 200 if ok else 503)
 
 
 @bp.get("/api/runs/<run>")
@@ -488,6 +492,9 @@ def request_stacks(run: str) -> Response:
     answered by the hooks above, in that order; ``web/stacksapi.py`` has the rest)."""
     board = _board()
     gate = board.gate
+    if board.run_live is not None and not board.run_live(run):  # its shard is away (7.3)
+        gate.count("unavailable")
+        return error(503, "the broker that holds this run is not connected")
     world = _run().header.get("world_size")
     try:
         check_media_type(request.mimetype or None)
@@ -541,7 +548,7 @@ def metrics() -> Response:
 
 
 # ------------------------------------------------------------------ the factory
-def create_app(hub: Hub, config: Mapping[str, Any] | None = None) -> Flask:
+def create_app(hub: AnyHub, config: Mapping[str, Any] | None = None) -> Flask:
     """The dashboard app over ``hub``; see the module docstring for ``config``."""
     config = dict(config or {})
     kwargs: dict[str, Any] = {}
@@ -560,6 +567,7 @@ def create_app(hub: Hub, config: Mapping[str, Any] | None = None) -> Flask:
         registry=registry,
         read_only=bool(config.get("read_only")),
         request_stacks=config.get("request_stacks"),
+        run_live=config.get("run_live"),
         gate=gate,
     )
     app.config["RANKBOARD_HUB"] = hub

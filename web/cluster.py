@@ -33,7 +33,8 @@ MAX_LIMIT = 10_000
 class HeldRuns(Protocol):
     """What the index reads of a :class:`web.hub.Hub`: the runs it holds and their order."""
 
-    runs: dict[str, RunState]
+    @property
+    def runs(self) -> Mapping[str, RunState]: ...
 
     def runs_newest_first(self) -> list[RunState]: ...
 

@@ -13,11 +13,30 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rank_agent.protocol import DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
+from rank_agent.shards import split_endpoints
 
-__all__ = ["DEFAULT_WEB_HOST", "DEFAULT_WEB_PORT", "WebConfig"]
+__all__ = ["DEFAULT_WEB_HOST", "DEFAULT_WEB_PORT", "WebConfig", "FeedError", "feed_pairs"]
 
 DEFAULT_WEB_HOST = "127.0.0.1"
 DEFAULT_WEB_PORT = 8585
+
+
+class FeedError(ValueError):
+    """``--publish``/``--snapshot`` lists that do not pair up (a one-line CLI error)."""
+
+
+def feed_pairs(publish: str, snapshot: str) -> list[tuple[str, str]]:
+    """The (publish, snapshot) endpoints of each shard, shard 0 first, from the two
+    comma-separated lists (PROTOCOL 7.3: a web over N brokers); :class:`FeedError` when a
+    list has a blank item or the two differ in length."""
+    try:
+        pubs, snaps = split_endpoints(publish), split_endpoints(snapshot)
+    except ValueError as exc:
+        raise FeedError(str(exc)) from None
+    if len(pubs) != len(snaps):
+        raise FeedError(f"--publish lists {len(pubs)} endpoint(s) and --snapshot "
+                        f"{len(snaps)}: give one of each per shard, in the same order")
+    return list(zip(pubs, snaps))
 
 
 @dataclass(frozen=True)

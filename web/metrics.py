@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from web.hub import Hub
 from web.runstate import finite
+from web.shards import AnyHub, shard_states
 
 RANK_LABELS = ["run", "rank", "host"]
 #: The per-GPU families (PROTOCOL 2 health fields): a rank's labels plus its GPU's index.
@@ -52,7 +52,7 @@ _GPU_GAUGES = {
 class HubCollector(Collector):
     """Builds every metric family from the hub when scraped."""
 
-    def __init__(self, hub: Hub, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, hub: AnyHub, clock: Callable[[], float] = time.time) -> None:
         self.hub = hub
         self.clock = clock
 
@@ -121,6 +121,12 @@ class HubCollector(Collector):
             "rankboard_web_connected", "1 while the web has a current snapshot and fresh heartbeats.")
         connected.add_metric([], 1.0 if hub.connected else 0.0)
         yield connected
+        shard_up = GaugeMetricFamily(  # PROTOCOL 7.3
+            "rankboard_shard_connected", "1 while the web follows shard K's broker.",
+            labels=["shard"])
+        for entry in shard_states(hub):
+            shard_up.add_metric([str(entry["shard"])], 1.0 if entry["connected"] else 0.0)
+        yield shard_up
 
         runs = GaugeMetricFamily("rankboard_runs", "Runs known to the web, by status.",
                                  labels=["status"])
@@ -276,7 +282,7 @@ class HubCollector(Collector):
         yield last_xid
 
 
-def host_suspect_family(hub: Hub) -> GaugeMetricFamily:
+def host_suspect_family(hub: AnyHub) -> GaugeMetricFamily:
     """``rankboard_host_suspect{host}`` (PROTOCOL 7.4): one series per host of the runs the
     web holds (bounded by them), from the hub's cached cluster index, so a scrape re-reads
     only the runs whose header changed."""
@@ -300,7 +306,7 @@ def _xid_tallies(value: object) -> dict[str, tuple[float, float | None]]:
     return out
 
 
-def make_registry(hub: Hub) -> CollectorRegistry:
+def make_registry(hub: AnyHub) -> CollectorRegistry:
     """A fresh registry holding only the hub collector."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(HubCollector(hub))

@@ -127,7 +127,7 @@ class RunState:
         the no-gap, no-overlap rule of ``steps`` events is kept against them."""
         header: dict[str, Any] = {
             "run": self.run, "status": "waiting", "world_size": None, "total_epochs": None,
-            "label": None, "hash": None, "port": None, "metadata": None, "hardware": "",
+            "label": None, "shard": 0, "hash": None, "port": None, "metadata": None, "hardware": "",
             "has_svg": False, "hosts": [], "alerts": [], "started_at": None, "updated_at": None,
             "data_share": None, "data_stragglers": [],  # 7.1
         }

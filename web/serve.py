@@ -232,12 +232,21 @@ class Web:
         from web.app import create_app
         from web.hub import DEFAULT_QUEUE_SIZE, Hub
         from web.pump import FeedPump
+        from web.shards import ShardedHub, ShardHub, feed_pairs, run_live
 
         self.host: str = cfg.host
         #: this process's slot in a ``--workers`` pool (None: a web on its own)
         self.worker_id: int | None = cfg.worker_id
-        self.hub = Hub(queue_size=_env_number("RANKBOARD_SSE_QUEUE", DEFAULT_QUEUE_SIZE, int))
-        self.pump = FeedPump(self.hub, cfg.publish, cfg.snapshot, curve=curve)
+        queue_size = _env_number("RANKBOARD_SSE_QUEUE", DEFAULT_QUEUE_SIZE, int)
+        # one hub and pump per shard (PROTOCOL 7.3, web/shards.py); one broker: a plain hub
+        feeds = feed_pairs(cfg.publish, cfg.snapshot)
+        hubs = [Hub(queue_size=queue_size)] if len(feeds) == 1 else [
+            ShardHub(queue_size=queue_size) for _ in feeds]
+        self.pumps = [FeedPump(h, p, s, curve=curve) for h, (p, s) in zip(hubs, feeds)]
+        self.pump = self.pumps[0]
+        self.hub: Hub | ShardedHub = hubs[0] if len(hubs) == 1 else ShardedHub(hubs)
+        request_stacks = (self.hub.stacks_router(self.pumps) if isinstance(self.hub, ShardedHub)
+                          else self.pump.request_stacks)
         hosts = [*cfg.allowed_hosts]
         if cfg.metrics_host:
             hosts.append(cfg.metrics_host)
@@ -246,7 +255,8 @@ class Web:
             "allowed_hosts": allowed_hosts(cfg.host, hosts),
             "ping_interval": _env_number("RANKBOARD_SSE_PING", 15.0, float),
             "read_only": cfg.read_only,
-            "request_stacks": self.pump.request_stacks,
+            "request_stacks": request_stacks,
+            "run_live": run_live(self.hub),
         })
         if self.worker_id is not None:
             self.app.wsgi_app = worker_header(self.app.wsgi_app, self.worker_id)  # type: ignore[method-assign]
@@ -255,7 +265,8 @@ class Web:
         self.port: int | None = None
 
     def start_feed(self) -> None:
-        self.pump.start()
+        for pump in self.pumps:
+            pump.start()
 
     def _server(self, listener: Any, app: Any) -> Any:
         from gevent.pywsgi import LoggingLogAdapter, WSGIServer
@@ -310,7 +321,8 @@ class Web:
             if server is not None:
                 server.stop(timeout=1.0)
         self.server = self.metrics_server = None
-        self.pump.stop()
+        for pump in self.pumps:
+            pump.stop()
 
 
 class LazyBinder:

@@ -15,8 +15,8 @@ import gevent
 import gevent.queue
 
 from web import sse
-from web.hub import Hub
 from web.runstate import Subscriber
+from web.shards import AnyHub
 
 #: Replay chunks under this size are joined into one write; bigger ones are written as they
 #: are. See :func:`replay`.
@@ -50,7 +50,7 @@ def replay(chunks: list[bytes]) -> Iterator[bytes]:
         yield small[0] if len(small) == 1 else b"".join(small)
 
 
-def client_stream(hub: Hub, sub: Subscriber, initial: list[bytes], last: int,
+def client_stream(hub: AnyHub, sub: Subscriber, initial: list[bytes], last: int,
                   ping_interval: float) -> Iterator[bytes]:
     """One client's SSE body: the replay, then live items with ids above ``last``, with a
     ``: ping`` whenever ``ping_interval`` has passed since the previous one."""

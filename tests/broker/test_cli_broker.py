@@ -108,6 +108,9 @@ def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
     (["broker", "--ingest", "127.0.0.1:5585"], "not a ZeroMQ endpoint"),
     (["broker", "--curve-secret-key", "k"], "go together"),
     (["web", "--port", "70000"], "--port"),
+    (["broker", "--shard", "2/2"], "K must be 0..1"),
+    (["broker", "--shard", "1"], "expected K/N"),
+    (["broker", "--shard", "0/0"], "N must be >= 1"),
     (["nonsense"], "invalid choice"),
     ([], "required"),
 ])

@@ -11,7 +11,7 @@ from rank_agent.protocol import decode, encoder
 
 RUN = "run-1"
 HEADER_KEYS = [
-    "run", "status", "world_size", "total_epochs", "label", "hash", "port", "metadata",
+    "run", "status", "world_size", "total_epochs", "label", "shard", "hash", "port", "metadata",
     "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at", "steps_done",
     "step_metrics", "data_share", "data_stragglers",
 ]

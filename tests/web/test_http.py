@@ -11,7 +11,7 @@ from tests.support.brokers import Pusher
 from tests.support.http import fetch, get_json
 from tests.support.polling import wait_for
 
-HEADER_KEYS = {"run", "status", "world_size", "total_epochs", "label", "hash", "port", "metadata",
+HEADER_KEYS = {"run", "status", "world_size", "total_epochs", "label", "shard", "hash", "port", "metadata",
                "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
                "steps_done", "step_metrics", "data_share", "data_stragglers"}
 RANK_KEYS = {"rank", "host", "local_rank", "status", "last_seen", "epoch", "hardware", "resources",
@@ -134,7 +134,7 @@ def test_page_and_static(web: Any) -> None:
 
 def test_healthz_and_metrics(web: Any, pusher: Pusher) -> None:
     r = fetch(web.port, "/healthz")
-    assert r.status == 200 and r.json() == {"ok": True}
+    assert r.status == 200 and r.json() == {"ok": True, "shards": [{"shard": 0, "connected": True}]}
     pusher.sock.send(b"\xc1 not msgpack")
     pusher.register("m", 0, 1, host="h0")
     pusher.send(protocol.Resources(run="m", rank=0, sample=protocol.ResourceSample(
@@ -167,7 +167,7 @@ def test_healthz_503_until_a_late_broker_comes_up(spawn: Any, tmp_path: Any) -> 
 
     web = start_web(spawn, Nowhere(), healthy=False)
     r = fetch(web.port, "/healthz")
-    assert r.status == 503 and r.json() == {"ok": False}
+    assert r.status == 503 and r.json() == {"ok": False, "shards": [{"shard": 0, "connected": False}]}
     assert fetch(web.port, "/api/runs").json() == []
 
     late = Broker(tmp_path / "data", {"ingest": "tcp://127.0.0.1:*", "publish": Nowhere.publish,
