@@ -21,6 +21,7 @@ import logging
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 from broker import feed
+from rank_agent.controlwire import ControlRequest
 from rank_agent.shards import shard_of
 from web.cluster import ClusterIndex
 from web.config import FeedError, feed_pairs
@@ -216,15 +217,15 @@ class ShardedHub:
         for hub in self.hubs:
             hub.close_all()
 
-    def stacks_router(self, pumps: Sequence[Any]) -> Callable[..., str]:
-        """``request_stacks(run, ...)`` that reaches the pump of the run's own shard."""
+    def stacks_router(self, pumps: Sequence[Any]) -> Callable[[ControlRequest], str]:
+        """``request_stacks(req)`` that reaches the pump of the request's run's own shard."""
         from web.pump import StacksRequestError
 
-        def request_stacks(run: str, *args: Any, **kwargs: Any) -> str:
-            index = self.shard_of_run(run)
+        def request_stacks(req: ControlRequest) -> str:
+            index = self.shard_of_run(req.run)
             if index is None:
-                raise StacksRequestError(f"no shard holds run {run}")
-            result: str = pumps[index].request_stacks(run, *args, **kwargs)
+                raise StacksRequestError(f"no shard holds run {req.run}")
+            result: str = pumps[index].request_stacks(req)
             return result
 
         return request_stacks
