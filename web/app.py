@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 import gevent
 import msgspec
 from flask import Blueprint, Flask, Response, current_app, g, render_template, request
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException
 
 from broker.steps.encodings import csv_columns
@@ -49,6 +49,7 @@ from web.report import attachment_name, report_of_state
 from web.report import render as render_report
 from web.report import shell as report_shell
 from web.runstate import RunState
+from web.scrape import ScrapeRegistry
 from web.stacksapi import BadBody, RequestGate, StacksCollector, check_media_type, parse_body
 from web.stream import client_stream
 
@@ -210,7 +211,7 @@ class Board:
     #: ``Host`` names answered without a token (see the module docstring)
     allowed_hosts: frozenset[str]
     ping_interval: float
-    registry: CollectorRegistry
+    registry: ScrapeRegistry
     #: ``--read-only``: ``POST /stacks`` answers 403
     read_only: bool = False
     #: ``FeedPump.request_stacks`` (None: no feed to send it on, 503)
@@ -546,7 +547,8 @@ def events(run: str) -> Response:
 
 @bp.get("/metrics")
 def metrics() -> Response:
-    return Response(generate_latest(_board().registry), content_type=CONTENT_TYPE_LATEST)
+    # built off the event loop, series bounded (web/scrape.py, web/metricsranks.py)
+    return Response(_board().registry.latest(), content_type=CONTENT_TYPE_LATEST)
 
 
 # ------------------------------------------------------------------ the factory
@@ -560,7 +562,7 @@ def create_app(hub: Hub, config: Mapping[str, Any] | None = None) -> Flask:
     app = Flask(__name__, **kwargs)
     gate = RequestGate()
     registry = make_registry(hub)
-    registry.register(StacksCollector(gate, hub))  # type: ignore[arg-type]
+    registry.register(StacksCollector(gate, registry.view))  # reads the scrape's view
     app.extensions["rankboard"] = Board(
         hub=hub,
         token=config.get("token") or None,
