@@ -346,7 +346,9 @@ class Hub:
         resume with what they missed if the run comes back (:mod:`web.parking`).
         Returns False when this web did not hold the run."""
         state = self.runs.pop(run, None)
-        self.stacks.pop(run, None)
+        gone = self.stacks.pop(run, None)
+        if gone is not None:
+            gone.store.close()  # its bytes go back to the process's dump budget
         self._run_buffers.pop(run, None)
         self._want_runs.pop(run, None)
         self._snap_runs.pop(run, None)
@@ -412,6 +414,7 @@ class Hub:
             previous = self.stacks.get(run)
             if previous is not None:  # this web's own latest request survives a re-snapshot
                 dumps._requested = previous._requested
+                previous.store.close()
             self.stacks[run] = dumps
         if old is None:
             parked = self._parked.take(run)
