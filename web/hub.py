@@ -33,7 +33,7 @@ import gevent
 from broker import feed
 from web import sse
 from web.parking import ParkedStreams
-from web.runstate import MAX_QUEUED_BYTES, RunState, Subscriber, finite
+from web.runstate import MAX_QUEUED_BYTES, RunState, Subscriber, finite, ranks_payload
 from web.stacksview import RunDumps
 
 log = logging.getLogger(__name__)
@@ -256,7 +256,9 @@ class Hub:
             payload: Any = state.public_header()
         elif update.kind == "ranks":
             state.set_ranks(data, update.seq)
-            payload = state.ranks
+            # a big run's hardware only when it changed (web/runstate.py ranks_payload)
+            payload = (ranks_payload(state.hardware_sent, state.ranks) if state.subscribers
+                       else state.ranks)
         elif update.kind == "stacks":
             # live only (never replayed): the dumps received, the page then reads /stacks
             payload = {"dumps": self._dumps(update.run).apply_event(update.seq, data)}
