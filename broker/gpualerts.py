@@ -35,6 +35,7 @@ the state (or the ``ranks`` event's ``gpu_xids``) without bound by inventing dev
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, NamedTuple, Sequence
 
 from rank_agent.protocol import GpuSample, ResourceSample
@@ -144,7 +145,8 @@ class GpuAlertRules:
         reasons = gpu.throttle_reasons
         if reasons and prev is not None and _throttled(reasons) and _throttled(prev.throttle_reasons):
             bad = ", ".join(r for r in reasons if r in BAD_THROTTLE)
-            clock = f" (SM {gpu.sm_clock_mhz:.0f} MHz)" if gpu.sm_clock_mhz is not None else ""
+            sm = gpu.sm_clock_mhz
+            clock = f" (SM {sm:.0f} MHz)" if sm is not None and math.isfinite(sm) else ""
             out = out or []
             out.append(GpuAlert("gpu_throttle", rank, f"{bad} throttling on GPU {gpu.device_index}{clock}"))
         ecc = gpu.ecc_uncorrected
