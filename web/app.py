@@ -471,10 +471,10 @@ def report(run: str) -> Response:
 
 @bp.get("/api/runs/<run>/stacks")
 def stacks(run: str) -> Response:
-    view = _board().hub.stacks_view(run)
-    if view is None:  # the run went between the lookup and here
+    data = _board().hub.stacks_view_json(run, _json.encode)  # cached per run state
+    if data is None:  # the run went between the lookup and here
         return unknown_run(run)
-    return json_response(view)
+    return Response(data, mimetype="application/json")
 
 
 def _body() -> bytes:

@@ -350,7 +350,7 @@ class Hub:
         state = self.runs.pop(run, None)
         gone = self.stacks.pop(run, None)
         if gone is not None:
-            gone.store.close()  # its bytes go back to the process's dump budget
+            gone.close()  # its bytes go back to the process's dump budget
         self._run_buffers.pop(run, None)
         self._want_runs.pop(run, None)
         self._snap_runs.pop(run, None)
@@ -416,7 +416,7 @@ class Hub:
             previous = self.stacks.get(run)
             if previous is not None:  # this web's own latest request survives a re-snapshot
                 dumps._requested = previous._requested
-                previous.store.close()
+                previous.close()
             self.stacks[run] = dumps
         if old is None:
             parked = self._parked.take(run)
@@ -548,6 +548,17 @@ class Hub:
         if dumps is None:
             return {"dumps": [], "groups": []}
         return dumps.view(state.ranks, state.ranks_seq)
+
+    def stacks_view_json(self, run: str, encode: Callable[[Any], bytes]) -> bytes | None:
+        """:meth:`stacks_view` encoded, cached per state of the run's dumps and ranks
+        (:meth:`web.stacksview.RunDumps.view_json`); None for an unknown run."""
+        state = self.runs.get(run)
+        if state is None:
+            return None
+        dumps = self.stacks.get(run)
+        if dumps is None:
+            return encode({"dumps": [], "groups": []})
+        return dumps.view_json(state.ranks, state.ranks_seq, encode)
 
     # ---------------------------------------------------------------- reads
     def runs_newest_first(self) -> list[RunState]:

@@ -110,6 +110,8 @@ class RunStacks:
         self.budget = budget if budget is not None else _budget.PROCESS_BUDGET
         #: dumps dropped because the process's budget was full (oldest first)
         self.over_budget = 0
+        #: bumped by every change (a reader's cache key: the web's ``GET /stacks`` answer)
+        self.version = 0
         self._dumps: Dict[Tuple[int, str], Wire] = {}
         self._blobs: Dict[bytes, List[Any]] = {}  # content -> [the shared bytes, references]
         #: bytes counted against the cap now
@@ -156,6 +158,7 @@ class RunStacks:
         self.bytes += cost
         item[7] = shared
         self._dumps[key] = item
+        self.version += 1
         self.budget.charge(self, key, cost)  # may drop older dumps, of any run
         return True
 
@@ -175,6 +178,7 @@ class RunStacks:
         old = self._dumps.pop(key, None)
         if old is None:
             return
+        self.version += 1
         freed = DUMP_OVERHEAD + len(old[8])
         blobs = self._blobs
         for blob in old[7]:
