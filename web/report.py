@@ -285,7 +285,8 @@ def _stacks(value: Any) -> Any:
     room = MAX_REPORT_STACKS_BYTES
     out: dict[str, Any] = {}
     for name in ("groups", "dumps"):
-        items = value.get(name) if isinstance(value.get(name), list) else []
+        found = value.get(name)
+        items: list[Any] = found if isinstance(found, list) else []
         kept = []
         for item in items:
             size = len(_size(item))
