@@ -8,7 +8,9 @@ not followed: a 3xx is an answer like a 4xx (refused, never counted as sent), so
 cannot bounce the alert, and its secret-bearing body, elsewhere.
 
 Only the standard library (``http.client``); :func:`post` takes the same
-``(urllib.request.Request, timeout)`` as the notifier's injectable opener.
+``(urllib.request.Request, timeout)`` as the notifier's injectable opener. Like ``urlopen``
+it goes through the proxy of ``http_proxy``/``https_proxy`` unless ``no_proxy`` names the
+host (an HTTPS URL through a ``CONNECT`` tunnel).
 """
 from __future__ import annotations
 
@@ -35,16 +37,34 @@ def _shut(conn: http.client.HTTPConnection, fired: threading.Event) -> None:
             pass
 
 
+def _connection(parts: urllib.parse.SplitResult, deadline: float
+                ) -> tuple[http.client.HTTPConnection, str]:
+    """The connection for a URL (through the environment's proxy, as ``urlopen`` would)
+    and the request target to send on it."""
+    https = parts.scheme == "https"
+    host = parts.hostname or ""
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        via = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+        if https:
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                via.hostname or "", via.port or 8080, timeout=deadline)
+            conn.set_tunnel(host, parts.port or 443)
+            return conn, path
+        conn = http.client.HTTPConnection(via.hostname or "", via.port or 8080, timeout=deadline)
+        return conn, urllib.parse.urlunsplit(parts._replace(fragment=""))  # absolute form
+    cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
+    return cls(host, parts.port, timeout=deadline), path
+
+
 def post(request: urllib.request.Request, deadline: float) -> int:
     """POST ``request`` and return the answer's status; the whole attempt ends within
     ``deadline`` seconds (:class:`DeadlineExceeded`). Raises ``OSError``/``HTTPException``
     like ``urlopen`` for a receiver that cannot be reached or does not speak HTTP."""
-    parts = urllib.parse.urlsplit(request.full_url)
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = cls(parts.hostname or "", parts.port, timeout=deadline)
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
+    conn, path = _connection(urllib.parse.urlsplit(request.full_url), deadline)
     fired = threading.Event()
     timer = threading.Timer(deadline, _shut, (conn, fired))
     timer.daemon = True

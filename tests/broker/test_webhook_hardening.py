@@ -126,3 +126,17 @@ def test_mentions_and_links_are_neutralised() -> None:
     assert "everyone" in line and "evil.example/x" in line  # still readable
     payload = AlertGrouper(window=0.0).run_ended("r", "complete", 1.0)[0]
     assert payload["allowed_mentions"] == {"parse": []}
+
+
+def test_the_environments_proxy_is_used_as_urlopen_would(
+        receiver: Receiver, notifiers: list[WebhookNotifier],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deadline-bound POST keeps urlopen's proxy rule (a cluster behind a proxy): the
+    receiver stands in for the proxy and sees the absolute URL."""
+    for name in ("no_proxy", "NO_PROXY", "HTTP_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", receiver.url.split("/hooks")[0])
+    n = make(notifiers, ["http://hooks.invalid:81/T0/SECRET"])
+    n.run_ended("r", "complete")
+    wait_for(lambda: n.counters()["sent"] == 1, what="the POST through the proxy")
+    assert receiver.paths == ["http://hooks.invalid:81/T0/SECRET"]
