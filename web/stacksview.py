@@ -69,6 +69,10 @@ class RunDumps:
         data = encode(self.view(ranks, ranks_seq))
         self._json = (key, data)
         self.store.budget.charge(self, "view", len(data))
+        if self.store.version != key[0] and self._json is not None:
+            # the charge dropped some of this run's oldest dumps to fit: the answer keeps
+            # them until the next change, rather than being rebuilt (and charged) each read
+            self._json = ((self.store.version, *key[1:]), data)
         return data
 
     def _drop_json(self) -> None:

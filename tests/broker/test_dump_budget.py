@@ -116,3 +116,28 @@ def test_a_run_evicted_at_max_runs_gives_its_dumps_back(monkeypatch: pytest.Monk
     assert budget.used > 100_000
     runs.ingest(encoder.encode(register(run="b")), 3.0)  # evicts run a
     assert budget.used == 0 and len(budget) == 0
+
+
+def test_a_cached_stacks_answer_that_evicts_its_own_dumps_is_not_rebuilt_each_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The web's cached GET /stacks JSON is charged too; when that charge drops the run's
+    own oldest dumps, the answer stays cached (rebuilt per read, it would churn)."""
+    import json
+    budget = ByteBudget(3 * MiB)
+    monkeypatch.setattr(budget_mod, "PROCESS_BUDGET", budget)
+    hub = Hub()
+    hub.next_request()
+    hub.handle_snapshot(feed.encode_snapshot_end("i1", 0))
+    hub.handle_pub(ev("r", 1, "ranks", [{"rank": r, "host": "h", "status": "stalled"}
+                                         for r in range(8)]))
+    hub.handle_pub(ev("r", 2, "stacks", {"dumps": [big_dump(r, 300 * 1024) for r in range(8)],
+                                         "gone": []}))
+    builds: list[int] = []
+
+    def encode(view: Any) -> bytes:
+        builds.append(1)
+        return json.dumps(view).encode()
+
+    first = hub.stacks_view_json("r", encode)
+    assert budget.used <= budget.limit
+    assert hub.stacks_view_json("r", encode) is first and len(builds) == 1
