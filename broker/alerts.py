@@ -5,12 +5,26 @@ Kept apart from :class:`broker.sink.RunSink` because every diagnosis feeds it (s
 ranks, GPU health, non-finite losses, and in v4 the data wait and the collectives): one
 place decides what an alert is, how the header lists it and who is told, so a new kind is
 one ``raise_`` call and a bound on the list is written once.
+
+The bound (issue 32, finding 5): 65,536 stalled ranks with long paths made 76 MiB of alerts
+and 65-80 MiB ``run`` events, past what an SSE client may queue, so every viewer was dropped
+on every reconnect. Per kind the list keeps the :data:`MAX_ALERTS_PER_KIND` most recently
+raised (older ones of that kind leave the list) and a count of the kind's alerts, listed as
+one run-wide entry (``rank`` null: "N stalled alerts raised, the latest 100 listed") once
+some were left out; each message is at most :data:`MAX_ALERT_MESSAGE` characters. Webhooks
+are told of every alert as before: the bound is on what the header carries.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-__all__ = ["RunAlerts", "OnAlert"]
+__all__ = ["RunAlerts", "OnAlert", "MAX_ALERTS_PER_KIND", "MAX_ALERT_MESSAGE"]
+
+#: Alerts of one kind listed in a run's header: the most recently raised.
+MAX_ALERTS_PER_KIND = 100
+#: Characters of one alert message (longer ones end with "…").
+MAX_ALERT_MESSAGE = 512
 
 #: ``on_alert(run, kind, rank, message, host, now)``: an alert raised live (webhooks, 3.1).
 OnAlert = Callable[[str, str, Optional[int], str, Optional[str], float], None]
@@ -21,36 +35,61 @@ Place = Callable[[int], Optional[Tuple[str, int]]]
 class RunAlerts:
     """The alerts of one run, in first-raised order (a re-raise updates in place)."""
 
-    __slots__ = ("_alerts", "on_alert")
+    __slots__ = ("_alerts", "on_alert", "_recent", "_raised")
 
     def __init__(self) -> None:
         self._alerts: Dict[Tuple[str, Optional[int]], Dict[str, Any]] = {}
         #: Hook for alerts raised while live (the broker's webhooks); None: nobody.
         self.on_alert: OnAlert | None = None
+        #: kind -> its listed keys, least recently raised first (the cap's order)
+        self._recent: Dict[str, OrderedDict[Tuple[str, Optional[int]], None]] = {}
+        #: kind -> alerts of that kind added to the list (a count, kept past the cap)
+        self._raised: Dict[str, int] = {}
 
     def raise_(self, run: str, kind: str, rank: Optional[int], message: str, now: float,
                place: Place, notify: bool) -> None:
         """Raise (or re-raise) an alert; ``notify`` (the run is live and the alert is news)
         hands it to :attr:`on_alert` too: grouping and repeat suppression are the
         webhooks'."""
-        alert = self._alerts.get((kind, rank))
+        if len(message) > MAX_ALERT_MESSAGE:
+            message = message[:MAX_ALERT_MESSAGE - 1] + "…"
+        key = (kind, rank)
+        alert = self._alerts.get(key)
+        recent = self._recent.get(kind)
+        if recent is None:
+            recent = self._recent[kind] = OrderedDict()
         if alert is None:
-            self._alerts[(kind, rank)] = {"kind": kind, "rank": rank, "message": message, "at": now}
+            self._alerts[key] = {"kind": kind, "rank": rank, "message": message, "at": now}
+            self._raised[kind] = self._raised.get(kind, 0) + 1
+            recent[key] = None
+            if len(recent) > MAX_ALERTS_PER_KIND:
+                oldest, _ = recent.popitem(last=False)
+                del self._alerts[oldest]
         else:
             alert["message"] = message
             alert["at"] = now
+            recent.move_to_end(key)
         if notify and self.on_alert is not None:
             p = place(rank) if rank is not None else None
             self.on_alert(run, kind, rank, message, p[0] if p else None, now)
 
     def listed(self) -> List[Dict[str, Any]]:
         """The header's ``alerts``: copies, since event data leaves the sink."""
-        return [dict(a) for a in self._alerts.values()]
+        out = [dict(a) for a in self._alerts.values()]
+        for kind, recent in self._recent.items():
+            raised = self._raised.get(kind, 0)
+            if raised > len(recent):  # some left the list: say how many there were
+                last = self._alerts[next(reversed(recent))]["at"] if recent else None
+                out.append({"kind": kind, "rank": None, "at": last, "message":
+                            f"{raised} {kind} alerts raised, the latest {len(recent)} listed"})
+        return out
 
     def forget_ranks_from(self, world_size: int) -> None:
         """Drop the alerts of ranks that turned out to be past the world size."""
         for key in [k for k in self._alerts if k[1] is not None and k[1] >= world_size]:
             del self._alerts[key]
+            self._recent[key[0]].pop(key, None)
+            self._raised[key[0]] -= 1
 
     def __len__(self) -> int:
         return len(self._alerts)

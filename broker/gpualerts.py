@@ -30,11 +30,12 @@ feeds live frames only.
 Cost: called for every sample the broker ingests, so a sample of a GPU with nothing to say
 costs a dict lookup and a handful of attribute tests (no allocation); the previous sample is
 kept by reference (decoded samples are immutable once stored). Per rank at most
-:data:`MAX_GPUS_PER_RANK` GPUs are remembered, so a rank cannot grow the state without bound
-by inventing device indices.
+:data:`MAX_GPUS_PER_RANK` GPUs are remembered, with their XID tallies, so a rank cannot grow
+the state (or the ``ranks`` event's ``gpu_xids``) without bound by inventing device indices.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, NamedTuple, Sequence
 
 from rank_agent.protocol import GpuSample, ResourceSample
@@ -111,7 +112,7 @@ class GpuAlertRules:
                 index = gpu.device_index
                 prev = known.get(index)
                 if prev is None and len(known) >= MAX_GPUS_PER_RANK:
-                    del known[next(iter(known))]  # the GPU remembered longest goes
+                    self._drop_gpu(rank, known)  # the GPU remembered longest goes
                 known[index] = gpu
                 # the quiet case, inline (nearly every sample): nothing below can fire
                 ecc = gpu.ecc_uncorrected
@@ -144,7 +145,8 @@ class GpuAlertRules:
         reasons = gpu.throttle_reasons
         if reasons and prev is not None and _throttled(reasons) and _throttled(prev.throttle_reasons):
             bad = ", ".join(r for r in reasons if r in BAD_THROTTLE)
-            clock = f" (SM {gpu.sm_clock_mhz:.0f} MHz)" if gpu.sm_clock_mhz is not None else ""
+            sm = gpu.sm_clock_mhz
+            clock = f" (SM {sm:.0f} MHz)" if sm is not None and math.isfinite(sm) else ""
             out = out or []
             out.append(GpuAlert("gpu_throttle", rank, f"{bad} throttling on GPU {gpu.device_index}{clock}"))
         ecc = gpu.ecc_uncorrected
@@ -172,6 +174,16 @@ class GpuAlertRules:
                 out.append(GpuAlert("gpu_nvlink", rank, f"{nvlink - before} new NVLink errors "
                                                         f"(total {nvlink}) on GPU {gpu.device_index}"))
         return out
+
+    def _drop_gpu(self, rank: int, known: dict[int, GpuSample]) -> None:
+        """Forget the rank's GPU remembered longest, and its XID tally with it: a rank's
+        tallies stay within the GPUs it is remembered with (issue 32, finding 3: a rank
+        inventing device indices grew the tally, and the ``ranks`` event, without bound)."""
+        index = next(iter(known))
+        del known[index]
+        tallies = self.xids.get(rank)
+        if tallies is not None:
+            tallies.pop(index, None)
 
     def forget(self, rank: int) -> None:
         """Drop a rank's GPUs (a rank discarded for being past the run's world size)."""

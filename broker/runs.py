@@ -487,6 +487,7 @@ class Runs:
         (:meth:`RunSink.settle`: its steps in flight), noted by ``on_settle``, then its
         ``evicted`` event (the run's next seq)."""
         sink = self._sinks.pop(run)
+        sink.stacks.close()  # its dumps leave the process's byte budget (broker/budget.py)
         try:
             events = sink.settle(now)
         except Exception:

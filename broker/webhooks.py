@@ -7,14 +7,23 @@ Two parts, as everywhere in the broker:
   payload when that window ends (1,024 ranks going stale at once are one message), suppresses
   a (run, kind, rank) already posted until ``repeat`` seconds have passed (and it is raised
   again), and builds the ``resolved`` payload of a run that ended.
-* :class:`WebhookNotifier` is the shell: one daemon thread that flushes the grouper's due
-  groups and POSTs them to every URL. The broker's loop only calls :meth:`~WebhookNotifier.alert`
-  and :meth:`~WebhookNotifier.run_ended`, which take a lock for a few microseconds and return
-  (**delivery never slows ingest**); all waiting (grouping windows, HTTP, retry delays) happens
-  on the thread. POSTs wait in a bounded queue (1,000: beyond it the oldest is dropped), each
-  attempt has a 5 s timeout, and a connection error, a timeout, a 5xx or a 429 is retried after
-  1, 2 and 4 s; a retry waits in the queue without holding the thread, so one slow receiver
-  delays the others only by its timeout.
+* :class:`WebhookNotifier` is the shell: **one daemon thread per URL** (issue 32, finding 6:
+  one thread for all let a trickling receiver stop every delivery for 62 s), each flushing the
+  grouper's due groups into every URL's queue and POSTing its own. The broker's loop only
+  calls :meth:`~WebhookNotifier.alert` and :meth:`~WebhookNotifier.run_ended`, which take a
+  lock for a few microseconds and return (**delivery never slows ingest**); all waiting
+  (grouping windows, HTTP, retry delays) happens on the threads. Each URL's POSTs wait in a
+  queue bounded by count (1,000) and bytes (:data:`QUEUE_BYTES`; beyond either the oldest is
+  dropped); each attempt has **one 5 s deadline** for all of it (:mod:`broker.webhookhttp`:
+  a receiver trickling bytes cannot stretch it), redirects are refused, and a connection
+  error, a timeout, a 5xx or a 429 is retried after 1, 2 and 4 s; a retry waits in the queue
+  without holding the thread. One slow receiver delays only its own URL.
+
+A body names at most :data:`MAX_BODY_RANKS` ranks and :data:`MAX_BODY_HOSTS` hosts (the
+first, sorted; ``count`` is every rank's), so one POST of 65,536 ranks with long host names
+is kilobytes, not 16.6 MiB (finding 7). The chat line neutralises mentions and links from
+untrusted strings (``@everyone``, ``<!channel>``, ``<@id>``, ``http://``: a zero-width space
+breaks each) and the body carries Discord's ``allowed_mentions: {"parse": []}``.
 
 Counters (the heartbeat's and ``/metrics``' ``rankboard_webhooks_*_total``): ``sent`` POSTs
 delivered (a 2xx answer); ``failed`` attempts that did not deliver (each connection error,
@@ -42,6 +51,7 @@ import urllib.request
 from collections import deque
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
+from broker import webhookhttp
 from rank_agent.ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -50,9 +60,14 @@ log = logging.getLogger(__name__)
 GROUP_WINDOW = 5.0
 #: ``--alert-repeat`` default: a (run, kind, rank) is posted again only after this long.
 DEFAULT_REPEAT = 3600.0
-#: POSTs waiting at most (beyond: the oldest is dropped, counted).
+#: POSTs waiting at most per URL (beyond: the oldest is dropped, counted).
 QUEUE_MAX = 1000
-#: Seconds one attempt may take (connect and each read).
+#: Body bytes waiting at most per URL (beyond: the oldest is dropped, counted).
+QUEUE_BYTES = 16 * 1024 * 1024
+#: Ranks and hosts one body lists at most (the first, sorted; ``count`` counts all ranks).
+MAX_BODY_RANKS = 1024
+MAX_BODY_HOSTS = 256
+#: Seconds one attempt may take, all of it (connect, send, and the answer's head).
 TIMEOUT = 5.0
 #: Waits before the retries of a POST that met a connection error, timeout, 5xx or 429.
 RETRY_DELAYS = (1.0, 2.0, 4.0)
@@ -95,10 +110,14 @@ def webhook_urls(flags: Iterable[str] = (), environ: Mapping[str, str] | None = 
             parts = urllib.parse.urlsplit(url)
             ok = parts.scheme in ("http", "https") and bool(parts.hostname)
             parts.port  # noqa: B018 - raises ValueError for a bad port
+            userinfo = parts.username is not None or parts.password is not None
         except ValueError:
-            ok = False
+            ok, userinfo = False, False
         if not ok:
             raise ValueError(f"alert webhook {redact(url)} is not an http(s) URL with a host")
+        if userinfo:  # sent in the clear to whatever the URL resolves to, logged nowhere
+            raise ValueError(f"alert webhook {redact(url)} has user:password@ in it: "
+                             "not supported (put the secret in the path, as Slack and Discord do)")
         if url not in out:
             out.append(url)
     return out
@@ -187,9 +206,11 @@ class AlertGrouper:
         kind = "run_failed" if status == "failed" else "run_complete"
         message = "run failed" if status == "failed" else "run complete"
         text = f"[rankboard] {run}: {message}"
+        text = neutralise(text)
         out.append({"status": "resolved", "run": run, "kind": kind, "ranks": [], "hosts": [],
                     "count": 0, "message": message, "at": now,
-                    "url": run_link(self.public_url, run), "text": text, "content": text})
+                    "url": run_link(self.public_url, run), "text": text, "content": text,
+                    "allowed_mentions": {"parse": []}})
         return out
 
     def forget_run(self, run: str) -> None:
@@ -202,10 +223,11 @@ class AlertGrouper:
     def _firing(self, run: str, kind: str, group: _Group) -> dict[str, Any]:
         ranks = sorted(group.ranks)
         hosts = sorted(group.hosts)
-        return {"status": "firing", "run": run, "kind": kind, "ranks": ranks, "hosts": hosts,
-                "count": len(ranks), "message": group.message, "at": group.first_at,
-                "url": run_link(self.public_url, run),
-                **dict.fromkeys(("text", "content"), chat_line(run, kind, ranks, hosts, group.message))}
+        line = chat_line(run, kind, ranks, hosts, group.message)
+        return {"status": "firing", "run": run, "kind": kind, "ranks": ranks[:MAX_BODY_RANKS],
+                "hosts": hosts[:MAX_BODY_HOSTS], "count": len(ranks), "message": group.message,
+                "at": group.first_at, "url": run_link(self.public_url, run),
+                "text": line, "content": line, "allowed_mentions": {"parse": []}}
 
 
 def chat_line(run: str, kind: str, ranks: Sequence[int], hosts: Sequence[str], message: str) -> str:
@@ -220,8 +242,23 @@ def chat_line(run: str, kind: str, ranks: Sequence[int], hosts: Sequence[str], m
     if hosts:
         shown = ", ".join(hosts[:_TEXT_HOSTS])
         where += f" ({shown}…)" if len(hosts) > _TEXT_HOSTS else f" ({shown})"
-    line = f"[rankboard] {run}: {kind}{where}: {message}"
+    line = neutralise(f"[rankboard] {run}: {kind}{where}: {message}")
     return line if len(line) <= MAX_TEXT else line[:MAX_TEXT - 1] + "…"
+
+
+_ZWSP = "\u200b"
+#: untrusted text -> what chat tools show as text, not as a mention or a link
+_NEUTRAL = (("@", "@" + _ZWSP), ("<", "<" + _ZWSP), ("://", ":" + _ZWSP + "//"))
+
+
+def neutralise(text: str) -> str:
+    """``text`` with every mention and link a chat tool would act on broken by a zero-width
+    space: ``@everyone``/``@here`` (Discord), ``<!channel>``/``<@U1>``/``<url|label>``
+    (Slack), and bare ``scheme://`` links (both). It reads the same to a person."""
+    for raw, safe in _NEUTRAL:
+        if raw in text:
+            text = text.replace(raw, safe)
+    return text
 
 
 class _Post(NamedTuple):
@@ -234,45 +271,63 @@ class _Post(NamedTuple):
 Opener = Callable[[urllib.request.Request, float], int]
 
 
-def _urlopen(request: urllib.request.Request, timeout: float) -> int:
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - http(s) checked
-        response.read(65536)  # drain a little so keep-alive servers see a complete exchange
-        return int(response.status)
+class _Lane:
+    """One URL's queue, retries and thread (the notifier's lock guards the fields)."""
+
+    __slots__ = ("url", "queue", "retries", "bytes", "busy", "thread")
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.queue: deque[_Post] = deque()  # ready now, oldest first
+        self.retries: list[tuple[float, int, _Post]] = []  # (not before, seq, post) heap
+        #: body bytes queued or waiting to retry
+        self.bytes = 0
+        self.busy = False  # a POST is in flight
+        self.thread: threading.Thread | None = None
+
+    def __len__(self) -> int:
+        return len(self.queue) + len(self.retries)
 
 
 class WebhookNotifier:
-    """The broker's webhook thread: groups alerts, POSTs them to every URL, retries, counts.
+    """The broker's webhook threads: groups alerts, POSTs them to every URL (a thread per
+    URL), retries, counts.
 
     Thread-safe: :meth:`alert`, :meth:`run_ended` and :meth:`forget_run` may be called from
     the broker's loop at any rate; they never block on I/O. ``clock`` gives unix seconds
     (grouping windows, retry times and the payloads' ``at``); ``timeout``, ``retry_delays``,
-    ``window`` and ``max_queue`` are constructor arguments so tests run in milliseconds.
-    The constructor starts nothing; :meth:`start` starts the thread, :meth:`close` stops it.
+    ``window``, ``max_queue`` and ``max_queue_bytes`` are constructor arguments so tests run
+    in milliseconds. The constructor starts nothing; :meth:`start` starts the threads,
+    :meth:`close` stops them.
     """
 
     def __init__(self, urls: Sequence[str], *, repeat: float = DEFAULT_REPEAT,
                  public_url: str | None = None, window: float = GROUP_WINDOW,
                  timeout: float = TIMEOUT, retry_delays: Sequence[float] = RETRY_DELAYS,
-                 max_queue: int = QUEUE_MAX, clock: Callable[[], float] = time.time,
+                 max_queue: int = QUEUE_MAX, max_queue_bytes: int = QUEUE_BYTES,
+                 clock: Callable[[], float] = time.time,
                  opener: Optional[Opener] = None) -> None:
         self.urls = list(urls)
         self.timeout = timeout
         self.retry_delays = tuple(retry_delays)
         self.max_queue = max_queue
+        self.max_queue_bytes = max_queue_bytes
         self._clock = clock
-        self._open: Opener = opener or _urlopen
+        self._open: Opener = opener or webhookhttp.post
         self._grouper = AlertGrouper(window=window, repeat=repeat, public_url=public_url)
         self._cond = threading.Condition(threading.Lock())
-        self._queue: deque[_Post] = deque()  # ready now, oldest first
-        self._retries: list[tuple[float, int, _Post]] = []  # (not before, seq, post) heap
+        self._lanes = [_Lane(url) for url in self.urls]
         self._seq = itertools.count()
         self._closing = False
-        self._busy = False  # a POST is in flight
-        self._thread: threading.Thread | None = None
         self._rlog = RateLimitedLog(log, 60.0)
         self.sent = 0
         self.failed = 0
         self.dropped = 0
+
+    @property
+    def _thread(self) -> threading.Thread | None:
+        """The first URL's thread (None: not started)."""
+        return self._lanes[0].thread if self._lanes else None
 
     # -- called from the broker's loop ------------------------------------------------------
 
@@ -287,7 +342,7 @@ class WebhookNotifier:
             t = self._clock() if now is None else now
             first = self._grouper.next_due() is None
             if self._grouper.alert(run, kind, rank, message, t, host) and first:
-                self._cond.notify()  # the thread learns the new window's end
+                self._cond.notify_all()  # the threads learn the new window's end
 
     def run_ended(self, run: str, status: str, now: float | None = None) -> None:
         """A run completed (``"complete"``) or failed (``"failed"``): its open groups and the
@@ -300,7 +355,7 @@ class WebhookNotifier:
             t = self._clock() if now is None else now
             for payload in self._grouper.run_ended(run, status, t):
                 self._enqueue(payload)
-            self._cond.notify()
+            self._cond.notify_all()
 
     def forget_run(self, run: str) -> None:
         """The broker evicted ``run``: drop its open groups and repeat memory."""
@@ -315,44 +370,59 @@ class WebhookNotifier:
     def pending(self) -> int:
         """POSTs queued, waiting to retry or in flight, plus open groups (for tests)."""
         with self._cond:
-            return (len(self._queue) + len(self._retries) + int(self._busy)
+            return (sum(len(lane) + int(lane.busy) for lane in self._lanes)
                     + len(self._grouper._groups))
 
-    # -- the queue (lock held) -----------------------------------------------------------------
+    def queued_bytes(self) -> int:
+        """Body bytes queued or waiting to retry, over every URL (for tests)."""
+        with self._cond:
+            return sum(lane.bytes for lane in self._lanes)
+
+    # -- the queues (lock held) ----------------------------------------------------------------
 
     def _enqueue(self, payload: dict[str, Any]) -> None:
         body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        for url in self.urls:
-            while len(self._queue) + len(self._retries) >= self.max_queue:
-                if self._queue:
-                    self._queue.popleft()
+        for lane in self._lanes:
+            while lane and (len(lane) >= self.max_queue
+                            or lane.bytes + len(body) > self.max_queue_bytes):
+                if lane.queue:
+                    gone = lane.queue.popleft()
                 else:
-                    self._retries.remove(max(self._retries))  # the retry due last goes
-                    heapq.heapify(self._retries)
+                    last = max(lane.retries)  # the retry due last goes
+                    lane.retries.remove(last)
+                    heapq.heapify(lane.retries)
+                    gone = last[2]
+                lane.bytes -= len(gone.body)
                 self.dropped += 1
-                self._rlog.warning(("full", url), "webhook queue full: oldest POST to %s dropped",
-                                   redact(url))
-            self._queue.append(_Post(body, url, 0))
+                self._rlog.warning(("full", lane.url), "webhook queue full: oldest POST to %s "
+                                   "dropped", redact(lane.url))
+            lane.queue.append(_Post(body, lane.url, 0))
+            lane.bytes += len(body)
 
-    def _next(self) -> _Post | None:
-        """Wait for the next POST to make (flushing due groups meanwhile); None when closing."""
+    def _next(self, lane: _Lane) -> _Post | None:
+        """Wait for the lane's next POST (flushing due groups meanwhile); None when closing."""
         with self._cond:
             while True:
                 now = self._clock()
-                for payload in self._grouper.due(now):
+                due = self._grouper.due(now)
+                for payload in due:
                     self._enqueue(payload)
-                while self._retries and self._retries[0][0] <= now:
-                    self._queue.append(heapq.heappop(self._retries)[2])
+                if due:
+                    self._cond.notify_all()  # the other URLs' threads have POSTs too
+                while lane.retries and lane.retries[0][0] <= now:
+                    lane.queue.append(heapq.heappop(lane.retries)[2])
                 if self._closing:
                     return None
-                if self._queue:
-                    self._busy = True
-                    return self._queue.popleft()
+                if lane.queue:
+                    lane.busy = True
+                    post = lane.queue.popleft()
+                    lane.bytes -= len(post.body)
+                    return post
                 wake = [t for t in (self._grouper.next_due(),
-                                    self._retries[0][0] if self._retries else None) if t is not None]
+                                    lane.retries[0][0] if lane.retries else None) if t is not None]
                 self._cond.wait(None if not wake else max(0.0, min(wake) - now) + 0.001)
 
-    # -- the thread ----------------------------------------------------------------------------
+    # -- the threads ---------------------------------------------------------------------------
 
     def _attempt(self, post: _Post) -> str:
         """One POST: ``"sent"``, ``"retry"`` (may succeed later) or ``"refused"``."""
@@ -365,63 +435,75 @@ class WebhookNotifier:
             status = exc.code
             exc.close()
         except (OSError, ValueError, http.client.HTTPException) as exc:  # URLError, timeouts,
-            # refused, reset, a reply that is not HTTP
+            # the deadline, refused, reset, a reply that is not HTTP
             reason = getattr(exc, "reason", exc)
             self._rlog.warning(("error", post.url), "webhook %s: %s", redact(post.url),
                                type(reason).__name__)
             return "retry"
         if 200 <= status < 300:
             return "sent"
-        self._rlog.warning(("status", post.url), "webhook %s answered HTTP %d", redact(post.url), status)
+        self._rlog.warning(("status", post.url), "webhook %s answered HTTP %d%s", redact(post.url),
+                           status, " (redirects are not followed)" if 300 <= status < 400 else "")
         return "retry" if status == 429 or status >= 500 else "refused"
 
-    def _deliver(self, post: _Post) -> None:
+    def _deliver(self, lane: _Lane, post: _Post) -> None:
         outcome = self._attempt(post)
         with self._cond:
-            self._busy = False
+            lane.busy = False
             if outcome == "sent":
                 self.sent += 1
                 return
             self.failed += 1
             if outcome == "retry" and post.attempt < len(self.retry_delays) and not self._closing:
                 when = self._clock() + self.retry_delays[post.attempt]
-                heapq.heappush(self._retries, (when, next(self._seq), post._replace(attempt=post.attempt + 1)))
+                heapq.heappush(lane.retries, (when, next(self._seq),
+                                              post._replace(attempt=post.attempt + 1)))
+                lane.bytes += len(post.body)
                 return
             self.dropped += 1
 
-    def _run(self) -> None:
+    def _run(self, lane: _Lane) -> None:
         while True:
-            post = self._next()
+            post = self._next(lane)
             if post is None:
                 return
             try:
-                self._deliver(post)
+                self._deliver(lane, post)
             except Exception:  # a bug, never a receiver's doing: keep the thread alive
                 log.exception("webhook delivery to %s failed unexpectedly", redact(post.url))
                 with self._cond:
-                    self._busy = False
+                    lane.busy = False
                     self.dropped += 1
 
     def start(self) -> WebhookNotifier:
-        """Start the delivery thread (a no-op without URLs); returns self."""
-        if self.urls and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rankboard-webhooks", daemon=True)
-            self._thread.start()
+        """Start a delivery thread per URL (a no-op without URLs); returns self."""
+        started = False
+        for i, lane in enumerate(self._lanes):
+            if lane.thread is None:
+                lane.thread = threading.Thread(target=self._run, args=(lane,),
+                                               name=f"rankboard-webhooks-{i}", daemon=True)
+                lane.thread.start()
+                started = True
+        if started:
             log.info("alert webhooks: %s", ", ".join(redact(u) for u in self.urls))
         return self
 
     def close(self, timeout: float = 1.0) -> None:
-        """Stop the thread (waiting at most ``timeout`` for a POST in flight); whatever is
-        still queued, waiting to retry or grouped is dropped and counted."""
+        """Stop the threads (waiting at most ``timeout`` in all for POSTs in flight);
+        whatever is still queued, waiting to retry or grouped is dropped and counted."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        end = time.monotonic() + timeout
+        for lane in self._lanes:
+            if lane.thread is not None:
+                lane.thread.join(max(0.0, end - time.monotonic()))
         with self._cond:
-            left = len(self._queue) + len(self._retries)
+            left = sum(len(lane) for lane in self._lanes)
             left += len(self._grouper._groups) * len(self.urls)
-            self._queue.clear()
-            self._retries.clear()
+            for lane in self._lanes:
+                lane.queue.clear()
+                lane.retries.clear()
+                lane.bytes = 0
             self._grouper._groups.clear()
             self.dropped += left

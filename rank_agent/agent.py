@@ -191,7 +191,7 @@ class RankAgent:
         if endpoint is not None:
             self._control = Control(endpoint, self.run, rank, self._send,
                                     training_thread=self._watch.training_thread,
-                                    idle_s=self._watch.idle_s)
+                                    idle_s=self._watch.idle_s, broker=self.broker)
         # log_step stores the watch's timestamp inline when anything reads it (the stall
         # watch, or a profile's choice of thread): with neither, it pays nothing
         if self._watch.enabled or self._control is not None:

@@ -22,6 +22,15 @@ thread wakes every :data:`POLL_S` to see whether :meth:`Control.close` was calle
 or context behind. A failure to connect (a bad endpoint, unusable CURVE keys) is logged
 once and the channel stays closed; training never sees it. Fork-safe: a forked child parks
 the parent's context untouched and the owner's next :meth:`Control.start` makes a new one.
+
+Hardening (issue 32, finding 8): the thread's warnings are rate-limited
+(:class:`~rank_agent.ratelimit.RateLimitedLog`, one line per kind per
+:data:`WARN_INTERVAL_S`, then how many were suppressed): 20,000 malformed messages were
+20,000 lines on the training job's stderr. A read drains at most :data:`MAX_READ` messages
+and stops when :meth:`Control.close` is called, so a flood cannot keep the thread past
+``close()``. Without CURVE nothing proves who publishes at the endpoint: when it is not the
+broker's own (ingest port + 1), anyone who binds it first (a local squatter) is obeyed, so
+that is said once per endpoint (:func:`squatter_warning`).
 """
 from __future__ import annotations
 
@@ -40,6 +49,7 @@ from . import curve
 from .controlwire import ControlError, ControlRequest, control_topic, decode_request
 from .flightrec import send_collectives
 from .protocol import Stacks
+from .ratelimit import RateLimitedLog
 from .shards import pick_control
 from .stacks import ProfileCounter, dump_threads, fit_profile, main_thread_ident
 
@@ -52,6 +62,14 @@ CONTROL_ENV = "RANKBOARD_CONTROL"
 POLL_S = 0.1
 #: Profiles that may wait while one runs.
 MAX_QUEUED_PROFILES = 4
+#: Seconds between two warning lines of one kind from the control thread.
+WARN_INTERVAL_S = 60.0
+#: Messages one read of the socket takes at most before the loop looks at ``stop`` again.
+MAX_READ = 256
+
+_rlog = RateLimitedLog(log, WARN_INTERVAL_S)
+#: endpoints already warned about (a process says it once per endpoint)
+_WARNED: set[str] = set()
 
 _CONTROLS: weakref.WeakSet[Control] = weakref.WeakSet()
 #: zmq contexts inherited across fork(): referenced forever in the child, never touched.
@@ -103,6 +121,16 @@ def control_endpoint(control: Union[bool, str, None], broker: str,
     return f"{host}:{number}"
 
 
+def squatter_warning(endpoint: str, broker: str, plain: bool) -> Optional[str]:
+    """The warning for a control ``endpoint`` obeyed without CURVE (``plain``) that is not
+    ``broker``'s publish socket (its ingest port + 1), or None."""
+    if not plain or endpoint == control_endpoint(True, broker, {}):
+        return None
+    return (f"rankboard: control channel {endpoint} is not the broker's publish socket "
+            f"({broker} port + 1) and has no CURVE: whatever listens there first can ask this "
+            "rank for dumps and profiles; use CURVE or the default endpoint")
+
+
 class Control:
     """One rank's end of the control channel (module docstring).
 
@@ -117,8 +145,10 @@ class Control:
                  training_thread: Callable[[], Optional[int]] = main_thread_ident,
                  idle_s: Callable[[], float] = lambda: 0.0,
                  socket_options: Callable[[], Optional[Dict[int, bytes]]] = curve.socket_options,
-                 ) -> None:
+                 broker: Optional[str] = None) -> None:
         self.endpoint = endpoint
+        #: the ingest endpoint (for :func:`squatter_warning`; None: not checked)
+        self.broker = broker
         self.run = run
         self.rank = rank
         self.send = send
@@ -209,8 +239,14 @@ class Control:
             sock = ctx.socket(zmq.SUB)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 64)
-            for option, value in (self.socket_options() or {}).items():
+            options = self.socket_options()
+            for option, value in (options or {}).items():
                 sock.setsockopt(option, value)
+            if self.broker is not None and self.endpoint not in _WARNED:
+                warning = squatter_warning(self.endpoint, self.broker, not options)
+                if warning is not None:
+                    _WARNED.add(self.endpoint)
+                    log.warning("%s", warning)
             sock.setsockopt(zmq.SUBSCRIBE, control_topic(self.run))
             sock.connect(self.endpoint)
         except Exception as exc:
@@ -232,15 +268,19 @@ class Control:
                 if profiles:
                     self._profile(profiles.popleft(), sock, profiles, stop)
                 elif sock.poll(int(POLL_S * 1000)):
-                    self._read(sock, profiles)
+                    self._read(sock, profiles, stop)
         except Exception as exc:  # a bug: log, never take the process down
             log.exception("rankboard: control channel stopped: %r", exc)
         finally:
             sock.close(linger=0)
 
-    def _read(self, sock: zmq.Socket, profiles: Deque[ControlRequest]) -> None:
-        """Everything waiting on the socket: answer ``stacks`` now, queue ``profile``."""
-        while True:
+    def _read(self, sock: zmq.Socket, profiles: Deque[ControlRequest],
+              stop: threading.Event) -> None:
+        """What waits on the socket (at most :data:`MAX_READ` messages, not past ``stop``):
+        answer ``stacks`` now, queue ``profile``."""
+        for _ in range(MAX_READ):
+            if stop.is_set():
+                return
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -248,7 +288,7 @@ class Control:
             try:
                 req = decode_request(parts)
             except ControlError as exc:
-                log.warning("rankboard: ignoring a control message: %s", exc)
+                _rlog.warning("bad", "rankboard: ignoring a control message: %s", exc)
                 continue
             if req.run != self.run or not req.asks(self.rank):
                 continue
@@ -257,15 +297,16 @@ class Control:
             elif len(profiles) < MAX_QUEUED_PROFILES:
                 profiles.append(req)
             else:
-                log.warning("rankboard: profile request %s dropped: %d already waiting",
-                            req.request_id, MAX_QUEUED_PROFILES)
+                _rlog.warning("profiles", "rankboard: profile request %s dropped: %d already "
+                              "waiting", req.request_id, MAX_QUEUED_PROFILES)
 
     def _answer(self, frame: Stacks) -> None:
         try:
             self.send(frame)
             self.answered += 1
         except Exception as exc:
-            log.warning("rankboard: could not send an answer to a control request: %r", exc)
+            _rlog.warning("send", "rankboard: could not send an answer to a control request: "
+                          "%r", exc)
             return
         send_collectives(self.send, frame)  # the Flight Recorder's view (7.2); never raises
 
@@ -294,7 +335,7 @@ class Control:
                 # means the sample is due (re-checking the clock would cost one more GIL
                 # round trip with the training thread, and that is the profile's cost)
                 if sock.poll(math.ceil((min(next_t, end) - now) * 1000)):
-                    self._read(sock, profiles)
+                    self._read(sock, profiles, stop)
                     continue
                 if next_t >= end:
                     break

@@ -252,7 +252,7 @@ class Stacks(_Frame, tag="stacks"):
     reason: Literal["stall", "request"]
     taken_at: float
     request_id: Annotated[str, Meta(max_length=MAX_REQUEST_ID)] = ""
-    idle_s: float = 0.0
+    idle_s: Annotated[float, Meta(ge=0)] = 0.0  # NaN and negatives: schema (issue 32)
     threads: Annotated[list[ThreadStack], Meta(max_length=MAX_STACK_THREADS)] = []
     profile: Annotated[list[ProfileEntry], Meta(max_length=MAX_PROFILE_ENTRIES)] = []
     samples: NonNegInt = 0

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 import gevent
 import msgspec
 from flask import Blueprint, Flask, Response, current_app, g, render_template, request
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException
 
 from broker.steps.encodings import csv_columns
@@ -50,6 +50,7 @@ from web.report import attachment_name, report_of_state
 from web.report import render as render_report
 from web.report import shell as report_shell
 from web.runstate import RunState
+from web.scrape import ScrapeRegistry
 from web.shards import AnyHub, shard_states
 from web.stacksapi import BadBody, RequestGate, StacksCollector, check_media_type, parse_body
 from web.stream import client_stream
@@ -212,7 +213,7 @@ class Board:
     #: ``Host`` names answered without a token (see the module docstring)
     allowed_hosts: frozenset[str]
     ping_interval: float
-    registry: CollectorRegistry
+    registry: ScrapeRegistry
     #: ``--read-only``: ``POST /stacks`` answers 403
     read_only: bool = False
     #: ``FeedPump.request_stacks`` (None: no feed to send it on, 503)
@@ -462,10 +463,10 @@ def report(run: str) -> Response:
 
 @bp.get("/api/runs/<run>/stacks")
 def stacks(run: str) -> Response:
-    view = _board().hub.stacks_view(run)
-    if view is None:  # the run went between the lookup and here
+    data = _board().hub.stacks_view_json(run, _json.encode)  # cached per run state
+    if data is None:  # the run went between the lookup and here
         return unknown_run(run)
-    return json_response(view)
+    return Response(data, mimetype="application/json")
 
 
 @bp.get("/api/runs/<run>/collectives")
@@ -544,7 +545,8 @@ def events(run: str) -> Response:
 
 @bp.get("/metrics")
 def metrics() -> Response:
-    return Response(generate_latest(_board().registry), content_type=CONTENT_TYPE_LATEST)
+    # built off the event loop, series bounded (web/scrape.py, web/metricsranks.py)
+    return Response(_board().registry.latest(), content_type=CONTENT_TYPE_LATEST)
 
 
 # ------------------------------------------------------------------ the factory
@@ -558,7 +560,7 @@ def create_app(hub: AnyHub, config: Mapping[str, Any] | None = None) -> Flask:
     app = Flask(__name__, **kwargs)
     gate = RequestGate()
     registry = make_registry(hub)
-    registry.register(StacksCollector(gate, hub))  # type: ignore[arg-type]
+    registry.register(StacksCollector(gate, registry.view))  # reads the scrape's view
     app.extensions["rankboard"] = Board(
         hub=hub,
         token=config.get("token") or None,

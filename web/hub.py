@@ -34,7 +34,7 @@ from broker import feed
 from web import sse
 from web.cluster import ClusterIndex
 from web.parking import ParkedStreams
-from web.runstate import MAX_QUEUED_BYTES, RunState, Subscriber, finite
+from web.runstate import MAX_QUEUED_BYTES, RunState, Subscriber, finite, ranks_payload
 from web.stacksview import RunDumps
 
 log = logging.getLogger(__name__)
@@ -259,7 +259,9 @@ class Hub:
             payload: Any = state.public_header()
         elif update.kind == "ranks":
             state.set_ranks(data, update.seq)
-            payload = state.ranks
+            # a big run's hardware only when it changed (web/runstate.py ranks_payload)
+            payload = (ranks_payload(state.hardware_sent, state.ranks) if state.subscribers
+                       else state.ranks)
         elif update.kind == "stacks":
             # live only (never replayed): the dumps received, the page then reads /stacks
             dumps = self._dumps(update.run)  # (and the collectives of section 7.2)
@@ -353,7 +355,9 @@ class Hub:
         resume with what they missed if the run comes back (:mod:`web.parking`).
         Returns False when this web did not hold the run."""
         state = self.runs.pop(run, None)
-        self.stacks.pop(run, None)
+        gone = self.stacks.pop(run, None)
+        if gone is not None:
+            gone.close()  # its bytes go back to the process's dump budget
         self._run_buffers.pop(run, None)
         self._want_runs.pop(run, None)
         self._snap_runs.pop(run, None)
@@ -419,6 +423,7 @@ class Hub:
             previous = self.stacks.get(run)
             if previous is not None:  # this web's own latest request survives a re-snapshot
                 dumps._requested = previous._requested
+                previous.close()
             self.stacks[run] = dumps
         if old is None:
             parked = self._parked.take(run)
@@ -558,6 +563,17 @@ class Hub:
             return None
         dumps = self.stacks.get(run)
         return dumps.collectives.view() if dumps is not None else {"groups": [], "ranks": []}
+
+    def stacks_view_json(self, run: str, encode: Callable[[Any], bytes]) -> bytes | None:
+        """:meth:`stacks_view` encoded, cached per state of the run's dumps and ranks
+        (:meth:`web.stacksview.RunDumps.view_json`); None for an unknown run."""
+        state = self.runs.get(run)
+        if state is None:
+            return None
+        dumps = self.stacks.get(run)
+        if dumps is None:
+            return encode({"dumps": [], "groups": []})
+        return dumps.view_json(state.ranks, state.ranks_seq, encode)
 
     # ---------------------------------------------------------------- reads
     def runs_newest_first(self) -> list[RunState]:

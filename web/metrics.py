@@ -4,57 +4,27 @@ A custom :class:`prometheus_client.registry.Collector` on a per-app
 :class:`~prometheus_client.CollectorRegistry` (no global registry: two apps in one process,
 as in tests, never collide). Nothing is counted twice: the broker's totals come from its
 latest heartbeat, the per-rank figures from the latest ``ranks`` event, the web's own from
-the hub.
+the hub. Built off the event loop from a frozen view of the hub, per-rank and per-GPU
+series bounded: :mod:`web.scrape`, :mod:`web.metricsranks` (issue 32, finding 4).
 """
 from __future__ import annotations
 
-import time
-from typing import Callable, Iterator
+from typing import Iterator
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from web.runstate import finite
-from web.shards import AnyHub, shard_states
-
-RANK_LABELS = ["run", "rank", "host"]
-#: The per-GPU families (PROTOCOL 2 health fields): a rank's labels plus its GPU's index.
-GPU_LABELS = RANK_LABELS + ["gpu"]
-#: Clock event reasons exported as ``rankboard_gpu_throttle{reason}`` (1 active, 0 not).
-THROTTLE_REASONS = ("sw_power_cap", "hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal")
-#: Health fields whose presence marks a GPU whose sampler reads health (section 2).
-_HEALTH_FIELDS = ("sm_clock_mhz", "ecc_uncorrected", "remapped_rows_pending",
-                  "remapped_rows_failed", "pcie_link_gen", "pcie_link_gen_max", "pcie_link_width",
-                  "pcie_link_width_max", "nvlink_errors")
-#: gauge key -> (family name, help, GpuSample field) of the per-GPU gauges read as is.
-_GPU_GAUGES = {
-    "sm_clock": ("rankboard_gpu_sm_clock_mhz", "The GPU's SM clock (MHz).", "sm_clock_mhz"),
-    "ecc": ("rankboard_gpu_ecc_uncorrected",
-            "Volatile uncorrected ECC errors of the GPU (since its last reset).", "ecc_uncorrected"),
-    "remap_pending": ("rankboard_gpu_remapped_rows_pending",
-                      "1 while a row remapping is pending on the GPU (reset it), else 0.",
-                      "remapped_rows_pending"),
-    "remap_failed": ("rankboard_gpu_remapped_rows_failed",
-                     "1 if a row remapping failed on the GPU (replace it), else 0.",
-                     "remapped_rows_failed"),
-    "pcie_gen": ("rankboard_gpu_pcie_link_gen", "The GPU's current PCIe link generation.",
-                 "pcie_link_gen"),
-    "pcie_gen_max": ("rankboard_gpu_pcie_link_gen_max", "The GPU's maximum PCIe link generation.",
-                     "pcie_link_gen_max"),
-    "pcie_width": ("rankboard_gpu_pcie_link_width", "The GPU's current PCIe link width (lanes).",
-                   "pcie_link_width"),
-    "pcie_width_max": ("rankboard_gpu_pcie_link_width_max",
-                       "The GPU's maximum PCIe link width (lanes).", "pcie_link_width_max"),
-}
+from web.metricsranks import RankCollector, select
+from web.scrape import HubView, ScrapeRegistry
+from web.shards import AnyHub
 
 
 class HubCollector(Collector):
-    """Builds every metric family from the hub when scraped."""
+    """The hub's own families (the broker's counters, the web's), from the scrape's view
+    (:mod:`web.scrape`): O(runs), never per rank."""
 
-    def __init__(self, hub: AnyHub, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, hub: HubView) -> None:
         self.hub = hub
-        self.clock = clock
 
     def collect(self) -> Iterator[Metric]:
         hub = self.hub
@@ -110,10 +80,10 @@ class HubCollector(Collector):
         step_rows = GaugeMetricFamily(
             "rankboard_run_steps_closed", "Closed steps each run holds.", labels=["run"])
         for state in hub.runs.values():
-            last = state.steps.last_step
+            last = state.last_step
             if last is not None:
                 steps_done.add_metric([state.run], float(last))
-                step_rows.add_metric([state.run], float(state.steps.rows))
+                step_rows.add_metric([state.run], float(state.steps_rows))
         yield steps_done
         yield step_rows
 
@@ -124,9 +94,16 @@ class HubCollector(Collector):
         shard_up = GaugeMetricFamily(  # PROTOCOL 7.3
             "rankboard_shard_connected", "1 while the web follows shard K's broker.",
             labels=["shard"])
-        for entry in shard_states(hub):
+        for entry in hub.shards:
             shard_up.add_metric([str(entry["shard"])], 1.0 if entry["connected"] else 0.0)
         yield shard_up
+        suspect = GaugeMetricFamily(  # PROTOCOL 7.4
+            "rankboard_host_suspect", "1 while the host is suspect (a GPU XID, ECC or row-remap "
+            "incident, or incidents in 2 or more runs; see /api/hosts), else 0.",
+            labels=["host"])
+        for host, is_suspect in sorted(hub.suspects.items()):
+            suspect.add_metric([host], 1.0 if is_suspect else 0.0)
+        yield suspect
 
         runs = GaugeMetricFamily("rankboard_runs", "Runs known to the web, by status.",
                                  labels=["status"])
@@ -157,157 +134,12 @@ class HubCollector(Collector):
         gaps.add_metric([], hub.gaps)
         yield gaps
 
-        yield from self._rank_families()
-        yield from self._gpu_families()
-        yield host_suspect_family(hub)
-
-    def _rank_families(self) -> Iterator[Metric]:
-        now = self.clock()
-        families = {
-            "cpu": GaugeMetricFamily("rankboard_rank_cpu_percent",
-                                     "Host CPU utilisation in the rank's latest sample.", labels=RANK_LABELS),
-            "gpu": GaugeMetricFamily("rankboard_rank_gpu_util_percent",
-                                     "The rank's GPU utilisation.", labels=RANK_LABELS),
-            "vram": GaugeMetricFamily("rankboard_rank_vram_used_bytes",
-                                      "The rank's GPU memory in use.", labels=RANK_LABELS),
-            "vram_total": GaugeMetricFamily("rankboard_rank_vram_total_bytes",
-                                            "The rank's GPU memory in total.", labels=RANK_LABELS),
-            "age": GaugeMetricFamily("rankboard_rank_last_seen_age_seconds",
-                                     "Seconds since the rank's last accepted frame.", labels=RANK_LABELS),
-            "epoch": GaugeMetricFamily("rankboard_rank_epoch",
-                                       "The last epoch the rank reported.", labels=RANK_LABELS),
-            "loss": GaugeMetricFamily("rankboard_rank_loss",
-                                      "The rank's last reported average loss.", labels=RANK_LABELS),
-            "stale": GaugeMetricFamily("rankboard_rank_stale",
-                                       "1 while the rank is stale (silent for --stale-after "
-                                       "seconds, e.g. hung), else 0.", labels=RANK_LABELS),
-            "step": GaugeMetricFamily("rankboard_rank_step",
-                                      "The highest step the rank reported.", labels=RANK_LABELS),
-            "step_ms": GaugeMetricFamily("rankboard_rank_step_ms",
-                                         "Mean of the rank's last 100 step times (ms).",
-                                         labels=RANK_LABELS),
-            "share": GaugeMetricFamily("rankboard_rank_slowest_share",
-                                       "Fraction of the last 1000 closed steps in which the rank "
-                                       "was the slowest (the straggler board).",
-                                       labels=RANK_LABELS),
-        }
-        for state in self.hub.runs.values():
-            for entry in state.ranks_full:
-                if not isinstance(entry, dict):
-                    continue
-                labels = [state.run, str(entry.get("rank")), str(entry.get("host") or "")]
-                res = entry.get("resources")
-                if not isinstance(res, dict):
-                    res = {}
-                values: dict[str, float | None] = {
-                    "cpu": finite(res.get("cpu_percent")),
-                    "gpu": finite(res.get("gpu_util_percent")),
-                    "vram": finite(res.get("vram_allocated_bytes")),
-                    "vram_total": finite(res.get("vram_total_bytes")),
-                    "epoch": finite(entry.get("epoch")),
-                    "loss": finite(entry.get("loss")),
-                    "step": finite(entry.get("step")),
-                    "step_ms": finite(entry.get("step_ms")),
-                    "share": finite(entry.get("slowest_share")),
-                }
-                values["stale"] = 1.0 if entry.get("status") == "stale" else 0.0
-                seen = finite(entry.get("last_seen"))
-                values["age"] = max(0.0, now - seen) if seen is not None else None
-                for key, value in values.items():
-                    if value is not None:
-                        families[key].add_metric(labels, value)
-        yield from families.values()
 
 
-    def _gpu_families(self) -> Iterator[Metric]:
-        """The GPU health of every rank's latest sample (PROTOCOL 2), one series per GPU,
-        and the XID tallies the broker keeps (a sample holds only the XIDs since the
-        previous one). A GPU whose sampler reads no health field exports none of these."""
-        gauges = {key: GaugeMetricFamily(name, text, labels=GPU_LABELS)
-                  for key, (name, text, _) in _GPU_GAUGES.items()}
-        throttle = GaugeMetricFamily(
-            "rankboard_gpu_throttle", "1 while the clock event reason is active on the GPU "
-            "(sw_power_cap is normal at full load), else 0.", labels=GPU_LABELS + ["reason"])
-        nvlink = CounterMetricFamily(
-            "rankboard_gpu_nvlink_errors", "NVLink CRC, replay and recovery errors of the GPU, "
-            "summed over its links.", labels=GPU_LABELS)
-        xid = CounterMetricFamily(
-            "rankboard_gpu_xid_errors", "XID errors the GPU reported since the broker started.",
-            labels=GPU_LABELS)
-        last_xid = GaugeMetricFamily(
-            "rankboard_gpu_last_xid", "The latest XID code the GPU reported.", labels=GPU_LABELS)
-        for state in self.hub.runs.values():
-            for entry in state.ranks_full:
-                if not isinstance(entry, dict):
-                    continue
-                res = entry.get("resources")
-                gpus = res.get("gpus") if isinstance(res, dict) else None
-                tallies = _xid_tallies(entry.get("gpu_xids"))
-                if not gpus and not tallies:
-                    continue
-                base = [state.run, str(entry.get("rank")), str(entry.get("host") or "")]
-                seen: set[str] = set()
-                for gpu in gpus if isinstance(gpus, list) else ():
-                    if not isinstance(gpu, dict) or not any(
-                            gpu.get(f) is not None for f in _HEALTH_FIELDS):
-                        continue
-                    index = str(gpu.get("device_index"))
-                    labels = base + [index]
-                    for key, (_, _, field) in _GPU_GAUGES.items():
-                        raw = gpu.get(field)
-                        value = float(raw) if isinstance(raw, bool) else finite(raw)
-                        if value is not None:
-                            gauges[key].add_metric(labels, value)
-                    reasons = gpu.get("throttle_reasons")
-                    active = set(reasons) if isinstance(reasons, list) else set()
-                    for reason in THROTTLE_REASONS:
-                        throttle.add_metric(labels + [reason], 1.0 if reason in active else 0.0)
-                    errors = finite(gpu.get("nvlink_errors"))
-                    if errors is not None:
-                        nvlink.add_metric(labels, errors)
-                    seen.add(index)
-                    count, last = tallies.get(index, (0, None))
-                    xid.add_metric(labels, count)
-                    if last is not None:
-                        last_xid.add_metric(labels, last)
-                for index, (count, last) in tallies.items():
-                    if index not in seen:  # an XID from a GPU the latest sample left out
-                        xid.add_metric(base + [index], count)
-                        if last is not None:
-                            last_xid.add_metric(base + [index], last)
-        yield from gauges.values()
-        yield throttle
-        yield nvlink
-        yield xid
-        yield last_xid
-
-
-def host_suspect_family(hub: AnyHub) -> GaugeMetricFamily:
-    """``rankboard_host_suspect{host}`` (PROTOCOL 7.4): one series per host of the runs the
-    web holds (bounded by them), from the hub's cached cluster index, so a scrape re-reads
-    only the runs whose header changed."""
-    family = GaugeMetricFamily(
-        "rankboard_host_suspect", "1 while the host is suspect (a GPU XID, ECC or row-remap "
-        "incident, or incidents in 2 or more runs; see /api/hosts), else 0.", labels=["host"])
-    for host, suspect in sorted(hub.cluster.suspects(hub).items()):
-        family.add_metric([host], 1.0 if suspect else 0.0)
-    return family
-
-
-def _xid_tallies(value: object) -> dict[str, tuple[float, float | None]]:
-    """A ranks entry's ``gpu_xids`` (``[{gpu, count, last}]``) as gpu -> (count, last)."""
-    out: dict[str, tuple[float, float | None]] = {}
-    if isinstance(value, list):
-        for item in value:
-            if isinstance(item, dict):
-                count = finite(item.get("count"))
-                if count is not None:
-                    out[str(item.get("gpu"))] = (count, finite(item.get("last")))
-    return out
-
-
-def make_registry(hub: AnyHub) -> CollectorRegistry:
-    """A fresh registry holding only the hub collector."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(HubCollector(hub))
+def make_registry(hub: AnyHub) -> ScrapeRegistry:
+    """A fresh registry over a view of ``hub``: the hub's own families and the bounded
+    per-rank and per-GPU ones (:mod:`web.metricsranks`); ``latest()`` builds it off the loop."""
+    registry = ScrapeRegistry(hub, prepare=select)
+    registry.register(HubCollector(registry.view))  # type: ignore[arg-type]
+    registry.register(RankCollector(registry.view))
     return registry

@@ -272,11 +272,35 @@ def _graph_uri(svg: str | None) -> str | None:
     return "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
 
 
+#: JSON bytes of stack dumps and groups a report embeds at most (issue 32: a run with
+#: maximal dumps made a 63 MiB report): groups first (the report shows them), then dumps,
+#: each list cut where the next item would pass; ``groups_left_out``/``dumps_left_out``
+#: say how many were left out.
+MAX_REPORT_STACKS_BYTES = 2 * 1024 * 1024
+_size = msgspec.json.Encoder().encode
+
+
 def _stacks(value: Any) -> Any:
-    """The run's stack dumps in ``GET .../stacks``'s shape, when the run has any."""
-    if isinstance(value, dict) and (value.get("groups") or value.get("dumps")):
-        return value
-    return None
+    """The run's stack dumps in ``GET .../stacks``'s shape, when the run has any, bounded
+    to :data:`MAX_REPORT_STACKS_BYTES`."""
+    if not (isinstance(value, dict) and (value.get("groups") or value.get("dumps"))):
+        return None
+    room = MAX_REPORT_STACKS_BYTES
+    out: dict[str, Any] = {}
+    for name in ("groups", "dumps"):
+        found = value.get(name)
+        items: list[Any] = found if isinstance(found, list) else []
+        kept = []
+        for item in items:
+            size = len(_size(item))
+            if size > room:
+                break
+            room -= size
+            kept.append(item)
+        out[name] = kept
+        if len(kept) < len(items):
+            out[f"{name}_left_out"] = len(items) - len(kept)
+    return out
 
 
 def _verdict(value: Any) -> Any:

@@ -90,7 +90,8 @@ class RunState:
     """What the web knows of one run, with the sequence number of each piece."""
 
     __slots__ = ("run", "seq", "header", "ranks", "ranks_seq", "ranks_full", "records",
-                 "complete", "svg", "steps", "subscribers", "_record_bytes", "_header_event")
+                 "complete", "svg", "steps", "subscribers", "_record_bytes", "_header_event",
+                 "hardware_sent")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -113,6 +114,9 @@ class RunState:
         #: closed steps, as published (``steps`` events; snapshots carry them columnar)
         self.steps = StepStore()
         self.subscribers: set[Subscriber] = set()
+        #: rank -> the hardware string this run's SSE stream last carried (big runs only:
+        #: :func:`ranks_payload`)
+        self.hardware_sent: dict[Any, str] = {}
         #: seq -> the record's "epoch" event bytes, encoded once (replays reuse them)
         self._record_bytes: dict[int, bytes] = {}
         #: (id, closed steps, bytes) of the last replayed ``run`` header event: a burst of
@@ -182,6 +186,43 @@ class RunState:
         if steps:
             state.steps.extend_wire(steps)
         return state
+
+
+#: Hardware characters in one SSE ``ranks`` event past which an entry carries its
+#: ``hardware`` only when it changed (issue 32, finding 5: 20,480 ranks x 4 KB of hardware
+#: made every ranks event ~80 MiB, past a client's queue, so every viewer was dropped).
+HARDWARE_EVENT_CHARS = 1024 * 1024
+
+
+def ranks_payload(sent: dict[Any, str], new: list[Any]) -> list[Any]:
+    """The SSE ``ranks`` event's array: ``new`` as is while its hardware strings total at
+    most :data:`HARDWARE_EVENT_CHARS`. Past that, an entry carries ``hardware`` only when it
+    differs from what this run's stream last carried for the rank (``sent``, updated here),
+    and changed strings go out at most :data:`HARDWARE_EVENT_CHARS` an event (the rest in
+    the next events); an entry without the key keeps the hardware the page has
+    (``web/static/store.js``); ``/api/runs/<run>`` always carries every string."""
+    total = 0
+    for entry in new:
+        if isinstance(entry, dict):
+            hw = entry.get("hardware")
+            if isinstance(hw, str):
+                total += len(hw)
+    if total <= HARDWARE_EVENT_CHARS:
+        sent.clear()  # every event carries all: nothing to remember
+        return new
+    room = HARDWARE_EVENT_CHARS
+    out = []
+    for entry in new:
+        if isinstance(entry, dict) and "hardware" in entry:
+            rank, hw = entry.get("rank"), entry.get("hardware")
+            size = len(hw) if isinstance(hw, str) else 0
+            if rank in sent and sent[rank] == hw or size > room:
+                entry = {k: v for k, v in entry.items() if k != "hardware"}
+            else:
+                room -= size
+                sent[rank] = hw  # type: ignore[assignment]
+        out.append(entry)
+    return out
 
 
 #: Keys of a feed ranks entry that only ``/metrics`` reads (the last loss, the XID tallies).

@@ -201,6 +201,10 @@ class ShardedHub:
         hub = self._hub_of(run)
         return None if hub is None else hub.stacks_view(run)
 
+    def stacks_view_json(self, run: str, encode: Callable[[Any], bytes]) -> bytes | None:
+        hub = self._hub_of(run)
+        return None if hub is None else hub.stacks_view_json(run, encode)
+
     def collectives_view(self, run: str) -> dict[str, Any] | None:
         hub = self._hub_of(run)
         return None if hub is None else hub.collectives_view(run)

@@ -35,8 +35,9 @@ def stall_message(frame: Stacks) -> str:
         inner = frames[-1]
         where = f" in {inner.function} ({inner.file}:{inner.line})"
     idle = frame.idle_s
-    idle_text = f"{round(idle)}" if math.isfinite(idle) else f"{idle}"
-    return f"stalled {idle_text}s{where}"
+    if not math.isfinite(idle):  # the schema takes inf (never "stalled infs")
+        return f"stalled for an unknown time{where}"
+    return f"stalled {round(idle)}s{where}"
 
 
 class StackFeed:

@@ -10,6 +10,10 @@ make it fit:
   ``GET /stacks`` use. Blobs are interned by content with a reference count: the ranks of
   a hang stand in the same place, so 1,023 ranks in one ``all_reduce`` share one blob for
   their training thread (the agent's own threads differ only in name and are small).
+* **One byte budget per process** (:mod:`broker.budget`, 256 MiB): every run's store charges
+  what it keeps to the process's budget, and past it the oldest dumps of any run are dropped
+  first (:meth:`RunStacks.evict`, counted in :attr:`RunStacks.over_budget`): the cap below
+  alone let 1,000 runs hold 64 GiB (issue 32, finding 2).
 * **A byte cap per run**, :data:`MAX_RUN_STACKS_BYTES`, counted on the distinct blobs plus
   :data:`DUMP_OVERHEAD` per dump. A dump that would pass it is not kept (the rank's previous
   dump of that reason is dropped too, so nothing older poses as the latest) and is counted in
@@ -25,6 +29,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import msgspec
 
+from broker import budget as _budget
 from rank_agent.protocol import Stacks
 from rank_agent.ratelimit import RateLimitedLog
 
@@ -98,8 +103,15 @@ class RunStacks:
     """The latest dump per (rank, reason) of one run (see the module docstring). The web
     keeps its copy of the broker's in the same form (``web/hub.py``)."""
 
-    def __init__(self, cap: int = MAX_RUN_STACKS_BYTES) -> None:
+    def __init__(self, cap: int = MAX_RUN_STACKS_BYTES,
+                 budget: _budget.ByteBudget | None = None) -> None:
         self.cap = cap
+        #: the process's byte budget (every run's store shares it)
+        self.budget = budget if budget is not None else _budget.PROCESS_BUDGET
+        #: dumps dropped because the process's budget was full (oldest first)
+        self.over_budget = 0
+        #: bumped by every change (a reader's cache key: the web's ``GET /stacks`` answer)
+        self.version = 0
         self._dumps: Dict[Tuple[int, str], Wire] = {}
         self._blobs: Dict[bytes, List[Any]] = {}  # content -> [the shared bytes, references]
         #: bytes counted against the cap now
@@ -146,21 +158,38 @@ class RunStacks:
         self.bytes += cost
         item[7] = shared
         self._dumps[key] = item
+        self.version += 1
+        self.budget.charge(self, key, cost)  # may drop older dumps, of any run
         return True
+
+    def evict(self, key: Any) -> None:
+        """The process's byte budget is full and this is the oldest dump kept: drop it."""
+        if key in self._dumps:
+            self.over_budget += 1
+            self.remove(key)
+
+    def close(self) -> None:
+        """Forget every dump (the run left memory): their bytes go back to the budget."""
+        for key in list(self._dumps):
+            self.remove(key)
 
     def remove(self, key: Tuple[int, str]) -> None:
         """Forget the dump of ``key`` = (rank, reason), if any."""
         old = self._dumps.pop(key, None)
         if old is None:
             return
-        self.bytes -= DUMP_OVERHEAD + len(old[8])
+        self.version += 1
+        freed = DUMP_OVERHEAD + len(old[8])
         blobs = self._blobs
         for blob in old[7]:
             entry = blobs[blob]
             entry[1] -= 1
             if entry[1] == 0:
                 del blobs[blob]
-                self.bytes -= len(blob)
+                freed += len(blob)
+        self.bytes -= freed
+        self.budget.forget(self, key)
+        self.budget.adjust(-freed)
 
     def discard(self, rank: int) -> None:
         """Forget ``rank``'s dumps (a rank that turned out to be >= the world size)."""

@@ -24,7 +24,8 @@ from broker.webhooks import (
 from tests.support.polling import wait_for
 from tests.support.receiver import Receiver
 
-FIRING_KEYS = {"status", "run", "kind", "ranks", "hosts", "count", "message", "at", "url", "text", "content"}
+FIRING_KEYS = {"status", "run", "kind", "ranks", "hosts", "count", "message", "at", "url", "text", "content",
+               "allowed_mentions"}  # issue 32: Discord told to ping nobody
 
 # -- the pure grouper ---------------------------------------------------------------------------
 
@@ -109,7 +110,8 @@ def test_run_end_posts_open_groups_then_resolved_at_once():
     assert set(resolved) == FIRING_KEYS
     assert resolved == {"status": "resolved", "run": "r:1", "kind": "run_failed", "ranks": [], "hosts": [],
                         "count": 0, "message": "run failed", "at": 11.0, "url": "http://h:8585/#run=r%3A1",
-                        "text": "[rankboard] r:1: run failed", "content": "[rankboard] r:1: run failed"}
+                        "text": "[rankboard] r:1: run failed", "content": "[rankboard] r:1: run failed",
+                        "allowed_mentions": {"parse": []}}
     assert g.run_ended("r:2", "complete", 12.0)[-1]["kind"] == "run_complete"
     assert g.next_due() is None
     # the ended run's repeat memory is gone: a reopened run alerts afresh

@@ -41,6 +41,14 @@ PROBE = "/static/__test_probe_worker.js"
 PROBE_JS = """
 import { Store } from "/static/store.js";
 import { currentResources, isBig, metricNames, rankRows } from "/static/model.js";
+// a big run's `ranks` event leaves out an unchanged entry's hardware (issue 32): the store
+// keeps the one it has (applied last, on a copy, so the checks above see the snapshot)
+const keptHardware = (store, r0) => {
+  store.applyRanks([{ ...r0, hardware: "EPYC | H100" }], true, 0, null);
+  const { hardware, ...without } = r0;
+  store.applyRanks([without], true, 0, null);
+  return store.rankMap.get(r0.rank).hardware;
+};
 self.onmessage = (ev) => {
   try {
     const snap = ev.data;
@@ -59,6 +67,7 @@ self.onmessage = (ev) => {
       cpu: currentResources(store).cpu_percent,
       big: isBig(store),
       names: metricNames(store),
+      hardwareKept: keptHardware(store, snap.ranks[0]),
     });
   } catch (err) {
     postMessage({ error: String(err && err.stack || err) });
@@ -98,6 +107,7 @@ def test_store_and_model_run_in_a_worker_from_a_json_snapshot(stack: Stack, page
     assert got["rows"] == [[0, "node-a", 0, "ok"], [1, "node-a", 1, "ok"]]
     assert got["big"] is False
     assert got["names"][0] == "loss"
+    assert got["hardwareKept"] == "EPYC | H100"
     page.errors.check()
 
 

@@ -61,3 +61,54 @@ class Receiver:
         """The JSON bodies received so far, in arrival order."""
         with self.lock:
             return [p["body"] for p in self.posts]
+
+
+class Trickler:
+    """A hostile webhook receiver on 127.0.0.1 (issue 32): it reads each request, then sends
+    its answer's head one byte every ``interval`` seconds, forever, so every single read
+    of the client finishes well within a per-read timeout. ``redirect``: answer at once
+    with a 302 to ``redirect`` instead."""
+
+    def __init__(self, interval: float = 0.5, redirect: str | None = None) -> None:
+        import socket as _socket
+        self.interval = interval
+        self.redirect = redirect
+        self.accepted = 0
+        self.stop = threading.Event()
+        self.sock = _socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hooks/TRICKLE"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.accepted += 1
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: Any) -> None:
+        with conn:
+            conn.settimeout(5)
+            try:
+                conn.recv(65536)
+                if self.redirect is not None:
+                    conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: " + self.redirect.encode()
+                                 + b"\r\nContent-Length: 0\r\n\r\n")
+                    return
+                for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"y" * 100_000:
+                    if self.stop.wait(self.interval):
+                        return
+                    conn.sendall(bytes([byte]))
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        self.thread.join(5)

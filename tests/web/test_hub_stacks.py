@@ -144,3 +144,27 @@ def test_request_stacks_refuses_a_pump_with_no_broker() -> None:
     with pytest.raises(StacksRequestError):
         pump.request_stacks(ControlRequest(run=RUN, request_id="q", kind="stacks", ranks=[0]))
     assert pump.stacks_requests == 0
+
+
+def test_the_stacks_json_is_built_once_per_state() -> None:
+    """Issue 32 (Low): six tabs reading /stacks once a second re-encoded it each time; the
+    answer is now cached until the dumps, the ranks or the latest request change."""
+    hub = connected_hub()
+    encoded: list[int] = []
+
+    def encode(view: Any) -> bytes:
+        encoded.append(1)
+        return json.dumps(view).encode()
+
+    first = hub.stacks_view_json(RUN, encode)
+    assert all(hub.stacks_view_json(RUN, encode) is first for _ in range(6))
+    assert len(encoded) == 1
+    hub.handle_pub(ev(2, "stacks", {"dumps": [dump(0, "main", "all_reduce")], "gone": []}))
+    second = hub.stacks_view_json(RUN, encode)
+    assert len(encoded) == 2 and json.loads(second)["dumps"][0]["rank"] == 0
+    hub.handle_pub(ev(3, "ranks", ranks(r0="stalled")))
+    hub.stacks_view_json(RUN, encode)
+    hub.note_stacks_request(RUN, "q9")
+    hub.stacks_view_json(RUN, encode)
+    assert len(encoded) == 4
+    assert hub.stacks_view_json("nope", encode) is None

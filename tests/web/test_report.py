@@ -350,3 +350,21 @@ def test_an_exported_run_carries_its_stack_dumps_grouped() -> None:
     assert [d["rank"] for d in stacks["dumps"]] == [0, 1, 2]
     groups = [(g["ranks"], g["frames"][-1]["function"]) for g in stacks["groups"]]
     assert groups == [([1, 2], "all_reduce"), ([0], "__next__")]
+
+
+def test_a_report_embeds_at_most_the_stacks_bound() -> None:
+    """Issue 32 (Low): a run with maximal dumps made a 63 MiB report; the groups (what the
+    report shows) come first, then the dumps, within MAX_REPORT_STACKS_BYTES."""
+    from web.report import MAX_REPORT_STACKS_BYTES, _stacks
+    frame = {"file": "/job/" + "p" * 200 + ".py", "line": 1, "function": "f", "code": "x"}
+    dumps = [{"rank": r, "threads": [{"name": "MainThread", "main": True,
+                                      "frames": [frame] * 100}]} for r in range(2000)]
+    groups = [{"reason": "stall", "request_id": "", "frames": [frame] * 100, "ranks": [r]}
+              for r in range(2000)]
+    out = _stacks({"dumps": dumps, "groups": groups})
+    import json as _json
+    assert len(_json.dumps(out, separators=(",", ":"))) <= MAX_REPORT_STACKS_BYTES + 4096
+    assert out["groups"] and out["groups_left_out"] == 2000 - len(out["groups"])
+    assert out["dumps_left_out"] == 2000 - len(out["dumps"])
+    small = _stacks({"dumps": dumps[:2], "groups": groups[:1]})
+    assert small == {"dumps": dumps[:2], "groups": groups[:1]}

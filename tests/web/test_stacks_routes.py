@@ -291,7 +291,8 @@ def test_get_stacks_is_json_with_non_finite_as_null(spawn: Callable[..., Proc], 
                                                     pusher: Pusher,
                                                     runs: Callable[..., None]) -> None:
     """A rank's dump with a non-finite ``idle_s`` is served with ``null`` there (PROTOCOL 4:
-    every JSON route), not as ``NaN``, which no JSON parser reads."""
+    every JSON route), not as ``Infinity``, which no JSON parser reads. (A NaN one is a
+    schema reject since issue 32; infinity is still valid.)"""
     from rank_agent import protocol as wire
 
     runs(RUN)
@@ -299,14 +300,14 @@ def test_get_stacks_is_json_with_non_finite_as_null(spawn: Callable[..., Proc], 
     thread = wire.ThreadStack(name="MainThread", main=True, frames=[
         wire.StackFrame(file="/job/train.py", line=3, function="wait", code="x()")])
     pusher.send(wire.Stacks(run=RUN, rank=2, reason="stall", taken_at=1.0e9,
-                            idle_s=float("nan"), threads=[thread]))
+                            idle_s=float("inf"), threads=[thread]))
 
     def dumped() -> Any:
         r = fetch(port, f"/api/runs/{RUN}/stacks")
         return r if r.status == 200 and json.loads(r.body)["dumps"] else None
 
     r = wait_for(dumped, what="the dump at GET /stacks")
-    assert b"NaN" not in r.body
+    assert b"NaN" not in r.body and b"Infinity" not in r.body
     dump = r.json()["dumps"][0]
     assert dump["rank"] == 2 and dump["idle_s"] is None and dump["host"] == "node-a"
     assert dump["threads"][0]["frames"][0]["function"] == "wait"

@@ -134,6 +134,15 @@ export class Store {
       if (this.ranksSeq !== null && seq < this.ranksSeq) return;
       this.ranksSeq = seq;
     }
+    // a big run's `ranks` event carries an entry's hardware only when it changed (issue 32):
+    // an entry without the key keeps the one this page has
+    const before = this.rankMap;
+    for (const r of ranks) {
+      if (r && typeof r === "object" && !("hardware" in r)) {
+        const p = before.get(r.rank);
+        r.hardware = p ? p.hardware : null;
+      }
+    }
     this.ranks = ranks.slice().sort((a, b) => a.rank - b.rank);
     this.rankMap = new Map();
     const cap = this.ranks.length > BIG ? 600 : 5000;

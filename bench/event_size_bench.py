@@ -1,0 +1,100 @@
+"""largest_sse_event_mib (issue 32, finding 5): the largest single SSE event a web sends for
+a run of 65,536 ranks, every one stalled (a stall dump with a long path: a ``stalled`` alert
+each) and sending a distinct 4 KB hardware summary (``--gpus 1``: and a one-GPU resource
+sample each; the ``ranks`` entries are then ~800 bytes without hardware, ~50 MiB an event
+at 65,536 ranks: bounding that needs ``ranks`` deltas, not done here).
+
+The real broker sink (``RunSink``) takes the frames; its ``run`` and ``ranks`` events go
+through the real feed codec into a real ``Hub`` with one SSE subscriber, for ``--ticks``
+seconds of the sink's clock; the figure is the largest SSE chunk queued for it (target
+≤ 16 MiB; in the issue 65-80 MiB ``run`` events and ~256 MiB ``ranks`` events, past the
+64 MiB a client may queue).
+
+    python bench/event_size_bench.py [--ranks 65536] [--ticks 4]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import result  # noqa: E402
+
+from broker import feed  # noqa: E402
+from broker.sink import RunSink  # noqa: E402
+from rank_agent.protocol import (  # noqa: E402
+    GpuSample,
+    Hardware,
+    Register,
+    Resources,
+    ResourceSample,
+    StackFrame,
+    Stacks,
+    ThreadStack,
+)
+from web.hub import Hub  # noqa: E402
+
+RUN = "wide"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", type=int, default=65536)
+    parser.add_argument("--ticks", type=int, default=4)
+    parser.add_argument("--gpus", type=int, default=0)
+    args = parser.parse_args()
+    n = args.ranks
+    t0 = time.perf_counter()
+    sink = RunSink(RUN)
+    sink.live = True
+    hub = Hub()
+    hub.next_request()
+    hub.handle_snapshot(feed.encode_snapshot_end("i1", 0))
+    largest = {"run": 0, "ranks": 0}
+
+    def publish(events: list[Any]) -> None:
+        for e in events:
+            hub.handle_pub(feed.encode_event(RUN, e))
+
+    path = "/very/long/path/" + "p" * 200 + "/train.py"
+    for r in range(n):
+        publish(sink.apply(Register(run=RUN, rank=r, world_size=n, host=f"node-{r // 8:05d}"
+                                    + "h" * 40, local_rank=r % 8), 1.0))
+        publish(sink.apply(Hardware(run=RUN, rank=r, summary=f"{r:06d} " + "c" * 4089), 1.0))
+        if args.gpus:
+            publish(sink.apply(Resources(run=RUN, rank=r, sample=ResourceSample(
+                cpu_percent=10.0, gpus=[GpuSample(device_index=i, name="H100", util_percent=0.0)
+                                        for i in range(args.gpus)])), 1.0))
+        if r == 0:
+            sub, _, _ = hub.subscribe(RUN, 0)  # type: ignore[misc]
+        publish(sink.apply(Stacks(run=RUN, rank=r, reason="stall", taken_at=2.0, idle_s=70.0,
+                                  threads=[ThreadStack(name="MainThread", main=True, frames=[
+                                      StackFrame(file=path, line=i, function=f"f{i}" + "g" * 60,
+                                                 code="x = y") for i in range(8)])]), 2.0))
+    for tick in range(args.ticks):
+        publish(sink.tick(3.0 + tick))
+    while True:
+        try:
+            item = sub.queue.get_nowait()
+        except Exception:
+            break
+        if item is None:
+            print("the subscriber was dropped", file=sys.stderr)
+            break
+        _, data = item
+        kind = data.split(b"\nevent: ", 1)[1].split(b"\n", 1)[0].decode()
+        largest[kind] = max(largest.get(kind, 0), len(data))
+    print(json.dumps(result("largest_sse_event_mib", round(max(largest.values()) / 2**20, 2),
+                            "MiB", ranks=n, by_kind_mib={k: round(v / 2**20, 2)
+                                                         for k, v in largest.items()},
+                            dropped=hub.clients_dropped,
+                            seconds=round(time.perf_counter() - t0, 1))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""A web process serving ``/metrics`` over a hub that holds one big run (no broker).
+
+``python -m tests.support.metricsweb RANKS [GPUS_PER_RANK]``: monkey-patches like the real
+web (``web.serve.patch``), builds a hub with one run of RANKS ranks (each with
+GPUS_PER_RANK health-reporting GPUs, every one healthy but for rank 7's first), serves the
+real app with gevent's WSGI server on an ephemeral loopback port and prints ``port N``.
+Used by tests/web/test_metrics_scale.py and bench/metrics_bench.py: the scrape runs in a
+real gevent process while the caller probes ``/healthz`` from outside it.
+"""
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+from web.serve import patch
+
+patch()
+
+from gevent.pywsgi import WSGIServer  # noqa: E402
+
+from broker import feed  # noqa: E402
+from web.app import create_app  # noqa: E402
+from web.hub import Hub  # noqa: E402
+
+RUN = "big"
+
+
+def gpu(index: int, **fields: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "device_index": index, "name": "H100", "util_percent": 99.0, "sm_clock_mhz": 1980.0,
+        "throttle_reasons": [], "xid_errors": [], "ecc_uncorrected": 0,
+        "remapped_rows_pending": False, "remapped_rows_failed": False, "pcie_link_gen": 5,
+        "pcie_link_gen_max": 5, "pcie_link_width": 16, "pcie_link_width_max": 16,
+        "nvlink_errors": 0}
+    out.update(fields)
+    return out
+
+
+def ranks(n: int, per_rank: int) -> list[dict[str, Any]]:
+    out = []
+    for r in range(n):
+        gpus = [gpu(i) for i in range(per_rank)]
+        if r == 7 and gpus:
+            gpus[0] = gpu(0, ecc_uncorrected=3)
+        out.append({
+            "rank": r, "host": f"node-{r // 8:05d}", "local_rank": r % 8, "status": "ok",
+            "last_seen": 1e9, "epoch": 3, "hardware": None, "loss": 0.5, "gpu_xids": None,
+            "step": 100, "step_ms": 120.0, "slowest_share": 0.001,
+            "resources": {"cpu_percent": 12.0, "gpu_util_percent": 97.0,
+                          "vram_allocated_bytes": 7e10, "vram_total_bytes": 8e10, "gpus": gpus}})
+    return out
+
+
+def build_hub(n: int, per_rank: int) -> Hub:
+    hub = Hub()
+    hub.next_request()
+    hub.handle_snapshot(feed.encode_run_snapshot({
+        "run": RUN, "seq": 1, "header": {"run": RUN, "status": "training"}, "ranks": [],
+        "records": [], "complete": None, "svg": None}))
+    hub.handle_snapshot(feed.encode_snapshot_end("i1", 1))
+    hub.handle_pub(feed.encode_event(RUN, SimpleNamespace(
+        seq=2, kind="ranks", data=ranks(n, per_rank))))
+    return hub
+
+
+def main() -> None:
+    n = int(sys.argv[1])
+    per_rank = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    app = create_app(build_hub(n, per_rank))
+    server = WSGIServer(("127.0.0.1", 0), app, log=None)
+    server.start()
+    print(f"port {server.server_port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
