@@ -5,6 +5,7 @@
 
 import { alertState, resolvedText } from "./alertstate.js";
 import { serverNow } from "./api.js";
+import { SLOW_AT } from "./slowness.js";
 import { button, h, statusDot } from "./dom.js";
 import {
   DASH, fmtAgo, fmtBytes, fmtInt, fmtMs, fmtPct, fmtThroughput, isNum, numOrNull, pct,
@@ -113,8 +114,8 @@ const COLUMNS = [
   { key: "throughput", label: "throughput", when: "epochs", num: true, sort: (r) => num(r.throughput), cell: (r) => h("td", "num mono", fmtThroughput(r.throughput)) },
   { key: "stepMs", label: "step time", when: "steps", num: true, sort: (r) => num(r.stepMs), cell: (r) => {
     const td = h("td", "num mono", fmtMs(r.stepMs));
-    if (isNum(r.stepRatio) && r.stepRatio >= 1.1) td.classList.add("warn-text");
-    if (isNum(r.stepRatio)) td.title = `${r.stepRatio.toFixed(2)}× the mean of ranks`;
+    if (isNum(r.stepRatio) && r.stepRatio >= SLOW_AT) td.classList.add("warn-text");
+    if (isNum(r.stepRatio)) td.title = `${r.stepRatio.toFixed(2)}× the median rank's`;
     return td;
   } },
   { key: "slowShare", label: "slowest share", title: "fraction of the last ≤1000 closed steps in which this rank was the slowest", when: "steps", num: true, sort: (r) => num(r.slowShare), cell: (r) => {

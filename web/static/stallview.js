@@ -16,6 +16,7 @@ import { $, button, h } from "./dom.js";
 import { fmtAgo, fmtDur, fmtInt, isNum } from "./fmt.js";
 import { hostOf } from "./model.js";
 import { profilePair } from "./profileview.js";
+import { stragglerOf } from "./slowness.js";
 
 /** At most one /stacks read this often (ms). */
 const MIN_FETCH_MS = 1000;
@@ -231,7 +232,7 @@ export class StallView {
     // profiled ranks' step times label the profiles and choose the median one)
     const timing = shownProfiles.map((d) => (stepMs.has(d.rank) ? stepMs.get(d.rank).toFixed(1) : "")).join(",");
     const key = [view, stalled.join(","), this.focus, this.closed, this.message, this.held, store.run,
-      store.tab, timing];
+      store.tab, timing, stragglerOf(store.rows)];
     if (this.drawn && key.every((v, i) => v === this.drawn[i])) return;
     this.drawn = key;
     const trouble = stalled.length > 0 || stallGroups.length > 0;
@@ -267,7 +268,7 @@ export class StallView {
     if (shownProfiles.length) {
       const sec = h("div", "stall-profiles");
       sec.append(h("h4", "stall-sub", "profile: heaviest stacks of the training thread"));
-      sec.append(profilePair(shownProfiles, this.shownRank(), stepMs));
+      sec.append(profilePair(shownProfiles, this.shownRank(), stepMs, stragglerOf(store.rows)));
       out.push(sec);
     }
     this.box.replaceChildren(...out);
