@@ -43,7 +43,6 @@ class SlowProxy(Proxy):
         super().__init__(upstream)
 
     def _accept(self) -> None:  # as Proxy's, with a per-connection "a /steps answer is due"
-
         while not self.closed:
             try:
                 client, _ = self.listener.accept()
