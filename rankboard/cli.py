@@ -24,7 +24,9 @@ from typing import Any, Callable, NoReturn, Sequence
 from broker.config import BrokerConfig, default_data_dir
 from broker.webhooks import DEFAULT_REPEAT, ENV_VAR, redact, webhook_urls
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
+from rankboard.argfix import subcommand_parser, unknown_flags_message
 from rankboard.config import KeysConfig, from_args, log_level
+from rankboard.preflight import data_dir_problem
 from web.config import DEFAULT_WEB_HOST, DEFAULT_WEB_PORT
 
 __all__ = ["main", "build_parser", "run_broker"]
@@ -316,16 +318,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``rankboard``; returns the exit status."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2, already printed)
         return int(exc.code or 0)
+    sub = subcommand_parser(parser, args.command)
+    if extras:  # a mistyped flag: the subcommand's closest one and its own --help
+        print(unknown_flags_message(sub or parser, extras), file=sys.stderr)
+        return 2
     prog = f"rankboard {args.command}"
     if hasattr(args, "curve_secret_key") and (
         (args.curve_secret_key is None) != (args.curve_authorized is None)
     ):
         print(f"{prog}: --curve-secret-key and --curve-authorized go together", file=sys.stderr)
         return 2
-    problem = _curve_client_problem(args) or _read_token_file(args)
+    problem = (data_dir_problem(getattr(args, "data_dir", None)) or _curve_client_problem(args)
+               or _read_token_file(args))
     if problem:
         print(f"{prog}: {problem}", file=sys.stderr)
         return 2
