@@ -28,7 +28,7 @@ def unknown_flags_message(sub: argparse.ArgumentParser, extras: Sequence[str]) -
     parts = []
     for flag in flags:
         name = flag.split("=", 1)[0]
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
         parts.append(f"{name} (did you mean {close[0]}?)" if close else name)
     what = "unknown flag" if len(parts) == 1 else "unknown flags"
     return f"{sub.prog}: {what} {', '.join(parts)}; see {sub.prog} --help"
