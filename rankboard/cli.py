@@ -215,11 +215,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=_int_range(1), default=20, help="epochs (default 20)")
     p.add_argument("--epoch-seconds", type=_positive_float, default=2.0,
                    help="seconds per simulated epoch (default 2.0)")
+    p.add_argument("--rounds", type=_int_range(0), default=0, metavar="N",
+                   help="rounds of runs, then no new run (default 0: a new round about every "
+                        "minute until Ctrl-C)")
     p.add_argument("--no-browser", action="store_true",
                    help="do not open the dashboard in a browser (it opens only where there "
                         "is a display)")
     p.set_defaults(workers=1, metrics_port=None, metrics_host=None, worker_id=None)
     _common(p)
+    for action in p._actions:  # the demo's own defaults: a private broker, a temporary dir
+        if action.dest == "data_dir":
+            action.help = ("where runs are journaled (default: a temporary dir, removed at "
+                           "exit; give one to keep the runs for `rankboard export`)")
+        elif action.dest in ("ingest", "publish", "snapshot"):
+            action.help = f"the private broker's {action.dest} endpoint (default: a free port)"
 
     p = sub.add_parser("keys", help="create CURVE key pairs in DIR")
     p.add_argument("dir", type=Path, metavar="DIR", help="directory for the key pairs")
