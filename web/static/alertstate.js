@@ -35,3 +35,17 @@ export function resolvedText(s) {
   if (!s.over) return "";
   return `resolved · ${s.why}${typeof s.when === "number" ? ` ${formatClock(s.when)}` : ""}`;
 }
+
+/**
+ * What an alert says on the page: a `stalled` alert's "(/opt/venv/.../torch/c10d.py:2050)"
+ * as the stall view writes a file, "(torch/c10d.py:2050)"; the whole message stays in the
+ * title (and in webhooks, which carry the broker's text).
+ */
+export function alertMessage(a) {
+  const text = String(a.message ?? "");
+  if (a.kind !== "stalled") return text;
+  return text.replace(/\(([^()]*):(\d+)\)$/, (all, file, line) => {
+    const parts = file.split("/");
+    return `(${parts.length > 2 ? parts.slice(-2).join("/") : file}:${line})`;
+  });
+}

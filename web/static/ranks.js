@@ -3,7 +3,7 @@
 // alert list grouped by kind. Only one page of rows, and at most LIST_MAX picker entries,
 // are ever in the DOM.
 
-import { alertState, resolvedText } from "./alertstate.js";
+import { alertMessage, alertState, resolvedText } from "./alertstate.js";
 import { serverNow } from "./api.js";
 import { SLOW_AT } from "./slowness.js";
 import { button, h, statusDot } from "./dom.js";
@@ -441,10 +441,12 @@ function alertItem(a, state) {
     item.title = hint;
   }
   if (GPU_ALERT_LEVEL[a.kind]) item.dataset.level = GPU_ALERT_LEVEL[a.kind];
+  const msg = h("span", "alert-msg", alertMessage(a));
+  if (msg.textContent !== (a.message ?? "")) msg.title = String(a.message);
   item.append(
     kind,
     h("span", "alert-rank", a.rank === null || a.rank === undefined ? "run" : `rank ${a.rank}`),
-    h("span", "alert-msg", a.message ?? ""),
+    msg,
     h("span", "alert-at", resolvedText(state)),
     at,
   );
