@@ -144,7 +144,8 @@ export class App {
       return;
     }
     const runs = store.run ? [store.run] : [];
-    this.openCompare({ runs, metric: "loss", x: steps.hasSteps && !store.records.length ? "step" : "epoch" });
+    // a step run compares by step (its one closing epoch is one dot); an epoch run by epoch
+    this.openCompare({ runs, metric: "loss", x: steps.hasSteps && store.records.length < 2 ? "step" : "epoch" });
   }
 
   openRun(run, picked) {

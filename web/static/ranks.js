@@ -188,7 +188,11 @@ export class RankTable {
       const tr = h("tr", "rank-row");
       tr.dataset.rank = String(r.rank);
       tr.dataset.status = r.status || "unknown";
-      for (const c of cols) tr.append(c.cell(r, this));
+      for (const c of cols) {
+        const td = c.cell(r, this);
+        td.dataset.col = c.key; // the narrow-screen rules of style.css hide some by key
+        tr.append(td);
+      }
       return tr;
     });
     if (!trs.length) {
@@ -209,6 +213,7 @@ export class RankTable {
     const tr = h("tr");
     for (const c of cols) {
       const th = h("th", c.num ? "num" : null);
+      th.dataset.col = c.key;
       if (c.nosort) {
         tr.append(th);
         continue;
