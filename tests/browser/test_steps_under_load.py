@@ -14,6 +14,7 @@ import time
 from typing import Any, Iterator, List
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.browser.test_steps_page import (
     Proxy,
@@ -176,3 +177,23 @@ def test_a_failed_history_fetch_is_asked_again(stack: Stack, browser: Any) -> No
         for name in METRICS:
             assert_each_step_once(page.evaluate("(n) => window.__rankboard.stepData(n)", name), 0, 339)
         ctx.close()
+
+
+def test_a_link_to_a_run_not_listed_yet_waits_for_it(stack: Stack, page: Any) -> None:
+    """A link opened just before its run's first frame (the run list the page fetched does
+    not hold it yet) must not open another run in its place and overwrite the link: the
+    page said nothing of the steps run, its charts never came, a reload drew them."""
+    register(stack, "older-run", world=1)
+    send_steps(stack, "older-run", 0, range(0, 5))
+    wait_steps(stack, "older-run", 4)
+    page.goto(f"{stack.url}/#run=linked-run")
+    expect(page.locator("#empty-state h2")).to_have_text("Waiting for run linked-run")
+    assert page.evaluate("location.hash") == "#run=linked-run"
+    register(stack, "linked-run", world=1)
+    send_steps(stack, "linked-run", 0, range(0, 30))
+    expect(page.locator("#run-picker")).to_have_value("linked-run", timeout=15_000)
+    wait_for(lambda: (page.evaluate("(n) => window.__rankboard.stepData(n)", "loss") or [[0, 0]])[-1][1] == 29,
+             20, "the linked run's steps drawn")
+    # (the page's first look at the link is a 404, as for any run the web does not hold)
+    page.errors[:] = [e for e in page.errors if "status of 404" not in e]
+    page.errors.check()
