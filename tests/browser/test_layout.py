@@ -4,6 +4,7 @@ closing epoch gets no one-dot epoch chart, and its comparison opens by step; a r
 model graph has no empty graph card, and a graph is not a white panel on the dark page."""
 from __future__ import annotations
 
+import urllib.request
 from typing import Any
 
 import pytest
@@ -78,3 +79,19 @@ def test_a_model_graph_sits_in_the_dark_page(stack: Stack, page: Any) -> None:
     expect(img).to_be_visible()
     assert "invert" in img.evaluate("e => getComputedStyle(e).filter")
     page.errors.check()
+
+
+def test_the_saved_reports_rank_table_fits_too(stack: Stack, browser: Any, tmp_path: Any) -> None:
+    step_run(stack)
+    saved = tmp_path / "report.html"
+    with urllib.request.urlopen(f"{stack.url}/api/runs/{RUN}/report.html", timeout=30) as resp:
+        saved.write_bytes(resp.read())
+    ctx = browser.new_context(viewport={"width": 1024, "height": 900})
+    page = ctx.new_page()
+    url = saved.resolve().as_uri()
+    page.route("**", lambda r: r.continue_() if r.request.url == url else r.abort())
+    page.goto(url)
+    expect(page.locator('#rank-table tr[data-rank="7"] [data-mark="straggler"]')).to_be_visible()
+    fit = page.evaluate(FITS)
+    assert fit["over"] <= 0 and fit["clipped"] == 0, fit
+    ctx.close()
