@@ -14,6 +14,7 @@ from rank_agent import protocol as wire
 from tests.browser.test_dashboard import GRAPH_SVG
 from tests.browser.test_steps_page import register, send_steps, wait_steps
 from tests.support.browser import Stack
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -32,6 +33,11 @@ def step_run(stack: Stack) -> None:
         stack.send(wire.Metrics(run=RUN, rank=r, epoch=0, avg_loss=1.0, batches=120,
                                 samples=3840, epoch_ms=12000.0 * (1.3 if r == 7 else 1.0)))
     stack.wait_run(RUN, epochs=1)
+
+    def marked() -> bool:  # the ranks array is refreshed about once a second
+        ranks = stack.get_json(f"/api/runs/{RUN}")["ranks"]
+        return any(r["rank"] == 7 and (r.get("slowest_share") or 0) > 0.5 for r in ranks)
+    wait_for(marked, 15.0, "rank 7's slowest share")
 
 
 FITS = """() => {
