@@ -129,6 +129,7 @@ class RunSink(EpochRules, StepRules, CollectiveRules):
         self.port = 0  # 0 = none
         self.svg: str | None = None
         self.label: str | None = None
+        self._register_label: str | None = None  # the first non-empty register label
         self.hash: str | None = None
         # The accepted metadata as MessagePack (see parse_metadata), and its JSON text.
         self._metadata: msgspec.Raw | None = None
@@ -435,6 +436,11 @@ class RunSink(EpochRules, StepRules, CollectiveRules):
                 self._port_log.warning(
                     "port", "run %s: rank %d asks for port %d, already %d; ignored (%d so far)",
                     self.run, frame.rank, frame.port, self.port, self.port_conflicts, now=now)
+        if frame.label and self._register_label is None:  # section 7.5: first non-empty
+            self._register_label = frame.label
+            if self.svg is None or not self.label:
+                self.label = frame.label
+                self._header_pending = True
         if frame.total_epochs and not self.total_epochs:
             self.total_epochs = frame.total_epochs
             self._header_pending = True
@@ -520,7 +526,7 @@ class RunSink(EpochRules, StepRules, CollectiveRules):
     def _on_svg(self, frame: Svg) -> None:
         if self.svg is None and frame.svg:
             self.svg = frame.svg
-            self.label = frame.label
+            self.label = frame.label or self._register_label  # the svg's own label wins
             self.hash = frame.hash
             self._header_changed = True
 

@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping, Tuple, Union
 
 from . import shared
 from .control import Control, control_endpoint
+from .label import resolve_label
 from .launcher import DEFAULT_BROKER, generated_run_id, launch_args, sanitize_run_id
 from .protocol import (
     MAX_METADATA_BYTES,
@@ -121,6 +122,9 @@ class RankAgent:
     ``start_sampling`` (never in the constructor), again in a forked child, and stop at
     ``finish``/``close``; the training thread pays one timestamp per call.
 
+    ``label`` (section 7.5): the run's readable name, sent in every ``register`` (cut to 128
+    characters); ``None`` = the training script's name (``train.py`` -> ``train``).
+
     Every sending method returns ``True`` when the frame was queued and ``False`` when it was
     dropped; none of them blocks or raises.
     """
@@ -139,6 +143,7 @@ class RankAgent:
         step_flush: float = 0.25,
         stall_after: float | None = None,
         control: Union[bool, str, None] = True,
+        label: str | None = None,
     ) -> None:
         rank, world_size, local_rank = int(rank), int(world_size), int(local_rank)
         step_flush = checked_step_flush(step_flush)
@@ -158,6 +163,7 @@ class RankAgent:
         self.local_rank = local_rank
         self.host = clamp(host if host is not None else _socket.gethostname(), MAX_SHORT) or "unknown"
         self.sndhwm = max(1, int(sndhwm))
+        self.label = resolve_label(label)  # section 7.5: in every register, implicit too
         self.linger_ms = max(0, int(linger_ms))
         self._finished = False
         #: users of a shared agent (:mod:`rank_agent.shared`): the last one's close() closes
@@ -272,7 +278,7 @@ class RankAgent:
         its world size and completes): port 0, total_epochs 0."""
         return encoder.encode(Register(
             run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
-            local_rank=self.local_rank, pid=os.getpid()))
+            local_rank=self.local_rank, pid=os.getpid(), label=self.label))
 
     # -- counters ----------------------------------------------------------------------------
 
@@ -336,7 +342,7 @@ class RankAgent:
             frame = Register(
                 run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
                 local_rank=self.local_rank, port=port, total_epochs=max(0, total_epochs), pid=os.getpid(),
-            )
+                label=self.label)
         except Exception as exc:
             return self._lose("register", "rankboard: bad register arguments: %r", exc)
         self._start_diag()

@@ -39,6 +39,8 @@ MAX_WORLD_SIZE = 65536
 MAX_RUN_ID = 128
 #: Longest host, label, hash and GPU name, in characters.
 MAX_SHORT = 256
+#: A register's ``label`` (section 7.5): a longer one rejects the frame as ``schema``.
+MAX_LABEL = 128
 #: Longest hardware summary, in characters.
 MAX_SUMMARY = 4096
 #: Most scalars in one metrics frame, and the longest scalar name.
@@ -142,6 +144,8 @@ class Register(_Frame, tag="register"):
     port: Annotated[int, Meta(ge=0, le=65535)] = 0
     total_epochs: NonNegInt = 0
     pid: NonNegInt = 0
+    #: The run's readable name (section 7.5); "" = none.
+    label: Annotated[str, Meta(max_length=MAX_LABEL)] = ""
 
 
 class Svg(_Frame, tag="svg"):

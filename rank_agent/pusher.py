@@ -33,6 +33,7 @@ import zmq
 from . import curve
 from .protocol import MAX_FRAME_BYTES, Register, encoder
 from .ratelimit import RateLimitedLog
+from .reach import Reach, say_where_frames_went
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class Pusher:
         self._broken: Exception | None = None  # set when the endpoint proved unusable
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
+        self._reach: Reach | None = None  # whether a broker ever took the connection
         #: ``self._sock.send`` while the socket is usable (None: not created yet, closed,
         #: broken or forked): the send fast path is "``_push`` set and same pid"
         self._push: Any = None
@@ -84,6 +86,9 @@ class Pusher:
         """In a forked child: forget the parent's zmq objects without touching them."""
         if self._ctx is not None or self._sock is not None:
             FORK_ORPHANS.append((self._ctx, self._sock))
+        if self._reach is not None:
+            FORK_ORPHANS.append((None, self._reach.forget()))
+            self._reach = None
         self._ctx = None
         self._sock = None
         self._push = None
@@ -116,6 +121,7 @@ class Pusher:
                 raise
             self._ctx, self._sock = ctx, sock
             self._push = sock.send
+            self._reach = Reach(sock)
         return self._sock
 
     def send(self, frame: Any) -> bool:
@@ -230,6 +236,12 @@ class Pusher:
                 self._on_fork()
             sock, ctx = self._sock, self._ctx
             self._sock = self._ctx = self._push = None
+            reach, self._reach = self._reach, None
+        reached = reach.reached() if reach is not None else None
+        if reach is not None:
+            reach.close()
+        if reached is False and self.sent:
+            say_where_frames_went(self.broker, self.sent)
         try:
             if sock is not None:
                 sock.close(linger=self.linger_ms)

@@ -25,7 +25,9 @@ from broker.config import BrokerConfig, default_data_dir
 from broker.webhooks import DEFAULT_REPEAT, ENV_VAR, redact, webhook_urls
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
 from rank_agent.shards import ShardError, parse_shard
+from rankboard.argfix import subcommand_parser, unknown_flags_message
 from rankboard.config import KeysConfig, from_args, log_level
+from rankboard.preflight import data_dir_problem
 from rankboard.shardplan import MAX_SHARDS
 from web.config import DEFAULT_WEB_HOST, DEFAULT_WEB_PORT, FeedError, feed_pairs
 
@@ -234,11 +236,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds per simulated epoch (default 2.0)")
     p.add_argument("--shards", type=_int_range(1, MAX_SHARDS), default=1, metavar="N",
                    help="run the demo on N brokers (PROTOCOL 7.3; default 1)")
+    p.add_argument("--rounds", type=_int_range(0), default=0, metavar="N",
+                   help="rounds of runs, then no new run (default 0: a new round about every "
+                        "minute until Ctrl-C)")
     p.add_argument("--no-browser", action="store_true",
                    help="do not open the dashboard in a browser (it opens only where there "
                         "is a display)")
     p.set_defaults(workers=1, metrics_port=None, metrics_host=None, worker_id=None)
     _common(p)
+    for action in p._actions:  # the demo's own defaults: a private broker, a temporary dir
+        if action.dest == "data_dir":
+            action.help = ("where runs are journaled (default: a temporary dir, removed at "
+                           "exit; give one to keep the runs for `rankboard export`)")
+        elif action.dest in ("ingest", "publish", "snapshot"):
+            action.help = f"the private broker's {action.dest} endpoint (default: a free port)"
 
     p = sub.add_parser("keys", help="create CURVE key pairs in DIR")
     p.add_argument("dir", type=Path, metavar="DIR", help="directory for the key pairs")
@@ -343,16 +354,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``rankboard``; returns the exit status."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2, already printed)
         return int(exc.code or 0)
+    sub = subcommand_parser(parser, args.command)
+    if extras:  # a mistyped flag: the subcommand's closest one and its own --help
+        print(unknown_flags_message(sub or parser, extras), file=sys.stderr)
+        return 2
     prog = f"rankboard {args.command}"
     if hasattr(args, "curve_secret_key") and (
         (args.curve_secret_key is None) != (args.curve_authorized is None)
     ):
         print(f"{prog}: --curve-secret-key and --curve-authorized go together", file=sys.stderr)
         return 2
-    problem = _feed_problem(args) or _curve_client_problem(args) or _read_token_file(args)
+    problem = (_feed_problem(args) or data_dir_problem(getattr(args, "data_dir", None))
+               or _curve_client_problem(args) or _read_token_file(args))
     if problem:
         print(f"{prog}: {problem}", file=sys.stderr)
         return 2

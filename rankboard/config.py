@@ -42,6 +42,7 @@ class DemoConfig:
     epochs: int = 20
     epoch_seconds: float = 2.0
     no_browser: bool = False
+    rounds: int = 0  # runs of each job, then no new run (0: until Ctrl-C)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ def from_args(args: argparse.Namespace) -> Config:
         if args.command == "up":
             return up
         return DemoConfig(up=up, ranks=args.ranks, hosts=args.hosts, epochs=args.epochs,
-                          epoch_seconds=args.epoch_seconds, no_browser=args.no_browser)
+                          epoch_seconds=args.epoch_seconds, no_browser=args.no_browser,
+                          rounds=args.rounds)
     if args.command == "keys":
         return KeysConfig(dir=args.dir, clients=args.clients, webs=args.webs)
     raise ValueError(f"unknown command {args.command!r}")

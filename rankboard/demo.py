@@ -131,12 +131,12 @@ def run_rank(ns: argparse.Namespace) -> int:
     rng = random.Random(f"{ns.run}:{ns.rank}")
     slow = 1.15 if ns.rank == ns.world_size - 1 and ns.world_size > 1 else 1.0
     agent = RankAgent(broker=ns.broker, run=ns.run, rank=ns.rank, world_size=ns.world_size,
-                      local_rank=ns.local_rank, host=ns.host)
+                      local_rank=ns.local_rank, host=ns.host, label=ns.label)
     try:
         agent.register(port=ns.port, total_epochs=ns.epochs)
         if ns.rank == 0:
             svg = model_svg()
-            agent.set_svg(svg, label="demo-cnn", hash=hashlib.sha256(svg.encode()).hexdigest()[:12])
+            agent.set_svg(svg, label=f"demo-cnn · {ns.label}" if ns.label else "demo-cnn", hash=hashlib.sha256(svg.encode()).hexdigest()[:12])
             agent.set_metadata({
                 "model": "demo-cnn", "dataset": "synthetic-mnist", "optimizer": "adamw",
                 "lr": 3e-4, "weight_decay": 0.01, "batch_size": BATCH_SIZE,
@@ -188,7 +188,9 @@ class DataLoader:
 
     def __next__(self) -> None:
         if self.hang_s > 0:
-            time.sleep(self.hang_s)  # releases the GIL: the agent's watcher still dumps
+            # (sleeping releases the GIL, so the agent's watcher still dumps this stack; no
+            # comment on the line below: the stall view shows it as the rank's code)
+            time.sleep(self.hang_s)
             with open(self.barrier, "w"):
                 pass
 
@@ -219,7 +221,7 @@ def run_steps(ns: argparse.Namespace) -> int:
     rng = random.Random(f"{ns.run}:{ns.rank}:steps")
     slow = SLOW_STEP if ns.rank == ns.world_size - 1 and ns.world_size > 1 else 1.0
     agent = RankAgent(broker=ns.broker, run=ns.run, rank=ns.rank, world_size=ns.world_size,
-                      local_rank=ns.local_rank, host=ns.host,
+                      local_rank=ns.local_rank, host=ns.host, label=ns.label,
                       stall_after=STALL_AFTER if ns.barrier else None)
     loader = DataLoader(ns.stall_seconds, ns.barrier) if ns.barrier else None
     try:
@@ -275,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--epoch-seconds", type=float, default=1.0)
     p.add_argument("--steps", type=int, default=MIN_STEPS)
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--label", default=None, help="the run's label (section 7.5)")
     p.add_argument("--barrier", default="",
                    help="steps: the file the stall's all_reduce waits for (empty: no stall)")
     p.add_argument("--stall-at", type=int, default=-1, help="steps: the step that stalls")
@@ -324,8 +327,10 @@ class Cluster:
 
     def __init__(self, ingest: str, *, ranks: int, hosts: int, epochs: int,
                  epoch_seconds: float, port: int, step_job: bool = True,
-                 control: str | None = None) -> None:
+                 control: str | None = None, rounds: int = 0) -> None:
         self.ingest = ingest
+        #: runs of each job before the demo stops starting new ones (0: until stopped)
+        self.rounds = rounds
         #: the broker's publish endpoint, the ranks' control channel (``RANKBOARD_CONTROL``):
         #: the demo's ephemeral ports break the default "ingest port + 1", and the page's
         #: "dump stacks" and "profile 5 s" buttons should reach the simulated ranks
@@ -346,12 +351,18 @@ class Cluster:
         self._barrier_dir: str | None = None
         self._stopping = False
         self._greenlets: list[Any] = []
+        self._rounds_done: dict[str, int] = {}
 
     def start(self) -> None:
         import gevent
 
         # the epoch job first (the oldest run), the step job a moment later: the page opens
         # the newest run, the live step charts
+        if self.rounds:
+            log.info("demo: %d round(s) of %s, then no new run", self.rounds, " and ".join(self.jobs))
+        else:
+            log.info("demo: a new round of %s about every %.0f s until Ctrl-C (--rounds N: "
+                     "stop after N)", " and ".join(self.jobs), self.epochs * self.epoch_seconds + RUN_PAUSE)
         for i, job in enumerate(self.jobs):
             self._greenlets.append(gevent.spawn_later(2.5 * i, self._loop, job))
 
@@ -368,7 +379,8 @@ class Cluster:
             args = ["--broker", self.ingest, "--run", run, "--rank", str(rank),
                     "--world-size", str(self.ranks),
                     "--local-rank", str(local_rank), "--host", host, "--hosts", str(self.hosts),
-                    "--port", str(self.port), "--mode", job]
+                    "--port", str(self.port), "--mode", job,
+                    "--label", f"demo {job} · round {self.round_of(job)}"]
             if job == "epochs":
                 args += ["--epochs", str(self.epochs), "--epoch-seconds", repr(self.epoch_seconds)]
             else:
@@ -397,10 +409,18 @@ class Cluster:
             shutil.rmtree(self._barrier_dir, ignore_errors=True)
             self._barrier_dir = None
 
+    def round_of(self, job: str) -> int:
+        """The round the job's current run is (1 for the first), for its label."""
+        return self._rounds_done.get(job, 0) + 1
+
     def _loop(self, job: str) -> None:
         import gevent
 
         while not self._stopping:
+            if self.rounds and self._rounds_done.get(job, 0) >= self.rounds:
+                log.info("demo: %s job: %d round(s) done; no new run (the dashboard stays "
+                         "up until Ctrl-C)", job, self.rounds)
+                return
             run = self._spawn_run(job)
             while not self._stopping and any(p.poll() is None for p in self.procs[job]):
                 gevent.sleep(0.2)
@@ -408,6 +428,9 @@ class Cluster:
                 return
             codes = [p.returncode for p in self.procs[job]]
             self.procs[job] = []
+            self._rounds_done[job] = self._rounds_done.get(job, 0) + 1
+            if self.rounds and self._rounds_done[job] >= self.rounds:
+                continue
             log.info("demo: run %s done (exit codes %s); next run in %.0f s", run, codes, RUN_PAUSE)
             deadline = time.monotonic() + RUN_PAUSE
             while not self._stopping and time.monotonic() < deadline:

@@ -247,6 +247,7 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
                 ",".join(b.endpoints["ingest"] for b in brokers), ranks=demo.ranks,
                 hosts=demo.hosts, epochs=demo.epochs, epoch_seconds=demo.epoch_seconds,
                 port=web.port, control=",".join(b.endpoints["publish"] for b in brokers),
+                rounds=demo.rounds,
             )
             cluster.start()
             if not demo.no_browser:
@@ -268,6 +269,10 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
         stopper.close()
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
+            if cluster is not None and cluster.runs_started:
+                print(f"{prog}: the demo's runs were in a temporary data dir, now removed; "
+                      "`rankboard demo --data-dir DIR` keeps them for "
+                      "`rankboard export RUN --data-dir DIR`", file=sys.stderr)
         log.info("%s stopped", prog)
 
 

@@ -179,6 +179,8 @@ class NamedRankboardTracker(RankboardTracker):
         args: Dict[str, Any] = {**env, "run": run or new_run_id(self.project_name or "accelerate"),
                                 "rank": 0, "world_size": 1}
         args.update({k: v for k, v in self.agent_kwargs.items() if k not in ("rank", "world_size")})
+        if args.get("label") is None:  # section 7.5: Accelerate's own name for the run
+            args["label"] = self.project_name
         return RankAgent(**args)
 
 

@@ -49,6 +49,7 @@ from ._common import (
     classify,
     make_agent,
 )
+from .epochmetrics import epoch_scalars
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +295,7 @@ class RankboardCallback(pl.Callback):
             metrics = trainer.callback_metrics
         except Exception:
             return {}
-        return {name: value for name, value in metrics.items() if not name.endswith("_step")}
+        return epoch_scalars(metrics)  # one line per metric on the epoch chart
 
     # -- end ---------------------------------------------------------------------------------
 

@@ -143,9 +143,12 @@ class RankboardCallback(TrainerCallback):
         if run is None:
             prefix = args.run_name or (type(model).__name__ if model is not None else "trainer")
             run = agree_run_id(prefix, rank, world, _torch_broadcast())
+        agent_kwargs = dict(self.agent_kwargs)
+        if agent_kwargs.get("label") is None and args.run_name:  # section 7.5: its own name
+            agent_kwargs["label"] = str(args.run_name)
         agent = make_agent(run=run, rank=rank, world_size=world,
                            local_rank=max(0, int(args.local_process_index)),
-                           agent_kwargs=self.agent_kwargs)
+                           agent_kwargs=agent_kwargs)
         self.reporter = Reporter(agent)
         self._rank, self._world = agent.rank, agent.world_size
         self._accumulate = max(1, int(args.gradient_accumulation_steps))

@@ -101,7 +101,7 @@ def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["broker", "--bogus"], "unrecognized arguments: --bogus"),
+    (["broker", "--bogus"], "unknown flag --bogus; see rankboard broker --help"),
     (["broker", "--max-runs", "0"], "--max-runs"),
     (["broker", "--stale-after", "soon"], "--stale-after"),
     (["broker", "--stale-after", "-1"], "--stale-after"),
@@ -136,12 +136,12 @@ def test_address_in_use_is_one_line_and_exit_1(tmp_path: Path) -> None:
         f"rankboard broker: cannot bind tcp://127.0.0.1:{port}: Address already in use")
 
 
-def test_unusable_data_dir_is_one_line_and_exit_1(tmp_path: Path) -> None:
+def test_unusable_data_dir_is_one_line_and_exit_2(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     result = rankboard("broker", "--ingest", ANY, "--publish", ANY, "--snapshot", ANY,
                        "--data-dir", str(blocker / "sub"))
-    assert result.returncode == 1
+    assert result.returncode == 2  # a usage error, found before anything binds
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("rankboard broker: ")
 

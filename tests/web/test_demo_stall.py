@@ -37,6 +37,9 @@ def test_demo_step_run_stalls_groups_answers_and_recovers(spawn: Any) -> None:
     collective = next(g for g in view["groups"] if g["frames"][-1]["function"] == "all_reduce")
     assert [f["function"] for f in collective["frames"]][-3:] == ["train_step", "backward",
                                                                 "all_reduce"]
+    # the hung rank's line is code, not a comment the demo left on it
+    loader = next(g for g in view["groups"] if g["frames"][-1]["function"] == "__next__")
+    assert loader["frames"][-1]["code"] == "time.sleep(self.hang_s)"
     statuses = {r["rank"]: r["status"] for r in get_json(port, f"/api/runs/{run}")["ranks"]}
     assert statuses[1] == "stalled", statuses
 

@@ -71,6 +71,7 @@ export class App {
     const wanted = runFromHash();
     if (store.run === null) {
       if (wanted && runs.some((r) => r.run === wanted)) this.openRun(wanted, true);
+      else if (wanted) this.waitForRun(wanted);
       else if (runs.length) this.openRun(runs[0].run, false);
       else this.showEmpty(true);
     } else if (!store.picked && runs.length && runs[0].run !== store.run) {
@@ -116,6 +117,18 @@ export class App {
       const opt = [...$("run-picker").options].find((o) => o.value === store.run);
       if (opt) setText(opt, runLabel(entry));
     }
+  }
+
+  /**
+   * The link names a run this list does not hold (yet: a list fetched a moment before the
+   * run's first frame, or a run that starts soon). Never open another run in its place and
+   * overwrite the link: say so, and the 2 s refresh opens it when it appears.
+   */
+  waitForRun(run) {
+    const box = $("empty-state");
+    setText(box.querySelector("h2"), `Waiting for run ${run}`);
+    setText(box.querySelector("p"), "It opens here on its first frame; or pick another run above.");
+    this.showEmpty(true);
   }
 
   showEmpty(empty) {
@@ -183,7 +196,8 @@ export class App {
       return;
     }
     const runs = store.run ? [store.run] : [];
-    this.openCompare({ runs, metric: "loss", x: steps.hasSteps && !store.records.length ? "step" : "epoch" });
+    // a step run compares by step (its one closing epoch is one dot); an epoch run by epoch
+    this.openCompare({ runs, metric: "loss", x: steps.hasSteps && store.records.length < 2 ? "step" : "epoch" });
   }
 
   openRun(run, picked, rank = null) {

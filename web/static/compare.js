@@ -161,7 +161,9 @@ export class CompareView {
         const sw = h("span", "swatch");
         const i = this.sel.runs.indexOf(r.run);
         sw.style.background = i >= 0 ? colorAt(i) : "transparent";
-        const name = h("span", "compare-run-name", r.label ? `${r.label} (${r.run})` : r.run);
+        // the label, then the whole id on its own line: cut ids all look alike ("demo-2026…")
+        const name = h("span", "compare-run-name", r.label || r.run);
+        if (r.label) name.append(h("span", "compare-run-id mono muted", r.run));
         name.title = r.run;
         lab.append(cb, sw, name, h("span", "compare-run-meta muted", `${r.status ?? ""}${isNum(r.epochs_done) ? ` · ${r.epochs_done} ep` : ""}`));
         return lab;

@@ -23,6 +23,7 @@ export class HeaderView {
   /** A new run: no graph yet. */
   reset() {
     this.graphKey = null;
+    $("graph-card").hidden = true;
     $("graph").replaceChildren(h("p", "muted", "no model graph sent"));
     setText($("graph-label"), "");
     $("graph-open").hidden = true;
@@ -97,6 +98,7 @@ export class HeaderView {
     const box = $("graph");
     const open = $("graph-open");
     setText($("graph-label"), has && hd.label ? hd.label : "");
+    $("graph-card").hidden = !has; // a run without a graph has no empty card for it
     if (!has) {
       box.replaceChildren(h("p", "muted", "no model graph sent"));
       open.hidden = true;
@@ -126,7 +128,12 @@ export class HeaderView {
     const epochless = store.records.length === 0 && stepish;
     const panel = $("panel-home");
     panel.dataset.layout = epochless ? "steps" : stepish ? "both" : "epochs";
-    for (const e of document.querySelectorAll(".epoch-panel")) e.hidden = epochless;
+    // a step run's epoch charts wait for its second epoch: one epoch is one dot on an axis
+    // of -1..1 (the epoch log shows it meanwhile)
+    const oneDot = stepish && store.records.length < 2;
+    for (const e of document.querySelectorAll(".epoch-panel")) {
+      e.hidden = epochless || (oneDot && e.id !== "log-card");
+    }
     $("straggler-card").hidden = !store.stepRanks;
     $("straggler-card").classList.toggle("span-8", epochless);
     $("straggler-card").classList.toggle("span-12", !epochless);

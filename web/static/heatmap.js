@@ -4,7 +4,7 @@
 //   one section per figure (GPU utilisation, throughput). Hover names rank, host and value;
 //   a click opens the rank.
 // * StragglerStrip: ranks (or, for big runs, hosts) x recent samples, coloured by a rank's
-//   step time relative to the mean over ranks at that moment, so a slow rank is a line.
+//   step time relative to the median rank at that moment, so a slow rank is a line.
 //
 // Text from a training job (host names) only reaches the DOM through textContent.
 
@@ -12,6 +12,7 @@ import { fitCanvas } from "./chartkit.js";
 import { cssVar, h } from "./dom.js";
 import { isNum } from "./fmt.js";
 import { onFrame } from "./frame.js";
+import { medianOf } from "./slowness.js";
 
 
 /** Linear interpolation over colour stops [[t, [r, g, b]], ...]; t in [0, 1]. */
@@ -51,7 +52,7 @@ export const GOOD_HIGH = [
 const SLOW_STOPS = [[0, [32, 42, 58]], [0.25, [150, 128, 22]], [0.6, [255, 152, 48]], [1, [242, 73, 92]]];
 const FAST_STOPS = [[0, [32, 42, 58]], [1, [47, 95, 143]]];
 
-/** The strip's colour for a step time ratio (rank / mean of ranks); null: no figure. */
+/** The strip's colour for a step time ratio (rank / median rank); null: no figure. */
 export function ratioColor(r) {
   if (!isNum(r)) return null;
   if (r >= 1) return ramp(SLOW_STOPS, (r - 1) / 0.5);
@@ -341,7 +342,7 @@ export class StragglerStrip {
     this.canvas = h("canvas");
     this.canvas.dataset.chart = "straggler-strip";
     this.canvas.setAttribute("role", "img");
-    this.canvas.setAttribute("aria-label", "step time per rank relative to the mean, recent samples");
+    this.canvas.setAttribute("aria-label", "step time per rank relative to the median rank, recent samples");
     this.tip = h("div", "chart-tip");
     this.tip.hidden = true;
     body.append(this.canvas, this.tip);
@@ -387,16 +388,9 @@ export class StragglerStrip {
 
   /** One sample: `stepMs` Map rank -> ms (ranks with none are left out). */
   push(t, stepMs) {
-    let sum = 0;
-    let n = 0;
-    for (const v of stepMs.values()) {
-      if (isNum(v) && v > 0) {
-        sum += v;
-        n++;
-      }
-    }
-    if (n < 1) return;
-    const mean = sum / n;
+    // against the median rank (slowness.js), as every slow signal on the page
+    const mean = medianOf(stepMs.values());
+    if (mean === null) return;
     const ratio = new Map();
     for (const [rank, v] of stepMs) if (isNum(v) && v > 0) ratio.set(rank, v / mean);
     this.cols.push({ t, ratio, mean });
@@ -504,7 +498,7 @@ export class StragglerStrip {
     if (hit.col && isNum(hit.v)) {
       const row = h("div", "tip-row");
       const who = hit.row.ranks.length > 1 ? `slowest: rank ${hit.rank}` : "step time";
-      row.append(h("span", "tip-name", who), h("span", "tip-val", `${hit.v.toFixed(2)}× mean`));
+      row.append(h("span", "tip-name", who), h("span", "tip-val", `${hit.v.toFixed(2)}× median`));
       lines.push(row);
       const ago = this.opts.ago ? this.opts.ago(hit.col.t) : "";
       if (ago) lines.push(h("div", "tip-sub", ago));

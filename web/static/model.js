@@ -3,6 +3,7 @@
 
 import { isNum } from "./fmt.js";
 import { rankHealth } from "./gpuhealth.js";
+import { extremesByMedian, medianOf } from "./slowness.js";
 import { BIG, rankGpu } from "./store.js";
 
 export function rankInfo(store, rank) {
@@ -27,18 +28,12 @@ export function latestGpuMetrics(store) {
   return map;
 }
 
-/** Fastest / slowest rank by the latest epoch's throughput (only with two or more). */
+/** Fastest / slowest rank by the latest epoch's time per sample (1/throughput), against the
+ * median rank (slowness.js): none when no rank stands out. */
 function extremes(gm) {
-  const list = [...gm.values()].filter((g) => isNum(g.throughput) && g.throughput > 0);
-  if (list.length < 2) return { fast: null, slow: null };
-  let fast = list[0];
-  let slow = list[0];
-  for (const g of list) {
-    if (g.throughput > fast.throughput) fast = g;
-    if (g.throughput < slow.throughput) slow = g;
-  }
-  if (fast.throughput === slow.throughput) return { fast: null, slow: null };
-  return { fast: fast.device_index, slow: slow.device_index };
+  const list = [...gm.values()].filter((g) => isNum(g.throughput) && g.throughput > 0)
+    .map((g) => ({ id: g.device_index, time: 1 / g.throughput }));
+  return extremesByMedian(list);
 }
 
 /**
@@ -71,15 +66,8 @@ export function rankRows(store, lastStep) {
   const n = worldSize(store);
   const thr = stragglerThreshold(n);
   const enough = lastStep !== null && lastStep >= 20;
-  let sum = 0;
-  let cnt = 0;
-  for (const r of store.ranks) {
-    if (isNum(r.step_ms) && r.step_ms > 0) {
-      sum += r.step_ms;
-      cnt++;
-    }
-  }
-  const meanMs = cnt ? sum / cnt : null;
+  // the median rank's step time: a hang in some ranks' windows does not move it
+  const medianMs = medianOf(store.ranks.map((r) => r.step_ms));
   // a rank's gpu_xid alert keeps its XID tag after the one sample that carried the code
   const xidAlerts = new Map();
   for (const a of (store.header && store.header.alerts) || []) {
@@ -90,10 +78,12 @@ export function rankRows(store, lastStep) {
     const g = rankGpu(r || { rank });
     const m = gm.get(rank);
     const marks = [];
-    if (rank === fast) marks.push("fastest");
-    if (rank === slow) marks.push("slowest");
     const share = r && isNum(r.slowest_share) ? r.slowest_share : null;
-    if (enough && n > 1 && share !== null && share >= thr) marks.push("straggler");
+    const straggler = enough && n > 1 && share !== null && share >= thr;
+    if (rank === fast) marks.push("fastest");
+    // one slow signal per rank: a straggler is not also "slowest"
+    if (rank === slow && !straggler) marks.push("slowest");
+    if (straggler) marks.push("straggler");
     const stepMs = r && isNum(r.step_ms) ? r.step_ms : null;
     return {
       rank, host: hostOf(store, rank), localRank: r ? r.local_rank : null, status: r ? r.status : "unknown",
@@ -102,7 +92,7 @@ export function rankRows(store, lastStep) {
       throughput: m && isNum(m.throughput) ? m.throughput : null,
       share: m ? m.chunk_ratio : null, stepMs,
       dataMs: r && isNum(r.data_ms) ? r.data_ms : null,
-      stepRatio: stepMs !== null && meanMs ? stepMs / meanMs : null,
+      stepRatio: stepMs !== null && medianMs ? stepMs / medianMs : null,
       slowShare: share, marks,
       health: rankHealth(r ? r.resources : null, xidAlerts.get(rank) || null),
     };

@@ -7,6 +7,7 @@
 
 import { h } from "./dom.js";
 import { fmtDur, fmtInt, isNum } from "./fmt.js";
+import { extremesByMedian } from "./slowness.js";
 
 /** How many of the heaviest stacks a profile lists. */
 export const TOP_STACKS = 12;
@@ -126,7 +127,7 @@ export function profileBlock(dump, title) {
  * `step_ms` among the ranks that answered), the view that shows what a straggler does
  * differently. `stepMs`: rank -> step_ms.
  */
-export function profilePair(profiles, focus, stepMs) {
+export function profilePair(profiles, focus, stepMs, straggler = null) {
   const wrap = h("div", "profiles");
   if (!profiles.length) return wrap;
   const byRank = new Map(profiles.map((d) => [d.rank, d]));
@@ -134,8 +135,14 @@ export function profilePair(profiles, focus, stepMs) {
     .sort((a, b) => stepMs.get(a.rank) - stepMs.get(b.rank));
   let main = byRank.get(focus);
   let why = "";
-  if (!main && timed.length > 1) {
-    main = timed[timed.length - 1];
+  // the page's one notion of slow (slowness.js): the marked straggler first; else the
+  // slowest rank only where it stands out from the median rank
+  const slow = timed.length > 1 ? extremesByMedian(timed.map((d) => ({ id: d.rank, time: stepMs.get(d.rank) }))).slow : null;
+  if (!main && byRank.has(straggler)) {
+    main = byRank.get(straggler);
+    why = " (straggler)";
+  } else if (!main && slow !== null) {
+    main = byRank.get(slow);
     why = " (slowest)";
   } else if (!main) {
     main = timed.length ? timed[0] : profiles[0];

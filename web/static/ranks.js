@@ -3,7 +3,9 @@
 // alert list grouped by kind. Only one page of rows, and at most LIST_MAX picker entries,
 // are ever in the DOM.
 
+import { alertMessage, alertState, resolvedText } from "./alertstate.js";
 import { serverNow } from "./api.js";
+import { SLOW_AT } from "./slowness.js";
 import { button, h, statusDot } from "./dom.js";
 import {
   DASH, fmtAgo, fmtBytes, fmtInt, fmtMs, fmtPct, fmtThroughput, isNum, numOrNull, pct,
@@ -112,8 +114,8 @@ const COLUMNS = [
   { key: "throughput", label: "throughput", when: "epochs", num: true, sort: (r) => num(r.throughput), cell: (r) => h("td", "num mono", fmtThroughput(r.throughput)) },
   { key: "stepMs", label: "step time", when: "steps", num: true, sort: (r) => num(r.stepMs), cell: (r) => {
     const td = h("td", "num mono", fmtMs(r.stepMs));
-    if (isNum(r.stepRatio) && r.stepRatio >= 1.1) td.classList.add("warn-text");
-    if (isNum(r.stepRatio)) td.title = `${r.stepRatio.toFixed(2)}× the mean of ranks`;
+    if (isNum(r.stepRatio) && r.stepRatio >= SLOW_AT) td.classList.add("warn-text");
+    if (isNum(r.stepRatio)) td.title = `${r.stepRatio.toFixed(2)}× the median rank's`;
     return td;
   } },
   { key: "dataMs", label: "data wait", title: "ms a step this rank waited for its batch (mean of its last ≤100 steps)", when: "steps", num: true, sort: (r) => num(r.dataMs), cell: (r) => h("td", "num mono", fmtMs(r.dataMs)) },
@@ -187,7 +189,11 @@ export class RankTable {
       const tr = h("tr", "rank-row");
       tr.dataset.rank = String(r.rank);
       tr.dataset.status = r.status || "unknown";
-      for (const c of cols) tr.append(c.cell(r, this));
+      for (const c of cols) {
+        const td = c.cell(r, this);
+        td.dataset.col = c.key; // the narrow-screen rules of style.css hide some by key
+        tr.append(td);
+      }
       return tr;
     });
     if (!trs.length) {
@@ -208,6 +214,7 @@ export class RankTable {
     const tr = h("tr");
     for (const c of cols) {
       const th = h("th", c.num ? "num" : null);
+      th.dataset.col = c.key;
       if (c.nosort) {
         tr.append(th);
         continue;
@@ -395,39 +402,44 @@ export class RankPicker {
 
 // ------------------------------------------------------------------------ alerts
 
-const ALERT_TEXT = { stale: "stale rank", rank_error: "rank error", nonfinite_loss: "non-finite loss", ...GPU_ALERT_TEXT };
+const ALERT_TEXT = {
+  stale: "stale rank", stalled: "stalled rank", rank_error: "rank error", nonfinite_loss: "non-finite loss", ...GPU_ALERT_TEXT,
+};
 /** What to do about an alert kind: the list's tooltip. */
 const ALERT_HINTS = {
   stale: "The rank sent nothing for the broker's --stale-after seconds: its process, host or network may be gone.",
   rank_error: "The rank finished with an error: see that rank's own log.",
   nonfinite_loss: "The loss became NaN or infinite: check the learning rate, the data and mixed-precision scaling.",
+  stalled: "The rank's process was alive but its training loop did not move: see the stall view's stacks.",
   ...GPU_ALERT_HINTS,
 };
 const GROUP_AT = 4; // a kind with this many alerts or more is one line until expanded
 const EXPANDED_MAX = 100;
 
-function groupLine(kind, list, rankStatus) {
+function groupLine(kind, list, states) {
   const n = list.length;
-  if (kind === "stale") {
-    const still = list.filter((a) => rankStatus.get(a.rank) !== "ok").length;
-    const rec = n - still;
-    return `${fmtInt(still)} rank${still === 1 ? "" : "s"} stale${rec ? ` (${fmtInt(rec)} recovered)` : ""}`;
+  const over = list.filter((a) => states.get(a).over).length;
+  const still = n - over;
+  const tail = over ? ` (${fmtInt(over)} resolved)` : "";
+  if (kind === "stale" || kind === "stalled") {
+    if (!still) return `${fmtInt(n)} rank${n === 1 ? " was" : "s were"} ${kind} · all resolved`;
+    return `${fmtInt(still)} rank${still === 1 ? "" : "s"} ${kind}${tail}`;
   }
   if (kind === "rank_error") return `${fmtInt(n)} ranks failed`;
   if (kind === "nonfinite_loss") return `${fmtInt(n)} non-finite losses`;
-  if (kind in GPU_ALERT_TEXT) return `${fmtInt(n)} ranks: ${GPU_ALERT_TEXT[kind]} (latest: ${list[0].message ?? ""})`;
-  return `${fmtInt(n)} alerts`;
+  if (kind in GPU_ALERT_TEXT) return `${fmtInt(n)} ranks: ${GPU_ALERT_TEXT[kind]}${tail} (latest: ${list[0].message ?? ""})`;
+  return `${fmtInt(n)} alerts${tail}`;
 }
 
-function alertItem(a, rankStatus) {
+function alertItem(a, state) {
   const item = h("div", "alert");
   item.dataset.kind = String(a.kind ?? "");
   if (a.rank !== null && a.rank !== undefined) item.dataset.rank = String(a.rank);
-  const recovered = a.kind === "stale" && rankStatus.get(a.rank) === "ok";
-  item.classList.toggle("recovered", recovered);
+  item.classList.toggle("recovered", state.over);
+  item.dataset.state = state.over ? "resolved" : "active";
   const at = h("span", "alert-time");
   at.dataset.at = String(a.at ?? "");
-  at.textContent = isNum(a.at) ? fmtAgo(serverNow() - a.at) : "";
+  at.textContent = isNum(a.at) ? `${state.over ? "raised " : ""}${fmtAgo(serverNow() - a.at)}` : "";
   const kind = h("span", "alert-kind", ALERT_TEXT[a.kind] || String(a.kind ?? "alert"));
   const hint = ALERT_HINTS[a.kind];
   if (hint) {
@@ -435,11 +447,13 @@ function alertItem(a, rankStatus) {
     item.title = hint;
   }
   if (GPU_ALERT_LEVEL[a.kind]) item.dataset.level = GPU_ALERT_LEVEL[a.kind];
+  const msg = h("span", "alert-msg", alertMessage(a));
+  if (msg.textContent !== (a.message ?? "")) msg.title = String(a.message);
   item.append(
     kind,
     h("span", "alert-rank", a.rank === null || a.rank === undefined ? "run" : `rank ${a.rank}`),
-    h("span", "alert-msg", a.message ?? ""),
-    h("span", "alert-at", recovered ? "recovered" : ""),
+    msg,
+    h("span", "alert-at", resolvedText(state)),
     at,
   );
   return item;
@@ -449,8 +463,11 @@ function alertItem(a, rankStatus) {
  * Alerts newest first, grouped by kind: a kind with few alerts lists them; one with many is
  * one line ("1,024 ranks stale") that expands (`expanded`: the set of expanded kinds).
  */
-export function renderAlerts(box, alerts, rankStatus, expanded, onToggle) {
+export function renderAlerts(box, alerts, rankStatus, expanded, onToggle, run = null) {
   box.hidden = alerts.length === 0;
+  const states = new Map(alerts.map((a) => [a, alertState(a, rankStatus, run)]));
+  // every alert over: a history, not a red banner (a finished healthy run must not alarm)
+  box.dataset.state = alerts.length && alerts.every((a) => states.get(a).over) ? "resolved" : "active";
   const byKind = new Map();
   for (const a of alerts.slice().sort((x, y) => (y.at || 0) - (x.at || 0))) {
     const k = String(a.kind ?? "");
@@ -460,7 +477,7 @@ export function renderAlerts(box, alerts, rankStatus, expanded, onToggle) {
   const out = [];
   for (const [kind, list] of byKind) {
     if (list.length < GROUP_AT) {
-      for (const a of list) out.push(alertItem(a, rankStatus));
+      for (const a of list) out.push(alertItem(a, states.get(a)));
       continue;
     }
     const g = h("div", "alert alert-group");
@@ -478,11 +495,13 @@ export function renderAlerts(box, alerts, rankStatus, expanded, onToggle) {
     if (ALERT_HINTS[kind]) gk.title = ALERT_HINTS[kind];
     if (GPU_ALERT_LEVEL[kind]) g.dataset.level = GPU_ALERT_LEVEL[kind];
     g.append(gk,
-      h("span", "alert-msg alert-summary", groupLine(kind, list, rankStatus)), t, at);
+      h("span", "alert-msg alert-summary", groupLine(kind, list, states)), t, at);
+    g.dataset.state = list.every((a) => states.get(a).over) ? "resolved" : "active";
+    g.classList.toggle("recovered", g.dataset.state === "resolved");
     out.push(g);
     if (open) {
       const inner = h("div", "alert-group-list");
-      inner.append(...list.slice(0, EXPANDED_MAX).map((a) => alertItem(a, rankStatus)));
+      inner.append(...list.slice(0, EXPANDED_MAX).map((a) => alertItem(a, states.get(a))));
       if (list.length > EXPANDED_MAX) inner.append(h("div", "alert muted", `and ${fmtInt(list.length - EXPANDED_MAX)} more`));
       out.push(inner);
     }

@@ -35,17 +35,21 @@ export class RanksView {
     const hosts = (hd && hd.hosts) || [];
     setText($("ranks-sub"), `${fmtInt(hosts.length)} host${hosts.length === 1 ? "" : "s"} · ${fmtInt(rows.length)}${world ? ` of ${fmtInt(world)}` : ""} rank${(world ?? rows.length) === 1 ? "" : "s"}`);
 
-    // health KPI and header count
+    // health KPI and header count: a rank that finished ok is healthy, not missing
     const counts = {};
     for (const r of store.ranks) counts[r.status] = (counts[r.status] || 0) + 1;
     const ok = counts.ok || 0;
+    const healthy = ok + (counts.finished || 0);
     const denom = world ?? store.ranks.length;
-    setText($("kpi-ranks"), denom ? `${fmtInt(ok)}/${fmtInt(denom)}` : DASH);
-    $("kpi-ranks").classList.toggle("bad", !!(counts.stale || counts.error));
-    const sub = ["stale", "error", "finished"].filter((k) => counts[k]).map((k) => `${fmtInt(counts[k])} ${k}`);
+    setText($("kpi-ranks"), denom ? `${fmtInt(healthy)}/${fmtInt(denom)}` : DASH);
+    $("kpi-ranks").classList.toggle("bad", !!(counts.stale || counts.error || counts.stalled));
+    const sub = ["stalled", "stale", "error", "finished"].filter((k) => counts[k]).map((k) => `${fmtInt(counts[k])} ${k}`);
     setText($("kpi-ranks-sub"), sub.length ? sub.join(" · ") : denom ? "all reporting" : "");
     const live = !hd || hd.status === "training" || hd.status === "waiting";
-    setText($("rank-count"), !denom ? DASH : live ? `${fmtInt(ok)}/${fmtInt(denom)} live` : fmtInt(denom));
+    // a stalled rank's process is alive (it sent the dump): "7 stalled", not 7 missing ranks
+    const alive = ok + (counts.stalled || 0);
+    const stalledNote = counts.stalled ? ` · ${fmtInt(counts.stalled)} stalled` : "";
+    setText($("rank-count"), !denom ? DASH : live ? `${fmtInt(alive)}/${fmtInt(denom)} live${stalledNote}` : fmtInt(denom));
 
     overview.resourcesNow(rows, big);
     stragglers.render(rows);
@@ -60,6 +64,6 @@ export class RanksView {
       if (store.expandedAlerts.has(kind)) store.expandedAlerts.delete(kind);
       else store.expandedAlerts.add(kind);
       this.alerts();
-    });
+    }, store.header);
   }
 }

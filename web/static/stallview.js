@@ -17,6 +17,7 @@ import { $, button, h } from "./dom.js";
 import { fmtAgo, fmtDur, fmtInt, isNum } from "./fmt.js";
 import { hostOf } from "./model.js";
 import { profilePair } from "./profileview.js";
+import { stragglerOf } from "./slowness.js";
 
 /** At most one /stacks read this often (ms). */
 const MIN_FETCH_MS = 1000;
@@ -42,6 +43,11 @@ export function groupLine(group) {
   const ranks = group.ranks || [];
   const who = ranks.length === 1 ? `rank ${ranks[0]}` : `${fmtInt(ranks.length)} ranks`;
   return `${who} in ${innermost(group.frames) || "?"}`;
+}
+
+/** A group's identity: its ranks and its shared stack (a stall group and an answer alike). */
+function groupSig(g) {
+  return `${(g.ranks || []).join(",")}|${(g.frames || []).map((f) => `${f.file}:${f.line}:${f.function}`).join(";")}`;
 }
 
 /** "a/b/c/d.py" -> "c/d.py" (the whole path in the title). */
@@ -175,7 +181,7 @@ export class StallView {
       }, r.status === 202 ? HOLD_MS : 0);
       if (r.status === 202) {
         const who = ranks ? `rank ${ranks.join(", ")}` : "every rank";
-        this.message = `${kind === "profile" ? "profile" : "dump"} requested from ${who} (${answer.request_id})`;
+        this.message = `${kind === "profile" ? "profile" : "dump"} requested from ${who}`;
         // the answers come as SSE `stacks` events; a profile takes its seconds
         if (kind === "profile") setTimeout(() => this.refresh(), (PROFILE.seconds + 1.5) * 1000);
       } else {
@@ -240,7 +246,7 @@ export class StallView {
     const timing = shownProfiles.map((d) => (stepMs.has(d.rank) ? stepMs.get(d.rank).toFixed(1) : "")).join(",");
     const verdict = verdictText(this.collectives && this.collectives.groups);
     const key = [view, stalled.join(","), this.focus, this.closed, this.message, this.held, store.run,
-      store.tab, timing, verdict.join("\n")];
+      store.tab, timing, verdict.join("\n"), stragglerOf(store.rows)];
     if (this.drawn && key.every((v, i) => v === this.drawn[i])) return;
     this.drawn = key;
     const trouble = stalled.length > 0 || stallGroups.length > 0 || verdict.length > 0;
@@ -276,14 +282,23 @@ export class StallView {
       if (!byRank.has(d.rank)) byRank.set(d.rank, []);
       byRank.get(d.rank).push(d);
     }
-    const groups = [...stallGroups, ...requestGroups];
+    // an answer that stands where the stall dumps stand says nothing new: one line, not
+    // the same groups twice
+    const stallSigs = new Set(stallGroups.map(groupSig));
+    const fresh = requestGroups.filter((g) => !stallSigs.has(groupSig(g)));
+    const agree = requestGroups.filter((g) => stallSigs.has(groupSig(g)));
+    if (agree.length) {
+      const n = agree.reduce((k, g) => k + g.ranks.length, 0);
+      out.push(h("p", "stall-agree muted", `the requested dump: ${fmtInt(n)} rank${n === 1 ? "" : "s"} still where the groups above show`));
+    }
+    const groups = [...stallGroups, ...fresh];
     groups.forEach((g, i) => out.push(this._group(g, i < OPEN_GROUPS, byRank, g.reason === "request" ? latest : null)));
     const focus = this.shownRank();
     if (focus !== null) out.push(this._rank(focus, byRank.get(focus) || []));
     if (shownProfiles.length) {
       const sec = h("div", "stall-profiles");
       sec.append(h("h4", "stall-sub", "profile: heaviest stacks of the training thread"));
-      sec.append(profilePair(shownProfiles, this.shownRank(), stepMs));
+      sec.append(profilePair(shownProfiles, this.shownRank(), stepMs, stragglerOf(store.rows)));
       out.push(sec);
     }
     this.box.replaceChildren(...out);
@@ -296,7 +311,7 @@ export class StallView {
     const line = h("div", "stall-group-line");
     line.append(h("span", "group-count mono", fmtInt(g.ranks.length)));
     line.append(h("span", "group-text", groupLine(g)));
-    if (requestId) line.append(h("span", "card-sub", `answers to request ${requestId}`));
+    if (requestId) line.append(h("span", "card-sub", "answers to the requested dump"));
     else {
       const idle = g.ranks.map((r) => (byRank.get(r) || []).find((d) => d.reason === "stall"))
         .filter((d) => d && isNum(d.idle_s)).map((d) => d.idle_s);
@@ -335,7 +350,7 @@ export class StallView {
     const withThreads = dumps.filter((d) => Array.isArray(d.threads) && d.threads.length);
     if (!withThreads.length) box.append(h("p", "muted", "no dump of this rank yet"));
     for (const d of withThreads) {
-      const what = d.reason === "stall" ? `stall dump, idle ${fmtDur(d.idle_s)}` : `answer to request ${d.request_id}`;
+      const what = d.reason === "stall" ? `stall dump, idle ${fmtDur(d.idle_s)}` : "answer to a requested dump";
       const line = h("p", "muted", `${what} · taken `);
       const at = h("span", "ago", fmtAgo(serverNow() - d.taken_at));
       at.dataset.at = String(d.taken_at);

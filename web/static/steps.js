@@ -337,10 +337,19 @@ export class StepView {
     try {
       data = await this._series(e.metric, null, cut, points);
     } catch (err) {
-      if (gen === this.gen) e.chart.setStatus("could not load steps");
+      if (gen !== this.gen || this.charts.get(e.key) !== e) return;
+      // a busy or restarting web: the history is still owed, so ask again (the live steps
+      // after the cut keep coming meanwhile); a saved report's series never fail
+      e.chart.setStatus("could not load steps, retrying…");
+      e.retries = (e.retries || 0) + 1;
+      setTimeout(() => {
+        if (gen === this.gen && !e.loaded && this.charts.get(e.key) === e) this._fetchBase(e);
+      }, Math.min(10000, 500 * 2 ** Math.min(5, e.retries)));
       return;
     }
     if (gen !== this.gen || !data || !Array.isArray(data.buckets)) return;
+    e.retries = 0;
+    e.chart.setStatus("");
     e.base = Buckets.fromApi(data.buckets);
     e.all = this._merge(e.base, e);
     e.loaded = true;

@@ -1,5 +1,5 @@
 // rankboard straggler board: the ranks most often the slowest (chips), and the strip of
-// each rank's (or host's) step time relative to the mean over time. The strip keeps its own
+// each rank's (or host's) step time relative to the median rank over time. The strip keeps its own
 // columns, one per `ranks` update (the store's stepTimes hook feeds it).
 
 import { serverNow } from "./api.js";
@@ -49,7 +49,7 @@ export class Stragglers {
       if (r.marks.includes("straggler")) chip.dataset.mark = "straggler";
       chip.append(h("span", "chip-rank mono", `rank ${r.rank}`), h("span", "chip-host", r.host ?? ""),
         h("span", "chip-fig mono", `slowest in ${fmtPct((r.slowShare || 0) * 100, 0)} of steps`),
-        h("span", "chip-fig mono muted", isNum(r.stepRatio) ? `${fmtMs(r.stepMs)} · ${r.stepRatio.toFixed(2)}× mean` : fmtMs(r.stepMs)));
+        h("span", "chip-fig mono muted", isNum(r.stepRatio) ? `${fmtMs(r.stepMs)} · ${r.stepRatio.toFixed(2)}× median` : fmtMs(r.stepMs)));
       if (dataFig(r.dataMs)) chip.append(h("span", "chip-fig chip-data mono muted", dataFig(r.dataMs)));
       return chip;
     });

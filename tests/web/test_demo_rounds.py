@@ -1,0 +1,37 @@
+"""``rankboard demo --rounds 1 --data-dir DIR``: one round of each job, each run labelled,
+then no new run while the dashboard stays up; the runs stay in DIR, so ``rankboard export``
+finds them after the demo."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.support.http import get_json
+from tests.support.polling import wait_for
+
+
+def test_one_round_then_no_new_run_and_the_runs_export(spawn: Any, tmp_path: Path) -> None:
+    data = tmp_path / "demo-data"
+    demo = spawn("demo", "--port", "0", "--ranks", "2", "--hosts", "1", "--epochs", "2",
+                 "--epoch-seconds", "0.3", "--no-browser", "--rounds", "1", "--data-dir", str(data))
+    port = demo.wait_dashboard(timeout=30)
+
+    def both_done() -> Any:
+        out = demo.output()
+        return out.count("round(s) done; no new run") == 2 and out
+    wait_for(both_done, timeout=90, what="both jobs' one round")
+    runs = get_json(port, "/api/runs")
+    assert sorted(r["label"] for r in runs) == ["demo steps · round 1", "demo-cnn · demo epochs · round 1"]
+    assert all(r["status"] == "complete" for r in runs)
+    assert demo.stop(signal.SIGINT, timeout=20) == 0
+    assert "Traceback" not in demo.output()
+    for r in runs:
+        out = tmp_path / f"{r['run']}.html"
+        done = subprocess.run([sys.executable, "-m", "rankboard", "export", r["run"],
+                               "--data-dir", str(data), "-o", str(out)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert out.stat().st_size > 10_000
