@@ -10,7 +10,7 @@ moves bytes, in one thread, around one ``zmq.Poller``:
   it is handed to the OS, and sequence reservations are written before their ids are used.
 * The ROUTER answers snapshot requests between batches (Clone pattern), at most
   ``SNAPSHOT_SLICE_S`` of them a turn, from a cache of encoded snapshots
-  (:mod:`broker.snapshots`): since every event is
+  (:mod:`broker.snapshots`; the requests themselves: :mod:`broker.router`): since every event is
   published as soon as it exists, a snapshot is always exactly "everything published so far".
 * The poll timeout (``poll_interval``) drives ``Runs.tick`` and the 1 s heartbeat.
 * Alert webhooks (PROTOCOL 3.1) run in a thread of their own (:mod:`broker.webhooks`): the
@@ -39,6 +39,7 @@ import zmq
 from broker import feed
 from broker.events import Event
 from broker.ingest import IngestLoop
+from broker.router import RouterRequests
 from broker.runs import Runs
 from broker.shardgate import ShardGate
 from broker.sink import RunSink
@@ -46,7 +47,6 @@ from broker.snapshots import SnapshotCache
 from broker.stacks.requests import ForwardGate
 from broker.webhooks import DEFAULT_REPEAT, WebhookNotifier
 from rank_agent import protocol
-from rank_agent.controlwire import control_topic
 from rank_agent.curve import CurveError, load_key, load_public_keys
 from rank_agent.protocol import Register
 from rank_agent.ratelimit import RateLimitedLog
@@ -233,6 +233,9 @@ class BrokerServer:
         self.stacks_gate = ForwardGate()
         #: encoded run snapshots, reused while their run's seq has not moved
         self.snapshots = SnapshotCache(self._rlog)
+        #: the ROUTER's requests: snapshots, and requests for dumps to forward (broker/router.py)
+        self._requests = RouterRequests(self.runs, self.snapshots, self.stacks_gate, self._rlog,
+                                        self.instance)
         #: the receive loop and its state across batches (broker/ingest.py)
         self._ingest = IngestLoop(self.runs, batch_limit, self._rlog)
 
@@ -538,71 +541,9 @@ class BrokerServer:
             webhooks_failed=hooks["failed"], webhooks_dropped=hooks["dropped"], journal=journal,
         ))
 
-    def _forward_stacks_request(self, body: list[bytes], user_id: str | None) -> None:
-        """A request for dumps (docs/DESIGN.md "Requests for dumps"): checked, judged by
-        :class:`~broker.stacks.requests.ForwardGate` (who, which run, how often) and, if
-        admitted, its bytes forwarded unchanged to the run's agents on the publish socket.
-        Refusals are counted and logged at most once per reason per 10 s."""
-        try:
-            req, raw = feed.decode_stacks_request(body)
-        except feed.FeedError as exc:
-            self.stacks_gate.refuse("malformed")
-            self._rlog.warning("stacks_malformed", "bad stacks request refused: %s", exc)
-            return
-        refused = self.stacks_gate.admit(req, user_id, self.runs.get(req.run) is not None,
-                                         time.monotonic())
-        if refused is not None:
-            self._rlog.warning(("stacks_refused", refused), "stacks request for run %r refused "
-                               "(%s)", req.run, refused)
-            return
-        assert self._pub is not None
-        self._pub.send_multipart([control_topic(req.run), raw])
-        self._rlog.log(("stacks_forwarded", req.run), logging.INFO,
-                       "stacks request %s (%s) forwarded to run %r, ranks %s", req.request_id,
-                       req.kind, req.run, "all" if req.ranks is None else len(req.ranks))
-
     def _serve_snapshots(self) -> None:
-        """Answer pending snapshot requests (one RUN per run, then END) for at most
-        SNAPSHOT_SLICE_S; the rest wait for the loop's next turn, after the ingest's.
-
-        Replies are sent zero-copy: the parts of a cached snapshot are shared by every reply
-        queued for it, so N requests from a client that does not read hold one copy, not N.
-        """
-        router = self._router
-        assert router is not None
-        deadline = time.monotonic() + SNAPSHOT_SLICE_S
-        for _ in range(100):
-            if time.monotonic() >= deadline:
-                return
-            try:
-                frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            identity, body = frames[0].bytes, [f.bytes for f in frames[1:]]
-            envelope: list[bytes] = [identity]
-            if body and body[0] == b"":  # a REQ-style delimiter: keep it in the reply
-                envelope.append(b"")
-                body = body[1:]
-            if body and body[0] == feed.STACKS:  # the peer's key: ZAP's User-Id (CURVE)
-                user = frames[-1].get("User-Id") if self._auth is not None else None
-                self._forward_stacks_request(body, None if user is None else str(user))
-                continue
-            try:
-                run = feed.decode_snapshot_request(body)
-            except feed.FeedError as exc:
-                self._rlog.warning("snapshot_request", "bad snapshot request: %s", exc)
-                continue
-            if run is None:
-                sinks = self.runs.sinks()
-            else:
-                one = self.runs.get(run)
-                sinks = [] if one is None else [one]
-            encoded = self.snapshots.encoded(sinks)
-            try:
-                for parts in encoded:
-                    router.send_multipart(envelope + parts, zmq.NOBLOCK, copy=False)
-                end = feed.encode_snapshot_end(self.instance, len(encoded))
-                router.send_multipart(envelope + end, zmq.NOBLOCK)
-            except zmq.ZMQError as exc:  # EHOSTUNREACH / EAGAIN: peer gone or not reading
-                self._rlog.warning("snapshot_send", "snapshot reply abandoned: %s", exc.strerror)
-            log.debug("snapshot of %s: %d runs", run or "all runs", len(encoded))
+        """The ROUTER's pending requests (:class:`~broker.router.RouterRequests`), for at
+        most SNAPSHOT_SLICE_S; the rest wait for the loop's next turn, after the ingest's."""
+        assert self._router is not None and self._pub is not None
+        self._requests.serve(self._router, self._pub, self._auth is not None,
+                             time.monotonic() + SNAPSHOT_SLICE_S)

@@ -32,6 +32,7 @@ as registers arrive, cached per host, and re-sorted only when the host order can
 Event data shares structure with the sink's caches and earlier events: it is read-only.
 
 The sink is the rules and the event policy; the state it keeps is in the modules below it:
+:mod:`broker.membership` (register, finish, the world size: mixed in here),
 :mod:`broker.events` (Event, Rejected), :mod:`broker.rankstate` (per-rank state, samples,
 the ``ranks`` array), :mod:`broker.epochs` (open epochs, and the epoch rules mixed in here),
 :mod:`broker.steps.closer` (the step pipeline) and :mod:`broker.steps.rules` (the step rules
@@ -52,6 +53,7 @@ from broker.collectiverules import CollectiveRules
 from broker.epochs import EpochRules, PendingEpochs
 from broker.events import Event, Rejected
 from broker.gpualerts import GpuAlertRules, Sampled
+from broker.membership import MembershipRules
 from broker.metadata import parse_metadata
 from broker.rankstate import RankSamples, RankState, ranks_array
 from broker.stacks.feed import StackFeed, stall_message
@@ -91,7 +93,7 @@ STEPS_INTERVAL = 0.25
 OnEnd = Callable[[str, str, float], None]
 
 
-class RunSink(EpochRules, StepRules, CollectiveRules):
+class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
     """The broker's state of one run; see the module docstring for the rules."""
 
     shard = 0  #: the broker's shard index (PROTOCOL 7.3), set by broker.runs.Runs
@@ -416,68 +418,6 @@ class RunSink(EpochRules, StepRules, CollectiveRules):
 
     # ------------------------------------------------------------------ frame rules
 
-    def _on_register(self, frame: Register, st: RankState, now: float) -> None:
-        # Header changes from registers (and hardware) are coalesced: see _header_pending.
-        if self.world_size is None:
-            self.world_size = frame.world_size
-            self._header_pending = True
-            self._discard_out_of_range()
-        touched = self.topology.set(frame.rank, frame.host, frame.local_rank)
-        if touched:
-            self._header_pending = True
-            self._hw.hosts_changed(touched)
-            self._samples.placed(frame.rank)  # its GPU name carries its host
-        if frame.port:
-            if not self.port:
-                self.port = frame.port
-                self._header_pending = True
-            elif frame.port != self.port:
-                self.port_conflicts += 1
-                self._port_log.warning(
-                    "port", "run %s: rank %d asks for port %d, already %d; ignored (%d so far)",
-                    self.run, frame.rank, frame.port, self.port, self.port_conflicts, now=now)
-        if frame.label and self._register_label is None:  # section 7.5: first non-empty
-            self._register_label = frame.label
-            if self.svg is None or not self.label:
-                self.label = frame.label
-                self._header_pending = True
-        if frame.total_epochs and not self.total_epochs:
-            self.total_epochs = frame.total_epochs
-            self._header_pending = True
-        if st.finished:
-            self._reactivate(st)
-        self._close_ready()
-
-    def _reactivate(self, st: RankState) -> None:
-        """A register from a finished rank: it trains again, and so does an ended run."""
-        if st.status == "error":
-            self._n_error -= 1
-        self._n_finished -= 1
-        st.status = "ok"
-        rank = st.rank
-        self._closer.set_active(rank, True)
-        self._pending.rank_active(rank, True)
-        if self.finished:
-            self.status = "training" if self.records or self.steps.rows else "waiting"
-            self.complete = None
-            self._header_pending = True  # coalesced: a finish/register loop is not a
-            # header (of O(world) bytes) per frame
-
-    def _on_finish(self, frame: Finish, st: RankState, now: float) -> None:
-        if st.finished:
-            return  # a repeated finish is a no-op: the first one decided the rank's status
-        error = frame.status == "error"
-        st.status = "error" if error else "finished"
-        self._n_finished += 1
-        rank = st.rank
-        self._pending.rank_active(rank, False)
-        if error:
-            self._n_error += 1
-            self._raise("rank_error", rank, f"rank {rank} finished with error", now)
-        self._closer.set_active(rank, False)
-        self._close_ready()
-        self._close_steps(now)
-
     def gpu_health(self, rank: int, sample: ResourceSample, now: float) -> None:
         """The GPU alerts of one sample of ``rank`` (PROTOCOL 3), while the run is live (a
         replayed sample raises nothing). Every sample comes here or to
@@ -529,33 +469,6 @@ class RunSink(EpochRules, StepRules, CollectiveRules):
             self.label = frame.label or self._register_label  # the svg's own label wins
             self.hash = frame.hash
             self._header_changed = True
-
-    # ------------------------------------------------------------------ world size
-
-    def _discard_out_of_range(self) -> None:
-        """Forget per-rank state of ranks that turned out to be >= the world size."""
-        ws = self.world_size
-        assert ws is not None
-        gone = [r for r in self._ranks if r >= ws]
-        touched: List[str] = []
-        for rank in gone:
-            st = self._ranks.pop(rank)
-            if st.finished:
-                self._n_finished -= 1
-                if st.status == "error":
-                    self._n_error -= 1
-            self._samples.discard(rank)
-            self.stacks.discard(rank)
-            self._closer.discard(rank)
-            host = self.topology.remove(rank)
-            if host is not None and host not in touched:
-                touched.append(host)
-            self._pending.discard(rank, not st.finished)
-        if gone:
-            self.alerts.forget_ranks_from(ws)
-        self.gpu_rules.forget_from(ws)
-        if touched:
-            self._hw.hosts_changed(touched)
 
     # ------------------------------------------------------------------ events
 

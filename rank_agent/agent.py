@@ -12,27 +12,24 @@ The parts live apart, each with its own rules:
   by the pure :mod:`rank_agent.stepframes`);
 * :mod:`rank_agent.shared`: one agent per process and run, shared by its users;
 * this module: the public class, the frames it builds (strings clamped to the wire limits,
-  the run id sanitised, so the agent never produces a frame the broker rejects) and the
-  process-wide hooks: an ``os.register_at_fork`` hook resets every live agent in a forked
-  child, and an ``atexit`` hook closes the agents a script forgot to close (bounded by each
-  one's ``linger_ms``), so their last frames (``finish``) still go out.
+  the run id sanitised, so the agent never produces a frame the broker rejects);
+* :mod:`rank_agent.lifecycle`: the process-wide fork and exit hooks over every live agent.
 """
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
 import socket as _socket
 import threading
 import time
-import weakref
 from typing import Any, Callable, Mapping, Tuple, Union
 
 from . import shared
 from .control import Control, control_endpoint
 from .label import resolve_label
 from .launcher import DEFAULT_BROKER, generated_run_id, launch_args, sanitize_run_id
+from .lifecycle import AGENTS as _AGENTS
 from .protocol import (
     MAX_METADATA_BYTES,
     MAX_SHORT,
@@ -68,33 +65,6 @@ WARN_EVERY = 60.0
 __all__ = ["RankAgent", "DEFAULT_BROKER", "MAX_PENDING_STEPS", "sanitize_run_id"]
 
 ScalarArg = Union[float, Tuple[float, int]]
-
-# -- process-wide bookkeeping: live agents (for fork and exit hooks) -------------------------
-
-_AGENTS: weakref.WeakSet[RankAgent] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for agent in list(_AGENTS):
-        agent._reset_after_fork()
-
-
-def _close_all_at_exit() -> None:
-    """Flush and close the agents a script forgot to close (bounded by each one's linger)."""
-    for agent in list(_AGENTS):
-        try:
-            agent._users = 1  # users still holding a shared agent at exit: it ends now
-            agent.close()
-        except Exception:  # pragma: no cover - interpreter teardown
-            pass
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-# registered after ``import zmq`` (by .pusher), so it runs before pyzmq's own exit hook
-# (atexit is LIFO)
-atexit.register(_close_all_at_exit)
-
 
 class RankAgent:
     """One training rank's connection to the rankboard broker.
