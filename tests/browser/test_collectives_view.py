@@ -17,7 +17,7 @@ from rankboard.export import report_of_sink
 from tests.support.browser import ARTIFACTS, HOSTILE, Stack
 from tests.support.polling import wait_for
 from tests.support.reportrun import build_run, stacks
-from web.report import render_bytes
+from web.report import render
 
 pytestmark = pytest.mark.browser
 
@@ -98,7 +98,7 @@ def test_the_report_carries_the_verdict(page: Any, tmp_path: Path) -> None:
         "waiting": [0, 1, 3], "behind": [{"rank": 2, "last_enqueued": 2500, "op": HOSTILE}],
         "absent": [], "mismatched": []}], "ranks": []}
     path = tmp_path / "r.html"
-    path.write_bytes(render_bytes(rep))
+    path.write_bytes("".join(render(rep)).encode("utf-8"))
     page.goto(path.resolve().as_uri())
     card = page.locator("[data-testid=collective-verdict]")
     expect(card.locator(".verdict-line")).to_have_text(SENTENCE)

@@ -17,7 +17,7 @@ from rankboard.export import report_of_sink
 from tests.browser.test_report import open_offline
 from tests.browser.test_steps_page import T0, open_run, register, wait_steps
 from tests.support.browser import Stack
-from web.report import render_bytes
+from web.report import render
 
 pytestmark = pytest.mark.browser
 
@@ -94,7 +94,7 @@ def test_the_report_carries_the_cause_and_the_column(page: Any, tmp_path: Path) 
     sink.tick(t + 2)
     sink.settle(t + 3)
     path = tmp_path / "data-report.html"
-    path.write_bytes(render_bytes(report_of_sink(sink)))
+    path.write_bytes("".join(render(report_of_sink(sink))).encode("utf-8"))
     attempted = open_offline(page, path)
     expect(page.locator("#data-cause")).to_have_text(
         "rank 3 waits 250 ms a step for data, median 8 ms: input-bound on that rank")
