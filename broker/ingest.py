@@ -10,6 +10,7 @@ module only hoists lookups out of the loop and turns events into feed messages.
 from __future__ import annotations
 
 import logging
+import time
 
 import zmq
 
@@ -20,7 +21,8 @@ from broker.runs import Runs
 from broker.snapshots import msgpack_ints
 from rank_agent.ratelimit import RateLimitedLog
 
-__all__ = ["IngestLoop", "INGEST_BATCH_BYTES", "ZERO_COPY_BYTES", "ZERO_COPY_RUN"]
+__all__ = ["IngestLoop", "INGEST_BATCH_BYTES", "FLOOD_BATCH_S", "FLOOD_WAIT_MS", "ZERO_COPY_BYTES",
+           "ZERO_COPY_RUN"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,19 @@ INGEST_BATCH_BYTES = 16 * 1024 * 1024
 ZERO_COPY_BYTES = 64 * 1024
 ZERO_COPY_RUN = 256
 
+#: A flood keeps its batch open across the receive queue's refills (issue 33). The receive
+#: HWM (``broker.server.INGEST_RCVHWM``, 32 messages a connection: the byte bound) means
+#: ZeroMQ's I/O thread refills each connection's queue as the loop reads it, so under a
+#: flood a batch runs dry every few dozen messages: it ended there, and every 32-64 frames
+#: paid a turn of the server's poller, the journal's flush and the held samples' release
+#: (a rank had one sample a batch, so holding saved nothing). Now when a batch has taken at
+#: least ``flood_after`` messages (a full queue) and the batch before it had too, it waits
+#: up to FLOOD_WAIT_MS on the PULL alone for the refill and carries on, until
+#: ``batch_limit``, the byte budget, or FLOOD_BATCH_S after it began. A burst that fits in
+#: one batch (an epoch's frames) never waits; the queue's bound is unchanged.
+FLOOD_WAIT_MS = 1
+FLOOD_BATCH_S = 0.005
+
 
 class IngestLoop:
     """Drains one batch of the PULL socket into :class:`Runs` and encodes what it caused.
@@ -45,10 +60,20 @@ class IngestLoop:
     applying a ``register`` frame) and emptied here into ``port`` feed messages.
     """
 
-    def __init__(self, runs: Runs, batch_limit: int, rlog: RateLimitedLog) -> None:
+    def __init__(self, runs: Runs, batch_limit: int, rlog: RateLimitedLog,
+                 flood_after: int | None = None) -> None:
         self.runs = runs
         self.batch_limit = batch_limit
         self._rlog = rlog
+        #: messages a batch takes before running dry that make it a flood's (FLOOD_WAIT_MS);
+        #: None: a batch never waits
+        self.flood_after = flood_after
+        #: how long a flood's batch waits for a refill, and for how long after it began
+        #: (FLOOD_WAIT_MS, FLOOD_BATCH_S; tests lengthen them)
+        self.flood_wait_ms = FLOOD_WAIT_MS
+        self.flood_batch_s = FLOOD_BATCH_S
+        #: the last batch took at least ``flood_after`` messages
+        self._flooded = False
         #: (run, rank, port) of the register frames applied since the last drain
         self.pending_ports: list[tuple[str, int, int]] = []
         #: the current batch's large metadata frames, newest per run (broker/coalesce.py)
@@ -64,7 +89,8 @@ class IngestLoop:
         as bytes than as zero-copy Frames), and a frame that causes no event (nearly all)
         costs nothing here beyond the call into :class:`Runs`. Large ``metadata`` frames
         are taken aside and only the newest of each run is applied, after the batch's other
-        frames (:mod:`broker.coalesce`: why, and what it changes).
+        frames (:mod:`broker.coalesce`: why, and what it changes). Under a flood the batch
+        waits for the receive queue's refills instead of ending dry (FLOOD_WAIT_MS).
         """
         out: list[list[bytes]] = []
         recv = pull.recv
@@ -78,8 +104,12 @@ class IngestLoop:
         offer = aside.offer
         held = aside.held
         zero_copy = self._zero_copy
+        flood_after = self.flood_after
+        waits = flood_after is not None and self._flooded
+        began = time.monotonic() if waits else 0.0
+        i = 0
         raw: bytes | memoryview
-        for _ in range(self.batch_limit):
+        for i in range(self.batch_limit):
             if budget < 0:
                 break
             try:
@@ -89,6 +119,8 @@ class IngestLoop:
                 else:
                     raw = recv(noblock)
             except again:
+                if waits and i >= flood_after and self._refilled(pull, began):  # type: ignore[operator]
+                    continue
                 break
             n = len(raw)
             budget -= n
@@ -115,6 +147,7 @@ class IngestLoop:
                 out.extend(feed.encode_port(*p) for p in ports)
                 ports.clear()
         self._zero_copy = zero_copy
+        self._flooded = flood_after is not None and i >= flood_after
         try:  # each rank's newest sample of the batch (broker.coalesce.HeldSamples)
             self.queue_events(self.runs.release_samples(now), out)
         except Exception:
@@ -126,6 +159,13 @@ class IngestLoop:
             self.runs.count_superseded(aside.superseded)
             aside.superseded = 0
         return out
+
+    def _refilled(self, pull: zmq.Socket, began: float) -> bool:
+        """Wait up to ``flood_wait_ms`` for ``pull`` to have a message, unless the batch
+        began ``flood_batch_s`` ago: True when one came (the batch goes on)."""
+        if time.monotonic() - began >= self.flood_batch_s:
+            return False
+        return bool(zmq.zmq_poll([(pull, zmq.POLLIN)], self.flood_wait_ms))
 
     def _ingest_one(self, raw: bytes | memoryview, now: float, out: list[list[bytes]]) -> None:
         """Apply one message through :class:`Runs` and queue what it caused for the PUB

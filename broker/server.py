@@ -219,7 +219,7 @@ class BrokerServer:
         #: encoded run snapshots, reused while their run's seq has not moved
         self.snapshots = SnapshotCache(self._rlog)
         #: the receive loop and its state across batches (broker/ingest.py)
-        self._ingest = IngestLoop(self.runs, batch_limit, self._rlog)
+        self._ingest = IngestLoop(self.runs, batch_limit, self._rlog, flood_after=INGEST_RCVHWM)
 
     # -- setup ---------------------------------------------------------------------------
 
