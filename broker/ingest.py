@@ -104,6 +104,7 @@ class IngestLoop:
         offer = aside.offer
         held = aside.held
         zero_copy = self._zero_copy
+        large = min(ZERO_COPY_BYTES, COALESCE_MIN_BYTES)
         flood_after = self.flood_after
         waits = flood_after is not None and self._flooded
         began = time.monotonic() if waits else 0.0
@@ -124,13 +125,14 @@ class IngestLoop:
                 break
             n = len(raw)
             budget -= n
-            if n >= ZERO_COPY_BYTES:
-                zero_copy = ZERO_COPY_RUN
-            if n >= COALESCE_MIN_BYTES or held:  # (small frames only while some are aside:
-                taken, freed = offer(raw)         # a later small metadata must still win)
-                if taken:
-                    budget += freed
-                    continue
+            if n >= large or held:  # (one test a small frame: both sizes are 64 KiB)
+                if n >= ZERO_COPY_BYTES:
+                    zero_copy = ZERO_COPY_RUN
+                if n >= COALESCE_MIN_BYTES or held:  # (small frames only while some are
+                    taken, freed = offer(raw)         # aside: a later small metadata must
+                    if taken:                         # still win)
+                        budget += freed
+                        continue
             try:
                 events = ingest(raw, now)
             except Exception:  # a bug, not bad input (Runs counts those): keep serving

@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 
 _decode = protocol.decoder.decode
 _check_of = protocol.check_of
+_MAX_FRAME_BYTES = protocol.MAX_FRAME_BYTES
+#: ``resources``, the type of nearly every frame of a sampler flood, when it has no
+#: after-decode check (it has none: then its frames skip the lookup), else None
+_UNCHECKED = Resources if _check_of(Resources) is None else None
 
 #: A received message: bytes, or a zero-copy buffer of a large one (broker/server.py).
 Raw = Union[bytes, memoryview]
@@ -181,13 +185,14 @@ class Runs:
         Never raises for bad input: a rejected frame is counted by reason, logged
         rate-limited (one line, no traceback) and returns ``[]``.
         """
-        if len(raw) > protocol.MAX_FRAME_BYTES:
+        if len(raw) > _MAX_FRAME_BYTES:
             return self._reject("oversize", "%d bytes", len(raw))
         try:
             frame = _decode(raw)  # protocol.decode, inlined: the per-frame path
-            check = _check_of(type(frame))
-            if check is not None:
-                check(frame)
+            if type(frame) is not _UNCHECKED:
+                check = _check_of(type(frame))
+                if check is not None:
+                    check(frame)
         except msgspec.ValidationError as exc:  # subclasses DecodeError: test it first
             return self._reject("schema", "%s", exc)
         except msgspec.DecodeError as exc:
@@ -201,16 +206,17 @@ class Runs:
             run = frame.run
             sink = self._sinks.get(run)
             if sink is not None:
+                rank = frame.rank
                 if type(frame) is Resources and self.on_accept is None and (
-                        sink.world_size is None or frame.rank < sink.world_size):
+                        sink.world_size is None or rank < sink.world_size):
                     # held (inline, not a method of HeldSamples: nearly every frame of a
                     # sampler flood takes this path)
                     entry = held.runs.get(run)
                     if entry is None:
                         entry = held.runs[run] = ({}, [])
                     ranks, arrived = entry
-                    old = ranks.pop(frame.rank, None)  # popped: the newest goes last
-                    ranks[frame.rank] = (frame, raw)
+                    old = ranks.pop(rank, None)  # popped: the newest goes last
+                    ranks[rank] = (frame, raw)
                     arrived.append(frame)  # for the GPU rules, when the run's are applied
                     if old is not None:
                         held.replaced += 1
