@@ -110,6 +110,11 @@ class Runs:
         #: called with a sink that published events on its way out of memory (eviction),
         #: before ``on_evict``: the server's journal notes them (``Journal.note_seq``)
         self.on_settle: Callable[[RunSink], None] | None = None
+        #: called with (sink, frames, now) for a batch's held ``resources`` frames of a run
+        #: (each rank's newest) once they are applied, instead of ``recorder`` per frame:
+        #: the server's journal's ``accept_samples`` (issue 33: a call a frame cost ~3k
+        #: instructions in small batches); None: ``recorder`` per frame
+        self.sample_recorder: Callable[[RunSink, list[Resources], float], None] | None = None
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
         #: with ``hold_samples`` (the server's batches): each rank's newest ``resources``
@@ -263,8 +268,9 @@ class Runs:
             sink.gpu_health_many(arrived, now)
         except Exception:  # (a bug: counted, and the samples are still applied)
             self._internal(run, arrived[0])
+        applied = [frame for frame, _ in frames]
         try:
-            events, rejected = sink.apply_held([frame for frame, _ in frames], now)
+            events, rejected = sink.apply_held(applied, now)
         except Exception:
             return self._internal(run, frames[0][0])
         if rejected:
@@ -272,12 +278,19 @@ class Runs:
                 self._reject("rank_out_of_range", "run %r rank %d: %s", run, frame.rank, why)
             gone = {id(frame) for frame, _ in rejected}
             frames = [item for item in frames if id(item[0]) not in gone]
+            applied = [frame for frame, _ in frames]
         if run != self._mru:
             self._sinks.move_to_end(run)
             self._mru = run
         self.accepted += len(frames)
         recorder = self.recorder
-        if recorder is not None or self.on_accept is not None:
+        if self.sample_recorder is not None and self.on_accept is None:
+            try:
+                self.sample_recorder(sink, applied, now)
+            except Exception:
+                self._rlog.error("recorder", "recording the held samples of run %r failed",
+                                 run, exc_info=True)
+        elif recorder is not None or self.on_accept is not None:
             for frame, raw in frames:
                 if recorder is not None:
                     try:
