@@ -21,7 +21,7 @@ from broker.runs import Runs
 from broker.snapshots import msgpack_ints
 from rank_agent.ratelimit import RateLimitedLog
 
-__all__ = ["IngestLoop", "INGEST_BATCH_BYTES", "FLOOD_BATCH_S", "FLOOD_WAIT_MS", "ZERO_COPY_BYTES",
+__all__ = ["IngestLoop", "INGEST_BATCH_BYTES", "FLOOD_BATCH_S", "FLOOD_NAP_S", "ZERO_COPY_BYTES",
            "ZERO_COPY_RUN"]
 
 log = logging.getLogger(__name__)
@@ -44,12 +44,15 @@ ZERO_COPY_RUN = 256
 #: ZeroMQ's I/O thread refills each connection's queue as the loop reads it, so under a
 #: flood a batch runs dry every few dozen messages: it ended there, and every 32-64 frames
 #: paid a turn of the server's poller, the journal's flush and the held samples' release
-#: (a rank had one sample a batch, so holding saved nothing). Now when a batch has taken at
-#: least ``flood_after`` messages (a full queue) and the batch before it had too, it waits
-#: up to FLOOD_WAIT_MS on the PULL alone for the refill and carries on, until
-#: ``batch_limit``, the byte budget, or FLOOD_BATCH_S after it began. A burst that fits in
-#: one batch (an epoch's frames) never waits; the queue's bound is unchanged.
-FLOOD_WAIT_MS = 1
+#: (a rank had one sample a batch, so holding saved nothing). Waiting on the socket instead
+#: is no better: it wakes at the refill's first message, and a loop faster than the I/O
+#: thread then wakes every few messages. So when a batch has taken at least
+#: ``flood_after`` messages (a full queue) and the batch before it had too, it naps
+#: FLOOD_NAP_S (time for the I/O thread to fill the queues again) and carries on if a
+#: message came, until ``batch_limit``, the byte budget, or FLOOD_BATCH_S after it began;
+#: a nap that brought nothing ends the batch. A burst that fits in one batch (an epoch's
+#: frames) never naps; the queue's bound is unchanged.
+FLOOD_NAP_S = 0.0001
 FLOOD_BATCH_S = 0.005
 
 
@@ -65,13 +68,14 @@ class IngestLoop:
         self.runs = runs
         self.batch_limit = batch_limit
         self._rlog = rlog
-        #: messages a batch takes before running dry that make it a flood's (FLOOD_WAIT_MS);
+        #: messages a batch takes before running dry that make it a flood's (FLOOD_NAP_S);
         #: None: a batch never waits
         self.flood_after = flood_after
-        #: how long a flood's batch waits for a refill, and for how long after it began
-        #: (FLOOD_WAIT_MS, FLOOD_BATCH_S; tests lengthen them)
-        self.flood_wait_ms = FLOOD_WAIT_MS
+        #: how long a flood's batch naps for a refill, and until how long after it began
+        #: (FLOOD_NAP_S, FLOOD_BATCH_S; tests lengthen them), and how (``time.sleep``)
+        self.flood_nap_s = FLOOD_NAP_S
         self.flood_batch_s = FLOOD_BATCH_S
+        self.nap = time.sleep
         #: the last batch took at least ``flood_after`` messages
         self._flooded = False
         #: (run, rank, port) of the register frames applied since the last drain
@@ -90,7 +94,7 @@ class IngestLoop:
         costs nothing here beyond the call into :class:`Runs`. Large ``metadata`` frames
         are taken aside and only the newest of each run is applied, after the batch's other
         frames (:mod:`broker.coalesce`: why, and what it changes). Under a flood the batch
-        waits for the receive queue's refills instead of ending dry (FLOOD_WAIT_MS).
+        naps for the receive queue's refills instead of ending dry (FLOOD_NAP_S).
         """
         out: list[list[bytes]] = []
         recv = pull.recv
@@ -163,11 +167,13 @@ class IngestLoop:
         return out
 
     def _refilled(self, pull: zmq.Socket, began: float) -> bool:
-        """Wait up to ``flood_wait_ms`` for ``pull`` to have a message, unless the batch
-        began ``flood_batch_s`` ago: True when one came (the batch goes on)."""
+        """Nap ``flood_nap_s`` for the queues' refill, unless the batch began
+        ``flood_batch_s`` ago: True when a message is there after it (the batch goes on)."""
         if time.monotonic() - began >= self.flood_batch_s:
             return False
-        return bool(zmq.zmq_poll([(pull, zmq.POLLIN)], self.flood_wait_ms))
+        self.nap(self.flood_nap_s)
+        events: int = pull.get(zmq.EVENTS)  # type: ignore[assignment]
+        return bool(events & zmq.POLLIN)
 
     def _ingest_one(self, raw: bytes | memoryview, now: float, out: list[list[bytes]]) -> None:
         """Apply one message through :class:`Runs` and queue what it caused for the PUB
