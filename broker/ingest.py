@@ -10,7 +10,9 @@ module only hoists lookups out of the loop and turns events into feed messages.
 from __future__ import annotations
 
 import logging
+import os
 import time
+from typing import Callable
 
 import zmq
 
@@ -21,7 +23,7 @@ from broker.runs import Runs
 from broker.snapshots import msgpack_ints
 from rank_agent.ratelimit import RateLimitedLog
 
-__all__ = ["IngestLoop", "INGEST_BATCH_BYTES", "FLOOD_BATCH_S", "FLOOD_NAP_S", "ZERO_COPY_BYTES",
+__all__ = ["IngestLoop", "INGEST_BATCH_BYTES", "FLOOD_BATCH_S", "FLOOD_SPINS", "ZERO_COPY_BYTES",
            "ZERO_COPY_RUN"]
 
 log = logging.getLogger(__name__)
@@ -43,16 +45,16 @@ ZERO_COPY_RUN = 256
 #: HWM (``broker.server.INGEST_RCVHWM``, 32 messages a connection: the byte bound) means
 #: ZeroMQ's I/O thread refills each connection's queue as the loop reads it, so under a
 #: flood a batch runs dry every few dozen messages: it ended there, and every 32-64 frames
-#: paid a turn of the server's poller, the journal's flush and the held samples' release
-#: (a rank had one sample a batch, so holding saved nothing). Waiting on the socket instead
-#: is no better: it wakes at the refill's first message, and a loop faster than the I/O
-#: thread then wakes every few messages. So when a batch has taken at least
-#: ``flood_after`` messages (a full queue) and the batch before it had too, it naps
-#: FLOOD_NAP_S (time for the I/O thread to fill the queues again) and carries on if a
-#: message came, until ``batch_limit``, the byte budget, or FLOOD_BATCH_S after it began;
-#: a nap that brought nothing ends the batch. A burst that fits in one batch (an epoch's
-#: frames) never naps; the queue's bound is unchanged.
-FLOOD_NAP_S = 0.0001
+#: paid a turn of the server's poller (a sleep and a wake-up), the journal's flush and the
+#: held samples' release. So when a batch has taken at least ``flood_after`` messages (a
+#: full queue) and the batch before it had too, it yields the CPU (``sched_yield``: the I/O
+#: thread may be waiting for this core) up to FLOOD_SPINS times, looking for the refill
+#: after each, and carries on when it came, until ``batch_limit``, the byte budget, or
+#: FLOOD_BATCH_S after it began. Sleeping instead cost more on this VM: a socket wait wakes
+#: at the refill's first message, and a 0.1 ms nap costs ~25 us of CPU in the timer
+#: (BENCHMARKS.md, issue 33). A burst that fits in one batch (an epoch's frames) never
+#: spins; the queue's bound is unchanged.
+FLOOD_SPINS = 64
 FLOOD_BATCH_S = 0.005
 
 
@@ -68,14 +70,13 @@ class IngestLoop:
         self.runs = runs
         self.batch_limit = batch_limit
         self._rlog = rlog
-        #: messages a batch takes before running dry that make it a flood's (FLOOD_NAP_S);
+        #: messages a batch takes before running dry that make it a flood's (FLOOD_SPINS);
         #: None: a batch never waits
         self.flood_after = flood_after
-        #: how long a flood's batch naps for a refill, and until how long after it began
-        #: (FLOOD_NAP_S, FLOOD_BATCH_S; tests lengthen them), and how (``time.sleep``)
-        self.flood_nap_s = FLOOD_NAP_S
+        #: until how long after it began a flood's batch waits for refills (FLOOD_BATCH_S),
+        #: and how it gives way to the I/O thread (``os.sched_yield``; tests spy on it)
         self.flood_batch_s = FLOOD_BATCH_S
-        self.nap = time.sleep
+        self.nap: Callable[[], None] = os.sched_yield
         #: the last batch took at least ``flood_after`` messages
         self._flooded = False
         #: (run, rank, port) of the register frames applied since the last drain
@@ -94,7 +95,7 @@ class IngestLoop:
         costs nothing here beyond the call into :class:`Runs`. Large ``metadata`` frames
         are taken aside and only the newest of each run is applied, after the batch's other
         frames (:mod:`broker.coalesce`: why, and what it changes). Under a flood the batch
-        naps for the receive queue's refills instead of ending dry (FLOOD_NAP_S).
+        takes the receive queue's refills instead of ending dry (FLOOD_SPINS).
         """
         out: list[list[bytes]] = []
         recv = pull.recv
@@ -167,13 +168,18 @@ class IngestLoop:
         return out
 
     def _refilled(self, pull: zmq.Socket, began: float) -> bool:
-        """Nap ``flood_nap_s`` for the queues' refill, unless the batch began
-        ``flood_batch_s`` ago: True when a message is there after it (the batch goes on)."""
+        """Yield the CPU up to FLOOD_SPINS times for the queues' refill (ZeroMQ's I/O thread
+        may be waiting for this core), looking for a message after each, unless the batch
+        began ``flood_batch_s`` ago: True when one came (the batch goes on)."""
         if time.monotonic() - began >= self.flood_batch_s:
             return False
-        self.nap(self.flood_nap_s)
-        events: int = pull.get(zmq.EVENTS)  # type: ignore[assignment]
-        return bool(events & zmq.POLLIN)
+        get, nap = pull.get, self.nap
+        for _ in range(FLOOD_SPINS):
+            nap()
+            events: int = get(zmq.EVENTS)  # type: ignore[assignment]
+            if events & zmq.POLLIN:
+                return True
+        return False
 
     def _ingest_one(self, raw: bytes | memoryview, now: float, out: list[list[bytes]]) -> None:
         """Apply one message through :class:`Runs` and queue what it caused for the PUB

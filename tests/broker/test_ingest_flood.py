@@ -1,17 +1,17 @@
 """The receive loop under a flood (issue 33): a batch that took a full receive queue, after a
-batch that did too, naps briefly for ZeroMQ's refill instead of ending at the first empty
-read, and a nap that brought nothing ends it; a burst after quiet never naps. Real PUSH/PULL sockets on loopback, the PULL with the
+batch that did too, gives way to ZeroMQ's I/O thread for the refill instead of ending at the
+first empty read, and ends when none came; a burst after quiet never waits. Real PUSH/PULL sockets on loopback, the PULL with the
 broker's receive HWM."""
 from __future__ import annotations
 
 import logging
-import time
+import os
 from typing import Any, Iterator
 
 import pytest
 import zmq
 
-from broker.ingest import IngestLoop
+from broker.ingest import FLOOD_SPINS, IngestLoop
 from broker.runs import Runs
 from broker.server import INGEST_RCVHWM
 from rank_agent.protocol import GpuSample, Resources, ResourceSample
@@ -47,7 +47,6 @@ def sockets() -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
 def loop() -> tuple[IngestLoop, Runs]:
     runs = Runs(hold_samples=True)
     ingest = IngestLoop(runs, 1000, RateLimitedLog(logging.getLogger(__name__)), flood_after=FLOOD)
-    ingest.flood_nap_s = 0.5  # long enough for loopback under load
     ingest.flood_batch_s = 30.0
     runs.ingest(enc(register(RUN, 0, 8)), 1.0)
     return ingest, runs
@@ -65,25 +64,30 @@ def drain_all(ingest: IngestLoop, pull: zmq.Socket, runs: Runs, n: int) -> None:
 
 
 class NapSpy:
-    """The loop's nap around a drain: counts the naps and, at the first, sends ``late`` (the
-    frame that arrives while the batch naps), then sleeps for real."""
+    """The loop's yield around a drain: counts the yields and, at the first, sends ``late``
+    (the frame that arrives while the batch waits for a refill), then yields for real."""
 
-    def __init__(self, ingest: IngestLoop, push: zmq.Socket, late: bytes | None) -> None:
-        self.ingest, self.push, self.late, self.calls = ingest, push, late, 0
+    def __init__(self, ingest: IngestLoop, pull: zmq.Socket, push: zmq.Socket,
+                 late: bytes | None) -> None:
+        self.ingest, self.ingest_socket, self.push = ingest, pull, push
+        self.late, self.calls = late, 0
 
-    def __call__(self, seconds: float) -> None:
+    def __call__(self) -> None:
         self.calls += 1
         if self.late is not None:
             self.push.send(self.late)
             self.late = None
-        time.sleep(seconds)
+            # (the frame crosses loopback and the I/O thread: give it time, by the clock,
+            # not by a count of yields the loop happens to make)
+            wait_for(lambda: self.ingest_socket.get(zmq.EVENTS) & zmq.POLLIN, 15, "the frame")
+        os.sched_yield()
 
     def __enter__(self) -> NapSpy:
         self.ingest.nap = self
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.ingest.nap = time.sleep
+        self.ingest.nap = os.sched_yield
 
 
 def test_a_floods_batch_waits_for_the_refill(sockets: tuple[zmq.Socket, zmq.Socket]) -> None:
@@ -96,12 +100,12 @@ def test_a_floods_batch_waits_for_the_refill(sockets: tuple[zmq.Socket, zmq.Sock
         push.send(sample(i % 8, i))
     wait_for(lambda: pull.poll(0), 15, "the second burst")
     base = runs.accepted
-    with NapSpy(ingest, push, sample(7, 99)) as spy:
+    with NapSpy(ingest, pull, push, sample(7, 99)) as spy:
         ingest.drain(pull, 3.0)
-    # one batch: the burst, then the frame that came while it napped (a burst the I/O
-    # thread had not queued yet when the loop ran dry only adds naps); the last nap
-    # brought nothing and ended it
-    assert spy.calls >= 2 and runs.accepted - base == FLOOD + 2
+    # one batch: the burst, then the frame that came while it waited (a burst the I/O
+    # thread had not queued yet when the loop ran dry only adds yields); then FLOOD_SPINS
+    # yields brought nothing and ended it
+    assert spy.calls >= 1 + FLOOD_SPINS and runs.accepted - base == FLOOD + 2
     assert runs.rejected_total == 0
 
 
@@ -111,6 +115,6 @@ def test_a_burst_after_quiet_never_waits(sockets: tuple[zmq.Socket, zmq.Socket])
     for i in range(2 * FLOOD):
         push.send(sample(i % 8, i))
     wait_for(lambda: pull.poll(0), 15, "the burst")
-    with NapSpy(ingest, push, None) as spy:
+    with NapSpy(ingest, pull, push, None) as spy:
         ingest.drain(pull, 2.0)  # the batch before it was not a flood's: it ends dry
     assert spy.calls == 0 and 1 <= runs.accepted - 1 <= 2 * FLOOD
