@@ -1,7 +1,7 @@
 """The receive loop under a flood (issue 33): a batch that took a full receive queue, after a
 batch that did too, gives way to ZeroMQ's I/O thread for the refill instead of ending at the
-first empty read, and ends when none came; a burst after quiet never waits. Real PUSH/PULL sockets on loopback, the PULL with the
-broker's receive HWM."""
+first empty read, and ends when none came; a burst after quiet never waits. Real PUSH/PULL
+sockets on loopback, the PULL with the broker's receive HWM."""
 from __future__ import annotations
 
 import logging
