@@ -27,11 +27,13 @@ was last raised; webhook repeat suppression is per (run, kind, rank), in
 sample breaks a two-sample rule. The rules are not rebuilt from a journal replay: the sink
 feeds live frames only.
 
-Cost: called for every sample the broker ingests, so a sample of a GPU with nothing to say
-costs a dict lookup and a handful of attribute tests (no allocation); the previous sample is
-kept by reference (decoded samples are immutable once stored). Per rank at most
-:data:`MAX_GPUS_PER_RANK` GPUs are remembered, with their XID tallies, so a rank cannot grow
-the state (or the ``ranks`` event's ``gpu_xids``) without bound by inventing device indices.
+Cost: called for every sample the broker ingests. A GPU that sets no field the rules read
+costs one test of those fields and is not remembered (issue 33: as a previous sample it is
+the same as none); one with health fields and nothing to say costs a dict lookup and a
+handful of attribute tests (no allocation); the previous sample is kept by reference
+(decoded samples are immutable once stored). Per rank at most :data:`MAX_GPUS_PER_RANK`
+GPUs are remembered, with their XID tallies, so a rank cannot grow the state (or the
+``ranks`` event's ``gpu_xids``) without bound by inventing device indices.
 """
 from __future__ import annotations
 
@@ -101,14 +103,27 @@ class GpuAlertRules:
         out: list[GpuAlert] = []
         prev_of = self._prev
         for item in items:
-            gpus = item.sample.gpus
-            if not gpus:
-                continue
-            rank = item.rank
-            known = prev_of.get(rank)
-            if known is None:
-                known = prev_of[rank] = {}
-            for gpu in gpus:
+            for gpu in item.sample.gpus:
+                # One check first (issue 33): a GPU that sets none of the fields the rules
+                # read (a v2 agent, a host without NVML's health queries: most samples of a
+                # sampler flood) can raise nothing, and as the previous sample it is the
+                # same as none, since every two-sample rule needs its field in both (a
+                # width without a maximum, or the reverse, is never narrow). So it is not
+                # remembered: its GPU's older sample, if any, is forgotten instead.
+                if not (gpu.xid_errors or gpu.throttle_reasons
+                        or gpu.ecc_uncorrected is not None or gpu.nvlink_errors is not None
+                        or gpu.pcie_link_width is not None
+                        or gpu.remapped_rows_pending is not None
+                        or gpu.remapped_rows_failed is not None):
+                    if prev_of:
+                        known = prev_of.get(item.rank)
+                        if known:
+                            known.pop(gpu.device_index, None)
+                    continue
+                rank = item.rank
+                known = prev_of.get(rank)
+                if known is None:
+                    known = prev_of[rank] = {}
                 index = gpu.device_index
                 prev = known.get(index)
                 if prev is None and len(known) >= MAX_GPUS_PER_RANK:

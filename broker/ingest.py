@@ -10,6 +10,9 @@ module only hoists lookups out of the loop and turns events into feed messages.
 from __future__ import annotations
 
 import logging
+import os
+import time
+from typing import Callable
 
 import zmq
 
@@ -20,7 +23,8 @@ from broker.runs import Runs
 from broker.snapshots import msgpack_ints
 from rank_agent.ratelimit import RateLimitedLog
 
-__all__ = ["IngestLoop", "INGEST_BATCH_BYTES", "ZERO_COPY_BYTES", "ZERO_COPY_RUN"]
+__all__ = ["IngestLoop", "INGEST_BATCH_BYTES", "FLOOD_BATCH_S", "FLOOD_SPINS", "ZERO_COPY_BYTES",
+           "ZERO_COPY_RUN"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,23 @@ INGEST_BATCH_BYTES = 16 * 1024 * 1024
 ZERO_COPY_BYTES = 64 * 1024
 ZERO_COPY_RUN = 256
 
+#: A flood keeps its batch open across the receive queue's refills (issue 33). The receive
+#: HWM (``broker.server.INGEST_RCVHWM``, 32 messages a connection: the byte bound) means
+#: ZeroMQ's I/O thread refills each connection's queue as the loop reads it, so under a
+#: flood a batch runs dry every few dozen messages: it ended there, and every 32-64 frames
+#: paid a turn of the server's poller (a sleep and a wake-up), the journal's flush and the
+#: held samples' release. So when a batch has taken at least ``flood_after`` messages (a
+#: full queue) and the batch before it had too, it yields the CPU (``sched_yield``: the I/O
+#: thread may be waiting for this core) up to FLOOD_SPINS times, looking for the refill
+#: after each, and carries on when it came, until ``batch_limit``, the byte budget, or
+#: FLOOD_BATCH_S after it began. Sleeping instead cost more on this VM: a socket wait wakes
+#: at the refill's first message, and a 0.1 ms nap costs ~25 us of CPU in the timer
+#: (BENCHMARKS.md, issue 33), and a long spin burns what a sleep costs: 8 yields catch a
+#: refill under way (A/B medians 2.50 us a frame, 64 yields 2.73, none 2.67; noisy). A
+#: burst that fits in one batch (an epoch's frames) never spins; the queue's bound holds.
+FLOOD_SPINS = 8
+FLOOD_BATCH_S = 0.005
+
 
 class IngestLoop:
     """Drains one batch of the PULL socket into :class:`Runs` and encodes what it caused.
@@ -45,10 +66,20 @@ class IngestLoop:
     applying a ``register`` frame) and emptied here into ``port`` feed messages.
     """
 
-    def __init__(self, runs: Runs, batch_limit: int, rlog: RateLimitedLog) -> None:
+    def __init__(self, runs: Runs, batch_limit: int, rlog: RateLimitedLog,
+                 flood_after: int | None = None) -> None:
         self.runs = runs
         self.batch_limit = batch_limit
         self._rlog = rlog
+        #: messages a batch takes before running dry that make it a flood's (FLOOD_SPINS);
+        #: None: a batch never waits
+        self.flood_after = flood_after
+        #: until how long after it began a flood's batch waits for refills (FLOOD_BATCH_S),
+        #: and how it gives way to the I/O thread (``os.sched_yield``; tests spy on it)
+        self.flood_batch_s = FLOOD_BATCH_S
+        self.nap: Callable[[], None] = os.sched_yield
+        #: the last batch took at least ``flood_after`` messages
+        self._flooded = False
         #: (run, rank, port) of the register frames applied since the last drain
         self.pending_ports: list[tuple[str, int, int]] = []
         #: the current batch's large metadata frames, newest per run (broker/coalesce.py)
@@ -64,7 +95,8 @@ class IngestLoop:
         as bytes than as zero-copy Frames), and a frame that causes no event (nearly all)
         costs nothing here beyond the call into :class:`Runs`. Large ``metadata`` frames
         are taken aside and only the newest of each run is applied, after the batch's other
-        frames (:mod:`broker.coalesce`: why, and what it changes).
+        frames (:mod:`broker.coalesce`: why, and what it changes). Under a flood the batch
+        takes the receive queue's refills instead of ending dry (FLOOD_SPINS).
         """
         out: list[list[bytes]] = []
         recv = pull.recv
@@ -78,8 +110,13 @@ class IngestLoop:
         offer = aside.offer
         held = aside.held
         zero_copy = self._zero_copy
+        large = min(ZERO_COPY_BYTES, COALESCE_MIN_BYTES)
+        flood_after = self.flood_after
+        waits = flood_after is not None and self._flooded
+        began = time.monotonic() if waits else 0.0
+        i = 0
         raw: bytes | memoryview
-        for _ in range(self.batch_limit):
+        for i in range(self.batch_limit):
             if budget < 0:
                 break
             try:
@@ -89,16 +126,19 @@ class IngestLoop:
                 else:
                     raw = recv(noblock)
             except again:
+                if waits and i >= flood_after and self._refilled(pull, began):  # type: ignore[operator]
+                    continue
                 break
             n = len(raw)
             budget -= n
-            if n >= ZERO_COPY_BYTES:
-                zero_copy = ZERO_COPY_RUN
-            if n >= COALESCE_MIN_BYTES or held:  # (small frames only while some are aside:
-                taken, freed = offer(raw)         # a later small metadata must still win)
-                if taken:
-                    budget += freed
-                    continue
+            if n >= large or held:  # (one test a small frame: both sizes are 64 KiB)
+                if n >= ZERO_COPY_BYTES:
+                    zero_copy = ZERO_COPY_RUN
+                if n >= COALESCE_MIN_BYTES or held:  # (small frames only while some are
+                    taken, freed = offer(raw)         # aside: a later small metadata must
+                    if taken:                         # still win)
+                        budget += freed
+                        continue
             try:
                 events = ingest(raw, now)
             except Exception:  # a bug, not bad input (Runs counts those): keep serving
@@ -115,6 +155,7 @@ class IngestLoop:
                 out.extend(feed.encode_port(*p) for p in ports)
                 ports.clear()
         self._zero_copy = zero_copy
+        self._flooded = flood_after is not None and i >= flood_after
         try:  # each rank's newest sample of the batch (broker.coalesce.HeldSamples)
             self.queue_events(self.runs.release_samples(now), out)
         except Exception:
@@ -126,6 +167,20 @@ class IngestLoop:
             self.runs.count_superseded(aside.superseded)
             aside.superseded = 0
         return out
+
+    def _refilled(self, pull: zmq.Socket, began: float) -> bool:
+        """Yield the CPU up to FLOOD_SPINS times for the queues' refill (ZeroMQ's I/O thread
+        may be waiting for this core), looking for a message after each, unless the batch
+        began ``flood_batch_s`` ago: True when one came (the batch goes on)."""
+        if time.monotonic() - began >= self.flood_batch_s:
+            return False
+        get, nap = pull.get, self.nap
+        for _ in range(FLOOD_SPINS):
+            nap()
+            events: int = get(zmq.EVENTS)  # type: ignore[assignment]
+            if events & zmq.POLLIN:
+                return True
+        return False
 
     def _ingest_one(self, raw: bytes | memoryview, now: float, out: list[list[bytes]]) -> None:
         """Apply one message through :class:`Runs` and queue what it caused for the PUB

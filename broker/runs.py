@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 
 _decode = protocol.decoder.decode
 _check_of = protocol.check_of
+_MAX_FRAME_BYTES = protocol.MAX_FRAME_BYTES
+#: ``resources``, the type of nearly every frame of a sampler flood, when it has no
+#: after-decode check (it has none: then its frames skip the lookup), else None
+_UNCHECKED = Resources if _check_of(Resources) is None else None
 
 #: A received message: bytes, or a zero-copy buffer of a large one (broker/server.py).
 Raw = Union[bytes, memoryview]
@@ -106,6 +110,11 @@ class Runs:
         #: called with a sink that published events on its way out of memory (eviction),
         #: before ``on_evict``: the server's journal notes them (``Journal.note_seq``)
         self.on_settle: Callable[[RunSink], None] | None = None
+        #: called with (sink, frames, now) for a batch's held ``resources`` frames of a run
+        #: (each rank's newest) once they are applied, instead of ``recorder`` per frame:
+        #: the server's journal's ``accept_samples`` (issue 33: a call a frame cost ~3k
+        #: instructions in small batches); None: ``recorder`` per frame
+        self.sample_recorder: Callable[[RunSink, list[Resources], float], None] | None = None
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
         #: with ``hold_samples`` (the server's batches): each rank's newest ``resources``
@@ -185,13 +194,14 @@ class Runs:
         Never raises for bad input: a rejected frame is counted by reason, logged
         rate-limited (one line, no traceback) and returns ``[]``.
         """
-        if len(raw) > protocol.MAX_FRAME_BYTES:
+        if len(raw) > _MAX_FRAME_BYTES:
             return self._reject("oversize", "%d bytes", len(raw))
         try:
             frame = _decode(raw)  # protocol.decode, inlined: the per-frame path
-            check = _check_of(type(frame))
-            if check is not None:
-                check(frame)
+            if type(frame) is not _UNCHECKED:
+                check = _check_of(type(frame))
+                if check is not None:
+                    check(frame)
         except msgspec.ValidationError as exc:  # subclasses DecodeError: test it first
             return self._reject("schema", "%s", exc)
         except msgspec.DecodeError as exc:
@@ -205,16 +215,17 @@ class Runs:
             run = frame.run
             sink = self._sinks.get(run)
             if sink is not None:
+                rank = frame.rank
                 if type(frame) is Resources and self.on_accept is None and (
-                        sink.world_size is None or frame.rank < sink.world_size):
+                        sink.world_size is None or rank < sink.world_size):
                     # held (inline, not a method of HeldSamples: nearly every frame of a
                     # sampler flood takes this path)
                     entry = held.runs.get(run)
                     if entry is None:
                         entry = held.runs[run] = ({}, [])
                     ranks, arrived = entry
-                    old = ranks.pop(frame.rank, None)  # popped: the newest goes last
-                    ranks[frame.rank] = (frame, raw)
+                    old = ranks.pop(rank, None)  # popped: the newest goes last
+                    ranks[rank] = (frame, raw)
                     arrived.append(frame)  # for the GPU rules, when the run's are applied
                     if old is not None:
                         held.replaced += 1
@@ -261,8 +272,9 @@ class Runs:
             sink.gpu_health_many(arrived, now)
         except Exception:  # (a bug: counted, and the samples are still applied)
             self._internal(run, arrived[0])
+        applied = [frame for frame, _ in frames]
         try:
-            events, rejected = sink.apply_held([frame for frame, _ in frames], now)
+            events, rejected = sink.apply_held(applied, now)
         except Exception:
             return self._internal(run, frames[0][0])
         if rejected:
@@ -270,12 +282,19 @@ class Runs:
                 self._reject("rank_out_of_range", "run %r rank %d: %s", run, frame.rank, why)
             gone = {id(frame) for frame, _ in rejected}
             frames = [item for item in frames if id(item[0]) not in gone]
+            applied = [frame for frame, _ in frames]
         if run != self._mru:
             self._sinks.move_to_end(run)
             self._mru = run
         self.accepted += len(frames)
         recorder = self.recorder
-        if recorder is not None or self.on_accept is not None:
+        if self.sample_recorder is not None and self.on_accept is None:
+            try:
+                self.sample_recorder(sink, applied, now)
+            except Exception:
+                self._rlog.error("recorder", "recording the held samples of run %r failed",
+                                 run, exc_info=True)
+        elif recorder is not None or self.on_accept is not None:
             for frame, raw in frames:
                 if recorder is not None:
                     try:

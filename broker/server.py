@@ -237,7 +237,7 @@ class BrokerServer:
         self._requests = RouterRequests(self.runs, self.snapshots, self.stacks_gate, self._rlog,
                                         self.instance)
         #: the receive loop and its state across batches (broker/ingest.py)
-        self._ingest = IngestLoop(self.runs, batch_limit, self._rlog)
+        self._ingest = IngestLoop(self.runs, batch_limit, self._rlog, flood_after=INGEST_RCVHWM)
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -383,6 +383,7 @@ class BrokerServer:
         # record + note_seq per frame, not per batch: the journal reserves ids in blocks and
         # a batch may issue more events for one run than half a block.
         self.runs.recorder = journal.accept
+        self.runs.sample_recorder = journal.accept_samples
         self.runs.on_settle = journal.note_seq  # an evicted run's last steps, before forget
         self.runs.loader = lambda run: journal.load_run(
             run, stale_after=self.stale_after, step_close_after=self.step_close_after)
@@ -456,6 +457,7 @@ class BrokerServer:
                 log.exception("closing the journal failed")
             self._journal = None
             self.runs.recorder = None
+            self.runs.sample_recorder = None
         self._close_sockets()
 
     def _close_sockets(self) -> None:

@@ -59,6 +59,7 @@ import logging
 import os
 import tempfile
 import time
+from operator import itemgetter
 from typing import Union
 
 from broker.journal.codec import (
@@ -109,22 +110,16 @@ WRITE_BUFFER_BYTES = 16 * 1024 * 1024
 #: kept in memory only (a restart lists the ones journaled before), counted in
 #: ``counters()["stacks_unjournaled"]``.
 MAX_STACKS_BYTES = 64 * 1024 * 1024
-
-
-
-
-def _time_of(item: tuple[float, Resources]) -> float:
-    return item[0]
-
+_time_of = itemgetter(0)  # the receive time of a held sample, ``(now, frame)``
 
 
 class Journal:
     """Per-run append-only journals under ``data_dir``, and the rebuild of runs from them.
 
     The server calls :meth:`load` once at start, :meth:`accept` for every accepted frame
-    (after ``sink.apply`` succeeded), :meth:`note_seq` after a tick's events,
-    :meth:`flush` once per drained batch and :meth:`close` at exit. The constructor does
-    no I/O.
+    (after ``sink.apply`` succeeded; :meth:`accept_samples` for a batch's held samples),
+    :meth:`note_seq` after a tick's events, :meth:`flush` once per drained batch and
+    :meth:`close` at exit. The constructor does no I/O.
     """
 
     def __init__(
@@ -302,6 +297,15 @@ class Journal:
         if len(st.buf) != n:
             self._grew(len(st.buf) - n)
 
+    def accept_samples(self, sink: RunSink, frames: list[Resources], now: float) -> None:
+        """:meth:`accept` of a batch's held samples of one run in one call (issue 33)."""
+        st = self._files.get(sink.run)
+        if st is not None and st.started and sink.seq == st.noted_seq:
+            st.pending.update([(frame.rank, (now, frame)) for frame in frames])
+        else:
+            for frame in frames:
+                self.accept(sink, b"", frame, now)
+
     def _record(self, st: RunFile, frame: Frame, now: float) -> None:
         if type(frame) is Resources:
             if st.started:
@@ -352,12 +356,10 @@ class Journal:
 
     def counters(self) -> dict[str, int]:
         """Totals since start of the journal's limits and repairs (for the heartbeat):
-        ``early_flushes`` (the write buffer reached WRITE_BUFFER_BYTES within a batch),
-        ``damaged_entries`` (damaged ranges set aside at load), ``runs_not_loaded`` (runs
-        left on disk at load beyond ``max_runs``), ``dropped_bytes`` (buffered bytes given
-        up while writes failed), ``write_failures`` (failed writes of a run's buffer: a
-        read-only or full data dir), ``step_series_visited`` (series looked at to write STEPS
-        blocks: work, for tests and benchmarks)."""
+        ``early_flushes`` (WRITE_BUFFER_BYTES reached within a batch), ``damaged_entries``
+        (set aside at load), ``runs_not_loaded`` (beyond ``max_runs`` at load),
+        ``dropped_bytes`` (given up while writes failed), ``write_failures`` (a read-only or
+        full data dir), ``step_series_visited`` (series looked at for STEPS blocks)."""
         return {
             "early_flushes": self.early_flushes,
             "stacks_unjournaled": self.stacks_unjournaled,

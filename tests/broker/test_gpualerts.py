@@ -138,10 +138,10 @@ def test_one_sample_can_raise_several_kinds():
 def test_state_is_bounded_and_forgotten():
     rules = GpuAlertRules()
     for i in range(MAX_GPUS_PER_RANK * 3):
-        feed(rules, 0, gpu(i))
+        feed(rules, 0, gpu(i, nvlink_errors=0))
     assert len(rules) == MAX_GPUS_PER_RANK
     feed(rules, 3, gpu(0, nvlink_errors=1))
-    feed(rules, 7, gpu(0))
+    feed(rules, 7, gpu(0, nvlink_errors=0))
     rules.forget_from(4)
     assert len(rules) == MAX_GPUS_PER_RANK + 1
     assert feed(rules, 3, gpu(0, nvlink_errors=5)) != []  # rank 3 kept its previous sample
@@ -164,6 +164,89 @@ def test_a_quiet_sample_costs_little():
         rules.feed(0, sample)
     per = (time.perf_counter() - t0) / n
     assert per < 20e-6  # generous for a shared 2-core VM; measured ~1 us
+
+
+def test_a_gpu_without_health_fields_is_not_remembered():
+    """Issue 33: a GPU that sets no field the rules read costs one check and is not kept;
+    its GPU's older sample is forgotten (as the previous sample it is the same as none)."""
+    rules = GpuAlertRules()
+    for rank in range(8):
+        for _ in range(3):
+            assert feed(rules, rank, gpu(0, util_percent=90.0), gpu(1, sm_clock_mhz=1400.0,
+                                                                     pcie_link_width_max=16)) == []
+    assert len(rules) == 0
+    feed(rules, 0, gpu(0, nvlink_errors=3), gpu(1, nvlink_errors=3))
+    assert len(rules) == 2
+    feed(rules, 0, gpu(0))
+    assert len(rules) == 1
+    assert feed(rules, 0, gpu(0, nvlink_errors=9), gpu(1, nvlink_errors=9)) == [
+        GpuAlert("gpu_nvlink", 0, "6 new NVLink errors (total 9) on GPU 1")]
+
+
+def _reference(samples: list[tuple[int, GpuSample]]) -> list[tuple[str, int, int]]:
+    """The contract's rules (PROTOCOL 3) over every sample of each GPU, the health-less ones
+    too, kept whole: (kind, rank, device index) of each alert, in order."""
+    prev: dict[tuple[int, int], GpuSample] = {}
+    out = []
+
+    def throttled(g: GpuSample) -> bool:
+        return bool(set(g.throttle_reasons) - {"sw_power_cap"})
+
+    def narrow(g: GpuSample) -> bool:
+        return (g.pcie_link_width is not None and g.pcie_link_width_max is not None
+                and g.pcie_link_width < g.pcie_link_width_max)
+
+    for rank, g in samples:
+        p = prev.get((rank, g.device_index))
+        kinds = []
+        if g.xid_errors:
+            kinds.append("gpu_xid")
+        if p is not None and throttled(g) and throttled(p):
+            kinds.append("gpu_throttle")
+        if g.ecc_uncorrected is not None:
+            before = None if p is None else p.ecc_uncorrected
+            if (before is None and g.ecc_uncorrected > 0) or (
+                    before is not None and g.ecc_uncorrected > before):
+                kinds.append("gpu_ecc")
+        if g.remapped_rows_failed or g.remapped_rows_pending:
+            kinds.append("gpu_row_remap")
+        if p is not None and narrow(g) and narrow(p):
+            kinds.append("gpu_pcie")
+        if (g.nvlink_errors is not None and p is not None and p.nvlink_errors is not None
+                and g.nvlink_errors > p.nvlink_errors):
+            kinds.append("gpu_nvlink")
+        out += [(k, rank, g.device_index) for k in kinds]
+        prev[(rank, g.device_index)] = g
+    return out
+
+
+def test_the_rules_are_the_contracts_with_health_less_samples_between():
+    """Randomized: samples with and without health fields mixed on the same GPUs raise what
+    the contract's rules raise over every sample kept whole (the reference above)."""
+    import random
+
+    rnd = random.Random(33)
+    samples = []
+    for _ in range(3000):
+        rank, index = rnd.randrange(3), rnd.randrange(2)
+        if rnd.random() < 0.5:
+            g = gpu(index, util_percent=50.0, sm_clock_mhz=rnd.choice([None, 1400.0]),
+                    pcie_link_width_max=rnd.choice([None, 16]))
+        else:
+            g = gpu(index, xid_errors=[79] if rnd.random() < 0.05 else [],
+                    ecc_uncorrected=rnd.choice([None, 0, 1, 2, 3]),
+                    throttle_reasons=rnd.choice([[], ["hw_slowdown"], ["sw_power_cap"]]),
+                    pcie_link_width=rnd.choice([None, 16, 8]),
+                    pcie_link_width_max=rnd.choice([None, 16]),
+                    nvlink_errors=rnd.choice([None, 0, 1, 5]),
+                    remapped_rows_pending=rnd.choice([None, False, False, True]))
+        samples.append((rank, g))
+    rules = GpuAlertRules()
+    got = [(a.kind, a.rank, int(a.message.split("GPU ")[1].split()[0]))
+           for rank, g in samples for a in feed(rules, rank, g)]
+    expected = _reference(samples)
+    assert got == expected
+    assert len({k for k, _, _ in expected}) == 6  # every rule fired
 
 
 def test_feed_many_is_feed_one_by_one():

@@ -269,3 +269,45 @@ def test_a_failing_gpu_rule_is_counted_and_the_samples_still_apply(
     assert sink is not None
     assert {r["rank"]: r["resources"]["cpu_percent"] for r in sink.ranks()} == {
         r: float(r) for r in range(4)}
+
+
+def test_held_samples_journaled_in_one_call_write_what_one_a_frame_writes(tmp_path: Any) -> None:
+    """``Journal.accept_samples`` (the server's ``sample_recorder``: one call per run and
+    batch) leaves the journal files, and the runs replayed from them, as ``accept`` per
+    held frame does (issue 33)."""
+    from broker.journal.journal import Journal
+
+    rnd = random.Random(33)
+    frames = [register(run, r) for run in ("a", "b") for r in range(4)]
+    for i in range(600):
+        run, rank = rnd.choice("ab"), rnd.randrange(4)
+        if rnd.random() < 0.9:
+            frames.append(resources(run, rank, float(i), [gpu(0, util=float(i % 100))]))
+        else:
+            frames.append(ENC(wire.Metrics(run=run, rank=rank, epoch=i // 150, avg_loss=1.0,
+                                           batches=1, samples=8, epoch_ms=5.0)))
+    batches, i = [], 0
+    while i < len(frames):
+        n = rnd.randint(1, 80)
+        batches.append(frames[i:i + n])
+        i += n
+    files = []
+    for one_call in (True, False):
+        journal = Journal(tmp_path / f"d{one_call}")
+        journal.load()
+        runs = Runs(hold_samples=True, recorder=journal.accept)
+        if one_call:
+            runs.sample_recorder = journal.accept_samples
+        for b, batch in enumerate(batches):
+            for raw in batch:
+                runs.ingest(raw, 1000.0 + b)
+            runs.release_samples(1000.0 + b)
+            journal.flush()
+        journal.close()
+        found = sorted((tmp_path / f"d{one_call}").rglob("*.journal"))
+        files.append({p.name: p.read_bytes() for p in found})
+        assert runs.rejected_total == 0
+    assert files[0] == files[1] and len(files[0]) == 2
+    replayed = [Journal(tmp_path / f"d{one_call}").load() for one_call in (True, False)]
+    assert {r: s.snapshot() for r, s in replayed[0].items()} == {
+        r: s.snapshot() for r, s in replayed[1].items()}
