@@ -26,7 +26,10 @@ class Reach:
         self._sock = sock
         self._monitor: Any = None
         try:
-            self._monitor = sock.get_monitor_socket(_CONNECTED)
+            # an address of its own: pyzmq's default (``monitor.s-<fd>``) is the one any other
+            # monitor of this socket (a test's, a user's) would bind too
+            self._monitor = sock.get_monitor_socket(
+                _CONNECTED, addr=f"inproc://rankboard-reach-{id(self):x}")
         except Exception:  # an old libzmq, an odd transport: just nothing said at the end
             self._monitor = None
 

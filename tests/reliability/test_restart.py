@@ -194,6 +194,12 @@ def test_agent_queues_to_its_hwm_through_a_broker_outage_then_drops_and_counts(
         # with the broker, as with any TCP peer that dies; see SECURITY.md).
         sock = agent._pusher._sock
         assert sock is not None
+        # (a ZeroMQ socket has one monitor: the agent's own, which tells at close whether a
+        # broker ever took the connection (rank_agent/reach.py), makes way for this one)
+        reach = agent._pusher._reach
+        assert reach is not None
+        reach.close()
+        agent._pusher._reach = None
         monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
         def outage(proc: Proc) -> None:
