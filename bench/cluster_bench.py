@@ -31,8 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import zmq
-from common import Proc, http_get, percentile, result, wait_for
+from common import Proc, http_get, percentile, push_socket, result, wait_for
 
 from rank_agent import protocol
 from rank_agent.protocol import Finish, GpuSample, Register, Resources, ResourceSample, Steps
@@ -161,11 +160,7 @@ class Feed:
     """Every run's frames over one PUSH socket; then the training runs' steps, in a thread."""
 
     def __init__(self, ingest: str) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.PUSH)
-        self.sock.sndhwm = 0
-        self.sock.linger = 1000
-        self.sock.connect(ingest)
+        self.ctx, self.sock = push_socket(ingest)
         self.enc = protocol.encoder.encode
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)

@@ -61,6 +61,19 @@ def result(name: str, value: float, unit: str, baseline: Optional[float] = None,
     return out
 
 
+def push_socket(ingest: str) -> tuple[Any, Any]:
+    """A context and a PUSH socket connected to ``ingest`` that queue without limit and
+    linger a second at close: how the benches feed a broker as ranks would."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.sndhwm = 0
+    sock.linger = 1000
+    sock.connect(ingest)
+    return ctx, sock
+
+
 def percentile(values: list[float], p: float) -> float:
     """The p-th percentile (0-100), nearest-rank on the sorted values."""
     if not values:

@@ -32,8 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import zmq
-from common import http_get, result, wait_for
+from common import http_get, push_socket, result, wait_for
 from steps_bench import RUN as MILLION_RUN
 from steps_bench import Server, write_run
 
@@ -54,11 +53,7 @@ class Feed:
     sends them: a steps frame per rank every 0.25 s, a resources sample every 2 s)."""
 
     def __init__(self, ingest: str) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.PUSH)
-        self.sock.sndhwm = 0
-        self.sock.linger = 1000
-        self.sock.connect(ingest)
+        self.ctx, self.sock = push_socket(ingest)
         self.enc = protocol.encoder.encode
         self.step = 0
         self.stop = threading.Event()

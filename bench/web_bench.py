@@ -30,8 +30,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import zmq
-from common import REPO, SseReader, Stack, http_get, percentile, raise_nofile, result, wait_for
+from common import (
+    REPO,
+    SseReader,
+    Stack,
+    http_get,
+    percentile,
+    push_socket,
+    raise_nofile,
+    result,
+    wait_for,
+)
 
 from rank_agent import protocol
 from rank_agent.protocol import GpuSample, Metrics, Register, Resources, ResourceSample
@@ -44,11 +53,7 @@ class Ranks:
 
     def __init__(self, ingest: str, run: str, world: int, per_host: int = 8) -> None:
         self.run, self.world, self.per_host = run, world, per_host
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.PUSH)
-        self.sock.sndhwm = 0
-        self.sock.linger = 1000
-        self.sock.connect(ingest)
+        self.ctx, self.sock = push_socket(ingest)
         self.enc = protocol.encoder.encode
 
     def start(self, total_epochs: int) -> None:
