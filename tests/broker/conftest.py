@@ -12,7 +12,9 @@ import pytest
 import zmq
 
 from broker.server import BrokerServer
+from broker.webhooks import WebhookNotifier
 from tests.support.brokers import LOOPBACK_ANY, FeedClient, RunningBroker
+from tests.support.receiver import Receiver
 
 
 @pytest.fixture
@@ -61,3 +63,20 @@ def push(ctx: zmq.Context, broker: RunningBroker) -> Iterator[zmq.Socket]:
     sock.connect(broker.endpoints["ingest"])
     yield sock
     sock.close(linger=0)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A real HTTP receiver of webhook POSTs on loopback."""
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def notifiers() -> Iterator[list[WebhookNotifier]]:
+    """The webhook notifiers a test made, closed after it."""
+    made: list[WebhookNotifier] = []
+    yield made
+    for n in made:
+        n.close(timeout=5)

@@ -35,13 +35,6 @@ from tests.support.receiver import Receiver
 FAST = {"window": 0.3, "retry_delays": (0.05, 0.1, 0.2), "timeout": 5.0}
 
 
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
-
-
 class Rig:
     """Brokers on one data dir posting to ``receiver``; ``start()`` again = a restart."""
 

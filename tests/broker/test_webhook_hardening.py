@@ -23,25 +23,10 @@ from tests.support.receiver import Receiver, Trickler
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
-
-
-@pytest.fixture
 def trickler() -> Iterator[Trickler]:
     t = Trickler(interval=0.3)
     yield t
     t.close()
-
-
-@pytest.fixture
-def notifiers() -> Iterator[list[WebhookNotifier]]:
-    made: list[WebhookNotifier] = []
-    yield made
-    for n in made:
-        n.close(timeout=5)
 
 
 def make(notifiers: list[WebhookNotifier], urls: list[str], **kw: Any) -> WebhookNotifier:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -22,7 +22,6 @@ from broker.webhooks import (
     webhook_urls,
 )
 from tests.support.polling import wait_for
-from tests.support.receiver import Receiver
 
 FIRING_KEYS = {"status", "run", "kind", "ranks", "hosts", "count", "message", "at", "url", "text", "content",
                "allowed_mentions"}  # issue 32: Discord told to ping nobody
@@ -148,21 +147,6 @@ def test_urls_from_flags_and_environment_and_redaction():
 
 
 # -- a real receiver ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
-
-
-@pytest.fixture
-def notifiers() -> Iterator[list[WebhookNotifier]]:
-    made: list[WebhookNotifier] = []
-    yield made
-    for n in made:
-        n.close(timeout=5)
 
 
 FAST = {"window": 0.2, "retry_delays": (0.02, 0.04, 0.08), "timeout": 2.0}
