@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator, List
 import pytest
 
 from rank_agent import RankAgent
-from tests.support.agent import Receiver
+from tests.support.agent import Publisher, Receiver
 
 
 @pytest.fixture
@@ -64,3 +64,13 @@ def launcher_env(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
             monkeypatch.setenv(k, v)
 
     return set_
+
+
+@pytest.fixture
+def publisher() -> Iterator[Publisher]:
+    """A stand-in for the broker's publish socket (requests for dumps, to the agents)."""
+    p = Publisher()
+    try:
+        yield p
+    finally:
+        p.close()

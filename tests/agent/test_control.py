@@ -9,7 +9,7 @@ import sys
 import textwrap
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import msgspec
 import psutil
@@ -27,55 +27,8 @@ from rank_agent.controlwire import (
 from rank_agent.curve import CurveError
 from rank_agent.protocol import Stacks
 from tests.support import REPO
-from tests.support.agent import Receiver, expect_line, reap, spawn
+from tests.support.agent import Publisher, Receiver, expect_line, reap, spawn
 from tests.support.polling import wait_for
-
-
-class Publisher:
-    """The broker's publish socket, as an XPUB so the test sees each subscription arrive
-    (a SUB joining late would miss a request: the test waits for the subscriptions)."""
-
-    def __init__(self, curve_secret: Optional[bytes] = None) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.XPUB)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
-        if curve_secret is not None:
-            self.sock.setsockopt(zmq.CURVE_SERVER, 1)
-            self.sock.setsockopt(zmq.CURVE_SECRETKEY, curve_secret)
-        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
-        self.subscriptions: List[bytes] = []
-
-    def wait_subscriptions(self, topics: List[bytes], timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        want = sorted(topics)
-        while sorted(self.subscriptions) != want:
-            left = deadline - time.monotonic()
-            assert left > 0, f"subscriptions {self.subscriptions!r}, wanted {want!r}"
-            if self.sock.poll(int(left * 1000)):
-                msg = self.sock.recv()
-                if msg[:1] == b"\x01":
-                    self.subscriptions.append(msg[1:])
-
-    def request(self, run: str, request_id: str, kind: str = "stacks",
-                ranks: Optional[List[int]] = None, **kw: Any) -> float:
-        self.sock.send_multipart(encode_request(
-            ControlRequest(run=run, request_id=request_id, kind=kind, ranks=ranks, **kw)))
-        return time.monotonic()
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-        self.ctx.term()
-
-
-@pytest.fixture
-def publisher() -> Iterator[Publisher]:
-    p = Publisher()
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def answers(frames: List[Any], request_id: str) -> Dict[Tuple[str, int], Stacks]:

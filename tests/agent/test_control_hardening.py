@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -15,19 +15,10 @@ from rank_agent import control as control_mod
 from rank_agent.control import Control, squatter_warning
 from rank_agent.controlwire import control_topic
 from rank_agent.ratelimit import RateLimitedLog
-from tests.agent.test_control import Publisher
+from tests.support.agent import Publisher
 from tests.support.polling import wait_for
 
 RUN = "flood"
-
-
-@pytest.fixture
-def publisher() -> Iterator[Publisher]:
-    p = Publisher()
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def started(publisher: Publisher, sent: list[Any], **kw: Any) -> Control:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 import zmq
 
+from rank_agent.controlwire import ControlRequest, encode_request
 from rank_agent.protocol import Register, decode
 from tests.support import REPO
 
@@ -96,3 +97,41 @@ def expect_line(proc: subprocess.Popen[str], word: str) -> str:
     line = proc.stdout.readline()  # the child prints promptly; pytest-timeout bounds a hang
     assert line.startswith(word), f"expected {word!r}, child said {line!r}"
     return line
+
+
+class Publisher:
+    """The broker's publish socket, as an XPUB so the test sees each subscription arrive
+    (a SUB joining late would miss a request: the test waits for the subscriptions)."""
+
+    def __init__(self, curve_secret: Optional[bytes] = None) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.XPUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+        if curve_secret is not None:
+            self.sock.setsockopt(zmq.CURVE_SERVER, 1)
+            self.sock.setsockopt(zmq.CURVE_SECRETKEY, curve_secret)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.subscriptions: List[bytes] = []
+
+    def wait_subscriptions(self, topics: List[bytes], timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        want = sorted(topics)
+        while sorted(self.subscriptions) != want:
+            left = deadline - time.monotonic()
+            assert left > 0, f"subscriptions {self.subscriptions!r}, wanted {want!r}"
+            if self.sock.poll(int(left * 1000)):
+                msg = self.sock.recv()
+                if msg[:1] == b"\x01":
+                    self.subscriptions.append(msg[1:])
+
+    def request(self, run: str, request_id: str, kind: str = "stacks",
+                ranks: Optional[List[int]] = None, **kw: Any) -> float:
+        self.sock.send_multipart(encode_request(
+            ControlRequest(run=run, request_id=request_id, kind=kind, ranks=ranks, **kw)))
+        return time.monotonic()
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()
