@@ -45,7 +45,9 @@ def test_ddp_fit_reports_both_ranks_steps_epochs_and_completes(broker, web) -> N
     for rec in records:
         assert rec["missing_ranks"] == []
         assert rec["metrics"]["loss"] > 0
-        assert "mae_epoch" in rec["metrics"]  # an epoch-level logged metric, as a scalar
+        # an epoch-level logged metric, as a scalar, once: Lightning's ``mae_epoch`` twin of
+        # ``mae`` is left out (rank_agent/integrations/epochmetrics.py)
+        assert "mae" in rec["metrics"] and "mae_epoch" not in rec["metrics"]
         assert "mae_step" not in rec["metrics"]
         assert [g["chunk_ratio"] for g in rec["gpu_metrics"]] == [0.5, 0.5]
 
