@@ -5,9 +5,8 @@ Each round runs ``bench/run_all.py`` (``--quick`` unless ``--full``; ``--only`` 
 once in each tree, this tree first in odd rounds and the other first in even ones, each with
 its own code (the other tree is a ``git worktree`` of ``--base`` in a temporary directory,
 ``PYTHONPATH`` pointed at it). A figure's ``ratio`` is the median of this tree's values over
-the median of the base's; ``worse`` says whether that is the wrong way for the figure (its
-unit: lower is better for seconds, bytes, instructions and per-item costs; higher for rates
-and floor ratios). Figures present in one tree only are listed without a ratio. On a shared
+the median of the base's; ``worse`` says whether that is the wrong way for the figure (by its
+unit: higher is better for rates and ratios, lower for times, sizes and counts). Figures present in one tree only are listed without a ratio. On a shared
 machine a figure moves by tens of percent between rounds: read the ratio with its rounds.
 
     python bench/ab_trees.py --base 128e9f0 --rounds 2
@@ -27,7 +26,7 @@ from typing import Any
 from common import REPO
 
 #: units whose larger value is better (the rest: smaller is better)
-HIGHER_IS_BETTER = ("/s", "ratio", "x", "per_s")
+HIGHER_IS_BETTER = ("ratio", "x")
 
 
 def run_all(root: Path, extra: list[str]) -> dict[str, float]:
@@ -50,9 +49,10 @@ def run_all(root: Path, extra: list[str]) -> dict[str, float]:
     return out
 
 
-def higher_is_better(name: str, unit: Any) -> bool:
-    text = f"{name} {unit or ''}"
-    return any(mark in text for mark in HIGHER_IS_BETTER)
+def higher_is_better(unit: Any) -> bool:
+    """Rates (``.../s``) and ratios: larger is better; times, sizes and counts: smaller."""
+    text = str(unit or "")
+    return text.endswith("/s") or text in HIGHER_IS_BETTER
 
 
 def main() -> int:
@@ -89,7 +89,7 @@ def main() -> int:
         if a and b and statistics.median(b):
             ratio = statistics.median(a) / statistics.median(b)
             row["ratio"] = round(ratio, 3)
-            row["worse"] = ratio < 1 if higher_is_better(name, unit) else ratio > 1
+            row["worse"] = ratio < 1 if higher_is_better(unit) else ratio > 1
         print(json.dumps(row), flush=True)
     return 0
 
