@@ -81,7 +81,7 @@ class CostlyNvml:
         self.call_us = call_us
         self.calls = 0
         gpu = SimpleNamespace(uuid="GPU-0")
-        ok = SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(ullVal=0))
+        ok = SimpleNamespace(nvmlReturn=0, valueType=3, value=SimpleNamespace(ullVal=0))  # as pynvml's
         link_state: Callable[..., Any] = self._link_state
         self._answers: dict[str, Callable[..., Any]] = {
             "nvmlInit": lambda: None, "nvmlShutdown": lambda: None,
