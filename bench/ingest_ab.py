@@ -3,8 +3,10 @@ tree (default 1613263, main before the v3 issues), alternated in one run (issue 
 
 The workload is the one a user's cluster puts on ``rankboard up``, through the public
 surface only: ``rankboard up`` started as a subprocess (its broker child and its web), one
-run of 64 ranks registered (world size 64, one epoch), then 2 sender processes each push
-``--frames`` ``resources`` frames over their half of the ranks (a ``ResourceSample`` with
+run of 64 ranks registered (world size 64, one epoch), then 2 sender processes
+(``--senders``: connections; in a cluster each rank's agent is one, and each connection's
+receive queue holds ``INGEST_RCVHWM`` messages) each push ``--frames`` ``resources`` frames
+over their share of the ranks (a ``ResourceSample`` with
 cpu/ram/gpu-util/vram fields and one ``GpuSample`` {device_index 0, name, util_percent}: no
 health field, as NVML-less or healthy GPUs report) and then one ``metrics`` frame of epoch
 0 per rank. A round ends when ``/api/runs/<run>/history`` serves epoch 0 (every frame was
@@ -30,6 +32,7 @@ CPU on the same two cores, so that round's figures are printed but not counted.
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import json
 import os
@@ -53,11 +56,11 @@ SENDERS = 2
 RUN = "bench-ab"
 
 
-def frames(sender: int, n: int) -> list[bytes]:
-    """``n`` resources frames over the sender's half of the ranks, then one ``metrics`` frame
-    of epoch 0 per rank (the frames whose record ends the round)."""
+def frames(sender: int, n: int, senders: int = SENDERS) -> list[bytes]:
+    """``n`` resources frames over the sender's share of the ranks (every ``senders``-th),
+    then one ``metrics`` frame of epoch 0 per rank (the frames whose record ends the round)."""
     enc = protocol.encoder.encode
-    ranks = list(range(sender, RANKS, SENDERS))
+    ranks = list(range(sender, RANKS, senders))
     out = []
     for i in range(n):
         util = float(50 + i % 50)
@@ -155,9 +158,11 @@ class StartFailed(RuntimeError):
 class Tree:
     """A source tree of rankboard and how to start its ``up``."""
 
-    def __init__(self, name: str, root: Path) -> None:
+    def __init__(self, name: str, root: Path, senders: int = SENDERS) -> None:
         self.name = name
         self.root = root
+        #: sender processes (connections): each one's receive queue holds INGEST_RCVHWM
+        self.senders = senders
         self.module = "rankboard" if (root / "rankboard" / "__main__.py").exists() else "broker.cli"
 
     def round(self, n: int, profile: Path | None = None) -> dict[str, float]:
@@ -173,7 +178,7 @@ class Tree:
 
     def _round(self, n: int, profile: Path | None) -> dict[str, float]:
         ingest, publish, snapshot, port = _free_ports(4)
-        total = SENDERS * (n + RANKS // SENDERS)
+        total = self.senders * n + RANKS
         env = dict(os.environ, PYTHONPATH=str(self.root), PYTHONUNBUFFERED="1")
         env.pop("RANKBOARD_TOKEN", None)
         with tempfile.TemporaryDirectory(prefix="rankboard-ab-") as tmp:
@@ -203,7 +208,8 @@ class Tree:
                 endpoint = f"tcp://127.0.0.1:{ingest}"
                 _push(endpoint, registers())
                 _wait(lambda: http_get(port, f"/api/runs/{RUN}")[0] == 200, 30, "the run")
-                senders = Senders(endpoint, frames, SENDERS, n)
+                senders = Senders(endpoint, functools.partial(frames, senders=self.senders),
+                                  self.senders, n)
                 if profile is not None:
                     spy = subprocess.Popen([_py_spy(), "record", "-p", str(broker), "-r", "200",
                                             "--format", "raw", "-o", str(profile)],
@@ -253,6 +259,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per tree (default 3)")
     parser.add_argument("--frames", type=int, default=100_000,
                         help="resources frames per sender (default 100,000)")
+    parser.add_argument("--senders", type=int, default=SENDERS, choices=(1, 2, 4, 8, 16, 32, 64),
+                        help="sender processes, so connections (default 2; a rank's agent is one)")
     parser.add_argument("--py-spy", type=Path, default=None, metavar="DIR",
                         help="also profile each tree's broker in one extra round (py-spy)")
     args = parser.parse_args()
@@ -262,7 +270,7 @@ def main() -> int:
         if base_root is None:
             base_root = made = _worktree(args.base, Path(tmp))
         try:
-            trees = [Tree("today", REPO), Tree(args.base, base_root)]
+            trees = [Tree("today", REPO, args.senders), Tree(args.base, base_root, args.senders)]
             got: dict[str, list[dict[str, float]]] = {t.name: [] for t in trees}
             for i in range(args.rounds):
                 for tree in trees if i % 2 == 0 else trees[::-1]:
@@ -288,7 +296,7 @@ def main() -> int:
                   base_rounds=[round(r["cpu_us"], 2) for r in got[args.base]],
                   today_fps=round(statistics.median(r["fps"] for r in got["today"])),
                   base_fps=round(statistics.median(r["fps"] for r in got[args.base])),
-                  frames=SENDERS * (args.frames + RANKS // SENDERS), senders=SENDERS, ranks=RANKS)
+                  frames=args.senders * args.frames + RANKS, senders=args.senders, ranks=RANKS)
     extra = line.pop("_extra", None)
     print(json.dumps({**line, **(extra or {})}))
     return 0

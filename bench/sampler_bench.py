@@ -2,11 +2,14 @@
 
 There is no GPU on the machines these figures are usually taken on, so the NVML side is a
 stand-in module (:class:`CostlyNvml`) answering every call the sampler makes (the four v2
-readings and the health reader's eight per-sample calls) after **busy-waiting ``call_us``
+readings and the health reader's six per-sample calls, one of them a field-values call for
+seven fields: ECC, two remapped-row flags, four NVLink totals) after **busy-waiting ``call_us``
 microseconds**, which stands for the ioctl round trip into the NVIDIA kernel driver that a real
 query costs. That cost is an assumption, not a measurement: 10 us by default (NVIDIA does not
 document per-query latency; simple NVML getters are one driver ioctl each, commonly a few to a
-few tens of microseconds on current drivers, slower on old boards). The details give the
+few tens of microseconds on current drivers, slower on old boards; that the field-values
+call for seven fields costs about one getter, not seven, is an assumption too: NVML reports
+each field's ``latencyUsec``, ``--real`` on a GPU machine would tell). The details give the
 figure with free calls (``python_us``: psutil plus the sampler's own Python) and the number of
 NVML calls a sample makes, so the figure can be recomputed for any per-call cost:
 ``value ~= python_us + nvml_calls_per_sample * call_us``.
@@ -78,7 +81,7 @@ class CostlyNvml:
         self.call_us = call_us
         self.calls = 0
         gpu = SimpleNamespace(uuid="GPU-0")
-        ok = SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(ullVal=0))
+        ok = SimpleNamespace(nvmlReturn=0, valueType=3, value=SimpleNamespace(ullVal=0))  # as pynvml's
         link_state: Callable[..., Any] = self._link_state
         self._answers: dict[str, Callable[..., Any]] = {
             "nvmlInit": lambda: None, "nvmlShutdown": lambda: None,

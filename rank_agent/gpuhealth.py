@@ -20,11 +20,13 @@ It is a guest in a training process, like the sampler that owns it:
 * values that cannot change while the process lives (the PCIe link's maximum generation and
   width for this device in this slot, which NVLink links are active) are read once.
 
-Per sample this costs, on a device that supports everything, 8 NVML calls: clock event
-reasons, SM clock, one event poll, ECC, remapped rows, PCIe generation, PCIe width and one
-``nvmlDeviceGetFieldValues`` for the four NVLink error totals (summed over every link by the
-driver). Where field values are not available the per-link error counters are summed instead
-(four calls a link).
+Per sample this costs, on a device that supports everything, 6 NVML calls: clock event
+reasons, SM clock, one event poll, PCIe generation, PCIe width and one
+``nvmlDeviceGetFieldValues`` for the uncorrected ECC count, the two remapped-row flags and the
+four NVLink error totals (summed over every link by the driver). Where the field-values call
+fails, or one of its fields reports an error, that group of fields goes back to its own call
+(``nvmlDeviceGetTotalEccErrors``, ``nvmlDeviceGetRemappedRows``, the per-link NVLink counters:
+four calls a link) from then on, and those calls give up as above.
 """
 from __future__ import annotations
 
@@ -59,8 +61,21 @@ ERROR_NOT_SUPPORTED = 3
 ERROR_TIMEOUT = 10
 ERROR_FUNCTION_NOT_FOUND = 13
 #: ``NVML_FI_DEV_NVLINK_{CRC_FLIT,CRC_DATA,REPLAY,RECOVERY}_ERROR_COUNT_TOTAL``: the driver's
-#: totals over every link, read in one ``nvmlDeviceGetFieldValues`` call.
+#: totals over every link.
 NVLINK_TOTAL_FIELDS = (38, 45, 52, 59)
+#: The groups of fields read in one ``nvmlDeviceGetFieldValues`` call a sample (NVML's field ids
+#: are its ABI): ``NVML_FI_DEV_ECC_DBE_VOL_TOTAL`` (uncorrected volatile, the count
+#: ``nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)`` gives), ``NVML_FI_DEV_REMAPPED_PENDING``
+#: and ``..._FAILURE`` (``nvmlDeviceGetRemappedRows``'s last two), the NVLink totals. A group whose
+#: field reports an error goes back to its own call; NVLink sums the totals that read (a driver
+#: may lack one of the four), and goes back only when none did.
+FIELD_GROUPS: dict[str, tuple[int, ...]] = {
+    "ecc_uncorrected": (4,),
+    "remapped_rows": (144, 145),
+    "nvlink_errors": NVLINK_TOTAL_FIELDS,
+}
+#: ``c_nvmlValue_t``'s member for each ``NVML_VALUE_TYPE_*`` (0-6); unknown types read ``ullVal``.
+VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 #: ``NVML_NVLINK_ERROR_DL_{REPLAY,RECOVERY,CRC_FLIT,CRC_DATA}`` for the per-link fallback.
 NVLINK_COUNTERS = (0, 1, 2, 3)
 #: ``NVML_NVLINK_MAX_LINKS`` of current drivers (older pynvml releases say fewer).
@@ -81,9 +96,14 @@ def _pending_failed(rows: Any) -> tuple[bool, bool]:
     return bool(rows[2]), bool(rows[3])
 
 
-def _field_totals(values: Any) -> list[int]:
-    """The values of the fields ``nvmlDeviceGetFieldValues`` could read (return code 0)."""
-    return [int(v.value.ullVal) for v in values if int(v.nvmlReturn) == 0]
+def _field_value(v: Any) -> int:
+    """One ``c_nvmlFieldValue_t``'s value as an int, read through the member its type names."""
+    kind = int(getattr(v, "valueType", 3))
+    member = VALUE_MEMBERS[kind] if 0 <= kind < len(VALUE_MEMBERS) else "ullVal"
+    value = int(getattr(v.value, member))
+    if value < 0:
+        raise ValueError(f"field {getattr(v, 'fieldId', '?')}: negative count {value}")
+    return value
 
 
 class GpuHealth:
@@ -106,7 +126,8 @@ class GpuHealth:
         self._gen_max: int | None = None
         self._width_max: int | None = None
         self._nvlinks: list[int] = []  # active links (per-link fallback)
-        self._nvlink_by_fields = False
+        #: FIELD_GROUPS still read by the one field-values call (set on the first fill)
+        self._by_fields: list[str] = []
         #: XID events beyond what one sample carries (distinct codes over 64, or past the
         #: per-poll drain bound); diagnostics only.
         self.xid_dropped = 0
@@ -156,6 +177,8 @@ class GpuHealth:
         self._gen_max, self._width_max = gen_max, width_max
         self._start_xid()
         self._start_nvlink()
+        if self._fn("nvmlDeviceGetFieldValues") is not None:
+            self._by_fields = [g for g in FIELD_GROUPS if g not in self._off]
 
     def _start_xid(self) -> None:
         nv = self._nv
@@ -191,8 +214,6 @@ class GpuHealth:
                 break
         if not self._nvlinks:
             self._give_up("nvlink_errors", last)
-            return
-        self._nvlink_by_fields = self._fn("nvmlDeviceGetFieldValues") is not None
 
     def _free(self, events: Any) -> None:
         free = self._fn("nvmlEventSetFree")
@@ -235,17 +256,43 @@ class GpuHealth:
         self.xid_dropped += 1  # the drain bound was hit: more may be queued for the next poll
         return codes
 
+    def _read_fields(self) -> dict[str, list[int]]:
+        """One ``nvmlDeviceGetFieldValues`` call for every group still read that way -> the
+        values of the groups it answered. A group it did not answer goes back to its own call
+        from now on; a call that fails (or answers nonsense) sends every group back."""
+        groups = self._by_fields
+        if not groups:
+            return {}
+        ids = [fid for group in groups for fid in FIELD_GROUPS[group]]
+        fn = self._fn("nvmlDeviceGetFieldValues")
+        out: dict[str, list[int]] = {}
+        try:
+            assert fn is not None  # checked when the groups were set
+            values = fn(self._handle, ids)
+            if len(values) != len(ids):
+                raise ValueError(f"{len(values)} values for {len(ids)} fields")
+            at = 0
+            for group in list(groups):
+                part = values[at:at + len(FIELD_GROUPS[group])]
+                at += len(part)
+                read = [_field_value(v) for v in part if int(v.nvmlReturn) == 0]
+                if len(read) == len(part) or (read and group == "nvlink_errors"):
+                    out[group] = read
+                else:
+                    groups.remove(group)
+                    log.debug("GPU health: %s not in NVML's field values here; read by its own "
+                              "call from now on", group)
+        except Exception as exc:  # NVMLError of the call, or values that make no sense
+            groups.clear()
+            log.debug("GPU health: field values failed (%s); each read by its own call from now on",
+                      exc)
+            return {}
+        return out
+
     def _nvlink_errors(self) -> int | None:
+        """The per-link fallback: four error counters summed over every active link."""
         if "nvlink_errors" in self._off:
             return None
-        if self._nvlink_by_fields:
-            ok = self._call("nvlink_fields", ("nvmlDeviceGetFieldValues",), list(NVLINK_TOTAL_FIELDS),
-                            conv=_field_totals)
-            if ok:
-                return sum(ok)
-            # field values unsupported here: sum the per-link counters from now on
-            self._nvlink_by_fields = False
-            self._off.add("nvlink_fields")
         counter = self._fn("nvmlDeviceGetNvLinkErrorCounter")
         if counter is None:
             self._give_up("nvlink_errors", None)
@@ -268,19 +315,24 @@ class GpuHealth:
         gpu.sm_clock_mhz = self._call("sm_clock_mhz", ("nvmlDeviceGetClockInfo",),
                                       getattr(self._nv, "NVML_CLOCK_SM", CLOCK_SM), conv=float)
         gpu.xid_errors = self._poll_xids()
-        gpu.ecc_uncorrected = self._call(
+        fields = self._read_fields()
+        ecc = fields.get("ecc_uncorrected")
+        gpu.ecc_uncorrected = ecc[0] if ecc is not None else self._call(
             "ecc_uncorrected", ("nvmlDeviceGetTotalEccErrors",),
             getattr(self._nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", ECC_UNCORRECTED),
             getattr(self._nv, "NVML_VOLATILE_ECC", ECC_VOLATILE))
-        # (correctable, uncorrectable, pending, failure)
-        rows = self._call("remapped_rows", ("nvmlDeviceGetRemappedRows",), conv=_pending_failed)
+        flags = fields.get("remapped_rows")  # (pending, failure)
+        # else (correctable, uncorrectable, pending, failure)
+        rows = (bool(flags[0]), bool(flags[1])) if flags is not None else self._call(
+            "remapped_rows", ("nvmlDeviceGetRemappedRows",), conv=_pending_failed)
         if rows is not None:
             gpu.remapped_rows_pending, gpu.remapped_rows_failed = rows
         gpu.pcie_link_gen = self._call("pcie_link_gen", ("nvmlDeviceGetCurrPcieLinkGeneration",))
         gpu.pcie_link_width = self._call("pcie_link_width", ("nvmlDeviceGetCurrPcieLinkWidth",))
         gpu.pcie_link_gen_max = self._gen_max
         gpu.pcie_link_width_max = self._width_max
-        gpu.nvlink_errors = self._nvlink_errors()
+        links = fields.get("nvlink_errors")
+        gpu.nvlink_errors = sum(links) if links is not None else self._nvlink_errors()
 
     # -- public -------------------------------------------------------------------------------
 

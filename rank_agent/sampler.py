@@ -106,6 +106,33 @@ def cpu_model() -> str:
     return _clean(name, MAX_SHORT) if name else "unknown CPU"
 
 
+#: Linux's memory figures. Read directly: ``psutil.virtual_memory()`` parses every line of it
+#: and computes a dozen figures a sample does not carry (21 us a call here, against ~8 us).
+MEMINFO = "/proc/meminfo"
+
+
+def ram_total_available() -> tuple[int, int]:
+    """(MemTotal, MemAvailable) in bytes: the first lines of :data:`MEMINFO`, else (no such
+    file, or a kernel before 3.14 without MemAvailable) ``psutil.virtual_memory()``'s."""
+    total = available = None
+    try:
+        with open(MEMINFO, "rb") as fh:
+            head = fh.read(1024)
+        for line in head.split(b"\n")[:-1]:  # (a line the read may have cut is left out)
+            key, _, rest = line.partition(b":")
+            if key == b"MemTotal":
+                total = int(rest.split()[0]) * 1024
+            elif key == b"MemAvailable":
+                available = int(rest.split()[0]) * 1024
+                break
+    except (OSError, ValueError, IndexError):
+        total = None
+    if total is None or available is None:
+        vm = psutil.virtual_memory()
+        return int(vm.total), int(vm.available)
+    return total, available
+
+
 def _cpu_total_and_busy(times: Any) -> tuple[float, float]:
     """Total and busy CPU seconds of a ``psutil.cpu_times()`` reading (psutil's own formula).
 
@@ -282,9 +309,9 @@ class Sampler:
         except Exception as exc:
             log.debug("cpu_times failed: %s", exc)
         try:
-            vm = psutil.virtual_memory()
-            out.ram_total_bytes = int(vm.total)
-            out.ram_used_bytes = max(0, int(vm.total) - int(vm.available))
+            total, available = ram_total_available()
+            out.ram_total_bytes = total
+            out.ram_used_bytes = max(0, total - available)
         except Exception as exc:
             log.debug("virtual_memory failed: %s", exc)
         try:

@@ -51,6 +51,12 @@ MAX_HEAD_BYTES = 64 * 1024
 #: waiting for it, so an idle keep-alive connection is closed after it too); then the
 #: connection is closed without an answer.
 HEAD_TIMEOUT = 10.0
+#: The read buffer of a connection's ``rfile``. pywsgi makes it ``io.DEFAULT_BUFFER_SIZE``
+#: (8 KiB), allocated when the connection is accepted and held until it closes; an SSE
+#: client reads one request head and then never again, so those 8 KiB were a quarter of what
+#: the web holds per client (``fanout_kib_per_client``). A head bigger than this is still
+#: read whole (a few more ``recv`` calls); :data:`MAX_HEAD_BYTES` is the head's bound.
+RFILE_BUFFER_BYTES = 1024
 #: The 431 answer, written by the handler itself (the app never sees such a request).
 HEAD_TOO_LARGE_RESPONSE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
                            b"Connection: close\r\nContent-Length: 0\r\n\r\n")
@@ -130,6 +136,13 @@ def nodelay_handler_class() -> Any:
 
             _head: list[bytes] | None = None
             rfile: Any
+
+            def __init__(self, sock: Any, address: Any, server: Any) -> None:
+                super().__init__(sock, address, server)
+                # pywsgi's own rfile has an 8 KiB buffer: swapped for a small one before a
+                # byte is read (closing it leaves the socket open: it only drops its ref)
+                self.rfile.close()
+                self.rfile = sock.makefile("rb", RFILE_BUFFER_BYTES)
 
             def handle(self) -> None:
                 set_nodelay(self.socket)

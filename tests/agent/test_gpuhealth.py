@@ -64,6 +64,8 @@ class FakeNvml:
         self.registered = None
         self.freed = 0
         self.waits: list[int] = []
+        self.field_ids: list[list[int]] = []  # each field-values call's ids
+        self.field_fail: dict[int, Exception] = {}  # field id -> the error it reports
         self.gpu = SimpleNamespace(index=0, uuid="GPU-aaaa", name="NVIDIA H100 80GB HBM3", mig=False)
 
     def __getattribute__(self, name):
@@ -162,12 +164,33 @@ class FakeNvml:
         return self.link_errors.get((link, counter), 0)
 
     def nvmlDeviceGetFieldValues(self, h, field_ids):
+        """The driver's answers field by field: a field whose own call fails (``fail``) reports
+        that call's error code, as NVML does for a query the device does not support; ECC is an
+        unsigned long long, the remapped-row flags unsigned ints (``valueType`` 3 and 1)."""
         self._hit("nvmlDeviceGetFieldValues")
+        self.field_ids.append(list(field_ids))
         by_counter = {38: 2, 45: 3, 52: 0, 59: 1}  # total field -> NVML_NVLINK_ERROR_DL_*
+        own = {4: "nvmlDeviceGetTotalEccErrors", 144: "nvmlDeviceGetRemappedRows",
+               145: "nvmlDeviceGetRemappedRows"}
         out = []
         for fid in field_ids:
-            total = sum(v for (link, c), v in self.link_errors.items() if c == by_counter[fid])
-            out.append(SimpleNamespace(fieldId=fid, nvmlReturn=0, value=SimpleNamespace(ullVal=total)))
+            err = self.fail.get(own.get(fid, ""), self.field_fail.get(fid))
+            if err is not None:
+                code = getattr(err, "value", 999)
+                out.append(SimpleNamespace(fieldId=fid, nvmlReturn=code, valueType=3,
+                                           value=SimpleNamespace(ullVal=0, uiVal=0)))
+                continue
+            if fid == 4:
+                kind, value = 3, self.ecc
+            elif fid in (144, 145):
+                kind, value = 1, self.rows[2 if fid == 144 else 3]
+            else:
+                kind = 3
+                value = sum(v for (link, c), v in self.link_errors.items() if c == by_counter[fid])
+            # the union's other members hold garbage: only the one valueType names is the value
+            member = {1: {"uiVal": value, "ullVal": value + (7 << 40)}, 3: {"ullVal": value}}[kind]
+            out.append(SimpleNamespace(fieldId=fid, nvmlReturn=0, valueType=kind,
+                                       value=SimpleNamespace(**member)))
         return out
 
     def nvmlEventSetCreate(self):
@@ -255,6 +278,75 @@ def test_ecc_remapped_rows_pcie_and_nvlink_follow_the_device():
     assert nv.calls["nvmlDeviceGetFieldValues"] == 3  # one call a sample for all four totals
 
 
+def test_ecc_remapped_rows_and_nvlink_are_one_field_values_call_a_sample():
+    nv = FakeNvml()
+    h = GpuHealth(nv, nv.gpu)
+    for _ in range(3):
+        g = _sample(h)
+    assert nv.field_ids == [[4, 144, 145, 38, 45, 52, 59]] * 3
+    assert "nvmlDeviceGetTotalEccErrors" not in nv.calls
+    assert "nvmlDeviceGetRemappedRows" not in nv.calls
+    assert "nvmlDeviceGetNvLinkErrorCounter" not in nv.calls
+    # each value read through the member its type names (the flags' other members hold garbage)
+    assert (g.ecc_uncorrected, g.remapped_rows_pending, g.remapped_rows_failed) == (0, False, False)
+    per_sample = {k: v for k, v in nv.calls.items() if v == 3}
+    assert len(per_sample) == 6  # reasons, SM clock, event poll, PCIe gen and width, fields
+
+
+@pytest.mark.parametrize(
+    ("field", "own_call", "rest"),
+    [
+        (4, "nvmlDeviceGetTotalEccErrors", [144, 145, 38, 45, 52, 59]),
+        (145, "nvmlDeviceGetRemappedRows", [4, 38, 45, 52, 59]),
+    ],
+)
+def test_a_field_in_error_goes_back_to_its_own_call_the_others_stay(field, own_call, rest):
+    nv = FakeNvml()
+    nv.field_fail = {field: NVMLError_NotSupported()}
+    nv.ecc, nv.rows = 2, (0, 0, 1, 1)
+    nv.link_errors = {(1, 1): 4}
+    h = GpuHealth(nv, nv.gpu)
+    for _ in range(3):
+        g = _sample(h)
+        assert (g.ecc_uncorrected, g.remapped_rows_pending, g.remapped_rows_failed) == (2, True, True)
+        assert g.nvlink_errors == 4
+    assert nv.field_ids[1:] == [rest, rest]
+    assert nv.calls[own_call] == 3  # every sample from the first, by its own call
+
+
+def test_an_nvlink_total_in_error_leaves_the_sum_of_the_others():
+    nv = FakeNvml()
+    nv.field_fail = {38: NVMLError_NotSupported()}
+    nv.link_errors = {(0, 2): 5, (1, 3): 2}  # 38 is CRC_FLIT (counter 2): not readable here
+    h = GpuHealth(nv, nv.gpu)
+    assert _sample(h).nvlink_errors == 2 and _sample(h).nvlink_errors == 2
+    assert nv.field_ids[1] == [4, 144, 145, 38, 45, 52, 59]
+    assert "nvmlDeviceGetNvLinkErrorCounter" not in nv.calls
+
+
+@pytest.mark.parametrize("error", [NVMLError_NotSupported(), NVMLError(999), RuntimeError("boom")])
+def test_a_failing_field_values_call_means_every_group_by_its_own_call(error):
+    nv = FakeNvml(fail={"nvmlDeviceGetFieldValues": error}, links=1)
+    nv.ecc, nv.rows, nv.link_errors = 1, (0, 0, 0, 1), {(0, 0): 3}
+    h = GpuHealth(nv, nv.gpu)
+    for _ in range(2):
+        g = _sample(h)
+        assert (g.ecc_uncorrected, g.remapped_rows_failed, g.nvlink_errors) == (1, True, 3)
+    assert nv.calls["nvmlDeviceGetFieldValues"] == 1
+    assert nv.calls["nvmlDeviceGetTotalEccErrors"] == nv.calls["nvmlDeviceGetRemappedRows"] == 2
+
+
+def test_field_values_that_make_no_sense_mean_every_group_by_its_own_call():
+    nv = FakeNvml()
+    good = nv.nvmlDeviceGetFieldValues
+    nv.nvmlDeviceGetFieldValues = lambda h, ids: good(h, ids)[:-1]  # one value short
+    h = GpuHealth(nv, nv.gpu)
+    g = _sample(h)
+    assert (g.ecc_uncorrected, g.remapped_rows_pending, g.nvlink_errors) == (0, False, 0)
+    _sample(h)
+    assert len(nv.field_ids) == 1 and nv.calls["nvmlDeviceGetRemappedRows"] == 2
+
+
 def test_nvlink_without_field_values_sums_the_per_link_counters():
     nv = FakeNvml(fail={"nvmlDeviceGetFieldValues": NVMLError_NotSupported()}, links=2)
     h = GpuHealth(nv, nv.gpu)
@@ -271,7 +363,7 @@ def test_a_gpu_without_nvlink_reports_none_and_probes_once():
     for _ in range(3):
         assert _sample(h).nvlink_errors is None
     assert nv.calls["nvmlDeviceGetNvLinkState"] == 1
-    assert "nvmlDeviceGetFieldValues" not in nv.calls
+    assert nv.field_ids == [[4, 144, 145]] * 3  # ECC and remapped rows only: no NVLink fields
 
 
 @pytest.mark.parametrize(
@@ -312,7 +404,7 @@ def test_a_call_missing_from_pynvml_is_not_supported():
 
 
 def test_a_value_that_makes_no_sense_gives_up_that_field_only():
-    nv = FakeNvml()
+    nv = FakeNvml(missing={"nvmlDeviceGetFieldValues"})  # the rows by their own call
     nv.rows = None  # not a tuple
     h = GpuHealth(nv, nv.gpu)
     g = _sample(h)
@@ -405,3 +497,18 @@ def test_wire_bounds_of_the_health_fields():
     old = {"type": "resources", "run": "r", "rank": 0, "sample": {"gpus": [{"device_index": 0, "name": "g"}]}}
     g = decode(msgspec.msgpack.encode(old)).sample.gpus[0]
     assert g.throttle_reasons == [] and g.xid_errors == [] and g.nvlink_errors is None
+
+
+def test_field_ids_and_value_layout_are_pynvmls():
+    pynvml = pytest.importorskip("pynvml")
+    names = {"ecc_uncorrected": ["ECC_DBE_VOL_TOTAL"], "remapped_rows": ["REMAPPED_PENDING", "REMAPPED_FAILURE"],
+             "nvlink_errors": [f"NVLINK_{k}_ERROR_COUNT_TOTAL" for k in ("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY")]}
+    assert {g: tuple(getattr(pynvml, "NVML_FI_DEV_" + n) for n in ns) for g, ns in names.items()} == gpuhealth.FIELD_GROUPS
+    # a real c_nvmlFieldValue_t: an unsigned int flag is read as one, whatever the union's rest holds
+    v = pynvml.c_nvmlFieldValue_t()
+    v.value.ullVal = 7 << 40
+    v.value.uiVal = 0
+    v.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+    assert gpuhealth._field_value(v) == 0
+    v.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    assert gpuhealth._field_value(v) == 7 << 40

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
+from rank_agent import sampler as sampler_mod
 from rank_agent.sampler import Sampler, cpu_model, parse_visible_devices, visible_device_for
 
 # -- pure mapping ------------------------------------------------------------------------------
@@ -79,6 +80,31 @@ def test_cpu_and_ram_are_present():
     assert out.cpu_percent is not None and 0.0 <= out.cpu_percent <= 100.0
     assert out.ram_total_bytes == psutil.virtual_memory().total
     assert 0 < out.ram_used_bytes <= out.ram_total_bytes
+
+
+def test_ram_is_read_from_meminfo_and_falls_back_to_psutil(tmp_path, monkeypatch):
+    vm = psutil.virtual_memory()
+    total, available = sampler_mod.ram_total_available()  # this machine's own /proc/meminfo
+    assert total == vm.total and 0 < available <= total
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_bytes(b"MemTotal:       16384000 kB\nMemFree:         1000 kB\n"
+                        b"MemAvailable:    4096000 kB\nBuffers:  1 kB\n" + b"X: 1 kB\n" * 200)
+    monkeypatch.setattr(sampler_mod, "MEMINFO", str(meminfo))
+    assert sampler_mod.ram_total_available() == (16384000 * 1024, 4096000 * 1024)
+    s = Sampler(0, cuda_visible_devices=None, nvml=False)  # no GPU part
+    try:
+        out = s.sample()
+    finally:
+        s.close()
+    assert (out.ram_total_bytes, out.ram_used_bytes) == (16384000 * 1024, (16384000 - 4096000) * 1024)
+    # a kernel without MemAvailable, a file that is not there, a line that is not a number
+    for text in (b"MemTotal: 1 kB\nMemFree: 1 kB\n", None, b"MemTotal: lots\nMemAvailable: 1 kB\n"):
+        if text is None:
+            meminfo.unlink()
+        else:
+            meminfo.write_bytes(text)
+        got = sampler_mod.ram_total_available()
+        assert got[0] == vm.total and 0 < got[1] <= vm.total
 
 
 @pytest.mark.skipif(_nvml_works(), reason="this machine has an NVML driver")
