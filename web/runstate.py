@@ -8,13 +8,16 @@ replay; :class:`Subscriber` is one client's bounded queue. Both are plain data t
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gevent
 import gevent.queue
 
 from broker.steps.store import StepStore
 from web import sse
+
+if TYPE_CHECKING:
+    from web.ranksbound import SampleRotation
 
 #: Sentinel the hub puts into a client's queue to end its stream.
 _CLOSE = None
@@ -91,7 +94,7 @@ class RunState:
 
     __slots__ = ("run", "seq", "header", "ranks", "ranks_seq", "ranks_full", "records",
                  "complete", "svg", "steps", "subscribers", "_record_bytes", "_header_event",
-                 "hardware_sent")
+                 "hardware_sent", "samples_sent")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -117,6 +120,9 @@ class RunState:
         #: rank -> the hardware string this run's SSE stream last carried (big runs only:
         #: :func:`ranks_payload`)
         self.hardware_sent: dict[Any, str] = {}
+        #: what this run's SSE stream last carried of each rank's sample (big runs only:
+        #: :mod:`web.ranksbound`, which creates it)
+        self.samples_sent: SampleRotation | None = None
         #: seq -> the record's "epoch" event bytes, encoded once (replays reuse them)
         self._record_bytes: dict[int, bytes] = {}
         #: (id, closed steps, bytes) of the last replayed ``run`` header event: a burst of

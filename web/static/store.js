@@ -134,13 +134,18 @@ export class Store {
       if (this.ranksSeq !== null && seq < this.ranksSeq) return;
       this.ranksSeq = seq;
     }
-    // a big run's `ranks` event carries an entry's hardware only when it changed (issue 32):
-    // an entry without the key keeps the one this page has
+    // a big run's `ranks` event carries an entry's hardware and resources only when they
+    // changed (issue 32; web/ranksbound.py): an entry without the key keeps what this page
+    // has, and its kept sample is not a new point of the rank's series
     const before = this.rankMap;
+    const kept = new Set();
     for (const r of ranks) {
-      if (r && typeof r === "object" && !("hardware" in r)) {
-        const p = before.get(r.rank);
-        r.hardware = p ? p.hardware : null;
+      if (!r || typeof r !== "object") continue;
+      const p = before.get(r.rank);
+      if (!("hardware" in r)) r.hardware = p ? p.hardware : null;
+      if (!("resources" in r)) {
+        r.resources = p ? p.resources : null;
+        kept.add(r.rank);
       }
     }
     this.ranks = ranks.slice().sort((a, b) => a.rank - b.rank);
@@ -151,7 +156,7 @@ export class Store {
     for (const r of this.ranks) {
       this.rankMap.set(r.rank, r);
       this.noteRank(r.rank);
-      this._sampleRank(r, cap);
+      if (!kept.has(r.rank)) this._sampleRank(r, cap);
       if (isNum(r.step)) anyStep = true;
       if (isNum(r.step_ms)) stepMs.set(r.rank, r.step_ms);
     }
