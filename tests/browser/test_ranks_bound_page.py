@@ -41,7 +41,18 @@ const view = (store) => {
 };
 self.onmessage = (ev) => {
   try {
-    const { snap, events, truth } = ev.data;
+    const { snap, events, truth, lateTruth } = ev.data;
+    // a page whose snapshot answer was overtaken by the stream (it is older than the
+    // events): it fills only what the events never gave (store.js `unheld`)
+    const late = new Store();
+    late.reset(snap.run);
+    late.applyHeader(structuredClone(snap), true);
+    for (const [seq, ranks] of structuredClone(events.slice(0, 3))) late.applyRanks(ranks, true, seq, seq);
+    const unheld = late.unheld.size;
+    late.applyRanks(structuredClone(snap.ranks), false, 0, 1);
+    const lateOther = new Store();
+    lateOther.reset(snap.run);
+    lateOther.loadSnapshot(lateTruth);
     const store = new Store();
     store.reset(snap.run);
     store.loadSnapshot(snap);
@@ -51,7 +62,8 @@ self.onmessage = (ev) => {
     other.loadSnapshot(truth);
     const series = {};
     for (const [rank, pts] of store.rankSeries) series[rank] = pts.map((p) => p.util);
-    postMessage({ page: view(store), truth: view(other), series,
+    postMessage({ page: view(store), truth: view(other), series, unheld,
+                  late: view(late), lateTruth: view(lateOther), lateLeft: late.unheld.size,
                   hardware: store.rankMap.get(0).hardware });
   } catch (err) {
     postMessage({ error: String(err && err.stack || err) });
@@ -104,6 +116,11 @@ def test_the_page_keeps_rotated_samples_of_a_big_run(stack: Stack, page: Any,
     truth = copy.deepcopy(snap)
     for r in truth["ranks"]:
         r["resources"] = latest[r["rank"]]
+    late_truth = copy.deepcopy(snap)  # the first three events' samples, else the snapshot's
+    for _, payload in events[:3]:
+        for r in payload:
+            if "resources" in r:
+                late_truth["ranks"][r["rank"]]["resources"] = r["resources"]
 
     page.route(f"**{PROBE}", lambda route: route.fulfill(
         status=200, content_type="text/javascript", body=PROBE_JS))
@@ -113,7 +130,8 @@ def test_the_page_keeps_rotated_samples_of_a_big_run(stack: Stack, page: Any,
         w.onmessage = (ev) => resolve(ev.data);
         w.onerror = (ev) => reject(new Error(ev.message || "worker failed to load"));
         w.postMessage(msg);
-    })""", [PROBE, {"snap": snap, "events": events, "truth": truth}])
+    })""", [PROBE, {"snap": snap, "events": events, "truth": truth,
+                                        "lateTruth": late_truth}])
 
     assert "error" not in got, got.get("error")
     assert got["page"] == got["truth"]  # table, heatmap, health, resources now
@@ -123,4 +141,6 @@ def test_the_page_keeps_rotated_samples_of_a_big_run(stack: Stack, page: Any,
     assert got["page"]["hosts"] == [[h["host"], 8] for h in hosts]
     assert got["series"] == {str(r): points[r] for r in range(N)}  # no kept point repeated
     assert got["hardware"] == "cpu | gpu"
+    assert got["unheld"] > N // 2  # the events alone left most samples unknown
+    assert got["late"] == got["lateTruth"] and got["lateLeft"] == 0  # the old answer filled them
     page.errors.check()
