@@ -34,7 +34,6 @@ from broker import feed
 from web import sse
 from web.cluster import ClusterIndex
 from web.parking import ParkedStreams
-from web.ranksbound import ranks_event
 from web.runstate import MAX_QUEUED_BYTES, RunState, Subscriber, finite
 from web.stacksview import RunDumps
 
@@ -261,7 +260,7 @@ class Hub:
         elif update.kind == "ranks":
             state.set_ranks(data, update.seq)
             if state.subscribers:  # bounded in bytes: hardware and samples (web/ranksbound.py)
-                self._broadcast(state, update.seq, ranks_event(state, update.seq))
+                self._broadcast(state, update.seq, state.ranks_event(update.seq))
             return
         elif update.kind == "stacks":
             # live only (never replayed): the dumps received, the page then reads /stacks

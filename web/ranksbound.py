@@ -4,7 +4,8 @@ A ``ranks`` event carries every rank's entry, and each entry its latest resource
 65,536 ranks with one GPU each the samples alone were ~47 MiB an event, with 8 GPUs ~260 MiB,
 past the 64 MiB a client may queue (``web.runstate.MAX_QUEUED_BYTES``), so every viewer of
 the run was dropped on each event. Hardware strings are bounded by
-:func:`web.runstate.ranks_payload`; this module bounds the samples.
+:func:`web.runstate.ranks_payload`; this module bounds the samples
+(:meth:`SampleRotation.event`, one per run: ``RunState.samples_sent``).
 
 While the event (hardware already bounded) encodes to at most :data:`RANKS_EVENT_BYTES` it
 goes out as it always did, byte for byte. Past that the run's stream carries an entry's
@@ -26,7 +27,6 @@ from typing import Any
 import msgspec
 
 from web import sse
-from web.runstate import RunState, ranks_payload
 
 #: A ``ranks`` event that encodes to at most this many bytes goes out whole; past it the
 #: samples are bounded, and the bounded event aims at this size.
@@ -44,7 +44,7 @@ _encode = msgspec.json.Encoder().encode  # the same output as web.sse's encoder
 
 
 class SampleRotation:
-    """What one run's stream last carried of each rank's sample, for :func:`ranks_event`.
+    """What one run's stream last carried of each rank's sample, and its ``ranks`` events.
 
     ``carried``: rank -> (fingerprint of the sample's JSON, the event turn it was carried
     in); ``big``: the run's events are bounded now; ``base``: the bytes of the last bounded
@@ -100,30 +100,29 @@ class SampleRotation:
         for i, entry in enumerate(entries):
             if isinstance(entry, dict) and "resources" in entry:
                 raw_or_none = carry.get(i)
-                entry = {k: v for k, v in entry.items() if k != "resources"}
-                if raw_or_none is not None:
-                    entry["resources"] = msgspec.Raw(raw_or_none)
+                if raw_or_none is None:
+                    entry = {k: v for k, v in entry.items() if k != "resources"}
+                else:  # the key where it was, its JSON as already encoded
+                    res = msgspec.Raw(raw_or_none)
+                    entry = {k: res if k == "resources" else v for k, v in entry.items()}
             out.append(entry)
         return out, total, start - room
 
 
-def ranks_event(state: RunState, seq: int) -> bytes:
-    """The SSE ``ranks`` event of ``state``'s ranks as of ``seq``, at most about
-    :data:`RANKS_EVENT_BYTES` plus the hardware bound (module docstring)."""
-    payload = ranks_payload(state.hardware_sent, state.ranks)
-    rot = state.samples_sent
-    if rot is None:
-        rot = state.samples_sent = SampleRotation()
-    whole = 0
-    if not rot.big:
-        data = sse.json_event("ranks", seq, payload)
-        if len(data) <= RANKS_EVENT_BYTES:
-            rot.carried.clear()  # every event carries all: nothing to remember
-            return data
-        rot.big, whole = True, len(data)
-    bounded, total, carried_bytes = rot.bound(payload, whole)
-    data = sse.json_event("ranks", seq, bounded)
-    rot.base = len(data) - carried_bytes
-    if rot.base + total <= RANKS_EVENT_BYTES * _UNBOUND_SHARE:
-        rot.big = False  # the next event goes out whole again
-    return data
+    def event(self, payload: list[Any], seq: int) -> bytes:
+        """The SSE ``ranks`` event of ``payload`` (the run's ranks, hardware already bounded:
+        :meth:`web.runstate.RunState.ranks_event`) as of ``seq``, at most about
+        :data:`RANKS_EVENT_BYTES` plus the hardware bound (module docstring)."""
+        whole = 0
+        if not self.big:
+            data = sse.json_event("ranks", seq, payload)
+            if len(data) <= RANKS_EVENT_BYTES:
+                self.carried.clear()  # every event carries all: nothing to remember
+                return data
+            self.big, whole = True, len(data)
+        bounded, total, carried_bytes = self.bound(payload, whole)
+        data = sse.json_event("ranks", seq, bounded)
+        self.base = len(data) - carried_bytes
+        if self.base + total <= RANKS_EVENT_BYTES * _UNBOUND_SHARE:
+            self.big = False  # the next event goes out whole again
+        return data

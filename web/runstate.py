@@ -8,16 +8,14 @@ replay; :class:`Subscriber` is one client's bounded queue. Both are plain data t
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gevent
 import gevent.queue
 
 from broker.steps.store import StepStore
 from web import sse
-
-if TYPE_CHECKING:
-    from web.ranksbound import SampleRotation
+from web.ranksbound import SampleRotation
 
 #: Sentinel the hub puts into a client's queue to end its stream.
 _CLOSE = None
@@ -121,8 +119,8 @@ class RunState:
         #: :func:`ranks_payload`)
         self.hardware_sent: dict[Any, str] = {}
         #: what this run's SSE stream last carried of each rank's sample (big runs only:
-        #: :mod:`web.ranksbound`, which creates it)
-        self.samples_sent: SampleRotation | None = None
+        #: :mod:`web.ranksbound`)
+        self.samples_sent = SampleRotation()
         #: seq -> the record's "epoch" event bytes, encoded once (replays reuse them)
         self._record_bytes: dict[int, bytes] = {}
         #: (id, closed steps, bytes) of the last replayed ``run`` header event: a burst of
@@ -169,6 +167,11 @@ class RunState:
         if isinstance(svg, str) and svg:
             self.svg = svg
         self.header = header
+
+    def ranks_event(self, seq: int) -> bytes:
+        """The SSE ``ranks`` event of the ranks as of ``seq``, bounded in bytes: hardware
+        (:func:`ranks_payload`) and samples (:mod:`web.ranksbound`)."""
+        return self.samples_sent.event(ranks_payload(self.hardware_sent, self.ranks), seq)
 
     def set_ranks(self, ranks: Any, seq: int) -> None:
         self.ranks_seq = seq
