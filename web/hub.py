@@ -34,7 +34,7 @@ from broker import feed
 from web import sse
 from web.cluster import ClusterIndex
 from web.parking import ParkedStreams
-from web.runstate import MAX_QUEUED_BYTES, RunState, Subscriber, finite, ranks_payload
+from web.runstate import MAX_QUEUED_BYTES, RunState, Subscriber, finite
 from web.stacksview import RunDumps
 
 log = logging.getLogger(__name__)
@@ -259,9 +259,9 @@ class Hub:
             payload: Any = state.public_header()
         elif update.kind == "ranks":
             state.set_ranks(data, update.seq)
-            # a big run's hardware only when it changed (web/runstate.py ranks_payload)
-            payload = (ranks_payload(state.hardware_sent, state.ranks) if state.subscribers
-                       else state.ranks)
+            if state.subscribers:  # bounded in bytes: hardware and samples (web/ranksbound.py)
+                self._broadcast(state, update.seq, state.ranks_event(update.seq))
+            return
         elif update.kind == "stacks":
             # live only (never replayed): the dumps received, the page then reads /stacks
             dumps = self._dumps(update.run)  # (and the collectives of section 7.2)

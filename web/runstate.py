@@ -15,6 +15,7 @@ import gevent.queue
 
 from broker.steps.store import StepStore
 from web import sse
+from web.ranksbound import SampleRotation
 
 #: Sentinel the hub puts into a client's queue to end its stream.
 _CLOSE = None
@@ -91,7 +92,7 @@ class RunState:
 
     __slots__ = ("run", "seq", "header", "ranks", "ranks_seq", "ranks_full", "records",
                  "complete", "svg", "steps", "subscribers", "_record_bytes", "_header_event",
-                 "hardware_sent")
+                 "hardware_sent", "samples_sent")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -117,6 +118,9 @@ class RunState:
         #: rank -> the hardware string this run's SSE stream last carried (big runs only:
         #: :func:`ranks_payload`)
         self.hardware_sent: dict[Any, str] = {}
+        #: what this run's SSE stream last carried of each rank's sample (big runs only:
+        #: :mod:`web.ranksbound`)
+        self.samples_sent = SampleRotation()
         #: seq -> the record's "epoch" event bytes, encoded once (replays reuse them)
         self._record_bytes: dict[int, bytes] = {}
         #: (id, closed steps, bytes) of the last replayed ``run`` header event: a burst of
@@ -163,6 +167,11 @@ class RunState:
         if isinstance(svg, str) and svg:
             self.svg = svg
         self.header = header
+
+    def ranks_event(self, seq: int) -> bytes:
+        """The SSE ``ranks`` event of the ranks as of ``seq``, bounded in bytes: hardware
+        (:func:`ranks_payload`) and samples (:mod:`web.ranksbound`)."""
+        return self.samples_sent.event(ranks_payload(self.hardware_sent, self.ranks), seq)
 
     def set_ranks(self, ranks: Any, seq: int) -> None:
         self.ranks_seq = seq

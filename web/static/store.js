@@ -12,6 +12,9 @@ import { isNum } from "./fmt.js";
 /** Above this many ranks a run is "big": picker instead of tabs, pages, heatmap, grouped alerts. */
 export const BIG = 32;
 
+/** Keys a big run's `ranks` event leaves out when unchanged (the page keeps its own). */
+const KEPT_KEYS = ["hardware", "resources"];
+
 const HEADER_KEYS = ["run", "status", "world_size", "total_epochs", "label", "hash", "port",
   "metadata", "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
   "steps_done", "step_metrics", "data_share", "data_stragglers"];
@@ -36,6 +39,7 @@ export class Store {
     this.ranks = [];
     this.rankMap = new Map(); // rank -> ranks entry
     this.ranksSeq = null; // the run sequence number this.ranks are as of (null: unordered)
+    this.unheld = new Map(); // rank -> the KEPT_KEYS no array has given this page yet
     this.hostOfRank = new Map(); // rank -> host (header topology)
     this.rankSeries = new Map(); // rank -> [{t, util, vu, vt}] sampled from `ranks` events
     this.rankSeen = new Map(); // rank -> last_seen already sampled
@@ -131,17 +135,35 @@ export class Store {
   applyRanks(ranks, sample, now, seq = null) {
     if (!Array.isArray(ranks)) return;
     if (Number.isFinite(seq)) {
-      if (this.ranksSeq !== null && seq < this.ranksSeq) return;
+      if (this.ranksSeq !== null && seq < this.ranksSeq) {
+        this._fillUnheld(ranks);
+        return;
+      }
       this.ranksSeq = seq;
     }
-    // a big run's `ranks` event carries an entry's hardware only when it changed (issue 32):
-    // an entry without the key keeps the one this page has
+    // a big run's `ranks` event carries an entry's hardware and resources only when they
+    // changed (issue 32; web/ranksbound.py): an entry without the key keeps what this page
+    // has, and its kept sample is not a new point of the rank's series. What the page never
+    // had is noted (`unheld`): an older snapshot answer, overtaken by the stream, fills it.
     const before = this.rankMap;
+    const kept = new Set();
     for (const r of ranks) {
-      if (r && typeof r === "object" && !("hardware" in r)) {
-        const p = before.get(r.rank);
-        r.hardware = p ? p.hardware : null;
+      if (!r || typeof r !== "object") continue;
+      const p = before.get(r.rank);
+      const miss = this.unheld.get(r.rank);
+      for (const k of KEPT_KEYS) {
+        if (k in r) {
+          if (miss) miss.delete(k);
+          continue;
+        }
+        r[k] = p ? p[k] : null;
+        if (k === "resources") kept.add(r.rank);
+        if (!p || (miss && miss.has(k))) {
+          if (!this.unheld.has(r.rank)) this.unheld.set(r.rank, new Set());
+          this.unheld.get(r.rank).add(k);
+        }
       }
+      if (miss && !miss.size) this.unheld.delete(r.rank);
     }
     this.ranks = ranks.slice().sort((a, b) => a.rank - b.rank);
     this.rankMap = new Map();
@@ -151,13 +173,32 @@ export class Store {
     for (const r of this.ranks) {
       this.rankMap.set(r.rank, r);
       this.noteRank(r.rank);
-      this._sampleRank(r, cap);
+      if (!kept.has(r.rank)) this._sampleRank(r, cap);
       if (isNum(r.step)) anyStep = true;
       if (isNum(r.step_ms)) stepMs.set(r.rank, r.step_ms);
     }
     if (anyStep) this.stepRanks = true;
     if (stepMs.size && sample && this.hooks.stepTimes) this.hooks.stepTimes(now, stepMs);
     this.changed("ranks");
+  }
+
+  /** From a `ranks` array older than the one held: only what the page never had. */
+  _fillUnheld(ranks) {
+    let filled = false;
+    for (const r of ranks) {
+      const miss = r && this.unheld.get(r.rank);
+      const cur = miss && this.rankMap.get(r.rank);
+      if (!cur) continue;
+      for (const k of [...miss]) {
+        if (k in r) {
+          cur[k] = r[k];
+          miss.delete(k);
+          filled = true;
+        }
+      }
+      if (!miss.size) this.unheld.delete(r.rank);
+    }
+    if (filled) this.changed("ranks");
   }
 
   /** Append a rank's latest resources to its client-side series, once per new frame time. */
