@@ -105,7 +105,13 @@ def others_medians(values: np.ndarray) -> np.ndarray:
 def data_stragglers(figures: Sequence[Tuple[int, float, Optional[float]]], place: Place
                     ) -> Tuple[List[Dict[str, Any]], List[float]]:
     """The header's ``data_stragglers`` from ``(rank, data_ms, step_ms)`` of every rank that
-    has a ``data_ms``, and the median each listed rank was compared with (the alert's)."""
+    has a ``data_ms``, and the median each listed rank was compared with (the alert's).
+
+    A rank whose mean is not a finite number (a NaN or infinite ``data_ms`` among its last
+    values: the wire allows them, 7.1 does not say) has no wait to compare: it is left out,
+    as a rank without one (an infinite wait listed first, "waits inf ms", failed the sink)."""
+    if not all(map(math.isfinite, [f[1] for f in figures])):
+        figures = [f for f in figures if math.isfinite(f[1])]
     if len(figures) < 2:
         return [], []
     ranks = np.fromiter((f[0] for f in figures), np.int64, len(figures))
