@@ -99,7 +99,9 @@ def others_medians(values: np.ndarray) -> np.ndarray:
 
     if m % 2:
         return other(m // 2)
-    return (other(m // 2 - 1) + other(m // 2)) / 2.0
+    # halves first: the same number (halving is exact), but two values near the largest
+    # float do not overflow to inf
+    return other(m // 2 - 1) / 2.0 + other(m // 2) / 2.0
 
 
 def data_stragglers(figures: Sequence[Tuple[int, float, Optional[float]]], place: Place
@@ -117,8 +119,9 @@ def data_stragglers(figures: Sequence[Tuple[int, float, Optional[float]]], place
     ranks = np.fromiter((f[0] for f in figures), np.int64, len(figures))
     data = np.fromiter((f[1] for f in figures), np.float64, len(figures))
     med = others_medians(data)
-    with np.errstate(invalid="ignore"):
-        hit = np.flatnonzero((data >= FACTOR * med) & (data >= med + MARGIN_MS))
+    with np.errstate(invalid="ignore", over="ignore"):
+        hit = np.flatnonzero((data >= FACTOR * med) & (data >= med + MARGIN_MS)
+                             & np.isfinite(med))
     if not len(hit):
         return [], []
     hit = hit[np.lexsort((ranks[hit], -data[hit]))][:MAX_STRAGGLERS]

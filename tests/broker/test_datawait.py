@@ -163,6 +163,21 @@ def test_a_rank_whose_mean_is_not_finite_is_left_out() -> None:
         (2, "waits 300 ms a step for data (median 10 ms)")]
 
 
+def test_waits_near_the_largest_float_neither_overflow_nor_fail() -> None:
+    """Found by the fuzz (seed 7): two others' waits of -1e308 made their median -inf (the
+    sum overflowed), so every rank was 'twice' it and the message failed on it."""
+    big = 1e308
+    assert others_medians(np.array([-big, -big, 5.0])).tolist() == [(-big + 5.0) / 2,
+                                                                    (-big + 5.0) / 2, -big]
+    assert others_medians(np.array([big, big, 0.0]))[2] == big
+    for figs in ([(0, -big, None), (1, -big, None), (2, 30.0, None)],
+                 [(0, big, None), (1, big, None), (2, big, None), (3, 1.0, None)],
+                 [(0, 1.0, None), (1, 1.0, None), (2, big, None)]):
+        entries, medians = data_stragglers(figs, PLACE)
+        assert all(math.isfinite(m) for m in medians), figs
+        DataWait().update(None, figs, PLACE)  # the messages are made: no OverflowError
+
+
 def test_sink_survives_an_infinite_data_wait() -> None:
     d = Drive(3)
     for s in range(1, 4):
