@@ -47,7 +47,9 @@ def test_a_rank_under_a_request_flood_answers_about_one_a_second_and_keeps_stepp
     answered = rank.answered - answered_before
     assert sent > 1000, sent
     assert 1 <= forwarded <= elapsed / MIN_INTERVAL_S + 2, (forwarded, elapsed)
-    assert answered == forwarded, (answered, forwarded)
+    # each one forwarded answered, and nothing else (but one late answer to a warm-up
+    # request: warm_up sends another when an answer takes over 1.2 s)
+    assert forwarded <= answered <= forwarded + 1, (answered, forwarded)
     assert gate.refused["coalesced"] > 0 and gate.refused["rate_limited"] > 0
     # the loop kept moving through the flood: steps ended in every second of it
     ends = [s[0] for s in rank.steps]
