@@ -194,14 +194,13 @@ def test_agent_queues_to_its_hwm_through_a_broker_outage_then_drops_and_counts(
         # with the broker, as with any TCP peer that dies; see SECURITY.md).
         sock = agent._pusher._sock
         assert sock is not None
-        # the agent monitors its socket for connections itself (rank_agent/reach.py, read at
-        # close); a socket has one monitor, and pyzmq hands back the one it has: stop the
-        # agent's (its inproc name stays taken a while: this one gets its own), so this one
-        # hears disconnections
-        if agent._pusher._reach is not None:
-            agent._pusher._reach.close()
-        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED,
-                                          addr="inproc://test-outage-monitor")
+        # (a ZeroMQ socket has one monitor: the agent's own, which tells at close whether a
+        # broker ever took the connection (rank_agent/reach.py), makes way for this one)
+        reach = agent._pusher._reach
+        assert reach is not None
+        reach.close()
+        agent._pusher._reach = None
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
         def outage(proc: Proc) -> None:
             proc.proc.kill()
