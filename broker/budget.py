@@ -8,10 +8,11 @@ refunds what it lets go, and when the total passes the limit the budget asks the
 drop their **oldest** items first (in the order they were kept, across runs), never the one
 just kept.
 
-General on purpose: any family of kept answers (stack dumps now, collectives later) is a
+General on purpose: any family of kept answers (stack dumps, ``collectives`` frames) is a
 :class:`Holder`: it charges ``(holder, key, bytes)`` when it keeps an item, refunds when it
 drops one itself, and implements ``evict(key)`` (drop that item and refund it). A holder going
-away (its run evicted or dropped) refunds everything it holds (``RunStacks.close``).
+away (its run evicted or dropped) refunds everything it holds (``RunStacks.close``,
+``RunCollectives.close``).
 
 Pure: no I/O, no clock; one thread (the broker's loop, the web's gevent loop).
 """

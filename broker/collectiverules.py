@@ -57,6 +57,9 @@ class CollectiveRules:
         feed = self._stack_feed
         if not feed.due(now):
             return
+        for key in feed.collectives.take_gone():  # dropped by the byte budget: the web
+            feed.coll_pending[key] = None  # learns the rank has none, the verdict is redone
+            feed.coll_changed = True
         if feed.collectives.latest or feed.verdict:
             self._refresh_verdict(now)
         feed.publish_due(now)
@@ -79,6 +82,10 @@ class CollectiveRules:
         for kind, rank, message in verdict_alerts(feed.verdict, verdict):
             self._raise(kind, rank, message, now)
         feed.verdict, feed.verdict_due = verdict, True
+
+    def close_collectives(self) -> None:
+        """The run leaves memory: its frames leave the process's byte budget."""
+        self._stack_feed.collectives.close()
 
     def collectives_view(self) -> Dict[str, Any]:
         """``GET /api/runs/<run>/collectives`` as the broker has it, and what a run snapshot

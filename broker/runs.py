@@ -489,7 +489,10 @@ class Runs:
     def _forget_new(self, run: str) -> None:
         """Undo bringing in a run whose first frame was rejected: it is not held, and a
         journal that reloaded it may close it again."""
-        self._sinks.pop(run, None)
+        sink = self._sinks.pop(run, None)
+        if sink is not None:  # a reloaded run's answers leave the byte budget
+            sink.stacks.close()
+            sink.close_collectives()
         if self.loader is not None:
             self._notify_evict(run)
 
@@ -507,6 +510,7 @@ class Runs:
         ``evicted`` event (the run's next seq)."""
         sink = self._sinks.pop(run)
         sink.stacks.close()  # its dumps leave the process's byte budget (broker/budget.py)
+        sink.close_collectives()  # and its collectives frames
         try:
             events = sink.settle(now)
         except Exception:

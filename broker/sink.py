@@ -327,7 +327,8 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
                             notify=st.last_seen >= self.liveness_floor)
         self._close_steps(now)
         self._publish_steps_due(now)
-        if self._stack_feed.pending or self._stack_feed.collectives.latest:
+        if (self._stack_feed.pending or self._stack_feed.collectives.latest
+                or self._stack_feed.collectives.has_gone):
             self._stacks_due(now)  # (with the collective verdict: broker/collectiverules.py)
         if self._header_changed or (self._header_pending and (
             self._header_sent_at is None or now - self._header_sent_at >= self.ranks_interval

@@ -8,7 +8,10 @@ rank that is behind has the lower number. This module holds what the broker make
   (what ``GET /collectives`` lists and the feed carries) plus a **digest**: per group the two
   sequence numbers and the entries by ``seq``, built once when the frame arrives, so that a
   verdict over 1,024 ranks is a few dict lookups a rank and group, not a pass over 262,144
-  entries. Bounded in bytes per run (:data:`MAX_RUN_COLLECTIVES_BYTES`) as dumps are.
+  entries. Bounded in bytes per run (:data:`MAX_RUN_COLLECTIVES_BYTES`) and, across runs, by
+  the process's byte budget (:mod:`broker.budget`, shared with the dumps: a per-run cap times
+  ``--max-runs`` bounds nothing), as dumps are; a frame the budget drops is reported by
+  :meth:`RunCollectives.take_gone`, so the web learns that its rank has none.
 * :func:`collective_verdict`: the rules of 7.2 over the ranks whose frame is current (the
   caller knows which: it sees the ``steps``/``metrics`` frames).
 * :func:`verdict_alerts`: which ranks raise ``collective_behind``/``collective_mismatch`` when
@@ -25,6 +28,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import msgspec
 
+from broker import budget as _budget
 from rank_agent.protocol import Collectives
 from rank_agent.ratelimit import RateLimitedLog
 
@@ -213,8 +217,15 @@ class RunCollectives:
     """The latest ``collectives`` frame per (rank, reason) of one run, with digests, and
     which is each rank's latest of either reason (the one a verdict reads)."""
 
-    def __init__(self, cap: int = MAX_RUN_COLLECTIVES_BYTES) -> None:
+    def __init__(self, cap: int = MAX_RUN_COLLECTIVES_BYTES,
+                 budget: _budget.ByteBudget | None = None) -> None:
         self.cap = cap
+        #: the process's byte budget (every run's store shares it, and the dumps')
+        self.budget = budget if budget is not None else _budget.PROCESS_BUDGET
+        #: frames dropped because the budget was full (oldest first, of any run)
+        self.over_budget = 0
+        #: (rank, reason) dropped by the budget and not yet taken (:meth:`take_gone`)
+        self._gone: Dict[Tuple[int, str], None] = {}
         #: (rank, reason) -> [wire dict, digest, bytes counted]
         self._frames: Dict[Tuple[int, str], List[Any]] = {}
         #: rank -> the reason of its latest frame (of either reason)
@@ -254,6 +265,8 @@ class RunCollectives:
         self.bytes += cost
         self._frames[key] = [item, digest, cost]
         self.latest[key[0]] = key[1]
+        self._gone.pop(key, None)
+        self.budget.charge(self, key, cost)  # may drop older frames or dumps, of any run
         return True
 
     def remove(self, key: Tuple[int, str]) -> None:
@@ -262,6 +275,8 @@ class RunCollectives:
         if old is None:
             return
         self.bytes -= old[2]
+        self.budget.forget(self, key)
+        self.budget.adjust(-old[2])
         rank = key[0]
         if self.latest.get(rank) == key[1]:
             other = (rank, "request" if key[1] == "stall" else "stall")
@@ -269,6 +284,30 @@ class RunCollectives:
                 self.latest[rank] = other[1]
             else:
                 del self.latest[rank]
+
+    def evict(self, key: Any) -> None:
+        """The process's byte budget is full and this is its oldest frame: drop it."""
+        if key in self._frames:
+            self.remove(key)
+            self.over_budget += 1
+            self._gone[key] = None
+
+    def take_gone(self) -> List[Tuple[int, str]]:
+        """The (rank, reason) the budget dropped since the last call (the sink tells the web
+        and recomputes the verdict)."""
+        gone, self._gone = list(self._gone), {}
+        return gone
+
+    @property
+    def has_gone(self) -> bool:
+        """Whether the budget dropped a frame that :meth:`take_gone` has not returned."""
+        return bool(self._gone)
+
+    def close(self) -> None:
+        """Forget every frame (the run left memory): their bytes go back to the budget."""
+        for key in list(self._frames):
+            self.remove(key)
+        self._gone = {}
 
     def discard(self, rank: int) -> None:
         """Forget ``rank``'s frames."""

@@ -99,20 +99,29 @@ def others_medians(values: np.ndarray) -> np.ndarray:
 
     if m % 2:
         return other(m // 2)
-    return (other(m // 2 - 1) + other(m // 2)) / 2.0
+    # halves first: the same number (halving is exact), but two values near the largest
+    # float do not overflow to inf
+    return other(m // 2 - 1) / 2.0 + other(m // 2) / 2.0
 
 
 def data_stragglers(figures: Sequence[Tuple[int, float, Optional[float]]], place: Place
                     ) -> Tuple[List[Dict[str, Any]], List[float]]:
     """The header's ``data_stragglers`` from ``(rank, data_ms, step_ms)`` of every rank that
-    has a ``data_ms``, and the median each listed rank was compared with (the alert's)."""
+    has a ``data_ms``, and the median each listed rank was compared with (the alert's).
+
+    A rank whose mean is not a finite number (a NaN or infinite ``data_ms`` among its last
+    values: the wire allows them, 7.1 does not say) has no wait to compare: it is left out,
+    as a rank without one (an infinite wait listed first, "waits inf ms", failed the sink)."""
+    if not all(map(math.isfinite, [f[1] for f in figures])):
+        figures = [f for f in figures if math.isfinite(f[1])]
     if len(figures) < 2:
         return [], []
     ranks = np.fromiter((f[0] for f in figures), np.int64, len(figures))
     data = np.fromiter((f[1] for f in figures), np.float64, len(figures))
     med = others_medians(data)
-    with np.errstate(invalid="ignore"):
-        hit = np.flatnonzero((data >= FACTOR * med) & (data >= med + MARGIN_MS))
+    with np.errstate(invalid="ignore", over="ignore"):
+        hit = np.flatnonzero((data >= FACTOR * med) & (data >= med + MARGIN_MS)
+                             & np.isfinite(med))
     if not len(hit):
         return [], []
     hit = hit[np.lexsort((ranks[hit], -data[hit]))][:MAX_STRAGGLERS]

@@ -150,6 +150,44 @@ def test_stragglers_need_twice_the_median_and_20_ms_more() -> None:
     assert data_stragglers([(0, 500.0, None)], PLACE) == ([], [])
 
 
+def test_a_rank_whose_mean_is_not_finite_is_left_out() -> None:
+    """Found by the fuzz (issue 32): a ``data_ms`` of inf made a rank's mean inf, listed it
+    first and failed the sink on its message ("waits inf ms"); NaN never compared."""
+    figs = [(0, 10.0, 1.0), (1, 10.0, 1.0), (2, 300.0, 1.0)]
+    for odd in (math.inf, -math.inf, math.nan):
+        entries, medians = data_stragglers([*figs, (3, odd, 1.0)], PLACE)
+        assert [e["rank"] for e in entries] == [2] and medians == [10.0], odd
+        assert data_stragglers([(0, 10.0, None), (1, odd, None)], PLACE) == ([], [])
+    dw = DataWait()
+    assert dw.update(None, [*figs, (3, math.inf, 1.0)], PLACE)[1] == [
+        (2, "waits 300 ms a step for data (median 10 ms)")]
+
+
+def test_waits_near_the_largest_float_neither_overflow_nor_fail() -> None:
+    """Found by the fuzz (seed 7): two others' waits of -1e308 made their median -inf (the
+    sum overflowed), so every rank was 'twice' it and the message failed on it."""
+    big = 1e308
+    assert others_medians(np.array([-big, -big, 5.0])).tolist() == [(-big + 5.0) / 2,
+                                                                    (-big + 5.0) / 2, -big]
+    assert others_medians(np.array([big, big, 0.0]))[2] == big
+    for figs in ([(0, -big, None), (1, -big, None), (2, 30.0, None)],
+                 [(0, big, None), (1, big, None), (2, big, None), (3, 1.0, None)],
+                 [(0, 1.0, None), (1, 1.0, None), (2, big, None)]):
+        entries, medians = data_stragglers(figs, PLACE)
+        assert all(math.isfinite(m) for m in medians), figs
+        DataWait().update(None, figs, PLACE)  # the messages are made: no OverflowError
+
+
+def test_sink_survives_an_infinite_data_wait() -> None:
+    d = Drive(3)
+    for s in range(1, 4):
+        for r in range(3):
+            d.send(frame(r, [s], [math.inf if r == 2 else 10.0 + r]), 2.0 + s)
+    d.tick(10.0)
+    assert d.sink.header()["data_stragglers"] == []
+    assert {e["rank"]: e["data_ms"] for e in d.sink.ranks()}[0] == 10.0
+
+
 def test_stragglers_order_ties_and_cap() -> None:
     figs = [(r, 1.0, None) for r in range(100)]
     for r in (7, 3, 50):

@@ -26,7 +26,10 @@ surrogate escape (``bad_metadata_json``) and a run (:data:`NAMES_RUN`) driven pa
 distinct step metric names (``step_metric_names``). Contract v3's ``stacks`` frames come
 valid (stall dumps, request answers, profiles; weird text, non-finite times, every limit
 met exactly) and hostile (every limit passed by one, wrong types, an unknown reason: all
-``schema``).
+``schema``). Contract v4's fields come both ways too: ``steps`` frames carry ``data_ms``
+(nulls, NaN, negative, huge; as long as ``steps`` or not, of the wrong type) and registers a
+``label`` (hostile text up to 128 characters; 129, or not a string: ``schema``); the
+``collectives`` frames are :mod:`tests.support.fuzzcollectives`'.
 
 Used by ``tests/reliability/test_fuzz.py`` (a quick run) and ``bench/fuzz_ingest.py``
 (>= 100 000 frames).
@@ -261,6 +264,11 @@ class _Hostile(CollectiveFuzz):
             d.update(world_size=HOSTILE_WORLD, host=self.text(rng.randrange(1, 30)),
                      local_rank=rng.randrange(4), port=rng.randrange(65536),
                      total_epochs=rng.randrange(100), pid=rng.randrange(2**31))
+            if rng.random() < 0.5:  # the run's label (7.5): any text up to its bound
+                d["label"] = rng.choice((self.text(rng.randrange(0, 40)), "",
+                                         "<img src=x onerror=alert(1)>",
+                                         "\u202e" + "\u4e2d" * (protocol.MAX_LABEL - 1),
+                                         self.text(protocol.MAX_LABEL)))
         elif kind == "svg":
             d.update(svg=f"<svg xmlns='http://www.w3.org/2000/svg'><script>alert({rng.random()})"
                          "</script></svg>", label=self.text(10), hash=self.text(8))
@@ -428,6 +436,11 @@ class _Hostile(CollectiveFuzz):
              "schema"),
             ({"type": "register", "run": run, "rank": rank, "world_size": HOSTILE_WORLD,
               "host": "h", "port": rng.choice((65536, -1))}, "schema"),
+            ({"type": "register", "run": run, "rank": rank, "world_size": HOSTILE_WORLD,
+              "host": "h", "label": rng.choice(("l", "\u4e2d")) * (protocol.MAX_LABEL + 1)},
+             "schema"),
+            ({"type": "register", "run": run, "rank": rank, "world_size": HOSTILE_WORLD,
+              "host": "h", "label": rng.choice((None, 1, ["l"], {"l": 1}))}, "schema"),
         ]
         if self.big and rng.random() < 0.05:
             big = [
@@ -481,6 +494,8 @@ class _Hostile(CollectiveFuzz):
         for key in ("samples", "tokens"):
             if rng.random() < 0.6:
                 d[key] = [rng.choice((0, 1, 64, 4096, protocol.MAX_STEP_COUNT)) for _ in steps]
+        if rng.random() < 0.5:  # the data wait (7.1): nulls, non-finite, negative, huge
+            d["data_ms"] = [self._opt_float() for _ in steps]
         names = rng.choice((0, 1, 2, 4)) if rng.random() < 0.98 else protocol.MAX_STEP_METRICS
         metrics: dict[str, list[Any]] = {}
         for i in range(names):
@@ -514,11 +529,11 @@ class _Hostile(CollectiveFuzz):
                              "huge", "negative"))
         shape, schema = one("steps_shape"), one("schema")
         if defect == "unequal":
-            key = rng.choice(("times", "step_ms", "samples", "tokens", "metric"))
+            key = rng.choice(("times", "step_ms", "samples", "tokens", "metric", "data_ms"))
             m = n + 1 if rng.random() < 0.5 else n - 1  # n >= 2: never 0 ("not sent")
             if key == "metric":
                 d.setdefault("metrics", {})[rng.choice(("loss", "x"))] = [1.0] * m
-            elif key in ("times", "step_ms"):
+            elif key in ("times", "step_ms", "data_ms"):
                 d[key] = [1.0] * m
             else:
                 d[key] = [1] * m
@@ -547,7 +562,7 @@ class _Hostile(CollectiveFuzz):
             d["times"][rng.randrange(n)] = None
         elif defect == "wrong_type":
             key = rng.choice(("steps", "times", "step_ms", "samples", "metrics", "metric",
-                              "list"))
+                              "list", "data_ms"))
             bad = rng.choice(("x", b"\x00", [1], {"a": 1}, True))
             if key == "metrics":
                 d["metrics"] = rng.choice(([1.0] * n, "loss", 1.0))
@@ -557,6 +572,8 @@ class _Hostile(CollectiveFuzz):
                 d[rng.choice(("steps", "times", "step_ms"))] = rng.choice((1.0, "abc", None))
             elif key == "samples":
                 d["samples"] = [rng.choice((1.5, "1", True))] * n
+            elif key == "data_ms":
+                d["data_ms"] = rng.choice(([bad] * n, "x", 1.0, {"a": [1.0] * n}))
             elif key == "steps":
                 d["steps"][rng.randrange(n)] = rng.choice((1.5, "1", None, True))
             else:
