@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -181,6 +182,31 @@ def demo_main(cfg: DemoConfig) -> int:
     return _up(cfg.up, "rankboard demo", demo=cfg)
 
 
+def free_port_block(n: int, tries: int = 50) -> int | None:
+    """A loopback port P with P .. P + n - 1 all free now (None when none was found): the
+    demo's private broker in the default port layout. Another process may still take one
+    before the broker binds it; the broker then fails to start with the bind error."""
+    for _ in range(tries):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + n > 65536:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    return None
+
+
 def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
     patch()
     code, curve = _check(cfg.web, prog)
@@ -188,6 +214,16 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
         return code
     bcfg = cfg.broker
     if demo is not None:  # a private broker: never clash with one already running on the defaults
+        defaults = (DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT)
+        if (bcfg.ingest, bcfg.publish, bcfg.snapshot) == defaults:
+            # free ports in the default layout (publish = ingest + 1, snapshot + 2; shard K
+            # + 3 K), so the ranks' control channel is the one they derive and nothing warns
+            # that it is some other socket (rank_agent.control.squatter_warning)
+            base = free_port_block(3 * cfg.shards)
+            if base is not None:
+                bcfg = replace(bcfg, ingest=f"tcp://127.0.0.1:{base}",
+                               publish=f"tcp://127.0.0.1:{base + 1}",
+                               snapshot=f"tcp://127.0.0.1:{base + 2}")
         def private(endpoint: str, default: str) -> str:
             return EPHEMERAL if endpoint == default else endpoint
 
