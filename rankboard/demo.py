@@ -16,7 +16,7 @@ each ``--ranks`` processes spread over ``--hosts`` simulated hosts (``node-a``, 
   tokens); the last rank, on the last host, is deliberately slower **because of its data**:
   each step waits for its batch (calling :meth:`RankAgent.batch_ready` when it has it, so
   every point carries ``data_ms``), and the last rank's loader takes longer, so the
-  straggler board has someone to point at and its line names the cause ("rank 3 waits 35
+  straggler board's data-wait line names it and the cause ("rank 3 waits 35
   ms a step for data, median 6 ms: input-bound on that rank", PROTOCOL 7.1). Its steps take as long as the epoch job's epochs in all.
   Half-way through, one rank's data loader hangs for :data:`STALL_SECONDS` (a dead loader
   worker, :class:`DataLoader`) while every other rank waits for it in :func:`all_reduce`, as
