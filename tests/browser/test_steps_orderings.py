@@ -2,7 +2,7 @@
 in a real Chromium: every history answer held back until after the SSE connection was cut
 and reconnected, then released newest first (the first connection's answers arrive last, for
 a cut that is no longer the page's); a metric first seen live after the cut; and charts below
-the fold at 1024 px, which skip their draws while out of view, scrolled into view."""
+the fold at 1024 px, which must keep up (at most a second late) without being scrolled to."""
 from __future__ import annotations
 
 from typing import Any, List
@@ -77,7 +77,11 @@ def test_history_answers_held_past_a_reconnect_and_a_metric_first_seen_live(
     page.errors.check()
 
 
-def test_a_chart_below_the_fold_draws_the_latest_step_when_scrolled_to(stack: Stack, browser: Any) -> None:
+def test_a_chart_below_the_fold_keeps_up_without_being_scrolled_to(stack: Stack, browser: Any) -> None:
+    """The demo's symptom: the stall panel opened above the step charts and pushed them below
+    the fold; they skipped every draw until scrolled to, so a full-page screenshot showed them
+    frozen at the step the panel opened (or "waiting for steps…" on a page opened then).
+    Out of view, a chart now draws at most once a second, never not at all."""
     run = "orderings-fold"
     register(stack, run, world=2)
     for r in range(2):
@@ -87,12 +91,14 @@ def test_a_chart_below_the_fold_draws_the_latest_step_when_scrolled_to(stack: St
     page = ctx.new_page()
     page.goto(f"{stack.url}/#run={run}")
     wait_for(lambda: drawn(page, "loss") == [0, 99], 20, "the history drawn")
+    below = page.evaluate("""() => document.querySelector('[data-step-chart="samples_per_s"]')
+        .getBoundingClientRect().top > window.innerHeight""")
+    assert below, "the throughput chart is below the fold at 1024 x 700"
     for start in range(100, 300, 50):
         for r in range(2):
             send_steps(stack, run, r, range(start, start + 50))
         wait_steps(stack, run, start + 49)
     wait_for(lambda: (data(page, "samples_per_s") or [[0, 0]])[-1][1] == 299, 20, "every step held")
-    assert drawn(page, "samples_per_s") != [0, 299]  # out of view: its draws were skipped
-    page.locator('[data-step-chart="samples_per_s"]').scroll_into_view_if_needed()
-    wait_for(lambda: drawn(page, "samples_per_s") == [0, 299], 10, "the chart drawn once in view")
+    wait_for(lambda: drawn(page, "samples_per_s") == [0, 299], 5, "the chart out of view drawn to the last step")
+    assert page.evaluate("window.scrollY") == 0
     ctx.close()
