@@ -99,6 +99,6 @@ def test_a_chart_below_the_fold_keeps_up_without_being_scrolled_to(stack: Stack,
             send_steps(stack, run, r, range(start, start + 50))
         wait_steps(stack, run, start + 49)
     wait_for(lambda: (data(page, "samples_per_s") or [[0, 0]])[-1][1] == 299, 20, "every step held")
-    wait_for(lambda: drawn(page, "samples_per_s") == [0, 299], 5, "the chart out of view drawn to the last step")
+    wait_for(lambda: drawn(page, "samples_per_s") == [0, 299], 15, "the chart out of view drawn to the last step")
     assert page.evaluate("window.scrollY") == 0
     ctx.close()
