@@ -171,3 +171,19 @@ def test_the_widest_rank_table_fits_with_its_badges(stack: Stack, browser: Any, 
     page.locator("#ranks-card").screenshot(path=str(ARTIFACTS / f"rank-table-{width}.png"))
     assert fit["over"] <= 0 and fit["badges"] >= 1 and fit["clipped"] == 0, fit
     ctx.close()
+
+
+def test_a_step_run_with_one_epoch_sets_the_straggler_board_beside_resources_now(
+        stack: Stack, page: Any) -> None:
+    """With its one closing epoch a step run hides its epoch charts; "Resources now" sat
+    alone on its row then, beside two-thirds of empty page (the demo's finished step run at
+    1440 px). The straggler board takes that place, as it does before the first epoch."""
+    step_run(stack)
+    page.goto(f"{stack.url}/#run={RUN}")
+    expect(page.locator("#straggler-card")).to_be_visible()
+    expect(page.locator("#metrics-card")).to_be_hidden()
+    wait_for(lambda: page.evaluate("""() => {
+        const a = document.getElementById('straggler-card').getBoundingClientRect();
+        const b = document.getElementById('resources-now').getBoundingClientRect();
+        return Math.abs(a.top - b.top) < 2 && a.right < b.left;
+    }"""), 10.0, "the straggler board and 'Resources now' on one row")
