@@ -4,8 +4,11 @@ ranks' highest steps stay within a few steps of each other and their step times 
 the slow rank stays slow because of its data (its ``data_ms``), not by stepping on its own."""
 from __future__ import annotations
 
+import threading
+from pathlib import Path
 from typing import Any
 
+from rankboard import democlock
 from tests.support.http import get_json
 from tests.support.polling import wait_for
 
@@ -50,3 +53,22 @@ def test_demo_ranks_step_in_lockstep_and_the_slow_one_waits_for_data(spawn: Any)
     data_ms = {r["rank"]: r["data_ms"] for r in last}
     assert max(data_ms, key=lambda k: data_ms[k]) == 3, data_ms
     assert data_ms[3] > 3 * sorted(data_ms.values())[1], data_ms
+
+
+def test_a_step_clock_waits_for_every_rank_and_gives_up_on_a_dead_one(tmp_path: Path) -> None:
+    """``StepClock``: a rank's ``arrive(n)`` returns once every rank has finished n steps
+    (here the other rank arrives from a thread), and returns False after its timeout when a
+    peer never does (a demo rank never hangs for good)."""
+    path = str(tmp_path / "clock")
+    democlock.create(path, 2)
+    a, b = democlock.StepClock(path, 0, 2), democlock.StepClock(path, 1, 2)
+    try:
+        assert not a.arrive(1, timeout=0.05)  # rank 1 has not finished step 1
+        peer = threading.Thread(target=b.arrive, args=(1, 10.0))
+        peer.start()
+        assert a.arrive(1, timeout=10.0)
+        peer.join(timeout=10.0)
+        assert a.counts() == (1, 1)
+    finally:
+        a.close()
+        b.close()
