@@ -16,7 +16,7 @@ each ``--ranks`` processes spread over ``--hosts`` simulated hosts (``node-a``, 
   tokens); the last rank, on the last host, is deliberately slower **because of its data**:
   each step waits for its batch (calling :meth:`RankAgent.batch_ready` when it has it, so
   every point carries ``data_ms``), and the last rank's loader takes longer, so the
-  straggler board has someone to point at and its line names the cause ("rank 3 waits 35
+  straggler board's data-wait line names it and the cause ("rank 3 waits 35
   ms a step for data, median 6 ms: input-bound on that rank", PROTOCOL 7.1). Its steps take as long as the epoch job's epochs in all.
   Half-way through, one rank's data loader hangs for :data:`STALL_SECONDS` (a dead loader
   worker, :class:`DataLoader`) while every other rank waits for it in :func:`all_reduce`, as
@@ -24,7 +24,10 @@ each ``--ranks`` processes spread over ``--hosts`` simulated hosts (``node-a``, 
   :data:`STALL_AFTER`) dumps their stacks, so the page shows the ranks ``stalled`` and the
   two groups ("3 ranks in all_reduce ← backward ← train_step; rank 1 in __next__ ←
   train_step"), then the rank recovers and every rank steps again. The others wait by
-  polling a file a few times a second (the demo stays cheap on CPU).
+  polling a file a few times a second (the demo stays cheap on CPU). Every step is
+  synchronous, as under DDP: a rank's step ends when the slowest rank's does (a shared
+  counter file, :mod:`rankboard.democlock`), so the ranks step together, their step times
+  are alike and the slow rank shows as slow in its data wait, as a real input-bound rank does.
 
 This module imports nothing heavy at import time: rank processes load only rank_agent. It
 sits in ``rankboard/`` beside ``up`` because it drives the whole stack (agents, broker, web).
@@ -45,6 +48,8 @@ import tempfile
 import time
 from typing import Any, Sequence
 
+from rankboard.democlock import StepClock
+from rankboard.democlock import create as create_clock
 from rankboard.demogpu import use_simulated_gpu
 from rankboard.process import child_command, terminate
 
@@ -224,6 +229,7 @@ def run_steps(ns: argparse.Namespace) -> int:
                       local_rank=ns.local_rank, host=ns.host, label=ns.label,
                       stall_after=STALL_AFTER if ns.barrier else None)
     loader = DataLoader(ns.stall_seconds, ns.barrier) if ns.barrier else None
+    clock = StepClock(ns.clock, ns.rank, ns.world_size) if ns.clock else None
     try:
         agent.register(port=ns.port, total_epochs=1)
         if ns.rank == 0:
@@ -248,6 +254,10 @@ def run_steps(ns: argparse.Namespace) -> int:
             time.sleep(max(0.0, next_at - time.monotonic()))
             if loader is not None and step == ns.stall_at:
                 train_step(loader, timeout=4 * STALL_SECONDS + 10)
+            if clock is not None:
+                # the gradients' all-reduce: the step ends when the slowest rank's does
+                clock.arrive(step + 1, timeout=4 * STALL_SECONDS + 10)
+            if clock is not None or step == ns.stall_at:
                 next_at = time.monotonic()
             values = step_curves(step, ns.steps, ns.rank, rng)
             losses.append(values["loss"])
@@ -258,6 +268,8 @@ def run_steps(ns: argparse.Namespace) -> int:
         agent.finish("ok")
     finally:
         agent.close()
+        if clock is not None:
+            clock.close()
     return 0
 
 
@@ -281,6 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--barrier", default="",
                    help="steps: the file the stall's all_reduce waits for (empty: no stall)")
     p.add_argument("--stall-at", type=int, default=-1, help="steps: the step that stalls")
+    p.add_argument("--clock", default="",
+                   help="steps: the run's lockstep file (rankboard/democlock.py; empty: none)")
     p.add_argument("--stall-seconds", type=float, default=0.0,
                    help="steps: how long this rank's loader hangs there (0: it waits)")
     ns = p.parse_args(argv)
@@ -397,9 +411,10 @@ class Cluster:
         if rank == 0:
             self._drop_barrier()
             self._barrier_dir = tempfile.mkdtemp(prefix="rankboard-demo-")
+            create_clock(os.path.join(self._barrier_dir, "clock"), self.ranks)
         assert self._barrier_dir is not None
         args = ["--barrier", os.path.join(self._barrier_dir, "released"),
-                "--stall-at", str(self.steps // 2)]
+                "--stall-at", str(self.steps // 2), "--clock", os.path.join(self._barrier_dir, "clock")]
         if rank == self.stall_rank:
             args += ["--stall-seconds", repr(STALL_SECONDS)]
         return args

@@ -51,15 +51,15 @@ def test_demo_dashboard_is_live_and_clean(demo: Stack, page: Any) -> None:
     assert coloured(page, 'canvas[data-chart="metrics"]') > 30
     page.errors.check()
 
-    # the step job beside it: live step charts, and its slow last rank on the straggler board
+    # the step job beside it: live step charts, and its slow last rank named by its data wait
+    # (its steps are synchronous, as DDP's are: every rank's step takes the slowest's time, so
+    # the step times do not tell it apart; its wait for data does)
     steps_run = next(r["run"] for r in demo.get_json("/api/runs") if r["run"].startswith("demo-steps-"))
     page.goto(f"{demo.url}/#run={steps_run}")
     for name in ("loss", "lr", "grad_norm", "step_ms", "samples_per_s", "tokens_per_s"):
         expect(page.locator(f'[data-step-chart="{name}"]')).to_be_visible(timeout=15_000)
     wait_until(lambda: coloured(page, '[data-step-chart="loss"] canvas') > 30, 15.0, "step loss drawn")
-    expect(page.locator('#straggler-marks [data-mark="straggler"][data-rank="3"]')).to_be_visible(
-        timeout=15_000)
-    # ... slow because of its data: the line above the board says so (PROTOCOL 7.1)
+    # slow because of its data: the line above the straggler board says so (PROTOCOL 7.1)
     expect(page.locator("#data-cause")).to_contain_text("rank 3 waits", timeout=15_000)
     expect(page.locator("#data-cause")).to_contain_text("input-bound on that rank")
     page.screenshot(path=str(ARTIFACTS / "demo-steps.png"), full_page=True)

@@ -145,3 +145,21 @@ def test_one_helper_pushes_a_single_step_bucket(stack: Stack, page: Any) -> None
                     [4, 4, nan, nan, nan, nan, nan, 1, 1],
                     [5, 5, nan, nan, nan, 0, nan, 1, 1]]
     page.errors.check()
+
+
+def test_a_finished_runs_conditions_read_as_over_and_its_events_stay(stack: Stack, page: Any) -> None:
+    """``alertState``: a data straggler (7.1), like a throttled GPU, is a state of a training
+    run; once the run has ended it reads "resolved · run ended" (the demo's finished step
+    run kept a red "DATA_STRAGGLER rank 7" under its resolved ones). An XID happened: it
+    stays."""
+    page.goto(f"{stack.url}/")
+    got = page.evaluate("""async () => {
+      const { alertState } = await import("/static/alertstate.js");
+      const run = { status: "complete", updated_at: 1700000000 };
+      const live = { status: "training", updated_at: 1700000000 };
+      const st = (kind, r) => alertState({ kind, rank: 7 }, new Map([[7, "finished"]]), r);
+      return [st("data_straggler", run), st("gpu_throttle", run), st("gpu_xid", run),
+              st("data_straggler", live)].map((s) => [s.over, s.why]);
+    }""")
+    assert got == [[True, "run ended"], [True, "run ended"], [False, ""], [False, ""]]
+    page.errors.check()

@@ -8,8 +8,9 @@ import { formatClock } from "./fmt.js";
 
 /** Kinds that describe a state a rank can leave (the rest are events: they happened). */
 const CONDITION = { stale: "stale", stalled: "stalled" };
-/** Kinds that describe a state that ends with the run (GPU states sampled while training). */
-const ENDS_WITH_RUN = new Set(["stale", "stalled", "gpu_throttle", "gpu_pcie"]);
+/** Kinds that describe a state that ends with the run (GPU states sampled while training, a
+ * rank waiting for its data while it steps: the demo's finished step run kept a red one). */
+const ENDS_WITH_RUN = new Set(["stale", "stalled", "gpu_throttle", "gpu_pcie", "data_straggler"]);
 
 /**
  * `{over, when, why}` for alert `a`: `rankStatus` maps rank -> status (the ranks array),

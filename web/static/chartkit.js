@@ -22,6 +22,9 @@
 import { h } from "./dom.js";
 import { cancelFrame, onFrame } from "./frame.js";
 
+/** A lazy chart out of view draws at most this often (ms): bounded work, never frozen. */
+const OFFSCREEN_MS = 1000;
+
 /** A chart's colours and font, read once from its card's CSS variables. */
 function chartTheme(card) {
   const css = getComputedStyle(card);
@@ -83,8 +86,8 @@ function toolButton(text, title, action, onClick) {
 /**
  * Options every chart takes: title, chartId (data-chart attribute), height (css px),
  * emptyText, log (show the log toggle), smoothing (show the EMA slider), smoothTitle,
- * legend (a legend with solo), png (a PNG download button), filename, lazy (skip draws
- * while scrolled out of view), cardClass, yFormat(v) -> string.
+ * legend (a legend with solo), png (a PNG download button), filename, lazy (at most one draw a
+ * second while out of view), cardClass, yFormat(v) -> string.
  */
 export class ChartKit {
   constructor(host, opts) {
@@ -250,14 +253,30 @@ export class ChartKit {
     onFrame(this, () => this.drawNow());
   }
 
-  /** Draw now; a lazy chart scrolled out of view only notes that it is stale. */
+  /**
+   * Draw now; a lazy chart out of view draws at most once per OFFSCREEN_MS (and once more
+   * that long after its last skipped draw). It used to skip every draw until scrolled to:
+   * a stall panel opening above the step charts pushed them below the fold, and a full-page
+   * screenshot (or anything else that shows the page without scrolling it) saw them frozen
+   * at the step the panel opened, or "waiting for steps…" on a page opened then (issue 34).
+   */
   drawNow() {
     if (this._io && !this.visible && this._drewOnce) {
-      this._stale = true;
-      return;
+      const wait = this._drewAt + OFFSCREEN_MS - performance.now();
+      if (wait > 0) {
+        this._stale = true;
+        if (!this._staleTimer) {
+          this._staleTimer = setTimeout(() => {
+            this._staleTimer = null;
+            if (this._stale) this.render();
+          }, wait);
+        }
+        return;
+      }
     }
     this._stale = false;
     this._drewOnce = true;
+    this._drewAt = performance.now();
     this._draw();
   }
 
@@ -478,6 +497,7 @@ export class ChartKit {
   destroy() {
     this._ro.disconnect();
     if (this._io) this._io.disconnect();
+    clearTimeout(this._staleTimer);
     cancelFrame(this);
     this.card.remove();
   }

@@ -135,8 +135,11 @@ export class HeaderView {
       e.hidden = epochless || (oneDot && e.id !== "log-card");
     }
     $("straggler-card").hidden = !store.stepRanks;
-    $("straggler-card").classList.toggle("span-8", epochless);
-    $("straggler-card").classList.toggle("span-12", !epochless);
+    // beside "Resources now" whenever the epoch charts are not there (not only before the
+    // first epoch: with one epoch, "Resources now" sat alone beside an empty two-thirds)
+    const besideNow = epochless || oneDot;
+    $("straggler-card").classList.toggle("span-8", besideNow);
+    $("straggler-card").classList.toggle("span-12", !besideNow);
     $("config-card").classList.toggle("span-5", !epochless);
     $("config-card").classList.toggle("span-12", epochless);
     const total = hd && isNum(hd.total_epochs) && hd.total_epochs > 0;

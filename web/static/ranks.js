@@ -102,7 +102,11 @@ const COLUMNS = [
   { key: "vram", label: "VRAM", sort: (r) => pct(r.vu, r.vt), cell: (r) => {
     const td = h("td");
     const v = h("span", "vram-cell");
-    v.append(miniBar(pct(r.vu, r.vt), true), h("span", "mono", isNum(r.vu) ? `${fmtBytes(r.vu)} / ${fmtBytes(r.vt)}` : DASH));
+    // two halves that each keep together: a narrow table wraps after the "/" (never "80.0 / GiB")
+    const fig = h("span", "mono");
+    if (isNum(r.vu)) fig.append(h("span", "nowrap", `${fmtBytes(r.vu)} /`), " ", h("span", "nowrap", fmtBytes(r.vt)));
+    else fig.textContent = DASH;
+    v.append(miniBar(pct(r.vu, r.vt), true), fig);
     td.append(v);
     return td;
   } },
