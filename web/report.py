@@ -65,7 +65,7 @@ STATIC = _WEB / "static"
 TEMPLATES = _WEB / "templates"
 #: The report's entry module and stylesheets (the dashboard's first, then the report's own).
 ENTRY = "report.js"
-STYLES = ("style.css", "report.css")
+STYLES = ("style.css", "views.css", "report.css")
 
 _json = msgspec.json.Encoder()
 #: Characters that must not appear raw in embedded JSON (see the module docstring).

@@ -195,7 +195,7 @@ export class RankTable {
       tr.dataset.status = r.status || "unknown";
       for (const c of cols) {
         const td = c.cell(r, this);
-        td.dataset.col = c.key; // the narrow-screen rules of style.css hide some by key
+        td.dataset.col = c.key; // the narrow-screen rules of views.css hide some by key
         tr.append(td);
       }
       return tr;
