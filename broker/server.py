@@ -414,7 +414,7 @@ class BrokerServer:
         poller.register(pull, zmq.POLLIN)
         poller.register(router, zmq.POLLIN)
         timeout_ms = max(1, int(self.poll_interval * 1000))
-        next_heartbeat = time.monotonic()
+        next_heartbeat = started = time.monotonic()
         next_tick = next_heartbeat + self.poll_interval
 
         def stopping() -> bool:
@@ -431,7 +431,13 @@ class BrokerServer:
                 next_tick = mono + self.poll_interval
                 self._publish_events(self.runs.tick(self.clock()))
             if mono >= next_heartbeat:
-                next_heartbeat = mono + self.heartbeat_interval
+                # Webs learn of a (re)started broker from its heartbeat. The first ones go
+                # out before a web's SUB has reconnected (ZeroMQ's slow joiner) and are lost,
+                # so for its first two intervals the broker beats every poll interval: a web
+                # sees a returning broker within ~0.1 s, not one whole interval later.
+                early = mono - started < 2 * self.heartbeat_interval
+                next_heartbeat = mono + (min(self.heartbeat_interval, self.poll_interval)
+                                         if early else self.heartbeat_interval)
                 self._send_heartbeat()
 
     def stop(self) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -322,3 +323,32 @@ def test_importing_the_broker_leaves_the_collector_alone_and_tune_gc_raises_it()
                          cwd=Path(__file__).resolve().parents[2], timeout=60)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.split()[0]) == GC_YOUNG_THRESHOLD
+
+
+def test_a_starting_broker_beats_fast_so_a_web_sees_it_return(
+        ctx: zmq.Context, start_broker: Callable[..., RunningBroker]) -> None:
+    """Webs learn of a restarted broker from its heartbeats, and the first ones are lost
+    while a web's SUB reconnects: for its first two intervals the broker beats every poll
+    interval (a web saw a returning broker one whole interval late, ~1 s, before)."""
+    started = time.monotonic()
+    broker = start_broker(heartbeat_interval=1.0, poll_interval=0.05)
+    client = FeedClient(ctx, broker.endpoints["publish"], broker.endpoints["snapshot"])
+
+    def beats_until(deadline: float) -> list[float]:
+        """When each heartbeat arrived, until ``deadline`` (monotonic)."""
+        at: list[float] = []
+        while (left := deadline - time.monotonic()) > 0:
+            if client.sub.poll(int(left * 1000) + 1):
+                if isinstance(feed.decode_update(client.sub.recv_multipart()), feed.Heartbeat):
+                    at.append(time.monotonic())
+        return at
+
+    try:
+        client.until(lambda u: isinstance(u, feed.Heartbeat), what="a first heartbeat")
+        early = beats_until(time.monotonic() + 0.8)
+        assert len(early) >= 3, f"{len(early)} heartbeats in the 0.8 s after the first"
+        # once up for two intervals, it beats at its interval again
+        late = [t for t in beats_until(started + 5.0) if t - started > 2.6]
+        assert late and all(b - a > 0.5 for a, b in zip(late, late[1:])), late
+    finally:
+        client.close()
