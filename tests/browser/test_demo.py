@@ -41,7 +41,8 @@ def test_demo_dashboard_is_live_and_clean(demo: Stack, page: Any) -> None:
         return int(text.split("/")[0] or 0)
 
     first = epochs_shown()
-    wait_until(lambda: epochs_shown() >= first + 2, 20.0, "the demo run to advance on the page")
+    target = min(first + 2, 8)  # (a busy machine may open the page near the run's end)
+    wait_until(lambda: epochs_shown() >= target, 20.0, "the demo run to advance on the page")
     expect(page.locator("#hardware")).to_contain_text("node-a")
     expect(page.locator("#metadata")).to_contain_text("world_size")
     for chart in ("metrics", "resources"):
@@ -54,7 +55,11 @@ def test_demo_dashboard_is_live_and_clean(demo: Stack, page: Any) -> None:
     # the step job beside it: live step charts, and its slow last rank named by its data wait
     # (its steps are synchronous, as DDP's are: every rank's step takes the slowest's time, so
     # the step times do not tell it apart; its wait for data does)
-    steps_run = next(r["run"] for r in demo.get_json("/api/runs") if r["run"].startswith("demo-steps-"))
+    def steps_started() -> Any:  # the step job starts a moment after the epoch job
+        return next((r["run"] for r in demo.get_json("/api/runs")
+                     if r["run"].startswith("demo-steps-")), None)
+
+    steps_run = wait_until(steps_started, 30.0, "the demo's step run")
     page.goto(f"{demo.url}/#run={steps_run}")
     for name in ("loss", "lr", "grad_norm", "step_ms", "samples_per_s", "tokens_per_s"):
         expect(page.locator(f'[data-step-chart="{name}"]')).to_be_visible(timeout=15_000)

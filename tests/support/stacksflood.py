@@ -120,7 +120,10 @@ def flood_main(snapshot: str, run: str, seconds: float, kind: str) -> None:
                 req = ControlRequest(run=run, request_id=f"f{sent}", kind="stacks", ranks=[0])
             dealer.send_multipart(feed.encode_stacks_request(req))
             sent += 1
-    dealer.close(linger=0)
+    # linger: what is still queued (up to the HWM, on a broker slower than this loop) goes
+    # out before the count is printed, so ``sent`` is what the broker will read; closed at
+    # once, those requests were dropped and the parent waited for requests never sent
+    dealer.close(linger=60_000)
     ctx.term()
     print(json.dumps({"sent": sent}), flush=True)
 
