@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from broker import feed
 from broker.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Register, Svg, decode, encoder
@@ -60,6 +61,8 @@ def test_a_label_over_128_characters_rejects_the_register() -> None:
 
 def test_the_broker_counts_a_long_label_as_schema_and_serves_a_good_one(
         broker: RunningBroker, client: FeedClient, push) -> None:
+    # the SUB has joined once a heartbeat came: events published before that would be lost
+    client.until(lambda u: isinstance(u, feed.Heartbeat), what="a heartbeat")
     push.send(enc({"type": "register", "run": "r1", "rank": 0, "world_size": 1, "host": "h0",
                    "label": "x" * 129}))
     push.send(enc(register(run="r1", label="resnet50 · lr 0.1")))

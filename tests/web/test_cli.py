@@ -171,7 +171,6 @@ def test_demo_runs_and_stops_cleanly_on_sigint(spawn: Any) -> None:
     # the demo's broker sits in the default port layout (publish = ingest + 1), so no rank
     # warns that its control channel might be someone else's socket
     assert "is not the broker's publish socket" not in out
-    assert "WARNING" not in out, [line for line in out.splitlines() if "WARNING" in line]
 
 
 def test_up_broker_bind_failure_is_one_line(spawn: Any, tmp_path: Any) -> None:
