@@ -117,8 +117,12 @@ class BrokerChild:
         env["PYTHONUNBUFFERED"] = "1"
         env[PARENT_ENV] = str(os.getpid())  # the broker ends when we end, even SIGKILLed
         env.update(self.cfg.child_env())  # the webhook URLs: never on a command line
+        # a process group of its own: a terminal's Ctrl-C reaches only us, and we stop the
+        # broker last, after the demo's ranks and the web, so their last frames still land
+        # (it still ends with us, however we end: PARENT_ENV)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, env=env)  # (`up` says "shard")
+                                     stdout=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)  # (`up` says "shard")
 
         def relay() -> None:
             assert self.proc is not None
@@ -291,7 +295,7 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
         while not stopper.wait(0.5):
             gone = _exited(brokers)
             if gone is not None:
-                if stopper.wait(0.5):  # Ctrl-C reached the broker first
+                if stopper.wait(0.5):  # the stop reached the broker too (systemd: the whole unit)
                     return 0
                 return fail(prog, gone.failure())
         return 0
@@ -345,7 +349,7 @@ def _up_pool(cfg: WebConfig, prog: str, brokers: list[BrokerChild], stopper: Sto
                 return fail(prog, pool.failure)
             gone = _exited(brokers)
             if gone is not None:
-                if stopper.wait(0.5):  # Ctrl-C reached the broker first
+                if stopper.wait(0.5):  # the stop reached the broker too (systemd: the whole unit)
                     return 0
                 return fail(prog, gone.failure())
             pool.check(stopper)

@@ -29,7 +29,10 @@ ANY = "tcp://127.0.0.1:*"
 class Proc:
     """A ``python -m <CLI_MODULE> ...`` subprocess whose stdout/stderr lines are collected."""
 
-    def __init__(self, args: list[str], env: Optional[dict[str, str]] = None) -> None:
+    def __init__(self, args: list[str], env: Optional[dict[str, str]] = None, *,
+                 session: bool = False) -> None:
+        """``session``: the process leads a process group of its own, as a command started
+        from a shell does, so :meth:`interrupt` can be a terminal's Ctrl-C."""
         full_env = dict(os.environ, PYTHONUNBUFFERED="1")
         full_env.pop("RANKBOARD_TOKEN", None)
         full_env.update(env or {})
@@ -37,6 +40,7 @@ class Proc:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", CLI_MODULE, *args], cwd=REPO, env=full_env,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=session,
         )
         self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self._cond = threading.Condition()
@@ -89,6 +93,12 @@ class Proc:
             return self.proc.wait(timeout)
         finally:
             self.close()
+
+    def interrupt(self) -> None:
+        """Ctrl-C at a terminal: SIGINT to every process of the foreground group (the
+        process and the children it did not move to a group of their own)."""
+        assert self.proc.pid == os.getpgid(self.proc.pid), "Proc(..., session=True)"
+        os.killpg(self.proc.pid, signal.SIGINT)
 
     def close(self) -> None:
         if self.proc.poll() is None:
