@@ -163,7 +163,9 @@ export class Overview {
     if (useSteps && !last) {
       setText($("kpi-time-label"), "step time");
       setText($("kpi-epoch-time"), fmtMs(steps.kpi.step_ms));
-      const rate = steps.stepsPerSecond();
+      // a live rate only while the run trains: a finished run's last rate is not its speed
+      const st = store.header ? store.header.status : "";
+      const rate = st === "complete" || st === "failed" ? null : steps.stepsPerSecond();
       setText($("kpi-epoch-time-sub"), isNum(rate) && rate > 0 ? `${rate.toFixed(1)} steps/s` : "mean over ranks");
     } else {
       setText($("kpi-time-label"), "epoch time");

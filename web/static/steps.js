@@ -37,6 +37,9 @@ const BUILTIN = [
 const FIRST_METRICS = 6;
 /** Recent live records kept at full resolution (zoom tails, hover's slowest rank). */
 const RECENT = 20000;
+/** The live steps/s figure: over this many ms of batches, and none once this long passes
+ * without one. */
+const RATE_WINDOW_MS = 10000;
 
 export class StepView {
   /**
@@ -289,7 +292,7 @@ export class StepView {
     }
     const now = performance.now();
     this.rate.push([now, this.lastStep]);
-    while (this.rate.length > 2 && now - this.rate[0][0] > 10000) this.rate.shift();
+    while (this.rate.length > 2 && now - this.rate[0][0] > RATE_WINDOW_MS) this.rate.shift();
     if (this.xMode !== "step") this._rebuildTime();
     for (const e of this.charts.values()) this._redraw(e);
     this._sub();
@@ -526,11 +529,13 @@ export class StepView {
     return s || null;
   }
 
-  /** Steps per second over the last ~10 s of live batches (null before two). */
+  /** Steps per second over the last ~10 s of live batches (null before two, and once no
+   * batch came for 10 s: a stalled or finished run has no current rate). */
   stepsPerSecond() {
     if (this.rate.length < 2) return null;
     const [t0, s0] = this.rate[0];
     const [t1, s1] = this.rate[this.rate.length - 1];
+    if (performance.now() - t1 > RATE_WINDOW_MS) return null;
     return t1 > t0 && isNum(s0) && isNum(s1) ? ((s1 - s0) * 1000) / (t1 - t0) : null;
   }
 
