@@ -149,6 +149,9 @@ def test_stall_view_groups_hostile_frames_as_text(stack: Stack, page: Any) -> No
         f"3 ranks in {HOSTILE} ← backward ← train_step ← …")
     expect(groups.nth(1).locator(".group-text")).to_have_text(
         "rank 3 in __next__ ← train_step ← <module>")
+    # one shared stack open without a click: the odd one out, where the others' rank stands
+    assert page.evaluate("""() => [...document.querySelectorAll(
+        '#stall-view [data-testid=stall-group] details.group-stack')].map((d) => d.open)""") == [False, True]
     first_frames = groups.nth(0).locator(".frame")
     expect(first_frames.nth(0).locator(".frame-fn")).to_have_text(HOSTILE)
     expect(first_frames.nth(0).locator(".frame-code")).to_have_text(SCRIPT_CLOSE)

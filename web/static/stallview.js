@@ -23,8 +23,6 @@ import { stragglerOf } from "./slowness.js";
 const MIN_FETCH_MS = 1000;
 /** Rank chips shown per group before "+N more". */
 const MAX_CHIPS = 48;
-/** Groups whose shared stack is shown open without a click. */
-const OPEN_GROUPS = 3;
 /** Functions named in a group's one-line summary. */
 const SUMMARY_DEPTH = 3;
 /** After an accepted request the buttons wait this long (ms): the web's 429 rule is 1 s. */
@@ -226,7 +224,12 @@ export class StallView {
   _details(cls, key, openByDefault) {
     const d = h("details", cls);
     d.open = this.opened.has(key) ? this.opened.get(key) : openByDefault;
-    d.addEventListener("toggle", () => this.opened.set(key, d.open));
+    const set = d.open;
+    // setting `open` fires a toggle too (later, as a task): that one is ours, not the user's,
+    // and must not pin a default that a later render would change
+    d.addEventListener("toggle", () => {
+      if (d.open !== set || this.opened.has(key)) this.opened.set(key, d.open);
+    });
     return d;
   }
 
@@ -292,7 +295,11 @@ export class StallView {
       out.push(h("p", "stall-agree muted", `the requested dump: ${fmtInt(n)} rank${n === 1 ? "" : "s"} still where the groups above show`));
     }
     const groups = [...stallGroups, ...fresh];
-    groups.forEach((g, i) => out.push(this._group(g, i < OPEN_GROUPS, byRank, g.reason === "request" ? latest : null)));
+    // one shared stack open without a click (two open were ~900 px in the demo, pushing the
+    // step charts below the fold): the odd one out, the group of fewest ranks, which in a hang
+    // is where the rank the others wait for stands
+    const odd = groups.reduce((best, g) => (!best || g.ranks.length < best.ranks.length ? g : best), null);
+    groups.forEach((g) => out.push(this._group(g, g === odd, byRank, g.reason === "request" ? latest : null)));
     const focus = this.shownRank();
     if (focus !== null) out.push(this._rank(focus, byRank.get(focus) || []));
     if (shownProfiles.length) {
