@@ -31,8 +31,8 @@ from rank_agent.protocol import (
     Register,
     Steps,
 )
-
-RUN = "c1"
+from tests.support import sinkframes
+from tests.support.sinkframes import RUN
 
 
 def coll(rank: int, enqueued: int, completed: int | None = None, *, op: str = "gloo:all_reduce",
@@ -51,10 +51,7 @@ def coll(rank: int, enqueued: int, completed: int | None = None, *, op: str = "g
 
 
 def registered(ws: int = 3) -> RunSink:
-    sink = RunSink(RUN)
-    for r in range(ws):
-        sink.apply(Register(run=RUN, rank=r, world_size=ws, host=f"n{r}"), 1.0)
-    return sink
+    return sinkframes.registered(ws, hosts=[f"n{r}" for r in range(ws)])
 
 
 def verdict_of(*frames: Collectives, ws: int | None = 3) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ from typing import Any, List
 import pytest
 
 from tests.browser.test_steps_page import (
-    Proxy,
     assert_each_step_once,
     register,
     send_steps,
@@ -18,6 +17,7 @@ from tests.browser.test_steps_page import (
 )
 from tests.support.browser import Stack
 from tests.support.polling import wait_for
+from tests.support.tcpproxy import Proxy
 
 pytestmark = pytest.mark.browser
 NAMES = ("loss", "lr", "grad_norm", "step_ms")

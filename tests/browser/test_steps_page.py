@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import socket
-import threading
 import time
 from typing import Any, Iterable, List
 from urllib.parse import quote
@@ -22,91 +20,11 @@ from playwright.sync_api import expect
 from rank_agent import protocol as wire
 from tests.support.browser import ARTIFACTS, HOSTILE, Stack, coloured, sample, wait_js
 from tests.support.polling import wait_for as wait_until
+from tests.support.tcpproxy import Proxy
 
 pytestmark = pytest.mark.browser
 
 T0 = 1_700_000_000.0
-
-
-class Proxy:
-    """A TCP forwarder between the browser and the web whose connections the test can cut
-    (Chromium's offline emulation leaves an open EventSource alone)."""
-
-    def __init__(self, upstream: str) -> None:
-        host, port = upstream.rsplit("//", 1)[1].split(":")
-        self.upstream = (host, int(port))
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.conns: List[socket.socket] = []
-        self.lock = threading.Lock()
-        self.refusing = False
-        self.closed = False
-        self.pumps: List[threading.Thread] = []
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self) -> None:
-        while not self.closed:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if self.refusing:
-                client.close()
-                continue
-            try:
-                server = socket.create_connection(self.upstream, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            server.settimeout(None)
-            with self.lock:
-                self.conns += [client, server]
-            for a, b in ((client, server), (server, client)):
-                t = threading.Thread(target=self._pump, args=(a, b), daemon=True)
-                t.start()
-                self.pumps.append(t)
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-
-    def drop(self, refuse: bool = False) -> None:
-        """Cut every open connection; with ``refuse``, close new ones at once until resume()."""
-        self.refusing = refuse
-        with self.lock:
-            conns, self.conns = self.conns, []
-        for s in conns:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def resume(self) -> None:
-        self.refusing = False
-
-    def __enter__(self) -> Proxy:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.closed = True
-        self.listener.close()
-        self.drop()
-        self.thread.join(timeout=5)
-        for t in self.pumps:
-            t.join(timeout=5)
 
 
 def send_steps(stack: Stack, run: str, rank: int, steps: Iterable[int], *,

@@ -17,7 +17,6 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser.test_steps_page import (
-    Proxy,
     assert_each_step_once,
     register,
     send_steps,
@@ -25,6 +24,7 @@ from tests.browser.test_steps_page import (
 )
 from tests.support.browser import Stack
 from tests.support.polling import wait_for
+from tests.support.tcpproxy import Proxy
 
 pytestmark = pytest.mark.browser
 
@@ -43,28 +43,10 @@ class SlowProxy(Proxy):
         self.fail_left = fail_first  # the first N /steps requests: the connection cut instead
         super().__init__(upstream)
 
-    def _accept(self) -> None:  # as Proxy's, with a per-connection "a /steps answer is due"
-        while not self.closed:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            if self.refusing:
-                client.close()
-                continue
-            try:
-                server = socket.create_connection(self.upstream, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            server.settimeout(None)
-            with self.lock:
-                self.conns += [client, server]
-            due = threading.Event()
-            for a, b, up in ((client, server, True), (server, client, False)):
-                t = threading.Thread(target=self._pump2, args=(a, b, up, due), daemon=True)
-                t.start()
-                self.pumps.append(t)
+    def _pipe(self, client: socket.socket, server: socket.socket) -> None:
+        due = threading.Event()  # per connection: a /steps answer is due
+        for a, b, up in ((client, server, True), (server, client, False)):
+            self._start_pump(self._pump2, a, b, up, due)
 
     def _pump2(self, src: Any, dst: Any, up: bool, due: threading.Event) -> None:
         try:

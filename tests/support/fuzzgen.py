@@ -46,19 +46,19 @@ import msgspec
 
 from rank_agent import protocol
 from tests.support.fuzzcollectives import CollectiveFuzz
-
-CHECK_RUN = "fz-check"
-CHECK_WORLD = 3
-CHECK_STEPS_RUN = "fz-steps"
-CHECK_STEPS_WORLD = 3
-#: Points per steps frame of the check steps run.
-CHECK_STEP_BLOCK = 8
-HOSTILE_RUNS = [f"fz-h{i}" for i in range(6)]
-HOSTILE_WORLD = 4
-NEW_RUN_PREFIX = "fz-n"
-#: A run that only collects distinct step metric names, 64 new ones a frame: the first
-#: 1,024 are accepted, every frame after that is rejected (``step_metric_names``, v3).
-NAMES_RUN = "fz-names"
+from tests.support.fuzzruns import (  # noqa: F401 - the harness reads them here
+    CHECK_RUN,
+    CHECK_STEP_BLOCK,
+    CHECK_STEPS_RUN,
+    CHECK_STEPS_WORLD,
+    CHECK_WORLD,
+    HOSTILE_RUNS,
+    HOSTILE_WORLD,
+    NAMES_RUN,
+    NEW_RUN_PREFIX,
+)
+from tests.support.fuzzstacks import StackFuzz
+from tests.support.fuzzsteps import StepFuzz
 
 _enc = msgspec.msgpack.Encoder()
 _NONFINITE = (math.nan, math.inf, -math.inf)
@@ -199,9 +199,10 @@ def check_steps_blocks(msgs: list[Msg]) -> int:
     return max(0, n - 2 * CHECK_STEPS_WORLD) // CHECK_STEPS_WORLD
 
 
-class _Hostile(CollectiveFuzz):
-    """The hostile generators; each returns one :class:`Msg` (``collectives`` frames:
-    :mod:`tests.support.fuzzcollectives`)."""
+class _Hostile(StepFuzz, StackFuzz, CollectiveFuzz):
+    """The hostile generators; each returns one :class:`Msg` (``steps``, ``stacks`` and
+    ``collectives`` frames: :mod:`tests.support.fuzzsteps`, :mod:`~tests.support.fuzzstacks`,
+    :mod:`~tests.support.fuzzcollectives`)."""
 
     def _msg(self, data: bytes, outcome: str, kind: str) -> Msg:
         return Msg(data, one(outcome), kind)
@@ -456,258 +457,9 @@ class _Hostile(CollectiveFuzz):
             d, reason = rng.choice(small)
         return Msg(_enc.encode(d), one(reason), "over_limit")
 
-    # -- steps frames ------------------------------------------------------------------
-    def _opt_float(self) -> Any:
-        """A step metric value: None, a weird float, or an integer (msgspec takes any
-        MessagePack integer as a float, 2**64 - 1 included)."""
-        r = self.rng.random()
-        if r < 0.25:
-            return None
-        if r < 0.35:
-            return self.rng.choice((0, 1, -1, 2**53 + 1, 2**63 - 1, -(2**63), 2**64 - 1))
-        return self.weird_float()
-
-    def steps_dict(self, run: str, rank: int, *, n: int | None = None) -> dict[str, Any]:
-        """A valid ``steps`` frame as a dict: strictly increasing steps (up to the largest
-        int64), every list as long as ``steps``, [] for samples/tokens not sent."""
-        rng = self.rng
-        if n is None:
-            n = rng.choice((1, 1, 2, 5, 10, 30)) if rng.random() < 0.97 else \
-                rng.choice((200, protocol.MAX_STEP_POINTS))
-        top = protocol.MAX_STEP
-        r = rng.random()
-        if r < 0.8:
-            start = rng.randrange(300)
-        elif r < 0.9:
-            start = rng.randrange(2**62)
-        else:
-            start = top - n + 1  # the last step is the largest int64
-        steps = list(range(start, start + n))
-        if r < 0.8 and n > 1 and rng.random() < 0.5:  # gaps
-            steps = sorted(rng.sample(range(start, start + 3 * n), n))
-        d: dict[str, Any] = {
-            "type": "steps", "run": run, "rank": rank, "steps": steps,
-            "times": [self.weird_float() if rng.random() < 0.2 else 1.7e9 + s % 10**6
-                      for s in steps],
-            "step_ms": [self._opt_float() for _ in steps],
-        }
-        for key in ("samples", "tokens"):
-            if rng.random() < 0.6:
-                d[key] = [rng.choice((0, 1, 64, 4096, protocol.MAX_STEP_COUNT)) for _ in steps]
-        if rng.random() < 0.5:  # the data wait (7.1): nulls, non-finite, negative, huge
-            d["data_ms"] = [self._opt_float() for _ in steps]
-        names = rng.choice((0, 1, 2, 4)) if rng.random() < 0.98 else protocol.MAX_STEP_METRICS
-        metrics: dict[str, list[Any]] = {}
-        for i in range(names):
-            name = rng.choice(("loss", "lr", "acc", f"m{i}", rng.choice(self.name_pool),
-                               "\u00e9" * protocol.MAX_STEP_METRIC_NAME, "a,b\"c\r\n"))
-            metrics[name] = [self._opt_float() for _ in steps]
-        if metrics or rng.random() < 0.5:
-            d["metrics"] = metrics
-        if rng.random() < 0.05:
-            d["unknown_extra_key"] = {"x": [self.weird_float()]}
-        return d
-
-    def valid_steps(self) -> Msg:
-        """A valid steps frame for a hostile run: NaN/inf/None values, huge steps and
-        integers, weird metric names. Its points may be late (counted, not rejected)."""
-        return Msg(_enc.encode(self.steps_dict(self.run(), self.rank())), one("accept"),
-                   "valid_steps")
-
-    def bad_steps(self) -> Msg:
-        """A steps frame with one defect, for a hostile run or the check steps run (where
-        it must change nothing)."""
-        rng = self.rng
-        run = rng.choice(HOSTILE_RUNS + [CHECK_STEPS_RUN])
-        world = CHECK_STEPS_WORLD if run == CHECK_STEPS_RUN else HOSTILE_WORLD
-        d = self.steps_dict(run, rng.randrange(world), n=rng.randrange(2, 12))
-        if len(d.get("metrics", {})) > 4:  # keep the name limit out of the other defects
-            d["metrics"] = dict(list(d["metrics"].items())[:4])
-        n = len(d["steps"])
-        defect = rng.choice(("unequal", "unequal", "unequal", "not_increasing", "empty",
-                             "too_many", "names", "long_name", "none_time", "wrong_type",
-                             "huge", "negative"))
-        shape, schema = one("steps_shape"), one("schema")
-        if defect == "unequal":
-            key = rng.choice(("times", "step_ms", "samples", "tokens", "metric", "data_ms"))
-            m = n + 1 if rng.random() < 0.5 else n - 1  # n >= 2: never 0 ("not sent")
-            if key == "metric":
-                d.setdefault("metrics", {})[rng.choice(("loss", "x"))] = [1.0] * m
-            elif key in ("times", "step_ms", "data_ms"):
-                d[key] = [1.0] * m
-            else:
-                d[key] = [1] * m
-            return Msg(_enc.encode(d), shape, "bad_steps")
-        if defect == "not_increasing":
-            steps = d["steps"]
-            i = rng.randrange(1, n)
-            steps[i] = steps[i - 1] if rng.random() < 0.5 else max(0, steps[i - 1] - 1)
-            return Msg(_enc.encode(d), shape, "bad_steps")
-        if defect == "empty":
-            d.update(steps=[], times=[], step_ms=[])
-            d.pop("samples", None)
-            d.pop("tokens", None)
-            d.pop("metrics", None)
-        elif defect == "too_many":
-            k = protocol.MAX_STEP_POINTS + 1
-            d.update(steps=list(range(k)), times=[1.0] * k, step_ms=[None] * k)
-            d.pop("samples", None)
-            d.pop("tokens", None)
-            d.pop("metrics", None)
-        elif defect == "names":
-            d["metrics"] = {f"n{i}": [1.0] * n for i in range(protocol.MAX_STEP_METRICS + 1)}
-        elif defect == "long_name":
-            d["metrics"] = {"\u4e2d" * (protocol.MAX_STEP_METRIC_NAME + 1): [1.0] * n}
-        elif defect == "none_time":
-            d["times"][rng.randrange(n)] = None
-        elif defect == "wrong_type":
-            key = rng.choice(("steps", "times", "step_ms", "samples", "metrics", "metric",
-                              "list", "data_ms"))
-            bad = rng.choice(("x", b"\x00", [1], {"a": 1}, True))
-            if key == "metrics":
-                d["metrics"] = rng.choice(([1.0] * n, "loss", 1.0))
-            elif key == "metric":
-                d["metrics"] = {"loss": [bad] * n}
-            elif key == "list":
-                d[rng.choice(("steps", "times", "step_ms"))] = rng.choice((1.0, "abc", None))
-            elif key == "samples":
-                d["samples"] = [rng.choice((1.5, "1", True))] * n
-            elif key == "data_ms":
-                d["data_ms"] = rng.choice(([bad] * n, "x", 1.0, {"a": [1.0] * n}))
-            elif key == "steps":
-                d["steps"][rng.randrange(n)] = rng.choice((1.5, "1", None, True))
-            else:
-                d[key][rng.randrange(n)] = bad
-        elif defect == "huge":
-            key = rng.choice(("steps", "samples", "tokens"))
-            if key == "steps":
-                d["steps"][-1] = rng.choice((protocol.MAX_STEP + 1, 2**64 - 1))
-            else:
-                d[key] = [0] * (n - 1) + [rng.choice((protocol.MAX_STEP_COUNT + 1,
-                                                      2**63, 2**64 - 1))]
-        else:  # negative
-            key = rng.choice(("steps", "samples", "tokens"))
-            if key == "steps":
-                d["steps"][0] = -rng.randrange(1, 2**63)
-            else:
-                d[key] = [-1] * n
-        return Msg(_enc.encode(d), schema, "bad_steps")
-
     def oversize(self) -> Msg:
         n = protocol.MAX_FRAME_BYTES + 1 + self.rng.randrange(1024)
         return Msg(b"\x00" * n, one("oversize"), "oversize")
-
-    def step_names(self) -> Msg:
-        """A steps frame of :data:`NAMES_RUN` with 64 metric names it has not seen: accepted
-        while the run holds at most 1,024 distinct names, then rejected (one PUSH socket
-        keeps the order, so the outcome is known by construction)."""
-        i = self.name_frames
-        self.name_frames += 1
-        per = protocol.MAX_STEP_METRICS
-        d = {"type": "steps", "run": NAMES_RUN, "rank": 0, "steps": [i], "times": [1.7e9],
-             "step_ms": [1.0], "metrics": {f"n{i}_{j}_" + "x" * 100: [1.0] for j in range(per)}}
-        ok = (i + 1) * per <= 1024
-        return Msg(_enc.encode(d), one("accept" if ok else "step_metric_names"), "step_names")
-
-    # -- stacks frames (section 2.5) ----------------------------------------------------
-    def _stack_frames(self, n: int) -> list[dict[str, Any]]:
-        rng = self.rng
-        return [{"file": self.text(rng.randrange(0, 40)), "line": rng.choice((0, 1, -1, 2**63 - 1)),
-                 "function": rng.choice(("all_reduce", "<module>", "__next__", self.text(12))),
-                 "code": self.text(rng.randrange(0, 30))} for _ in range(n)]
-
-    def stacks_dict(self, run: str, rank: int) -> dict[str, Any]:
-        """A valid ``stacks`` frame as a dict; now and then one limit met exactly."""
-        rng = self.rng
-        reason = rng.choice(("stall", "request"))
-        d: dict[str, Any] = {"type": "stacks", "run": run, "rank": rank, "reason": reason,
-                             "taken_at": self.weird_float() if rng.random() < 0.2 else 1.7e9}
-        if reason == "request" or rng.random() < 0.1:
-            d["request_id"] = self.text(rng.randrange(0, protocol.MAX_REQUEST_ID + 1))
-        if rng.random() < 0.7:
-            d["idle_s"] = self.weird_float() if rng.random() < 0.3 else rng.uniform(0, 1e4)
-        threads = [{"name": self.text(rng.randrange(0, 20)), "main": i == 0,
-                    "frames": self._stack_frames(rng.randrange(0, 8))}
-                   for i in range(rng.randrange(0, 4))]
-        if threads or rng.random() < 0.5:
-            d["threads"] = threads
-        if reason == "request" and rng.random() < 0.3:
-            d["profile"] = [{"stack": [self.text(20) for _ in range(rng.randrange(0, 5))],
-                             "count": rng.choice((1, 7, 2**63 - 1))}
-                            for _ in range(rng.randrange(0, 5))]
-            d["samples"] = rng.randrange(0, 10**6)
-            d["seconds"] = self.weird_float()
-        edge = rng.random()
-        if edge < 0.02:
-            d["threads"] = [{"name": "t", "frames": self._stack_frames(1)}
-                            for _ in range(protocol.MAX_STACK_THREADS)]
-        elif edge < 0.04:
-            d["threads"] = [{"name": "t", "main": True,
-                             "frames": self._stack_frames(protocol.MAX_STACK_FRAMES)}]
-        elif edge < 0.06:
-            big = "\U0001f600" * protocol.MAX_STACK_TEXT  # characters, not bytes
-            d["threads"] = [{"name": big, "frames": [{"file": big, "line": 1, "function": big,
-                                                      "code": big}]}]
-        elif edge < 0.07:
-            d["profile"] = [{"stack": ["f (a.py:1)"], "count": 1}
-                            for _ in range(protocol.MAX_PROFILE_ENTRIES)]
-        elif edge < 0.08:
-            d["profile"] = [{"stack": ["f (a.py:1)"] * protocol.MAX_PROFILE_DEPTH, "count": 2}]
-        if rng.random() < 0.05:
-            d["unknown_extra_key"] = {"x": [self.weird_float()]}
-        return d
-
-    def valid_stacks(self) -> Msg:
-        """A valid stacks frame for a hostile run (it may stall a rank: news, not harm)."""
-        return Msg(_enc.encode(self.stacks_dict(self.run(), self.rank())), one("accept"),
-                   "valid_stacks")
-
-    def bad_stacks(self) -> Msg:
-        """A stacks frame with one defect (a limit passed by one, a wrong type, an unknown
-        reason, a missing field), for a hostile run or the check run (must change nothing)."""
-        rng = self.rng
-        run = rng.choice(HOSTILE_RUNS + [CHECK_RUN])
-        d = self.stacks_dict(run, rng.randrange(CHECK_WORLD))
-        d.pop("unknown_extra_key", None)
-        defect = rng.choice(("threads", "frames", "file", "function", "code", "name",
-                             "profile", "depth", "count", "request_id", "reason", "taken_at",
-                             "line", "main", "stack_type"))
-        if defect == "threads":
-            d["threads"] = [{"name": "t", "frames": []}
-                            for _ in range(protocol.MAX_STACK_THREADS + 1)]
-        elif defect == "frames":
-            d["threads"] = [{"name": "t",
-                             "frames": self._stack_frames(protocol.MAX_STACK_FRAMES + 1)}]
-        elif defect in ("file", "function", "code"):
-            frame = self._stack_frames(1)[0]
-            frame[defect] = "\u00e9" * (protocol.MAX_STACK_TEXT + 1)
-            d["threads"] = [{"name": "t", "frames": [frame]}]
-        elif defect == "name":
-            d["threads"] = [{"name": "n" * (protocol.MAX_STACK_TEXT + 1), "frames": []}]
-        elif defect == "profile":
-            d["profile"] = [{"stack": [], "count": 1}
-                            for _ in range(protocol.MAX_PROFILE_ENTRIES + 1)]
-        elif defect == "depth":
-            d["profile"] = [{"stack": ["f"] * (protocol.MAX_PROFILE_DEPTH + 1), "count": 1}]
-        elif defect == "count":
-            d["profile"] = [{"stack": ["f"], "count": rng.choice((0, -1, 1.5))}]
-        elif defect == "request_id":
-            d["request_id"] = "r" * (protocol.MAX_REQUEST_ID + 1)
-        elif defect == "reason":
-            d["reason"] = rng.choice(("", "profile", "STALL", 1, None))
-        elif defect == "taken_at":
-            if rng.random() < 0.5:
-                d.pop("taken_at")
-            else:
-                d["taken_at"] = rng.choice(("now", None, [1.0]))
-        elif defect == "line":
-            d["threads"] = [{"name": "t", "frames": [{"file": "f", "line": rng.choice(
-                ("1", 1.5, None, True)), "function": "g"}]}]
-        elif defect == "main":
-            d["threads"] = [{"name": "t", "main": rng.choice(("yes", 1, None)), "frames": []}]
-        else:
-            d["threads"] = rng.choice(({"name": "t"}, "threads", [["t", []]], [None]))
-        return Msg(_enc.encode(d), one("schema"), "bad_stacks")
 
     def new_run(self) -> Msg:
         """A valid frame for a brand-new run id. The harness runs the broker with a run cap

@@ -11,6 +11,7 @@ from typing import Any
 import psutil
 
 from tests.support.brokers import Pusher
+from tests.support.demorun import step_runs
 from tests.support.http import SSEClient, fetch, get_json
 from tests.support.polling import wait_for
 from tests.support.procs import start_web
@@ -143,7 +144,7 @@ def test_demo_runs_and_stops_cleanly_on_sigint(spawn: Any) -> None:
     # rank 0 on node-b) reports XID 79, and the broker raises both alerts; the step run lasts
     # long enough for both (the epoch runs here are two samples long)
     def gpu_alerts() -> Any:
-        steps = [r["run"] for r in get_json(port, "/api/runs") if r["run"].startswith("demo-steps-")]
+        steps = step_runs(port)
         if not steps:
             return None
         alerts = {(a["kind"], a["rank"]): a["message"] for a in get_json(port, f"/api/runs/{steps[-1]}")["alerts"]}
@@ -154,7 +155,7 @@ def test_demo_runs_and_stops_cleanly_on_sigint(spawn: Any) -> None:
     assert alerts[("gpu_throttle", 1)] == "hw_thermal throttling on GPU 1 (SM 1410 MHz)"
     assert {kind for kind, _ in alerts if kind.startswith("gpu_")} == {"gpu_xid", "gpu_throttle"}
     # the cluster view names node-b (rank 2's host) a suspect for that XID (PROTOCOL 7.4)
-    steps_run = [r["run"] for r in get_json(port, "/api/runs") if r["run"].startswith("demo-steps-")][-1]
+    steps_run = step_runs(port)[-1]
     node_b = next(h for h in get_json(port, "/api/hosts") if h["host"] == "node-b")
     assert node_b["suspect"] is True and f"gpu_xid in {steps_run}" in node_b["reasons"]
     assert get_json(port, "/api/hosts")[0]["suspect"] is True

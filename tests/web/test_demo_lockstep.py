@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rankboard import democlock
+from tests.support.demorun import newest_step_run
 from tests.support.http import get_json
 from tests.support.polling import wait_for
 
@@ -17,16 +18,11 @@ from tests.support.polling import wait_for
 FIRST, LAST = 25, 45
 
 
-def _steps_run(port: int) -> Any:
-    runs = [r["run"] for r in get_json(port, "/api/runs") if r["run"].startswith("demo-steps-")]
-    return runs[0] if runs else None
-
-
 def test_demo_ranks_step_in_lockstep_and_the_slow_one_waits_for_data(spawn: Any) -> None:
     demo = spawn("demo", "--port", "0", "--ranks", "4", "--hosts", "2", "--epochs", "2",
                  "--epoch-seconds", "0.5", "--no-browser")
     port = demo.wait_dashboard(timeout=30)
-    run = wait_for(lambda: _steps_run(port), timeout=30, what="the demo's step run")
+    run = wait_for(lambda: newest_step_run(port), timeout=30, what="the demo's step run")
 
     def ranks_at(lo: int) -> Any:
         ranks = get_json(port, f"/api/runs/{run}")["ranks"]

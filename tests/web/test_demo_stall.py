@@ -9,20 +9,16 @@ import json
 import signal
 from typing import Any
 
+from tests.support.demorun import newest_step_run
 from tests.support.http import fetch, get_json
 from tests.support.polling import wait_for
-
-
-def _steps_run(port: int) -> Any:
-    runs = [r["run"] for r in get_json(port, "/api/runs") if r["run"].startswith("demo-steps-")]
-    return runs[0] if runs else None
 
 
 def test_demo_step_run_stalls_groups_answers_and_recovers(spawn: Any) -> None:
     demo = spawn("demo", "--port", "0", "--ranks", "4", "--hosts", "2", "--epochs", "2",
                  "--epoch-seconds", "0.5", "--no-browser")
     port = demo.wait_dashboard(timeout=30)
-    run = wait_for(lambda: _steps_run(port), timeout=30, what="the demo's step run")
+    run = wait_for(lambda: newest_step_run(port), timeout=30, what="the demo's step run")
     path = f"/api/runs/{run}/stacks"
 
     def grouped() -> Any:
