@@ -49,7 +49,7 @@ def wire_block(store: StepStore, start: int, end: int, names: Iterable[str],
     for col in COLUMNS:
         out[col] = store.column(col)[start:end].tobytes()
     out["step_ms"] = series_wire(store.step_ms, start, end)
-    out["data_ms"] = series_wire(store.data_ms, start, end)
+    out["data_ms"] = series_wire(store.data_ms, start, end) if store.data_ms.n else None
     metrics: Dict[str, List[bytes]] = {}
     series = store.metrics
     visited = 0

@@ -352,7 +352,9 @@ class StepStore:
         for name, _ in _ROW_FIELDS:
             out[name] = self._cols[name][start:end].tobytes()
         out["step_ms"] = series_wire(self.step_ms, start, end)
-        out["data_ms"] = series_wire(self.data_ms, start, end)
+        # None while the run never sent a data wait (most runs): a run without it costs no
+        # arrays here (2.7 % of a 1,024-rank close)
+        out["data_ms"] = series_wire(self.data_ms, start, end) if self.data_ms.n else None
         metrics = self.metrics
         if names is None:
             names = list(metrics)
