@@ -74,6 +74,16 @@ def push_socket(ingest: str) -> tuple[Any, Any]:
     return ctx, sock
 
 
+def push_all(ingest: str, frames: list[bytes]) -> None:
+    """Push ``frames`` to ``ingest`` from a socket of this process and deliver them all
+    before returning (the run's registers before a timed flood)."""
+    ctx, sock = push_socket(ingest)
+    for f in frames:
+        sock.send(f)
+    sock.close(linger=-1)
+    ctx.term()
+
+
 def percentile(values: list[float], p: float) -> float:
     """The p-th percentile (0-100), nearest-rank on the sorted values."""
     if not values:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from common import Senders, broker_gc, pull_rate, result
+from common import Senders, broker_gc, pull_rate, push_all, result
 
 from broker.server import BrokerServer
 from broker.webhooks import WebhookNotifier
@@ -241,7 +241,7 @@ def broker_64_thread(n: int) -> tuple[float, float]:
         thread = threading.Thread(target=serve, daemon=True)
         thread.start()
         try:
-            _push_all(endpoints["ingest"], _registers_64())
+            push_all(endpoints["ingest"], _registers_64())
             _wait(lambda: server.runs.accepted >= RANKS_64, 30, "registers")
             base = server.runs.accepted
             senders = Senders(endpoints["ingest"], frames_64, SENDERS_64, n)
@@ -271,7 +271,7 @@ def broker_64_web(n: int) -> dict[str, float]:
             srv.start_web()
             assert srv.broker is not None and srv.web is not None
             broker, web = psutil.Process(srv.broker.pid), psutil.Process(srv.web.pid)
-            _push_all(srv.endpoints["ingest"], _registers_64())
+            push_all(srv.endpoints["ingest"], _registers_64())
             _wait(lambda: http_get(srv.port, f"/api/runs/{RUN_64}")[0] == 200, 30, "the run")
             senders = Senders(srv.endpoints["ingest"], frames_64, SENDERS_64, n)
             b0, w0 = sum(broker.cpu_times()[:2]), sum(web.cpu_times()[:2])
@@ -287,16 +287,6 @@ def broker_64_web(n: int) -> dict[str, float]:
         finally:
             srv.close()
     return {"rate": total / dt, "broker_cpu": (b1 - b0) / total, "web_cpu": (w1 - w0) / total}
-
-
-def _push_all(endpoint: str, frames: list[bytes]) -> None:
-    ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    push.connect(endpoint)
-    for f in frames:
-        push.send(f)
-    push.close(linger=-1)
-    ctx.term()
 
 
 def _wait(pred: Any, timeout: float, what: str, interval: float = 0.002) -> None:

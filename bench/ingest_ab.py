@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import REPO, Senders, http_get, result
+from common import REPO, Senders, http_get, push_all, result
 
 from rank_agent import protocol
 from rank_agent.protocol import GpuSample, Metrics, Register, Resources, ResourceSample
@@ -139,18 +139,6 @@ def _py_spy() -> str:
     return str(here) if here.exists() else "py-spy"
 
 
-def _push(endpoint: str, data: list[bytes]) -> None:
-    import zmq
-
-    ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    push.connect(endpoint)
-    for f in data:
-        push.send(f)
-    push.close(linger=-1)
-    ctx.term()
-
-
 class StartFailed(RuntimeError):
     """``up`` did not come up (a port picked free was taken meanwhile: the machine is shared)."""
 
@@ -206,7 +194,7 @@ class Tree:
                     raise StartFailed(f"broker child not found: {_children(up.pid)}")
                 broker = brokers[0]
                 endpoint = f"tcp://127.0.0.1:{ingest}"
-                _push(endpoint, registers())
+                push_all(endpoint, registers())
                 _wait(lambda: http_get(port, f"/api/runs/{RUN}")[0] == 200, 30, "the run")
                 senders = Senders(endpoint, functools.partial(frames, senders=self.senders),
                                   self.senders, n)
