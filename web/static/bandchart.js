@@ -26,6 +26,10 @@ export const STEP_AXIS = { kind: "step", label: "step", map: (s) => s, inv: (x) 
  * null) (drag/reset; without it the chart zooms itself), slowest(first, last) -> text |
  * null (hover), onDraw(chart), xLabel, yMin.
  */
+/** A step chart turns to a log axis by itself when its largest value is this many times its
+ * median (`_effectiveLog`). */
+const OUTLIER_RATIO = 50;
+
 export class BandChart extends ChartKit {
   constructor(host, opts = {}) {
     super(host, {
@@ -111,6 +115,38 @@ export class BandChart extends ChartKit {
       }
     }
     return Number.isFinite(lo) ? [lo, hi] : null;
+  }
+
+  /**
+   * The log toggle, or before the user touches it: ChartKit's rule (two decades between the
+   * smallest and the largest value), or a few steps far above the rest. A stall or a
+   * checkpoint's step at 50x the median would flatten every other step against the axis's
+   * floor (TensorBoard leaves such outliers out of its scaling; a log axis keeps them in
+   * view and the rest readable).
+   */
+  _effectiveLog() {
+    const kit = super._effectiveLog();
+    if (kit || !this.opts.log || this.logScale !== null) return kit;
+    const r = this._positiveRange();
+    if (r === null) return false;
+    const med = this._medianMean();
+    return med > 0 && r[1] / med > OUTLIER_RATIO;
+  }
+
+  /** The median of the visible series' means, from at most ~1,024 evenly spaced points. */
+  _medianMean() {
+    const vals = [];
+    for (const s of this._visibleSeries()) {
+      const d = s.data;
+      const stride = Math.max(1, Math.floor(d.n / 1024));
+      for (let i = 0; i < d.n; i += stride) {
+        const m = d.mean[i];
+        if (!Number.isNaN(m)) vals.push(m);
+      }
+    }
+    if (!vals.length) return NaN;
+    vals.sort((x, y) => x - y);
+    return vals[vals.length >> 1];
   }
 
   /** Bin every visible series into `cols` columns over steps [a, b]. */
