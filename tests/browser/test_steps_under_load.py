@@ -63,11 +63,7 @@ class SlowProxy(Proxy):
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.close()
-                except OSError:
-                    pass
+            self.close_pair(src, dst)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import msgspec
 
 from rank_agent import protocol
+from tests.support.fuzzruns import CHECK_RUN, CHECK_WORLD, HOSTILE_RUNS
 
 __all__ = ["CollectiveFuzz"]
 
@@ -27,7 +28,7 @@ INTS = (0, -1, 1, 2**63 - 1, -(2**63), 2501)
 
 class CollectiveFuzz:
     """Mixed into the fuzz's ``_Hostile``: uses its ``rng``, ``text``, ``run``, ``rank``,
-    ``weird_float`` and the ``Msg``/``one`` of :mod:`tests.support.fuzzgen` (passed in, as
+    ``weird_float`` and ``_msg`` (the ``Msg`` of :mod:`tests.support.fuzzgen`, passed in, as
     that module imports this one)."""
 
     rng: random.Random
@@ -85,8 +86,6 @@ class CollectiveFuzz:
     def bad_collectives(self) -> Any:
         """A collectives frame with one defect; for the check run too (changes nothing)."""
         rng = self.rng
-        from tests.support.fuzzgen import CHECK_RUN, CHECK_WORLD, HOSTILE_RUNS
-
         d = self.collectives_dict(rng.choice(HOSTILE_RUNS + [CHECK_RUN]), rng.randrange(CHECK_WORLD))
         d.pop("unknown_extra_key", None)
         defect = rng.choice(("groups", "entries_per_group", "pg", "desc", "op", "state",

@@ -79,7 +79,7 @@ class StackFuzz:
     def valid_stacks(self) -> Any:
         """A valid stacks frame for a hostile run (it may stall a rank: news, not harm)."""
         return self._msg(_enc.encode(self.stacks_dict(self.run(), self.rank())), "accept",
-                   "valid_stacks")
+                         "valid_stacks")
 
     def bad_stacks(self) -> Any:
         """A stacks frame with one defect (a limit passed by one, a wrong type, an unknown

@@ -94,7 +94,7 @@ class StepFuzz:
         """A valid steps frame for a hostile run: NaN/inf/None values, huge steps and
         integers, weird metric names. Its points may be late (counted, not rejected)."""
         return self._msg(_enc.encode(self.steps_dict(self.run(), self.rank())), "accept",
-                   "valid_steps")
+                         "valid_steps")
 
     def bad_steps(self) -> Any:
         """A steps frame with one defect, for a hostile run or the check steps run (where

@@ -64,12 +64,17 @@ class Proxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
+            Proxy.close_pair(src, dst)
+
+    @staticmethod
+    def close_pair(src: socket.socket, dst: socket.socket) -> None:
+        """End one carried connection: both of its sockets, each shut down first."""
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
 
     def drop(self, refuse: bool = False) -> None:
         """Cut every open connection; with ``refuse``, close new ones at once until resume()."""
