@@ -394,6 +394,13 @@ def history(run: str) -> Response:
     return json_response([record for _, record in _run().records])
 
 
+@bp.get("/api/runs/<run>/resources")
+def resources(run: str) -> Response:
+    """The cluster's resources over time (web/resourcetimeline.py): what the page's
+    "Cluster resources" chart draws, a time series of the ranks' samples."""
+    return json_response(_run().resources.to_json())
+
+
 @bp.get("/api/runs/<run>/history.csv")
 def history_export(run: str) -> Response:
     body = history_csv([record for _, record in _run().records])

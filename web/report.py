@@ -25,8 +25,9 @@ one ``<style>``; the data is a ``<script type="application/json">`` (not execute
 /api/runs/<run>> (each epoch record's per-GPU lists packed as column tables:
 :class:`Packer`), "series": {name: /steps buckets at N = 2000}, "last": {name: the bucket of
 the last closed step}, "graph": data: URI or null, "stacks": <GET .../stacks> or null,
-"collectives": <GET .../collectives>'s listed ``groups`` or null,
-"generated_at", "version"}``. JSON is written by msgspec (non-finite numbers as ``null``),
+"collectives": <GET .../collectives>'s listed ``groups`` or null, "resources": <GET
+.../resources> (the cluster's resources over time) or null (``rankboard export``: the journal
+keeps samples, not their series), "generated_at", "version"}``. JSON is written by msgspec (non-finite numbers as ``null``),
 then ``<``, ``>``, ``&``, U+2028 and U+2029 are escaped as ``\\uXXXX``: they can only occur
 inside JSON strings, so the text means the same to ``JSON.parse`` and no metric name (say
 ``</script><script>``) can end the element or open a comment. Every string reaches the DOM
@@ -264,6 +265,8 @@ class RunReport:
     stacks: Any = None
     #: ``GET .../collectives`` (section 7.2): its listed groups go in the file
     collectives: Any = None
+    #: ``GET .../resources``: the cluster's resources over time (web/resourcetimeline.py)
+    resources: Any = None
 
 
 def _graph_uri(svg: str | None) -> str | None:
@@ -385,7 +388,8 @@ def render(report: RunReport, *, now: float | None = None) -> Iterator[str]:
     yield (f'{{"format":{FORMAT},"run":{safe_json(report.run)},"generated_at":{safe_json(made)},'
            f'"version":{safe_json(version())},"graph":{safe_json(_graph_uri(report.svg))},'
            f'"stacks":{safe_json(_stacks(report.stacks))},'
-           f'"collectives":{safe_json(_verdict(report.collectives))},')
+           f'"collectives":{safe_json(_verdict(report.collectives))},'
+           f'"resources":{safe_json(report.resources)},')
     yield '"snapshot":' + safe_json(snapshot)
     names = [*store.metric_names(), *BUILTIN_SERIES]
     last = store.last_step
@@ -422,4 +426,5 @@ def report_of_state(state: Any, stacks: Any = None, collectives: Any = None) -> 
     rep = from_parts(state.run, state.public_header(), state.ranks,
                      [record for _, record in state.records], state.steps, state.svg, stacks)
     rep.collectives = collectives
+    rep.resources = state.resources.to_json()
     return rep

@@ -8,6 +8,7 @@ replay; :class:`Subscriber` is one client's bounded queue. Both are plain data t
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import gevent
@@ -16,6 +17,7 @@ import gevent.queue
 from broker.steps.store import StepStore
 from web import sse
 from web.ranksbound import SampleRotation
+from web.resourcetimeline import ResourceTimeline
 
 #: Sentinel the hub puts into a client's queue to end its stream.
 _CLOSE = None
@@ -92,7 +94,7 @@ class RunState:
 
     __slots__ = ("run", "seq", "header", "ranks", "ranks_seq", "ranks_full", "records",
                  "complete", "svg", "steps", "subscribers", "_record_bytes", "_header_event",
-                 "hardware_sent", "samples_sent")
+                 "hardware_sent", "samples_sent", "resources")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -121,6 +123,9 @@ class RunState:
         #: what this run's SSE stream last carried of each rank's sample (big runs only:
         #: :mod:`web.ranksbound`)
         self.samples_sent = SampleRotation()
+        #: the cluster's resources over time, a point per ranks update at most every
+        #: ``every`` seconds (:mod:`web.resourcetimeline`)
+        self.resources = ResourceTimeline()
         #: seq -> the record's "epoch" event bytes, encoded once (replays reuse them)
         self._record_bytes: dict[int, bytes] = {}
         #: (id, closed steps, bytes) of the last replayed ``run`` header event: a burst of
@@ -173,10 +178,13 @@ class RunState:
         (:func:`ranks_payload`) and samples (:mod:`web.ranksbound`)."""
         return self.samples_sent.event(ranks_payload(self.hardware_sent, self.ranks), seq)
 
-    def set_ranks(self, ranks: Any, seq: int) -> None:
+    def set_ranks(self, ranks: Any, seq: int, now: float | None = None) -> None:
+        """The ranks as of ``seq``, received at ``now`` (default: the clock), which is when
+        the cluster's resources point from their samples is (:mod:`web.resourcetimeline`)."""
         self.ranks_seq = seq
         self.ranks_full = ranks if isinstance(ranks, list) else []
         self.ranks = [public_rank(r) for r in self.ranks_full]
+        self.resources.add(time.time() if now is None else now, self.ranks_full)
 
     @classmethod
     def from_snapshot(cls, snap: dict[str, Any]) -> RunState:

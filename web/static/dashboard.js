@@ -24,6 +24,7 @@ import { HeaderView } from "./headerview.js";
 import { Overview } from "./overview.js";
 import { RankPanel } from "./rankpanel.js";
 import { RanksView } from "./ranksview.js";
+import { ResourcesView } from "./resourcesview.js";
 import { StallView } from "./stallview.js";
 import { StepView } from "./steps.js";
 import { Store } from "./store.js";
@@ -53,7 +54,10 @@ function renderNow() {
       header.render();
       app.updatePickerEntry();
     }
-    if (parts.has("records")) overview.records();
+    if (parts.has("records")) {
+      overview.records();
+      page.resources.render();
+    }
     if (parts.has("records") || parts.has("ranks") || parts.has("header") || parts.has("steps")) {
       header.layout();
       overview.kpis();
@@ -82,6 +86,7 @@ const page = {
     page.tabs.reset();
     page.header.reset();
     page.overview.reset();
+    page.resources.reset(run);
     page.rankPanel.resetZoom();
     page.steps.reset(run);
     page.ranks.reset();
@@ -98,6 +103,7 @@ function build() {
   });
   page.header = new HeaderView(page);
   page.overview = new Overview(page);
+  page.resources = new ResourcesView(page);
   page.rankPanel = new RankPanel(page);
   page.tabs = new Tabs(page);
   page.stragglers = new Stragglers(page);
@@ -123,6 +129,7 @@ function build() {
   store.hooks.header = (hd, first) => page.steps.onHeader(hd, first);
   store.subscribe((...parts) => {
     if (parts.includes("ranks")) page.stall.onRanks();
+    if (parts.includes("ranks") || parts.includes("header")) page.resources.refresh();
   });
   store.hooks.stepTimes = (t, stepMs) => page.stragglers.push(t, stepMs);
 }
@@ -148,6 +155,8 @@ function exposeHooks() {
     stripColumns: () => stragglers.strip.cols.length,
     heatmapCells: () => overview.heatmap.drawnCells || 0,
     stacksFetches: () => page.stall.fetches,
+    resources: () => ({ kind: page.resources.kind, points: page.resources.points.length,
+      fetches: page.resources.fetches }),
     stacksEvents: () => page.stall.events,
     ranksLoads: () => page.stream.ranksLoads,
     applyRanksNow: (ranks) => {

@@ -1,11 +1,12 @@
-// rankboard overview panel: the KPIs, the epoch charts (training metrics, cluster
-// resources), the epoch log, and "resources now" (bars, one tile per GPU, or for a big run
-// the host-grouped heatmap). Reads the store; text only through textContent.
+// rankboard overview panel: the KPIs, the epoch metrics chart, the epoch log, and
+// "resources now" (bars, one tile per GPU, or for a big run the host-grouped heatmap); the
+// cluster resources over time are resourcesview.js's. Reads the store; text only through
+// textContent.
 
 import { colorAt } from "./axes.js";
 import { $, button, h, setText } from "./dom.js";
 import {
-  DASH, fmtBytes, fmtDur, fmtInt, fmtLoss, fmtMs, fmtPct, fmtPctAxis, formatNumber, isNum, pct,
+  DASH, fmtBytes, fmtDur, fmtInt, fmtLoss, fmtMs, fmtPct, formatNumber, isNum, pct,
 } from "./fmt.js";
 import { levelValue } from "./gpuhealth.js";
 import { HostHeatmap } from "./heatmap.js";
@@ -26,10 +27,6 @@ export class Overview {
     this.metrics = new LineChart($("metrics-card"), {
       title: "Training metrics", chartId: "metrics", xLabel: "epoch", xInteger: true,
       log: true, smoothing: true, yFormat: formatNumber, height: 280, filename: "metrics",
-    });
-    this.resources = new LineChart($("resources-card"), {
-      title: "Cluster resources", chartId: "resources", xLabel: "epoch", xInteger: true,
-      yMin: 0, yMax: 100, yFormat: fmtPctAxis, height: 220, filename: "resources",
     });
     this.heatmap = new HostHeatmap($("heatmap"), {
       chartId: "rank-heatmap", title: "per-rank GPU utilisation and throughput",
@@ -68,10 +65,9 @@ export class Overview {
 
   reset() {
     this.metrics.resetZoom();
-    this.resources.resetZoom();
   }
 
-  /** The epoch charts and the epoch log. */
+  /** The epoch metrics chart and the epoch log (cluster resources: resourcesview.js). */
   records() {
     const store = this.page.store;
     const recs = store.records;
@@ -80,13 +76,6 @@ export class Overview {
     this.metrics.setData(x, names.map((n, i) => ({
       name: n, color: colorAt(i), values: recs.map((r) => (r.metrics ? r.metrics[n] : null)),
     })));
-    const res = (r) => r.resources || {};
-    this.resources.setData(x, [
-      { name: "CPU", color: "#5794f2", values: recs.map((r) => res(r).cpu_percent) },
-      { name: "RAM", color: "#b877d9", values: recs.map((r) => pct(res(r).ram_used_bytes, res(r).ram_total_bytes)) },
-      { name: "GPU util", color: "#73bf69", values: recs.map((r) => res(r).gpu_util_percent) },
-      { name: "VRAM", color: "#ff9830", values: recs.map((r) => pct(res(r).vram_allocated_bytes, res(r).vram_total_bytes)) },
-    ]);
     this._log(names);
   }
 

@@ -13,6 +13,7 @@ import { HeaderView } from "./headerview.js";
 import { Overview } from "./overview.js";
 import { RankPanel } from "./rankpanel.js";
 import { RanksView } from "./ranksview.js";
+import { ResourcesView } from "./resourcesview.js";
 import { StepView } from "./steps.js";
 import { Store } from "./store.js";
 import { Stragglers } from "./stragglers.js";
@@ -185,7 +186,10 @@ function boot() {
     dirty.clear();
     try {
       if (parts.has("header")) page.header.render();
-      if (parts.has("records")) page.overview.records();
+      if (parts.has("records")) {
+        page.overview.records();
+        page.resources.render();
+      }
       if (parts.has("records") || parts.has("ranks") || parts.has("header") || parts.has("steps")) {
         page.header.layout();
         page.overview.kpis();
@@ -207,6 +211,7 @@ function boot() {
   });
   page.header = new HeaderView(page);
   page.overview = new Overview(page);
+  page.resources = new ResourcesView(page, { fetch: false });
   page.rankPanel = new RankPanel(page);
   page.tabs = new Tabs(page);
   page.stragglers = new Stragglers(page);
@@ -221,6 +226,7 @@ function boot() {
   $("tab-home").addEventListener("click", () => page.selectTab("home"));
   $("hardware").addEventListener("click", () => $("hardware").classList.toggle("expanded"));
   store.loadSnapshot(snap);
+  page.resources.set(data.resources); // the series over time the web held (null: export)
   page.steps.onHeader(store.header, true); // the embedded series end at steps_done
   // one straggler strip column: every rank's step time as the report was made
   const stepMs = new Map();

@@ -1,0 +1,117 @@
+"""The cluster's resources over time (web/resourcetimeline.py, issue 34 item 5), pure: the
+point of a ``ranks`` array against the broker's own epoch aggregation of the same samples
+(:func:`broker.aggregate.cluster_resources`), the spacing of points and the bound in points
+(neighbours merge, the spacing doubles) whatever the run's length."""
+from __future__ import annotations
+
+import math
+import random
+from typing import Any, Optional
+
+import pytest
+
+from broker.aggregate import cluster_resources, sample_dict
+from rank_agent.protocol import ResourceSample
+from web.resourcetimeline import FIRST_EVERY_S, MAX_POINTS, ResourceTimeline, cluster_point
+
+GIB = 1 << 30
+
+
+def _pct(used: Optional[int], total: Optional[int]) -> Optional[float]:
+    return 100.0 * used / total if used is not None and total else None
+
+
+def _random_sample(rng: random.Random) -> Optional[ResourceSample]:
+    if rng.random() < 0.1:
+        return None
+    maybe = lambda v: v if rng.random() < 0.8 else None  # noqa: E731 - a field may be absent
+    return ResourceSample(
+        cpu_percent=maybe(rng.uniform(0, 100)), ram_used_bytes=maybe(rng.randrange(1, 64) * GIB),
+        ram_total_bytes=maybe(64 * GIB), gpu_util_percent=maybe(rng.uniform(0, 100)),
+        vram_allocated_bytes=maybe(rng.randrange(0, 80) * GIB), vram_total_bytes=maybe(80 * GIB))
+
+
+def _close(a: Optional[float], b: Optional[float]) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_point_is_the_brokers_epoch_aggregation_of_the_same_samples(seed: int) -> None:
+    """CPU and RAM per host (its first rank that reports each), GPU and VRAM per rank, as an
+    epoch record's ``resources``; RAM and VRAM as shares of their totals."""
+    rng = random.Random(seed)
+    n_hosts, per = rng.randrange(1, 5), rng.randrange(1, 5)
+    hosts = [[h * per + i for i in range(per)] for h in range(n_hosts)]
+    samples = {r: s for r in range(n_hosts * per) if (s := _random_sample(rng)) is not None}
+    entries: list[dict[str, Any]] = [
+        {"rank": r, "host": f"node-{r // per}", "local_rank": r % per,
+         "resources": sample_dict(samples[r]) if r in samples else None}
+        for r in range(n_hosts * per)]
+    rng.shuffle(entries)  # a host's first reporting rank is by local rank, not array order
+    entries.sort(key=lambda e: e["rank"])
+    want = cluster_resources(samples, hosts, {})
+    got = cluster_point(entries)
+    if not samples:
+        assert got is None
+        return
+    assert got is not None
+    cpu, ram, gpu, vram = got
+    assert _close(cpu, want["cpu_percent"])
+    assert _close(ram, _pct(want["ram_used_bytes"], want["ram_total_bytes"]))
+    assert _close(gpu, want["gpu_util_percent"])
+    assert _close(vram, _pct(want["vram_allocated_bytes"], want["vram_total_bytes"]))
+
+
+def test_junk_in_a_ranks_array_is_skipped() -> None:
+    ranks: list[Any] = [None, "x", {"rank": 0}, {"rank": 1, "host": "a", "resources": {
+        "cpu_percent": float("nan"), "gpu_util_percent": True, "vram_allocated_bytes": 1,
+        "vram_total_bytes": 0}}]
+    assert cluster_point(ranks) == (None, None, None, None)
+    assert cluster_point([{"rank": 0, "resources": None}]) is None
+
+
+def entry(cpu: float, gpu: float = 50.0) -> list[dict[str, Any]]:
+    return [{"rank": 0, "host": "a", "resources": {"cpu_percent": cpu, "gpu_util_percent": gpu}}]
+
+
+def test_a_point_at_most_every_interval_and_none_without_samples() -> None:
+    tl = ResourceTimeline()
+    assert not tl.add(100.0, [{"rank": 0, "host": "a", "resources": None}])
+    assert tl.add(100.0, entry(10.0))
+    assert not tl.add(100.0 + FIRST_EVERY_S / 2, entry(20.0))
+    assert tl.add(100.0 + FIRST_EVERY_S, entry(30.0))
+    assert [p[:2] for p in tl.points] == [(100.0, 10.0), (100.0 + FIRST_EVERY_S, 30.0)]
+    body = tl.to_json()
+    assert body["columns"] == ["time", "cpu_percent", "ram_percent", "gpu_util_percent",
+                               "vram_percent"]
+    assert body["points"][0] == [100.0, 10.0, None, 50.0, None]
+
+
+def test_a_week_long_run_stays_within_max_points_at_an_even_spacing() -> None:
+    """A sample every 3 s for 7 days: at most MAX_POINTS points, about evenly spaced over the
+    whole run (the first and the last moments still in), each merged value the mean of what
+    it replaced."""
+    tl = ResourceTimeline()
+    t0 = 1_700_000_000.0
+    seconds = 7 * 24 * 3600
+    for s in range(0, seconds, 3):
+        tl.add(t0 + s, entry(float(s % 100)))
+    pts = tl.points
+    assert MAX_POINTS // 4 < len(pts) < MAX_POINTS  # bounded by merging, not by dropping
+    gaps = [b[0] - a[0] for a, b in zip(pts, pts[1:])]
+    assert min(gaps) > 0 and max(gaps) <= 2 * tl.every and max(gaps) / min(gaps) <= 2.5, (
+        min(gaps), max(gaps), tl.every)
+    assert pts[0][0] - t0 < tl.every and t0 + seconds - pts[-1][0] <= 2 * tl.every
+    assert all(0.0 <= p[1] <= 99.0 for p in pts)
+    assert abs(sum(p[1] for p in pts) / len(pts) - 49.5) < 3.0  # means of means: ~the mean
+
+
+def test_merging_keeps_a_missing_figure_missing_and_a_present_one() -> None:
+    tl = ResourceTimeline()
+    for i in range(MAX_POINTS):
+        res: dict[str, Any] = {"cpu_percent": 10.0} if i % 2 else {"gpu_util_percent": 70.0}
+        tl.add(float(i), [{"rank": 0, "host": "a", "resources": res}])
+    assert len(tl.points) == MAX_POINTS // 2 and tl.every == 2 * FIRST_EVERY_S
+    assert all(p[1] == 10.0 and p[3] == 70.0 and p[2] is None for p in tl.points)

@@ -1,0 +1,144 @@
+"""A run's cluster resources over time (issue 34, item 5): CPU, RAM, GPU utilisation and
+VRAM of the whole run as a time series of the ranks' samples, not one point per epoch (a
+step-only run had none, an epoch of an hour one point for the hour).
+
+Why in the web: every ``ranks`` update of the broker's feed carries each rank's latest
+sample, so the web sees the cluster's samples as they change without a new feed message or
+a second copy of the samples in the broker. The point is figured as the broker figures an
+epoch record's ``resources`` (:func:`broker.aggregate.cluster_resources`): CPU and RAM per
+host (the ranks of a host read the same ``/proc``), GPU utilisation and VRAM per rank; RAM
+and VRAM as a share of their totals.
+
+Bounded in bytes whatever the run's length: a point at most every ``every`` seconds, and when
+:data:`MAX_POINTS` are held, neighbours merge pairwise (their mean) and ``every`` doubles, so
+the series keeps an even resolution over the whole run (1 s for the first ~34 minutes, then
+2 s, ...). A web that starts while a run trains has the run's resources from then on.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Optional
+
+__all__ = ["MAX_POINTS", "FIRST_EVERY_S", "ResourceTimeline", "cluster_point"]
+
+#: The most points a run keeps (5 floats each: ~80 KiB as a list, ~100 KiB as JSON).
+MAX_POINTS = 2048
+#: Seconds between points until the first merge (the broker's ranks interval).
+FIRST_EVERY_S = 1.0
+
+Point = tuple[float, Optional[float], Optional[float], Optional[float], Optional[float]]
+
+
+def _num(v: Any) -> Optional[float]:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+def _share(used: float, total: float) -> Optional[float]:
+    """``used`` as a percentage of ``total``; None where either sums to 0, as the epoch
+    record's sums of 0 are None (PROTOCOL 2.3)."""
+    return 100.0 * used / total if used and total > 0 else None
+
+
+def cluster_point(ranks: Iterable[Any]) -> Optional[tuple[Optional[float], ...]]:
+    """``(cpu %, ram %, gpu util %, vram %)`` of the ranks' latest samples (a ``ranks``
+    array), or None when no rank has a sample: CPU the mean and RAM the sum over hosts (a
+    host's first rank in the array that reports each), GPU utilisation the mean and VRAM the
+    sums over ranks, as :func:`broker.aggregate.cluster_resources` figures an epoch's."""
+    cpu_by_host: dict[Any, float] = {}
+    ram_by_host: dict[Any, tuple[float, float]] = {}
+    utils: list[float] = []
+    vram_used: list[float] = []
+    vram_total: list[float] = []
+    seen = False
+    for entry in ranks:
+        if not isinstance(entry, dict):
+            continue
+        s = entry.get("resources")
+        if not isinstance(s, dict):
+            continue
+        seen = True
+        host = entry.get("host")
+        if host is not None:
+            cpu = _num(s.get("cpu_percent"))
+            if cpu is not None and host not in cpu_by_host:
+                cpu_by_host[host] = cpu
+            used, total = _num(s.get("ram_used_bytes")), _num(s.get("ram_total_bytes"))
+            if used is not None and total is not None and host not in ram_by_host:
+                ram_by_host[host] = (used, total)
+        util = _num(s.get("gpu_util_percent"))
+        if util is not None:
+            utils.append(util)
+        used, total = _num(s.get("vram_allocated_bytes")), _num(s.get("vram_total_bytes"))
+        if used is not None:  # summed apart, as the epoch record's are
+            vram_used.append(used)
+        if total is not None:
+            vram_total.append(total)
+    if not seen:
+        return None
+    cpus = list(cpu_by_host.values())
+    return (
+        math.fsum(cpus) / len(cpus) if cpus else None,
+        _share(math.fsum(u for u, _ in ram_by_host.values()),
+               math.fsum(t for _, t in ram_by_host.values())),
+        math.fsum(utils) / len(utils) if utils else None,
+        _share(math.fsum(vram_used), math.fsum(vram_total)),
+    )
+
+
+def _mean(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return (a + b) / 2.0
+
+
+class ResourceTimeline:
+    """One run's cluster resources over time (module docstring)."""
+
+    __slots__ = ("points", "every")
+
+    def __init__(self) -> None:
+        #: ``(unix time, cpu %, ram %, gpu util %, vram %)``, oldest first
+        self.points: list[Point] = []
+        self.every = FIRST_EVERY_S
+
+    def add(self, t: float, ranks: Iterable[Any]) -> bool:
+        """The cluster's point at ``t`` from a ``ranks`` array; False when none was kept (no
+        sample yet, or less than ``every`` seconds after the last point)."""
+        points = self.points
+        if points and t - points[-1][0] < self.every:
+            return False
+        p = cluster_point(ranks)
+        if p is None:
+            return False
+        points.append((t, *p))  # type: ignore[arg-type]
+        if len(points) >= MAX_POINTS:
+            self._merge()
+        return True
+
+    def _merge(self) -> None:
+        """Neighbours merge pairwise (an odd last point stays as it is); ``every`` doubles."""
+        old = self.points
+        merged: list[Point] = []
+        for i in range(0, len(old) - 1, 2):
+            a, b = old[i], old[i + 1]
+            merged.append((a[0] + (b[0] - a[0]) / 2.0, *(_mean(x, y) for x, y in zip(a[1:], b[1:]))))  # type: ignore[arg-type]
+        if len(old) % 2:
+            merged.append(old[-1])
+        self.points = merged
+        # the merged points' own spacing where updates came slower than ``every``: new points
+        # then come as far apart as the old ones now are
+        span = (merged[-1][0] - merged[0][0]) / max(1, len(merged) - 1)
+        self.every = max(self.every * 2.0, span)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"every_s", "columns", "points"}``: the answer of
+        ``GET /api/runs/<run>/resources``."""
+        return {"every_s": self.every,
+                "columns": ["time", "cpu_percent", "ram_percent", "gpu_util_percent",
+                            "vram_percent"],
+                "points": [list(p) for p in self.points]}
