@@ -16,25 +16,29 @@ web's event loop, once a second).
 
 Bounded in bytes whatever the run's length: a point at most every ``every`` seconds, and when
 :data:`MAX_POINTS` are held, neighbours merge pairwise (their mean) and ``every`` doubles, so
-the series keeps an even resolution over the whole run (1 s for the first ~34 minutes, then
+the series keeps an even resolution over the whole run (1 s for the first ~17 minutes, then
 2 s, ...). A web that starts while a run trains has the run's resources from then on.
 """
 from __future__ import annotations
 
 import math
 import random
+from array import array
 from typing import Any, Iterable, Optional
 
 __all__ = ["MAX_POINTS", "FIRST_EVERY_S", "MAX_RANKS_A_POINT", "ResourceTimeline", "cluster_point"]
 
-#: The most points a run keeps (5 floats each: ~80 KiB as a list, ~100 KiB as JSON).
-MAX_POINTS = 2048
+#: The most points a run keeps (40 bytes each: 40 KiB a run; ~50 KiB as JSON).
+MAX_POINTS = 1024
 #: Seconds between points until the first merge (the broker's ranks interval).
 FIRST_EVERY_S = 1.0
 #: The most ranks a point is figured from (module docstring).
 MAX_RANKS_A_POINT = 4096
 
 Point = tuple[float, Optional[float], Optional[float], Optional[float], Optional[float]]
+#: What a point holds, in order (the JSON answer's ``columns``).
+COLUMNS = ("time", "cpu_percent", "ram_percent", "gpu_util_percent", "vram_percent")
+_NAN = float("nan")
 
 
 def _num(v: Any) -> Optional[float]:
@@ -107,59 +111,69 @@ def _spread_sample(ranks: list[Any], t: float) -> list[Any]:
     return [ranks[i + int(rand() * min(k, n - i))] for i in range(0, n, k)]
 
 
-def _mean(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    if a is None:
+def _mean(a: float, b: float) -> float:
+    """The mean of two figures, or the one that is not NaN (NaN: no rank had it)."""
+    if a != a:
         return b
-    if b is None:
+    if b != b:
         return a
     return (a + b) / 2.0
 
 
 class ResourceTimeline:
-    """One run's cluster resources over time (module docstring)."""
+    """One run's cluster resources over time (module docstring): five columns of float64
+    (NaN for a figure no rank had), 40 bytes a point, at most :data:`MAX_POINTS` points."""
 
-    __slots__ = ("points", "every")
+    __slots__ = ("cols", "every")
 
     def __init__(self) -> None:
-        #: ``(unix time, cpu %, ram %, gpu util %, vram %)``, oldest first
-        self.points: list[Point] = []
+        #: unix time, cpu %, ram %, gpu util %, vram %: one array each, oldest first
+        self.cols: list[array[float]] = [array("d") for _ in COLUMNS]
         self.every = FIRST_EVERY_S
+
+    def __len__(self) -> int:
+        return len(self.cols[0])
+
+    @property
+    def points(self) -> list[Point]:
+        """The points as tuples, None for a figure no rank had."""
+        return [tuple(None if v != v else v for v in p) for p in zip(*self.cols)]  # type: ignore[misc]
 
     def add(self, t: float, ranks: Iterable[Any]) -> bool:
         """The cluster's point at ``t`` from a ``ranks`` array; False when none was kept (no
         sample yet, or less than ``every`` seconds after the last point)."""
-        points = self.points
-        if points and t - points[-1][0] < self.every:
+        times = self.cols[0]
+        if times and t - times[-1] < self.every:
             return False
         if isinstance(ranks, list) and len(ranks) > MAX_RANKS_A_POINT:
             ranks = _spread_sample(ranks, t)
         p = cluster_point(ranks)
         if p is None:
             return False
-        points.append((t, *p))  # type: ignore[arg-type]
-        if len(points) >= MAX_POINTS:
+        for col, v in zip(self.cols, (t, *p)):
+            col.append(_NAN if v is None else v)
+        if len(times) >= MAX_POINTS:
             self._merge()
         return True
 
     def _merge(self) -> None:
-        """Neighbours merge pairwise (an odd last point stays as it is); ``every`` doubles."""
-        old = self.points
-        merged: list[Point] = []
-        for i in range(0, len(old) - 1, 2):
-            a, b = old[i], old[i + 1]
-            merged.append((a[0] + (b[0] - a[0]) / 2.0, *(_mean(x, y) for x, y in zip(a[1:], b[1:]))))  # type: ignore[arg-type]
-        if len(old) % 2:
-            merged.append(old[-1])
-        self.points = merged
+        """Neighbours merge pairwise, each figure the mean of the two (or the one there); an
+        odd last point stays as it is; ``every`` doubles."""
+        merged = []
+        for col in self.cols:
+            out = array("d", map(_mean, col[0:len(col) - 1:2], col[1::2]))
+            if len(col) % 2:
+                out.append(col[-1])
+            merged.append(out)
+        self.cols = merged
         # the merged points' own spacing where updates came slower than ``every``: new points
         # then come as far apart as the old ones now are
-        span = (merged[-1][0] - merged[0][0]) / max(1, len(merged) - 1)
+        times = merged[0]
+        span = (times[-1] - times[0]) / max(1, len(times) - 1)
         self.every = max(self.every * 2.0, span)
 
     def to_json(self) -> dict[str, Any]:
         """``{"every_s", "columns", "points"}``: the answer of
         ``GET /api/runs/<run>/resources``."""
-        return {"every_s": self.every,
-                "columns": ["time", "cpu_percent", "ram_percent", "gpu_util_percent",
-                            "vram_percent"],
+        return {"every_s": self.every, "columns": list(COLUMNS),
                 "points": [list(p) for p in self.points]}

@@ -96,22 +96,24 @@ def test_a_point_at_most_every_interval_and_none_without_samples() -> None:
 
 
 def test_a_week_long_run_stays_within_max_points_at_an_even_spacing() -> None:
-    """A sample every 3 s for 7 days: at most MAX_POINTS points, about evenly spaced over the
-    whole run (the first and the last moments still in), each merged value the mean of what
-    it replaced."""
+    """A sample every 3 s for 7 days, CPU rising steadily from 0 % to 100 %: at most
+    MAX_POINTS points, about evenly spaced over the whole run (the first and the last moments
+    still in), and the ramp still a ramp (merged points are means of neighbours)."""
     tl = ResourceTimeline()
     t0 = 1_700_000_000.0
     seconds = 7 * 24 * 3600
     for s in range(0, seconds, 3):
-        tl.add(t0 + s, entry(float(s % 100)))
+        tl.add(t0 + s, entry(100.0 * s / seconds))
     pts = tl.points
     assert MAX_POINTS // 4 < len(pts) < MAX_POINTS  # bounded by merging, not by dropping
     gaps = [b[0] - a[0] for a, b in zip(pts, pts[1:])]
     assert min(gaps) > 0 and max(gaps) <= 2 * tl.every and max(gaps) / min(gaps) <= 2.5, (
         min(gaps), max(gaps), tl.every)
     assert pts[0][0] - t0 < tl.every and t0 + seconds - pts[-1][0] <= 2 * tl.every
-    assert all(0.0 <= p[1] <= 99.0 for p in pts)
-    assert abs(sum(p[1] for p in pts) / len(pts) - 49.5) < 3.0  # means of means: ~the mean
+    cpus = [p[1] for p in pts]
+    assert cpus == sorted(cpus) and cpus[0] < 1.0 and cpus[-1] > 99.0
+    for (t, cpu, *_rest) in pts:  # each point's CPU is the ramp's at its time, about
+        assert abs(cpu - 100.0 * (t - t0) / seconds) < 100.0 * tl.every / seconds
 
 
 def test_merging_keeps_a_missing_figure_missing_and_a_present_one() -> None:
