@@ -105,6 +105,7 @@ class Pusher:
         if self._sock is None:
             ctx = zmq.Context(io_threads=1)
             sock = None
+            reach = None
             try:
                 sock = ctx.socket(zmq.PUSH)
                 sock.setsockopt(zmq.LINGER, self.linger_ms)
@@ -113,15 +114,21 @@ class Pusher:
                 # which latches the agent as broken: it sends nothing rather than plain.
                 for option, value in (curve.socket_options() or {}).items():
                     sock.setsockopt(option, value)
+                # the monitor before the connect: ZeroMQ connects in its I/O thread at once,
+                # and a monitor attached after a connection is made never hears of it (on a
+                # busy machine the rank then said, wrongly, that its frames went nowhere)
+                reach = Reach(sock)
                 sock.connect(self.broker)
             except BaseException:
+                if reach is not None:
+                    reach.close()
                 if sock is not None:
                     sock.close(linger=0)
                 ctx.term()
                 raise
             self._ctx, self._sock = ctx, sock
             self._push = sock.send
-            self._reach = Reach(sock)
+            self._reach = reach
         return self._sock
 
     def send(self, frame: Any) -> bool:

@@ -40,3 +40,39 @@ def test_a_broker_that_took_the_frames_means_no_such_line(receiver) -> None:
     assert done.returncode == 0, done.stderr
     receiver.wait_for(lambda fs: any(type(f).__name__ == "Finish" for f in fs))
     assert "no broker answered" not in done.stderr
+
+
+def test_a_connection_up_before_the_agent_looks_still_counts(receiver, monkeypatch, caplog) -> None:
+    """ZeroMQ connects in its own I/O thread as soon as ``connect`` returns; on a busy
+    machine the connection could be up before a monitor attached after ``connect`` began to
+    listen, and that monitor never heard of it: the rank said, wrongly, that its frames went
+    nowhere (the demo's Ctrl-C test caught it under load). Forced here: the agent's monitor is
+    attached only once this process holds an established connection to the receiver, or
+    after 1 s without one, which is what the monitor-first order gives."""
+    import logging
+    import time
+
+    import psutil
+
+    import rank_agent.pusher as pusher
+    from rank_agent import RankAgent
+
+    port = int(receiver.endpoint.rsplit(":", 1)[1])
+    real = pusher.Reach
+
+    def connected() -> bool:
+        return any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+                   for c in psutil.Process().net_connections(kind="tcp"))
+
+    def late(sock):  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + 1.0
+        while not connected() and time.monotonic() < deadline:
+            time.sleep(0.005)  # a poll interval: the forced order, not a synchronisation
+        return real(sock)
+
+    monkeypatch.setattr(pusher, "Reach", late)
+    with caplog.at_level(logging.WARNING, logger="rank_agent"):
+        with RankAgent(broker=receiver.endpoint, run="reach-late", rank=0, world_size=1) as agent:
+            agent.log_epoch(0, 0.5)
+        receiver.wait_for(lambda fs: any(type(f).__name__ == "Finish" for f in fs))
+    assert "no broker answered" not in caplog.text, caplog.text
