@@ -10,6 +10,7 @@ from typing import Any
 
 import psutil
 
+from tests.support.demorun import step_runs
 from tests.support.http import get_json
 from tests.support.polling import wait_for
 
@@ -28,11 +29,19 @@ def test_ctrl_c_stops_the_ranks_before_the_broker(spawn: Any) -> None:
     wait_for(lambda: any(r["epochs_done"] >= 1 for r in get_json(port, "/api/runs") or []),
              timeout=30, what="a demo run training")
 
+    def step_job_registered() -> bool:
+        runs = step_runs(port)
+        return bool(runs) and len(get_json(port, f"/api/runs/{runs[0]}")["ranks"]) == 4
+
+    # the step job starts 2.5 s after the epoch job: Ctrl-C is pressed once its ranks have
+    # registered (a rank started as Ctrl-C lands may rightly say its frames went nowhere)
+    wait_for(step_job_registered, timeout=30, what="the step job's ranks registered")
+
     def children() -> Any:
         kids = psutil.Process(demo.proc.pid).children()
         brokers = [k for k in kids if "rankboard.demo" not in " ".join(k.cmdline())]
         ranks = [k for k in kids if "rankboard.demo" in " ".join(k.cmdline())]
-        return (brokers, ranks) if len(brokers) == 1 and len(ranks) >= 4 else None
+        return (brokers, ranks) if len(brokers) == 1 and len(ranks) == 8 else None
 
     (broker,), ranks = wait_for(children, timeout=20, what="the broker and the ranks",
                                 retry_on=(psutil.Error,))  # a rank ending as it is listed
