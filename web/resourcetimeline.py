@@ -11,8 +11,8 @@ and VRAM as a share of their totals.
 
 Bounded in time whatever the run's size: above :data:`MAX_RANKS_A_POINT` ranks a point is
 figured from that many ranks spread over the array (one at random from each run of k), an
-estimate of the means and of the used/total shares (~4 ms a point instead of ~77 ms at 65,536 ranks, in the
-web's event loop, once a second).
+estimate of the means and of the used/total shares (~6-9 ms a point instead of ~77 ms at
+65,536 ranks, in the web's event loop, once a second).
 
 Bounded in bytes whatever the run's length: a point at most every ``every`` seconds, and when
 :data:`MAX_POINTS` are held, neighbours merge pairwise (their mean) and ``every`` doubles, so
