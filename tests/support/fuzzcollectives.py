@@ -6,17 +6,13 @@ each (a bound passed by one, a wrong type, an unknown reason, a missing field), 
 rejected as ``schema`` and change nothing."""
 from __future__ import annotations
 
-import random
-from typing import Any, Callable
-
-import msgspec
+from typing import Any
 
 from rank_agent import protocol
+from tests.support.fuzzkit import FuzzKit
 from tests.support.fuzzruns import CHECK_RUN, CHECK_WORLD, HOSTILE_RUNS
 
 __all__ = ["CollectiveFuzz"]
-
-_enc = msgspec.msgpack.Encoder()
 
 G = protocol.MAX_COLLECTIVE_GROUPS
 E = protocol.MAX_COLLECTIVE_ENTRIES
@@ -26,17 +22,8 @@ SIZES = protocol.MAX_ENTRY_SIZES
 INTS = (0, -1, 1, 2**63 - 1, -(2**63), 2501)
 
 
-class CollectiveFuzz:
-    """Mixed into the fuzz's ``_Hostile``: uses its ``rng``, ``text``, ``run``, ``rank``,
-    ``weird_float`` and ``_msg`` (the ``Msg`` of :mod:`tests.support.fuzzgen`, passed in, as
-    that module imports this one)."""
-
-    rng: random.Random
-    text: Callable[[int], str]
-    run: Callable[[], str]
-    rank: Callable[[], int]
-    weird_float: Callable[[], float]
-    _msg: Callable[[bytes, str, str], Any]
+class CollectiveFuzz(FuzzKit):
+    """Mixed into the fuzz's ``_Hostile`` (its state: :class:`~tests.support.fuzzkit.FuzzKit`)."""
 
     def _pg(self) -> str:
         rng = self.rng
@@ -45,11 +32,7 @@ class CollectiveFuzz:
     def collectives_dict(self, run: str, rank: int) -> dict[str, Any]:
         """A valid ``collectives`` frame as a dict; now and then one bound met exactly."""
         rng = self.rng
-        reason = rng.choice(("stall", "request"))
-        d: dict[str, Any] = {"type": "collectives", "run": run, "rank": rank, "reason": reason,
-                             "taken_at": self.weird_float() if rng.random() < 0.2 else 1.7e9}
-        if reason == "request" or rng.random() < 0.1:
-            d["request_id"] = self.text(rng.randrange(0, protocol.MAX_REQUEST_ID + 1))
+        d = self._dump_head("collectives", run, rank)
         pgs = list({self._pg() for _ in range(rng.randrange(0, 4))})
         d["groups"] = [{"pg": pg, "desc": self.text(rng.randrange(0, 20)),
                         "size": rng.choice((0, 3, 2**40)),
@@ -74,14 +57,11 @@ class CollectiveFuzz:
             big = "\u4e2d" * T  # characters, not bytes
             d["groups"] = [{"pg": big, "desc": big}]
             d["entries"] = [{"pg": big, "seq": 1, "op": big, "state": big}]
-        if rng.random() < 0.05:
-            d["unknown_extra_key"] = {"x": [self.weird_float()]}
-        return d
+        return self._maybe_extra_key(d)
 
     def valid_collectives(self) -> Any:
         """A valid collectives frame for a hostile run (it may list a verdict: news)."""
-        return self._msg(_enc.encode(self.collectives_dict(self.run(), self.rank())), "accept",
-                         "valid_collectives")
+        return self._frame(self.collectives_dict(self.run(), self.rank()), "accept", "valid_collectives")
 
     def bad_collectives(self) -> Any:
         """A collectives frame with one defect; for the check run too (changes nothing)."""
@@ -120,4 +100,4 @@ class CollectiveFuzz:
             d["entries"] = [{"pg": "0", "seq": 1, "op": "x", "retired": rng.choice(("no", 2))}]
         else:
             d[rng.choice(("groups", "entries"))] = rng.choice(({"pg": "0"}, "x", [["0", 1]], [None]))
-        return self._msg(_enc.encode(d), "schema", "bad_collectives")
+        return self._frame(d, "schema", "bad_collectives")

@@ -5,29 +5,16 @@ and frames with one defect each (a limit passed by one, a wrong type, an unknown
 missing field), which must be rejected as ``schema`` and change nothing."""
 from __future__ import annotations
 
-import random
-from typing import Any, Callable
-
-import msgspec
+from typing import Any
 
 from rank_agent import protocol
+from tests.support.fuzzkit import FuzzKit
 from tests.support.fuzzruns import CHECK_RUN, CHECK_WORLD, HOSTILE_RUNS
 
 __all__ = ["StackFuzz"]
 
-_enc = msgspec.msgpack.Encoder()
-
-
-class StackFuzz:
-    """Mixed into the fuzz's ``_Hostile``: uses its ``rng``, ``text``, ``weird_float``,
-    ``run``, ``rank`` and ``_msg``."""
-
-    rng: random.Random
-    text: Callable[[int], str]
-    run: Callable[[], str]
-    rank: Callable[[], int]
-    weird_float: Callable[[], float]
-    _msg: Callable[[bytes, str, str], Any]
+class StackFuzz(FuzzKit):
+    """Mixed into the fuzz's ``_Hostile`` (its state: :class:`~tests.support.fuzzkit.FuzzKit`)."""
 
     def _stack_frames(self, n: int) -> list[dict[str, Any]]:
         rng = self.rng
@@ -38,11 +25,8 @@ class StackFuzz:
     def stacks_dict(self, run: str, rank: int) -> dict[str, Any]:
         """A valid ``stacks`` frame as a dict; now and then one limit met exactly."""
         rng = self.rng
-        reason = rng.choice(("stall", "request"))
-        d: dict[str, Any] = {"type": "stacks", "run": run, "rank": rank, "reason": reason,
-                             "taken_at": self.weird_float() if rng.random() < 0.2 else 1.7e9}
-        if reason == "request" or rng.random() < 0.1:
-            d["request_id"] = self.text(rng.randrange(0, protocol.MAX_REQUEST_ID + 1))
+        d = self._dump_head("stacks", run, rank)
+        reason = d["reason"]
         if rng.random() < 0.7:
             d["idle_s"] = self.weird_float() if rng.random() < 0.3 else rng.uniform(0, 1e4)
         threads = [{"name": self.text(rng.randrange(0, 20)), "main": i == 0,
@@ -72,14 +56,11 @@ class StackFuzz:
                             for _ in range(protocol.MAX_PROFILE_ENTRIES)]
         elif edge < 0.08:
             d["profile"] = [{"stack": ["f (a.py:1)"] * protocol.MAX_PROFILE_DEPTH, "count": 2}]
-        if rng.random() < 0.05:
-            d["unknown_extra_key"] = {"x": [self.weird_float()]}
-        return d
+        return self._maybe_extra_key(d)
 
     def valid_stacks(self) -> Any:
         """A valid stacks frame for a hostile run (it may stall a rank: news, not harm)."""
-        return self._msg(_enc.encode(self.stacks_dict(self.run(), self.rank())), "accept",
-                         "valid_stacks")
+        return self._frame(self.stacks_dict(self.run(), self.rank()), "accept", "valid_stacks")
 
     def bad_stacks(self) -> Any:
         """A stacks frame with one defect (a limit passed by one, a wrong type, an unknown
@@ -126,4 +107,4 @@ class StackFuzz:
             d["threads"] = [{"name": "t", "main": rng.choice(("yes", 1, None)), "frames": []}]
         else:
             d["threads"] = rng.choice(({"name": "t"}, "threads", [["t", []]], [None]))
-        return self._msg(_enc.encode(d), "schema", "bad_stacks")
+        return self._frame(d, "schema", "bad_stacks")

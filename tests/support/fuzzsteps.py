@@ -7,12 +7,10 @@ integers past their bounds: ``steps_shape`` or ``schema``); and a run driven pas
 distinct metric names (``step_metric_names``)."""
 from __future__ import annotations
 
-import random
-from typing import Any, Callable
-
-import msgspec
+from typing import Any
 
 from rank_agent import protocol
+from tests.support.fuzzkit import FuzzKit
 from tests.support.fuzzruns import (
     CHECK_STEPS_RUN,
     CHECK_STEPS_WORLD,
@@ -23,21 +21,14 @@ from tests.support.fuzzruns import (
 
 __all__ = ["StepFuzz"]
 
-_enc = msgspec.msgpack.Encoder()
 
+class StepFuzz(FuzzKit):
+    """Mixed into the fuzz's ``_Hostile`` (its state: :class:`~tests.support.fuzzkit.FuzzKit`),
+    also its ``name_pool`` (odd metric names, few enough to stay under the run's cap) and
+    ``name_frames`` (frames sent to :data:`NAMES_RUN` so far)."""
 
-class StepFuzz:
-    """Mixed into the fuzz's ``_Hostile``: uses its ``rng``, ``weird_float``, ``run``,
-    ``rank``, ``name_pool`` (odd metric names, few enough to stay under the run's cap),
-    ``name_frames`` (frames sent to :data:`NAMES_RUN` so far) and ``_msg``."""
-
-    rng: random.Random
-    run: Callable[[], str]
-    rank: Callable[[], int]
-    weird_float: Callable[[], float]
     name_pool: list[str]
     name_frames: int
-    _msg: Callable[[bytes, str, str], Any]
 
     def _opt_float(self) -> Any:
         """A step metric value: None, a weird float, or an integer (msgspec takes any
@@ -86,15 +77,12 @@ class StepFuzz:
             metrics[name] = [self._opt_float() for _ in steps]
         if metrics or rng.random() < 0.5:
             d["metrics"] = metrics
-        if rng.random() < 0.05:
-            d["unknown_extra_key"] = {"x": [self.weird_float()]}
-        return d
+        return self._maybe_extra_key(d)
 
     def valid_steps(self) -> Any:
         """A valid steps frame for a hostile run: NaN/inf/None values, huge steps and
         integers, weird metric names. Its points may be late (counted, not rejected)."""
-        return self._msg(_enc.encode(self.steps_dict(self.run(), self.rank())), "accept",
-                         "valid_steps")
+        return self._frame(self.steps_dict(self.run(), self.rank()), "accept", "valid_steps")
 
     def bad_steps(self) -> Any:
         """A steps frame with one defect, for a hostile run or the check steps run (where
@@ -119,12 +107,12 @@ class StepFuzz:
                 d[key] = [1.0] * m
             else:
                 d[key] = [1] * m
-            return self._msg(_enc.encode(d), shape, "bad_steps")
+            return self._frame(d, shape, "bad_steps")
         if defect == "not_increasing":
             steps = d["steps"]
             i = rng.randrange(1, n)
             steps[i] = steps[i - 1] if rng.random() < 0.5 else max(0, steps[i - 1] - 1)
-            return self._msg(_enc.encode(d), shape, "bad_steps")
+            return self._frame(d, shape, "bad_steps")
         if defect == "empty":
             d.update(steps=[], times=[], step_ms=[])
             d.pop("samples", None)
@@ -173,7 +161,7 @@ class StepFuzz:
                 d["steps"][0] = -rng.randrange(1, 2**63)
             else:
                 d[key] = [-1] * n
-        return self._msg(_enc.encode(d), schema, "bad_steps")
+        return self._frame(d, schema, "bad_steps")
 
     def step_names(self) -> Any:
         """A steps frame of :data:`NAMES_RUN` with 64 metric names it has not seen: accepted
@@ -185,4 +173,4 @@ class StepFuzz:
         d = {"type": "steps", "run": NAMES_RUN, "rank": 0, "steps": [i], "times": [1.7e9],
              "step_ms": [1.0], "metrics": {f"n{i}_{j}_" + "x" * 100: [1.0] for j in range(per)}}
         ok = (i + 1) * per <= 1024
-        return self._msg(_enc.encode(d), "accept" if ok else "step_metric_names", "step_names")
+        return self._frame(d, "accept" if ok else "step_metric_names", "step_names")
