@@ -20,10 +20,7 @@
 // the DOM through textContent, never innerHTML.
 
 import { h } from "./dom.js";
-import { cancelFrame, onFrame } from "./frame.js";
-
-/** A lazy chart out of view draws at most this often (ms): bounded work, never frozen. */
-const OFFSCREEN_MS = 1000;
+import { cancelFrame, deferOffscreen, drewNow, onFrame } from "./frame.js";
 
 /** A chart's colours and font, read once from its card's CSS variables. */
 function chartTheme(card) {
@@ -255,28 +252,11 @@ export class ChartKit {
 
   /**
    * Draw now; a lazy chart out of view draws at most once per OFFSCREEN_MS (and once more
-   * that long after its last skipped draw). It used to skip every draw until scrolled to:
-   * a stall panel opening above the step charts pushed them below the fold, and a full-page
-   * screenshot (or anything else that shows the page without scrolling it) saw them frozen
-   * at the step the panel opened, or "waiting for steps…" on a page opened then (issue 34).
+   * that long after its last skipped draw): frame.js's deferOffscreen.
    */
   drawNow() {
-    if (this._io && !this.visible && this._drewOnce) {
-      const wait = this._drewAt + OFFSCREEN_MS - performance.now();
-      if (wait > 0) {
-        this._stale = true;
-        if (!this._staleTimer) {
-          this._staleTimer = setTimeout(() => {
-            this._staleTimer = null;
-            if (this._stale) this.render();
-          }, wait);
-        }
-        return;
-      }
-    }
-    this._stale = false;
-    this._drewOnce = true;
-    this._drewAt = performance.now();
+    if (deferOffscreen(this, !this._io || this.visible)) return;
+    drewNow(this);
     this._draw();
   }
 

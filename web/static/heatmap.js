@@ -11,7 +11,7 @@
 import { fitCanvas } from "./chartkit.js";
 import { cssVar, h } from "./dom.js";
 import { isNum } from "./fmt.js";
-import { onFrame } from "./frame.js";
+import { deferOffscreen, drewNow, onFrame } from "./frame.js";
 import { medianOf } from "./slowness.js";
 
 
@@ -74,31 +74,13 @@ function watch(obj, body) {
   obj._io.observe(body);
 }
 
-/** Out of view, a heatmap draws at most this often (ms), as chartkit's lazy charts do. */
-const OFFSCREEN_MS = 1000;
-
 /** Draw `obj` on the next animation frame; out of view, at most once per OFFSCREEN_MS (and
- * once more that long after a skipped draw), never not at all: a panel opening above it must
- * not freeze it for whatever shows the page without scrolling it (issue 34). `watch` draws
- * it at once when it scrolls back. */
+ * once more that long after a skipped draw: frame.js's deferOffscreen). `watch` draws it at
+ * once when it scrolls back. */
 function drawOnFrame(obj) {
   onFrame(obj, () => {
-    if (obj._visible === false && obj._drewOnce) {
-      const wait = obj._drewAt + OFFSCREEN_MS - performance.now();
-      if (wait > 0) {
-        obj._stale = true;
-        if (!obj._staleTimer) {
-          obj._staleTimer = setTimeout(() => {
-            obj._staleTimer = null;
-            if (obj._stale) obj.render();
-          }, wait);
-        }
-        return;
-      }
-    }
-    obj._drewOnce = true;
-    obj._drewAt = performance.now();
-    obj._stale = false;
+    if (deferOffscreen(obj, obj._visible !== false)) return;
+    drewNow(obj);
     obj.draw();
   });
 }
