@@ -20,7 +20,8 @@ from web.httpguard import RFILE_BUFFER_BYTES
 from web.serve import Web
 
 
-def _get(port: int, head: bytes) -> bytes:
+def raw_get(port: int, head: bytes) -> bytes:
+    """Send ``head`` on a gevent socket to the in-process web and read the whole reply."""
     client = gsocket.create_connection(("127.0.0.1", port), timeout=10)
     try:
         client.sendall(head)
@@ -55,7 +56,7 @@ def test_a_connection_holds_a_small_read_buffer_and_big_heads_still_arrive() -> 
 
         web.server.handler_class = Probe
         filler = b"".join(b"X-Fill-%d: %s\r\n" % (i, b"f" * 100) for i in range(60))  # ~7 KiB
-        reply = _get(web.port, b"GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n" + filler
+        reply = raw_get(web.port, b"GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n" + filler
                      + b"X-Last: end\r\n\r\n")
         assert reply.startswith(b"HTTP/1.1 503"), reply[:100]  # no broker: not healthy
     finally:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import socket
 
-import gevent
-from gevent import socket as gsocket
-
+from tests.web.test_handler_buffers import raw_get
 from web.config import WebConfig
 from web.httpguard import nodelay_handler_class
 from web.serve import Web
@@ -36,18 +34,7 @@ def test_accepted_connections_have_tcp_nodelay() -> None:
                 return super().get_environ()
 
         web.server.handler_class = Probe
-        client = gsocket.create_connection(("127.0.0.1", web.port), timeout=10)
-        try:
-            client.sendall(b"GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-            reply = b""
-            with gevent.Timeout(10):
-                while True:
-                    data = client.recv(65536)
-                    if not data:
-                        break
-                    reply += data
-        finally:
-            client.close()
+        reply = raw_get(web.port, b"GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
         assert reply.startswith(b"HTTP/1.1 503"), reply[:100]  # no broker: not healthy
     finally:
         web.close()
