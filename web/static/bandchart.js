@@ -27,7 +27,7 @@ export const STEP_AXIS = { kind: "step", label: "step", map: (s) => s, inv: (x) 
  * null (hover), onDraw(chart), xLabel, yMin.
  */
 /** A step chart turns to a log axis by itself when its largest value is this many times its
- * median (`_effectiveLog`). */
+ * median (`_autoLog`). */
 const OUTLIER_RATIO = 50;
 
 export class BandChart extends ChartKit {
@@ -118,17 +118,13 @@ export class BandChart extends ChartKit {
   }
 
   /**
-   * The log toggle, or before the user touches it: ChartKit's rule (two decades between the
-   * smallest and the largest value), or a few steps far above the rest. A stall or a
-   * checkpoint's step at 50x the median would flatten every other step against the axis's
-   * floor (TensorBoard leaves such outliers out of its scaling; a log axis keeps them in
-   * view and the rest readable).
+   * ChartKit's rule (two decades between the smallest and the largest value), or a few steps
+   * far above the rest: a stall or a checkpoint's step at 50x the median would flatten every
+   * other step against the axis's floor (TensorBoard leaves such outliers out of its
+   * scaling; a log axis keeps them in view and the rest readable).
    */
-  _effectiveLog() {
-    const kit = super._effectiveLog();
-    if (kit || !this.opts.log || this.logScale !== null) return kit;
-    const r = this._positiveRange();
-    if (r === null) return false;
+  _autoLog(r) {
+    if (super._autoLog(r)) return true;
     const med = this._medianMean();
     return med > 0 && r[1] / med > OUTLIER_RATIO;
   }

@@ -15,6 +15,7 @@
 //   _tipRows(hover)         the tooltip's rows (elements) for that key, or null
 //   _zoomPx(p0, p1, geom)   a finished drag from css x p0 to p1 (p0 < p1)
 //   _unzoom()               reset zoom / double click
+// and may override _autoLog(r), whether its values call for a log axis by themselves.
 //
 // Every piece of text that may come from a training job (series names, values) goes into
 // the DOM through textContent, never innerHTML.
@@ -240,7 +241,13 @@ export class ChartKit {
     if (!this.opts.log) return false;
     if (this.logScale !== null) return this.logScale;
     const r = this._positiveRange();
-    return r !== null && r[1] / r[0] > 200;
+    return r !== null && this._autoLog(r);
+  }
+
+  /** Before the user touches the toggle, whether values in `r` ([lo, hi], all positive)
+   * call for a log axis (a chart kind may add its own reason). */
+  _autoLog(r) {
+    return r[1] / r[0] > 200;
   }
 
   // ------------------------------------------------------------------ drawing
