@@ -37,10 +37,42 @@ log = logging.getLogger(__name__)
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line: ``<prog>: <problem> (see --help)``."""
+    """An ArgumentParser whose errors are one line: ``<prog>: <problem> (see --help)``.
+
+    Prefix matching is off (``allow_abbrev``): argparse would take ``demo --rank 4`` as
+    ``--ranks 4`` and ``up --shard 2`` as ``--shards 2`` without a word, so a typo silently
+    meant another flag; now it is an unknown flag with a "did you mean". The subcommand
+    parsers are built by ``add_subparsers`` with this class too, so they inherit both."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: {_with_suggestion(self, message)} (see {self.prog} --help)\n")
+
+
+def _with_suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    """``invalid choice: 'upp' (choose from ...)`` gains ``did you mean 'up'?`` when a
+    command is close (``rankboard upp``): the list of every command is what argparse gives."""
+    import difflib
+    import re
+
+    found = re.search(r"invalid choice: '([^']*)'", message)
+    if found is None:
+        return message
+    choices = [c for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+               for c in a.choices]
+    close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
+    return f"{message}; did you mean '{close[0]}'?" if close else message
+
+
+def _command(sub: Any, name: str, what: str) -> argparse.ArgumentParser:
+    """A subcommand whose ``--help`` opens with what it does (its one-line ``help`` in the
+    command list is the same sentence)."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=what, description=f"rankboard {name}: {what}.")
+    return parser
 
 
 def _positive_float(text: str) -> float:
@@ -200,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rankboard", description="Live dashboards for distributed training.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("broker", help="run the broker (ingest, feed, journal)")
+    p = _command(sub, "broker", "run the broker (ingest, feed, journal)")
     _broker_flags(p)
     p.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
                    help="own the runs whose id hashes to shard K of N brokers (default 0/1; "
@@ -208,13 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
     _feed_flags(p)
     _common(p)
 
-    p = sub.add_parser("web", help="run the web dashboard against a broker")
+    p = _command(sub, "web", "run the web dashboard against a broker")
     _feed_flags(p)
     _web_flags(p, port_default=DEFAULT_WEB_PORT)
     _scale_flags(p, worker_id=True)
     _common(p)
 
-    p = sub.add_parser("up", help="broker and web in one command")
+    p = _command(sub, "up", "broker and web in one command")
     _broker_flags(p)
     _feed_flags(p)
     _web_flags(p, port_default=None)
@@ -225,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(worker_id=None)
     _common(p)
 
-    p = sub.add_parser("demo", help="everything plus a simulated cluster of real agents")
+    p = _command(sub, "demo", "everything plus a simulated cluster of real agents")
     _broker_flags(p)
     _feed_flags(p)
     _web_flags(p, port_default=DEFAULT_WEB_PORT)
@@ -251,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
         elif action.dest in ("ingest", "publish", "snapshot"):
             action.help = f"the private broker's {action.dest} endpoint (default: a free port)"
 
-    p = sub.add_parser("keys", help="create CURVE key pairs in DIR")
+    p = _command(sub, "keys", "create CURVE key pairs in DIR")
     p.add_argument("dir", type=Path, metavar="DIR", help="directory for the key pairs")
     p.add_argument("--clients", type=_int_range(1, 10_000), default=1,
                    help="client key pairs to have (client-1 .. client-N; existing ones are "
@@ -261,8 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "broker's CURVE-protected feed (default 1)")
     _common(p)
 
-    p = sub.add_parser("export", help="write a run's report.html (one self-contained file) "
-                       "from the journal")
+    p = _command(sub, "export", "write a run's report.html (one self-contained file) "
+                 "from the journal")
     p.add_argument("run", metavar="RUN", help="the run id")
     p.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
                    help="where to write it (default: <run>.html, ':' as '_', here)")

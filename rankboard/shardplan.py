@@ -7,6 +7,7 @@ dir as it was, so ``up`` without ``--shards`` is unchanged), and runs as ``--sha
 """
 from __future__ import annotations
 
+import os
 import re
 import socket
 from dataclasses import replace
@@ -14,7 +15,7 @@ from typing import Callable
 
 from broker.config import BrokerConfig
 
-__all__ = ["shard_configs", "shift_port", "broker_line", "MAX_SHARDS"]
+__all__ = ["shard_configs", "shift_port", "broker_line", "unsharded_runs_note", "MAX_SHARDS"]
 
 #: ``--shards`` at most (a head node's cores, generously; ports + 3 × K stay in range).
 MAX_SHARDS = 64
@@ -63,3 +64,25 @@ def broker_line(ingests: list[str], hostname: Callable[[], str] = socket.gethost
                 endpoint = f"tcp://{hostname()}:{m.group(2)}"
         shown.append(endpoint)
     return "RANKBOARD_BROKER=" + ",".join(shown)
+
+
+def unsharded_runs_note(data_dir: str | os.PathLike[str] | None, shards: int) -> str | None:
+    """What to say when ``up --shards N`` (N > 1) starts on a data dir that an unsharded
+    broker journaled into (``<data-dir>/runs``): the shards journal in ``shard-K``, so those
+    runs would vanish from the dashboard without a word. They are not moved (a run's shard
+    is a hash of its id; moving journals between dirs is an admin's decision), and
+    ``rankboard export`` still reads them; None when there is nothing to say."""
+    if shards <= 1 or data_dir is None:
+        return None
+    runs = os.path.join(os.fspath(data_dir), "runs")
+    try:
+        count = sum(1 for name in os.listdir(runs) if name.endswith(".journal"))
+    except OSError:
+        return None
+    if count == 0:
+        return None
+    return (f"note: {runs} holds {count} run(s) of an unsharded broker, which --shards "
+            f"{shards} does not serve (its shards journal in shard-K); `rankboard export RUN "
+            f"--data-dir {os.fspath(data_dir)}` still reads them, and `rankboard up` without "
+            f"--shards serves them")
+

@@ -32,7 +32,7 @@ from broker.config import BrokerConfig, default_data_dir
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
 from rankboard.config import DemoConfig, UpConfig
 from rankboard.process import PARENT_ENV, child_command, terminate
-from rankboard.shardplan import broker_line, shard_configs
+from rankboard.shardplan import broker_line, shard_configs, unsharded_runs_note
 from web.config import WebConfig
 from web.serve import (
     LazyBinder,
@@ -259,6 +259,9 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
                 return 0
         for k in range(len(brokers)):
             say(f"shard {k}/{len(brokers)}")
+        note = unsharded_runs_note(bcfg.data_dir, len(brokers))
+        if note:
+            say(note)
         if all("ingest" in child.endpoints for child in brokers):
             say(broker_line([child.endpoints["ingest"] for child in brokers]))
         wcfg = replace(cfg.web, publish=",".join(b.endpoints["publish"] for b in brokers),

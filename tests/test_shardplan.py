@@ -40,3 +40,15 @@ def test_broker_line_names_wildcards_by_host() -> None:
     line = broker_line(["tcp://0.0.0.0:5585", "tcp://*:5588", "tcp://10.0.0.2:5591"],
                        hostname=lambda: "head")
     assert line == "RANKBOARD_BROKER=tcp://head:5585,tcp://head:5588,tcp://10.0.0.2:5591"
+
+
+def test_unsharded_runs_are_named_only_when_sharding_hides_them(tmp_path: Path) -> None:
+    from rankboard.shardplan import unsharded_runs_note
+
+    assert unsharded_runs_note(tmp_path, 2) is None  # no runs dir
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "a.journal").write_bytes(b"x")
+    (tmp_path / "runs" / "a.journal.damaged-1").write_bytes(b"x")
+    assert unsharded_runs_note(tmp_path, 1) is None  # one broker serves them
+    note = unsharded_runs_note(tmp_path, 3)
+    assert note is not None and "holds 1 run(s)" in note and "--shards 3" in note

@@ -11,6 +11,8 @@ import http.client
 import json
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -231,3 +233,39 @@ def test_a_worker_pool_follows_every_shard(spawn: Callable[..., Proc], tmp_path:
         web.close()
         for proc, _ in brokers:
             proc.close()
+
+
+def test_up_shards_over_an_unsharded_data_dir_says_so(spawn: Callable[..., Proc],
+                                                      tmp_path: Path) -> None:
+    """Issue 43 item 6: ``up --shards 2`` on a data dir an unsharded broker journaled into
+    used to hide that broker's runs without a word; it says so at start, and they stay
+    exportable."""
+    ephemeral = ["--ingest", "tcp://127.0.0.1:*", "--publish", "tcp://127.0.0.1:*",
+                 "--snapshot", "tcp://127.0.0.1:*", "--data-dir", str(tmp_path),
+                 "--port", "0", "--host", "127.0.0.1"]
+    one = spawn("up", *ephemeral)
+    try:
+        line = one.wait_line(r"^RANKBOARD_BROKER=(\S+)$").group(1)
+        port = one.wait_dashboard()
+        with RankAgent(line, "unsharded-1", 0, 1, control=False, linger_ms=0) as agent:
+            agent.log_epoch(0, 0.5, batches=1)
+        wait_for(lambda: b'"status":"complete"' in fetch(port, "/api/runs/unsharded-1").body,
+                 what="the unsharded broker's run complete")
+        assert one.stop() == 0
+    finally:
+        one.close()
+    two = spawn("up", "--shards", "2", *ephemeral)
+    try:
+        note = two.wait_line(r"^note: .*$").group(0)
+        assert "holds 1 run(s) of an unsharded broker" in note
+        assert "rankboard export RUN --data-dir" in note
+        assert two.stop() == 0
+        no_traceback(two)
+    finally:
+        two.close()
+    out = tmp_path / "unsharded-1.html"
+    done = subprocess.run([sys.executable, "-m", "rankboard", "export", "unsharded-1",
+                           "--data-dir", str(tmp_path), "-o", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "unsharded-1" in out.read_text(encoding="utf-8")
