@@ -52,7 +52,14 @@ from web.report import shell as report_shell
 from web.runstate import RunState
 from web.scrape import ScrapeRegistry
 from web.shards import AnyHub, shard_states
-from web.stacksapi import BadBody, RequestGate, StacksCollector, check_media_type, parse_body
+from web.stacksapi import (
+    BadBody,
+    RequestGate,
+    StacksCollector,
+    check_media_type,
+    ended_reason,
+    parse_body,
+)
 from web.stream import client_stream
 
 log = logging.getLogger(__name__)
@@ -510,6 +517,10 @@ def request_stacks(run: str) -> Response:
     except BadBody as exc:
         gate.count("unsupported_media_type" if exc.status == 415 else "bad_request")
         return error(exc.status, str(exc))
+    ended = ended_reason(run, _run().header.get("status"))
+    if ended is not None:
+        gate.count("ended")
+        return error(409, ended)
     wait = gate.wait_left(run)
     if wait > 0:
         gate.count("rate_limited")

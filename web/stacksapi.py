@@ -48,7 +48,21 @@ MIN_INTERVAL_S = 1.0
 KINDS = ("stacks", "profile")
 #: The outcomes counted in ``rankboard_stacks_requests_total{result}``.
 RESULTS = ("accepted", "read_only", "unsupported_media_type", "bad_request", "rate_limited",
-           "unavailable")
+           "unavailable", "ended")
+
+#: Run statuses in which no rank is running to answer a request (409: the page would wait
+#: forever for dumps that cannot come).
+ENDED = ("complete", "failed")
+
+
+def ended_reason(run: str, status: Any) -> Optional[str]:
+    """The one-line reason a request for ``run`` can never be answered, or None: an ended
+    run's ranks have all finished (issue 43 item 4; a 409, checked after the body so a bad
+    body is still named as one)."""
+    if status in ENDED:
+        return (f"run {run} has ended ({status}): its ranks have finished, so none is "
+                f"running to answer a request for stacks")
+    return None
 
 
 class BadBody(ValueError):

@@ -237,3 +237,18 @@ def test_read_only_web_shows_stalls_without_buttons(read_only_stack: Stack, page
     assert page.locator("#stall-view button", has_text="profile").count() == 0
     assert page.locator("[data-testid^=dump-], [data-testid^=profile-]").count() == 0
     page.errors.check()
+
+
+def test_an_ended_run_says_requests_cannot_be_answered(stack: Stack, page: Any) -> None:
+    """Issue 43 item 4: "dump stacks" on a finished run was accepted (202) and the page
+    waited forever; now the buttons are disabled with the reason, and the API says 409."""
+    run = "ended-1"
+    for rank in range(2):
+        stack.send(wire.Register(run=run, rank=rank, world_size=2, host="node-0", local_rank=rank))
+    for rank in range(2):
+        stack.send(wire.Finish(run=run, rank=rank, status="ok"))
+    open_run(page, stack, run)
+    note = page.locator("[data-testid=stall-ended]")
+    expect(note).to_contain_text("the run has ended (complete)")
+    expect(page.locator("[data-testid=dump-run]")).to_be_disabled()
+    expect(page.locator("[data-testid=profile-run]")).to_be_disabled()

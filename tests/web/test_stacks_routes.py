@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
+from rank_agent import protocol
 from tests.support import REPO
 from tests.support.brokers import Broker, Pusher
 from tests.support.http import Resp, fetch, get_json
@@ -311,3 +312,22 @@ def test_get_stacks_is_json_with_non_finite_as_null(spawn: Callable[..., Proc], 
     dump = r.json()["dumps"][0]
     assert dump["rank"] == 2 and dump["idle_s"] is None and dump["host"] == "node-a"
     assert dump["threads"][0]["frames"][0]["function"] == "wait"
+
+
+def test_an_ended_run_is_409_with_its_reason(spawn: Callable[..., Proc], broker: Broker,
+                                            pusher: Pusher, runs: Callable[..., None]) -> None:
+    """Issue 43 item 4: a request for a run whose ranks have all finished can never be
+    answered: 409 and one line saying so (a bad body is still 400: checked after it)."""
+    port = start(spawn, broker)
+    runs("ended-2")
+    for rank in range(WORLD):
+        pusher.send(protocol.Finish(run="ended-2", rank=rank,
+                                    status="error" if rank == 1 else "ok"))
+    wait_for(lambda: has_run(port, "ended-2")
+             and get_json(port, "/api/runs/ended-2")["status"] == "failed",
+             what="the run failed")
+    path = "/api/runs/ended-2/stacks"
+    assert "has ended (failed)" in one_line_error(post(port, path, {"kind": "stacks"}, JSON), 409)
+    one_line_error(post(port, path, {"kind": "nope"}, JSON), 400)
+    metrics = fetch(port, "/metrics").body.decode()
+    assert 'rankboard_stacks_requests_total{result="ended"} 1.0' in metrics

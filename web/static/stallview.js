@@ -208,6 +208,15 @@ export class StallView {
     return typeof tab === "number" && tab !== this.closed ? tab : null;
   }
 
+  /** Why no request can be answered now (an ended run's ranks have all finished: the web
+   * answers 409), or null. */
+  endedReason() {
+    const header = this.page.store.header;
+    const status = header && header.status;
+    return status === "complete" || status === "failed"
+      ? `the run has ended (${status}): no rank is running to answer` : null;
+  }
+
   _buttons(ranks, what) {
     const bar = h("span", "stall-actions");
     if (this.readOnly) return bar;
@@ -215,7 +224,9 @@ export class StallView {
     dump.dataset.testid = `dump-${what}`;
     const prof = button("btn btn-small", `profile ${PROFILE.seconds} s`, () => this.request("profile", ranks));
     prof.dataset.testid = `profile-${what}`;
-    dump.disabled = prof.disabled = this.held;
+    const ended = this.endedReason();
+    dump.disabled = prof.disabled = this.held || ended !== null;
+    if (ended !== null) dump.title = prof.title = ended;
     bar.append(dump, prof);
     return bar;
   }
@@ -249,6 +260,7 @@ export class StallView {
     const timing = shownProfiles.map((d) => (stepMs.has(d.rank) ? stepMs.get(d.rank).toFixed(1) : "")).join(",");
     const verdict = verdictText(this.collectives && this.collectives.groups);
     const key = [view, stalled.join(","), this.focus, this.closed, this.message, this.held, store.run,
+      this.endedReason(),
       store.tab, timing, verdict.join("\n"), stragglerOf(store.rows)];
     if (this.drawn && key.every((v, i) => v === this.drawn[i])) return;
     this.drawn = key;
@@ -279,6 +291,11 @@ export class StallView {
       out.push(box);
     }
     if (this.message) out.push(h("p", "stall-message muted", this.message));
+    else if (!this.readOnly && this.endedReason()) {
+      const note = h("p", "stall-message muted", `requests for stacks: ${this.endedReason()}`);
+      note.dataset.testid = "stall-ended";
+      out.push(note);
+    }
 
     const byRank = new Map();
     for (const d of view.dumps) {
