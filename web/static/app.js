@@ -46,9 +46,35 @@ export class App {
     return this.page.store;
   }
 
+  /** The open run's stream says how it is connected (run mode). */
   setConn(st, text) {
+    this.streamConn = [st, text];
+    this.showConn();
+  }
+
+  /**
+   * The badge: the web's `/healthz` first (a 503 means no broker answers it: "connecting"
+   * would wait forever), then, for an open run, its stream; the cluster view and a
+   * comparison have no stream, so a healthy web is what they are connected to.
+   */
+  showConn() {
+    let [st, text] = this.streamConn || ["connecting", "connecting"];
+    if (this.health === "down") [st, text] = ["error", "no broker answers"];
+    else if (this.health === "offline") [st, text] = ["error", "offline"];
+    else if (this.health === "up" && this.store.mode !== "run") [st, text] = ["live", "live"];
     $("conn").dataset.state = st;
     setText($("conn-text"), text);
+  }
+
+  /** Ask the web's `/healthz` (exempt from the token and the Host check) how it is. */
+  async refreshHealth() {
+    try {
+      const resp = await fetch("/healthz", { credentials: "same-origin", cache: "no-store" });
+      this.health = resp.status === 200 ? "up" : "down";
+    } catch {
+      this.health = "offline";
+    }
+    this.showConn();
   }
 
   async refreshRuns() {
@@ -57,7 +83,8 @@ export class App {
     try {
       runs = await api("/api/runs");
     } catch (err) {
-      this.setConn("error", "offline");
+      this.health = "offline";
+      this.showConn();
       return;
     }
     if (!Array.isArray(runs)) return;
@@ -150,6 +177,7 @@ export class App {
     $("cluster-link").setAttribute("aria-current", "page");
     setHash("#cluster");
     this.page.cluster.open();
+    this.showConn();
   }
 
   leaveCluster() {
@@ -167,6 +195,7 @@ export class App {
     $("compare-btn").setAttribute("aria-pressed", "true");
     setHash(compareHash(sel));
     this.page.compare.open(sel);
+    this.showConn();
   }
 
   closeCompare() {

@@ -179,6 +179,7 @@ function boot() {
   $("compare-btn").addEventListener("click", () => app.toggleCompare());
   window.addEventListener("hashchange", () => app.fromHash());
   const refresh = () => {
+    app.refreshHealth(); // the badge in every mode (the cluster view and compare have no stream)
     if (store.mode !== "cluster") app.refreshRuns(); // the cluster view polls the runs itself
   };
   window.addEventListener("focus", refresh);
