@@ -186,7 +186,11 @@ function boot() {
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden) refresh();
   });
-  setInterval(() => page.header.tick(), 1000);
+  setInterval(() => {
+    page.header.tick();
+    // a hang sends no step: the KPIs' "no step for N s" ages without an event
+    if (store.run !== null && store.mode === "run") page.overview.kpis();
+  }, 1000);
   setInterval(() => {
     if (!document.hidden) refresh();
   }, 10000);

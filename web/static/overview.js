@@ -16,6 +16,8 @@ import { rankGpu } from "./store.js";
 
 /** The per-rank picture's health colours (canvas needs concrete colours): act on it, look
  * at it, healthy; a rank without GPU figures is the picture's no-figure grey. */
+/** A step KPI with no step closed for this long (s) says how old it is (a hang, a crash). */
+const STALE_STEP_S = 10;
 const HEALTH_COLOURS = { 3: "#f2495c", 2: "#ff9830", 1: "#3f8a4f" };
 const HEALTH_KEYS = [["XID · ECC · remap", HEALTH_COLOURS[3]], ["throttle · PCIe · NVLink", HEALTH_COLOURS[2]],
   ["ok", HEALTH_COLOURS[1]], ["no GPU", null]];
@@ -149,13 +151,23 @@ export class Overview {
         d.dataset.trend = "";
       }
     }
+    // A step figure is the last step's: while the run steps it is live; once no step has
+    // closed for STALE_STEP_S (a hang, a crash), or the run ended, it says how old it is.
+    const st = store.header ? store.header.status : "";
+    const ended = st === "complete" || st === "failed";
+    const stalled = store.stalledRanks().length;
+    const idle = useSteps ? steps.idleSeconds() : 0;
+    const stale = useSteps && (ended || stalled > 0 || idle >= STALE_STEP_S);
+    const asOf = !stale ? "" : ended ? `at step ${fmtInt(steps.lastStep)}, run ${st}`
+      : stalled > 0 ? `at step ${fmtInt(steps.lastStep)} · ${fmtInt(stalled)} ${stalled === 1 ? "rank" : "ranks"} stalled`
+        : `at step ${fmtInt(steps.lastStep)} · no step for ${fmtDur(idle)}`;
+    for (const id of ["kpi-epoch-time", "kpi-throughput"]) $(id).classList.toggle("kpi-stale", stale && (id !== "kpi-epoch-time" || !last));
     if (useSteps && !last) {
       setText($("kpi-time-label"), "step time");
       setText($("kpi-epoch-time"), fmtMs(steps.kpi.step_ms));
       // a live rate only while the run trains: a finished run's last rate is not its speed
-      const st = store.header ? store.header.status : "";
-      const rate = st === "complete" || st === "failed" ? null : steps.stepsPerSecond();
-      setText($("kpi-epoch-time-sub"), isNum(rate) && rate > 0 ? `${rate.toFixed(1)} steps/s` : "mean over ranks");
+      const rate = ended || stale ? null : steps.stepsPerSecond();
+      setText($("kpi-epoch-time-sub"), stale ? asOf : isNum(rate) && rate > 0 ? `${rate.toFixed(1)} steps/s` : "mean over ranks");
     } else {
       setText($("kpi-time-label"), "epoch time");
       setText($("kpi-epoch-time"), last ? fmtDur(last.duration_secs) : DASH);
@@ -167,7 +179,8 @@ export class Overview {
     if (useSteps && isNum(steps.kpi.samples_per_s)) {
       setText($("kpi-throughput"), formatNumber(steps.kpi.samples_per_s));
       const tok = steps.kpi.tokens_per_s;
-      setText($("kpi-throughput-sub"), isNum(tok) ? `samples/s · ${formatNumber(tok)} tokens/s` : "samples/s, last step");
+      setText($("kpi-throughput-sub"), stale ? `samples/s ${asOf}`
+        : isNum(tok) ? `samples/s · ${formatNumber(tok)} tokens/s` : "samples/s, last step");
     } else {
       const tp = last ? (last.gpu_metrics || []).map((g) => g.throughput).filter(isNum) : [];
       setText($("kpi-throughput"), tp.length ? formatNumber(tp.reduce((a, b) => a + b, 0) * 1000) : DASH);

@@ -463,8 +463,23 @@ function alertItem(a, state) {
   return item;
 }
 
+/** Kinds that answer "why", listed above the rest whatever their age (issue 43 item 3: the
+ * collective verdict sank below newer repeats of `stalled`): which rank a hang waits for,
+ * then the errors, the first of them first (the first failure, PROTOCOL 8.2). */
+const ANSWERS = ["collective_behind", "collective_mismatch", "rank_error"];
+
+function alertOrder(x, y) {
+  const ax = ANSWERS.indexOf(x.kind);
+  const ay = ANSWERS.indexOf(y.kind);
+  const px = ax < 0 ? ANSWERS.length : ax;
+  const py = ay < 0 ? ANSWERS.length : ay;
+  if (px !== py) return px - py;
+  if (x.kind === "rank_error" && y.kind === "rank_error") return (x.at || 0) - (y.at || 0);
+  return (y.at || 0) - (x.at || 0);
+}
+
 /**
- * Alerts newest first, grouped by kind: a kind with few alerts lists them; one with many is
+ * Alerts newest first, the answers (ANSWERS) above them, grouped by kind: a kind with few alerts lists them; one with many is
  * one line ("1,024 ranks stale") that expands (`expanded`: the set of expanded kinds).
  */
 export function renderAlerts(box, alerts, rankStatus, expanded, onToggle, run = null) {
@@ -473,7 +488,7 @@ export function renderAlerts(box, alerts, rankStatus, expanded, onToggle, run = 
   // every alert over: a history, not a red banner (a finished healthy run must not alarm)
   box.dataset.state = alerts.length && alerts.every((a) => states.get(a).over) ? "resolved" : "active";
   const byKind = new Map();
-  for (const a of alerts.slice().sort((x, y) => (y.at || 0) - (x.at || 0))) {
+  for (const a of alerts.slice().sort(alertOrder)) {
     const k = String(a.kind ?? "");
     if (!byKind.has(k)) byKind.set(k, []);
     byKind.get(k).push(a);

@@ -117,6 +117,7 @@ export class StepView {
     this.header = null;
     this.extraMetrics = [];
     this.rate = []; // [performance.now(), step] of recent batches for a steps/s figure
+    this.openedAt = performance.now(); // when this run was opened here (idleSeconds)
     this.fetches = [];
     this.showAll = false;
     this.resetBtn.hidden = true;
@@ -537,6 +538,13 @@ export class StepView {
     const [t1, s1] = this.rate[this.rate.length - 1];
     if (performance.now() - t1 > RATE_WINDOW_MS) return null;
     return t1 > t0 && isNum(s0) && isNum(s1) ? ((s1 - s0) * 1000) / (t1 - t0) : null;
+  }
+
+  /** Seconds since a step last closed live here, or since the run was opened here when
+   * none has: how old the step KPIs are (issue 43 item 3: a hang kept "1,224 samples/s"). */
+  idleSeconds() {
+    const t = this.rate.length ? this.rate[this.rate.length - 1][0] : this.openedAt;
+    return (performance.now() - t) / 1000;
   }
 
   _sub() {
