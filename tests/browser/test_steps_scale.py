@@ -41,3 +41,34 @@ def test_a_stall_step_turns_the_step_time_chart_to_a_log_axis(stack: Stack, page
     wait_chart(page, "step_ms", lambda s: s["range"] == [0, 219], "more steps drawn")
     expect(log_button(page, "step_ms")).to_have_attribute("aria-pressed", "false")
     page.errors.check()
+
+
+def test_a_learning_rate_schedule_stays_linear(stack: Stack, page: Any) -> None:
+    """Issue 43 item 5: warmup then cosine to ~0 spans decades by design; on a log axis it
+    read as a cliff to 1e-9 at its end. A schedule (lr, learning_rate, Lightning's lr-Adam)
+    stays linear by itself; a measurement spanning the same decades still turns to log."""
+    import math
+
+    from rank_agent import protocol as wire
+    from tests.browser.test_steps_page import T0
+
+    run = "scale-lr"
+    register(stack, run, world=2)
+    n = 400
+    lr = [3e-4 * (s + 1) / 40 if s < 40 else 3e-4 * 0.5 * (1 + math.cos(math.pi * (s - 40) / (n - 41))) + 1e-9
+          for s in range(n)]
+    noise = [10.0 ** (-(s % 5)) for s in range(n)]  # a measurement over 4 decades: log by itself
+    for r in range(2):
+        stack.send(wire.Steps(run=run, rank=r, steps=list(range(n)),
+                              times=[T0 + s * 0.1 for s in range(n)], step_ms=[100.0] * n,
+                              metrics={"lr": lr, "lr-AdamW/pg1": lr, "spread": noise}))
+    wait_steps(stack, run, n - 1)
+    open_run(page, stack, run)
+    for name in ("lr", "lr-AdamW/pg1", "spread"):
+        wait_chart(page, name, lambda s: s["range"] == [0, n - 1], f"{name} drawn")
+    expect(log_button(page, "lr")).to_have_attribute("aria-pressed", "false")
+    expect(log_button(page, "lr-AdamW/pg1")).to_have_attribute("aria-pressed", "false")
+    expect(log_button(page, "spread")).to_have_attribute("aria-pressed", "true")
+    log_button(page, "lr").click()  # the user may still ask for it
+    expect(log_button(page, "lr")).to_have_attribute("aria-pressed", "true")
+    page.errors.check()

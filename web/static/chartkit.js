@@ -240,6 +240,7 @@ export class ChartKit {
   _effectiveLog() {
     if (!this.opts.log) return false;
     if (this.logScale !== null) return this.logScale;
+    if (this.opts.autoLog === false) return false; // a schedule reads as its schedule
     const r = this._positiveRange();
     return r !== null && this._autoLog(r);
   }

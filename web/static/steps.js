@@ -41,6 +41,15 @@ const RECENT = 20000;
  * without one. */
 const RATE_WINDOW_MS = 10000;
 
+/** A metric that is a hyperparameter's schedule, not a measurement: the learning rate as the
+ * demo, Lightning's LearningRateMonitor ("lr-AdamW/pg1") and the HF Trainer ("learning_rate")
+ * name it, momentum, weight decay. Its chart never turns to a log axis by itself. */
+const SCHEDULE = /(?:^|[^a-z])(?:lr|learning_rate|momentum|weight_decay)(?:[^a-z]|$)/i;
+
+export function isSchedule(name) {
+  return SCHEDULE.test(String(name));
+}
+
 export class StepView {
   /**
    * `section`: the element to fill; `hooks`: {straggler() -> text|null, onChange(view),
@@ -165,6 +174,9 @@ export class StepView {
         title: isMetric ? name : spec.title,
         chartId: `step-${isMetric ? "metric" : name}`,
         log: true, smoothing: true, height: 160,
+        // a warmup + cosine learning rate spans decades by design: on a log axis it read as
+        // a cliff to 1e-9 at its end; it stays linear unless the user asks (issue 43 item 5)
+        autoLog: !(isMetric && isSchedule(name)),
         yFormat: spec ? spec.fmt : formatNumber,
         emptyText: isMetric ? "waiting for steps…" : "not reported",
         onZoom: (r) => this.zoom(r),
