@@ -51,8 +51,8 @@ export class BandChart extends ChartKit {
 
   /** `series`: [{name, color?, data: Buckets}]. */
   setSeries(series) {
-    const names = series.map((s) => s.name).join("\u0000");
-    this.series = series.map((s, i) => ({ name: s.name, color: s.color || colorAt(i), data: s.data }));
+    const names = series.map((s) => `${s.name}\u0001${s.label || ""}`).join("\u0000");
+    this.series = series.map((s, i) => ({ name: s.name, label: s.label, color: s.color || colorAt(i), data: s.data }));
     if (this.solo !== null && !this.series.some((s) => s.name === this.solo)) this.solo = null;
     if (this.legendEl && names !== this._names) this._buildLegend();
     this._names = names;

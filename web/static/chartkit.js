@@ -211,7 +211,9 @@ export class ChartKit {
       b.title = "click to show only this series; click again to show all";
       const sw = h("span", "swatch");
       sw.style.background = s.color;
-      b.append(sw, h("span", "legend-name", s.name));
+      // `label`: what a reader knows the series by (a run's label); the name is its key
+      b.append(sw, h("span", "legend-name", s.label || s.name));
+      if (s.label && s.label !== s.name) b.title = `${s.name}: ${b.title}`;
       b.addEventListener("click", () => {
         this.solo = this.solo === s.name ? null : s.name;
         this._syncLegend();

@@ -192,7 +192,15 @@ export class CompareView {
       const names = new Set();
       for (const run of runs) for (const rec of this.history.get(run) || []) for (const k of Object.keys(rec.metrics || {})) names.add(k);
       this._metrics([...names]);
-      this.chart.setSeries(runs.map((run, i) => ({ name: run, color: colorAt(i), data: this._epochBuckets(run, metric) })));
+      // a step run has one epoch record at most: on the epoch axis it was a lone dot that
+      // looked like data; it is left out, and the status says where it is (x axis: step)
+      const stepOnly = runs.filter((run) => this._stepOnly(run));
+      this.chart.setSeries(runs.map((run, i) => ({ name: run, label: this._label(run), color: colorAt(i),
+        data: stepOnly.includes(run) ? new Buckets() : this._epochBuckets(run, metric) })));
+      if (stepOnly.length && !errors.length) {
+        this.chart.setStatus(`${stepOnly.length} step run${stepOnly.length === 1 ? "" : "s"} (${stepOnly.map((r) => this._label(r)).join(", ")}): on the step axis only (x axis: step)`);
+        return;
+      }
     } else {
       await Promise.all(runs.map(async (run) => {
         if (!RUN_ID.test(run)) return;
@@ -226,7 +234,29 @@ export class CompareView {
       }
     }));
     if (gen !== this.gen) return;
-    this.chart.setSeries(runs.map((run, i) => ({ name: run, color: colorAt(i), data: out[i] })));
+    this.chart.setSeries(runs.map((run, i) => ({ name: run, label: this._label(run), color: colorAt(i), data: out[i] })));
+  }
+
+  /** The name the legend gives `run`: its label as the run list has it (the id when it has
+   * none, or when another chosen run has the same label, beside it), never a bare id where a
+   * label exists (issue 43 item 5). */
+  _label(run) {
+    const all = this.hooks.runs();
+    const labelOf = (id) => {
+      const r = all.find((x) => x.run === id);
+      return (r && r.label) || (this.headers.get(id) || {}).label || null;
+    };
+    const label = labelOf(run);
+    if (!label) return run;
+    const twins = this.sel.runs.filter((id) => id !== run && labelOf(id) === label);
+    return twins.length ? `${label} (${run})` : label;
+  }
+
+  /** Whether `run` logs steps and has fewer than two epoch records (one dot on x=epoch). */
+  _stepOnly(run) {
+    const r = this.hooks.runs().find((x) => x.run === run);
+    const recs = this.history.get(run) || [];
+    return recs.length < 2 && !!r && r.steps_done !== null && r.steps_done !== undefined;
   }
 
   _zoom(range) {
