@@ -84,3 +84,27 @@ def test_a_finished_step_run_says_its_figures_are_its_last(stack: Stack, page: A
     expect(page.locator("#kpi-throughput-sub")).to_have_text("samples/s at step 9, run complete")
     expect(page.locator("#kpi-throughput")).to_have_class("kpi-value mono kpi-stale")
     page.errors.check()
+
+
+def test_a_run_without_samples_says_so(stack: Stack, page: Any) -> None:
+    """Issue 43 item 5: "Resources now" of a finished run that never sampled showed four
+    dashes, as if loading; it says the ranks sent none and how to send them."""
+    run = "no-samples"
+    for rank in range(2):
+        stack.send(wire.Register(run=run, rank=rank, world_size=2, host="node-0"))
+        stack.send(steps(run, rank, 0, 5))
+        stack.send(wire.Finish(run=run, rank=rank))
+    wait_for(lambda: stack.get_json(f"/api/runs/{run}")["status"] == "complete", 15.0, "complete")
+    page.goto(f"{stack.url}/#run={run}")
+    expect(page.locator("[data-testid=resources-none]")).to_have_text(
+        "no resource samples: this run's ranks sent none (the agent samples CPU, RAM and GPU "
+        "after agent.start_sampling())")
+    # a run whose ranks sample has no such line
+    stack.send(wire.Register(run="with-samples", rank=0, world_size=1, host="node-0"),
+               wire.Resources(run="with-samples", rank=0,
+                              sample=wire.ResourceSample(cpu_percent=50.0)))
+    wait_for(lambda: stack.get_json("/api/runs/with-samples")["ranks"][0]["resources"], 15.0, "sampled")
+    page.goto(f"{stack.url}/#run=with-samples")
+    expect(page.locator("#resource-bars [data-resource=cpu] .bar-pct")).to_have_text("50%")
+    expect(page.locator("[data-testid=resources-none]")).to_have_count(0)
+    page.errors.check()

@@ -214,6 +214,17 @@ export class Overview {
       row.append(top, track, h("div", "bar-detail mono", key === "ram" || key === "vram" ? text : ""));
       return row;
     });
+    // no rank sent a sample: four dashes read as "loading"; say what is missing and why
+    const sampled = store.ranks.some((x) => x && x.resources);
+    if (!sampled) {
+      const st = store.header ? store.header.status : "";
+      const ended = st === "complete" || st === "failed";
+      const note = h("p", "muted resources-none", ended
+        ? "no resource samples: this run's ranks sent none (the agent samples CPU, RAM and GPU after agent.start_sampling())"
+        : "no resource samples yet (the agent samples CPU, RAM and GPU after agent.start_sampling())");
+      note.dataset.testid = "resources-none";
+      els.unshift(note);
+    }
     $("resource-bars").replaceChildren(...els);
 
     const minis = $("gpu-minis");

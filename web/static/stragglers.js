@@ -5,7 +5,7 @@
 import { serverNow } from "./api.js";
 import { dataFig, renderDataCause } from "./datawait.js";
 import { $, button, h, setText } from "./dom.js";
-import { fmtAgo, fmtInt, fmtMs, fmtPct, isNum } from "./fmt.js";
+import { fmtAgo, fmtInt, fmtMs, fmtPct, formatClock, isNum } from "./fmt.js";
 import { StragglerStrip } from "./heatmap.js";
 import { hostGroups, stragglerThreshold, worldSize } from "./model.js";
 
@@ -20,6 +20,16 @@ export class Stragglers {
 
   reset() {
     this.strip.reset();
+    this.openedAt = serverNow(); // the strip starts here: the web keeps no history of it
+  }
+
+  /** Whether every column drawn so far has every rank within 5 % of the median: a
+   * synchronous job's ranks step together (each waits for the slowest in its collectives),
+   * so an even strip says "lockstep", not "no straggler". */
+  lockstep() {
+    const cols = this.strip.cols;
+    if (!cols.length) return false;
+    return cols.every((c) => [...c.ratio.values()].every((v) => v > 0.95 && v < 1.05));
   }
 
   /** One strip column: every rank's mean step time at server time `t`. */
@@ -63,6 +73,8 @@ export class Stragglers {
       ? groups.flatMap((g) => g.ranks.map((r) => ({ label: `rank ${r}`, host: g.host, ranks: [r] })))
       : groups.map((g) => ({ label: g.host, host: g.host, ranks: g.ranks }));
     this.strip.setRows(stripRows);
-    setText($("strip-what"), `${perRank ? "one row per rank" : `one row per host (its slowest rank) · ${fmtInt(groups.length)} hosts`} · one column per ranks update (~1/s, each rank's mean step time over its last ≤100 steps) · newest right`);
+    const since = isNum(this.openedAt) ? ` · since this page opened at ${formatClock(this.openedAt)}` : "";
+    const even = this.lockstep() ? " · even: the ranks step in lockstep (each waits for the slowest inside its collectives), so the step time names no rank; the data wait and the slowest-rank share above do" : "";
+    setText($("strip-what"), `${perRank ? "one row per rank" : `one row per host (its slowest rank) · ${fmtInt(groups.length)} hosts`} · one column per ranks update (~1/s, each rank's mean step time over its last ≤100 steps) · newest right${since}${even}`);
   }
 }
