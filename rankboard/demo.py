@@ -50,6 +50,7 @@ from typing import Any, Sequence
 
 from rankboard.democlock import StepClock
 from rankboard.democlock import create as create_clock
+from rankboard.demofr import SimulatedRecorder, use_simulated_recorder
 from rankboard.demogpu import use_simulated_gpu
 from rankboard.process import child_command, terminate
 
@@ -212,10 +213,12 @@ def backward(barrier: str, timeout: float) -> None:
     all_reduce(barrier, timeout)
 
 
-def train_step(loader: DataLoader, timeout: float) -> None:
+def train_step(loader: DataLoader, timeout: float, recorder: SimulatedRecorder, seq: int) -> None:
     """The step at which the demo stalls: the batch (one rank's loader hangs), then the
-    gradients' collective (the others wait in it)."""
+    gradients' collective #``seq`` (the others wait in it; the hung rank never enters it,
+    which its Flight Recorder shows)."""
     next(loader)
+    recorder.enter(seq)
     backward(loader.barrier, timeout)
 
 
@@ -230,6 +233,9 @@ def run_steps(ns: argparse.Namespace) -> int:
                       stall_after=STALL_AFTER if ns.barrier else None)
     loader = DataLoader(ns.stall_seconds, ns.barrier) if ns.barrier else None
     clock = StepClock(ns.clock, ns.rank, ns.world_size) if ns.clock else None
+    # what a real DDP job's Flight Recorder holds: one gradient all-reduce a step (7.2)
+    recorder = SimulatedRecorder(ns.world_size)
+    use_simulated_recorder(recorder)
     try:
         agent.register(port=ns.port, total_epochs=1)
         if ns.rank == 0:
@@ -253,10 +259,12 @@ def run_steps(ns: argparse.Namespace) -> int:
             next_at += (STEP_SECONDS - DATA_SECONDS) * (1.0 + rng.uniform(-0.08, 0.08))
             time.sleep(max(0.0, next_at - time.monotonic()))
             if loader is not None and step == ns.stall_at:
-                train_step(loader, timeout=4 * STALL_SECONDS + 10)
+                train_step(loader, timeout=4 * STALL_SECONDS + 10, recorder=recorder, seq=step + 1)
+            recorder.enter(step + 1)
             if clock is not None:
                 # the gradients' all-reduce: the step ends when the slowest rank's does
                 clock.arrive(step + 1, timeout=4 * STALL_SECONDS + 10)
+            recorder.complete(step + 1)
             if clock is not None or step == ns.stall_at:
                 next_at = time.monotonic()
             values = step_curves(step, ns.steps, ns.rank, rng)

@@ -252,3 +252,36 @@ def test_an_ended_run_says_requests_cannot_be_answered(stack: Stack, page: Any) 
     expect(note).to_contain_text("the run has ended (complete)")
     expect(page.locator("[data-testid=dump-run]")).to_be_disabled()
     expect(page.locator("[data-testid=profile-run]")).to_be_disabled()
+
+
+def test_a_profile_during_a_hang_shows_the_rank_the_others_wait_for(stack: Stack, page: Any) -> None:
+    """Issue 43 item 1: "profile 5 s" during a hang showed two waiting ranks (the slowest by
+    step time, the median): the hung rank's profile, the odd stall group's (rank 3 in the
+    loader while 0-2 wait in a collective), leads, beside a waiting one."""
+    run = "stall-hang-profile"
+    now = time.time()
+    for rank in range(WORLD):
+        stack.send(wire.Register(run=run, rank=rank, world_size=WORLD, host="node-a",
+                                 local_rank=rank))
+        # rank 0 was the slowest before the hang: it must not be the one shown first
+        stack.send(wire.Steps(run=run, rank=rank, steps=list(range(5)),
+                              times=[now + i for i in range(5)],
+                              step_ms=[300.0 if rank == 0 else 100.0 + rank] * 5))
+    wait_for(lambda: all(r.get("step_ms") is not None
+                         for r in stack.get_json(f"/api/runs/{run}")["ranks"]), 15.0, "step_ms")
+    for rank in range(WORLD):
+        stack.send(stall(run, rank, COLLECTIVE if rank < 3 else LOADER))
+    open_run(page, stack, run)
+    expect(page.locator("#stall-view [data-testid=stall-group]")).to_have_count(2, timeout=15_000)
+    for rank in range(WORLD):
+        work = "__next__ (/venv/torch/dataloader.py:630)" if rank == 3 else "all_reduce (/venv/d.py:7)"
+        stack.send(wire.Stacks(
+            run=run, rank=rank, reason="request", request_id="cafe000000000003",
+            taken_at=time.time(), samples=50, seconds=0.5, profile=[
+                wire.ProfileEntry(stack=["train_step (/job/t.py:1)", work], count=50)]))
+    pair = page.locator("#stall-view .profiles")
+    expect(pair.locator(".profile-title").nth(0)).to_contain_text(
+        "rank 3 (the others wait for it)", timeout=15_000)
+    expect(pair.locator("[data-testid=profile]").nth(0).locator(".stack-line").nth(0)).to_have_text(
+        "__next__ ← train_step")
+    page.errors.check()

@@ -1,6 +1,8 @@
 """``rankboard demo``'s step job stalls half-way (``rankboard/demo.py``): one rank's data
 loader hangs while the others wait in ``all_reduce``; the real agents' stall watch dumps
-them, the web groups them at ``GET /stacks`` and marks them ``stalled``, a request from the
+them, the web groups them at ``GET /stacks`` and marks them ``stalled``, their simulated
+Flight Recorder (``rankboard/demofr.py``) makes ``GET /collectives`` name the hung rank, a
+request from the
 web reaches the simulated ranks over their control channel, and every rank recovers."""
 from __future__ import annotations
 
@@ -41,6 +43,20 @@ def test_demo_step_run_stalls_groups_answers_and_recovers(spawn: Any) -> None:
     def statuses() -> Any:
         return {r["rank"]: r["status"] for r in get_json(port, f"/api/runs/{run}")["ranks"]}
     wait_for(lambda: statuses()[1] == "stalled", timeout=5, what="rank 1 marked stalled")
+
+    # the Flight Recorder's answer (issue 43 item 1), from the same wire a real job uses:
+    # rank 1 has not entered the all-reduce the other three wait in
+    def verdict() -> Any:
+        groups = get_json(port, f"/api/runs/{run}/collectives")["groups"]
+        return groups[0] if groups and groups[0]["behind"] else None
+    group = wait_for(verdict, timeout=10, what="the collective verdict naming rank 1")
+    assert [b["rank"] for b in group["behind"]] == [1]
+    assert group["waiting"] == [0, 2, 3]
+    assert group["op"] == "nccl:all_reduce" and group["desc"] == "default_pg"
+    assert group["behind"][0]["last_enqueued"] == group["seq"] - 1
+    wait_for(lambda: any(a["kind"] == "collective_behind" and a["rank"] == 1
+                         for a in get_json(port, f"/api/runs/{run}")["alerts"]),
+             timeout=10, what="the collective_behind alert of rank 1")
 
     # the page's "dump stacks" for rank 1 reaches the hung rank (its agent's own thread answers)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)

@@ -125,9 +125,10 @@ export function profileBlock(dump, title) {
 /**
  * The profiles of one request: the chosen rank's, and beside it the median rank's (by
  * `step_ms` among the ranks that answered), the view that shows what a straggler does
- * differently. `stepMs`: rank -> step_ms.
+ * differently. `stepMs`: rank -> step_ms; `waited`: in a hang, the rank the others wait
+ * for (chosen before the straggler).
  */
-export function profilePair(profiles, focus, stepMs, straggler = null) {
+export function profilePair(profiles, focus, stepMs, straggler = null, waited = null) {
   const wrap = h("div", "profiles");
   if (!profiles.length) return wrap;
   const byRank = new Map(profiles.map((d) => [d.rank, d]));
@@ -138,7 +139,11 @@ export function profilePair(profiles, focus, stepMs, straggler = null) {
   // the page's one notion of slow (slowness.js): the marked straggler first; else the
   // slowest rank only where it stands out from the median rank
   const slow = timed.length > 1 ? extremesByMedian(timed.map((d) => ({ id: d.rank, time: stepMs.get(d.rank) }))).slow : null;
-  if (!main && byRank.has(straggler)) {
+  if (!main && byRank.has(waited)) {
+    // a hang: the rank the others wait for, beside a waiting (median) one
+    main = byRank.get(waited);
+    why = " (the others wait for it)";
+  } else if (!main && byRank.has(straggler)) {
     main = byRank.get(straggler);
     why = " (straggler)";
   } else if (!main && slow !== null) {

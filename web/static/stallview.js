@@ -71,6 +71,24 @@ function frameList(frames) {
   return list;
 }
 
+/**
+ * In a hang, the rank the others wait for (issue 43 item 1: a profile during a stall showed
+ * two waiting ranks, not the hung one): the collective verdict's first `behind` or `absent`
+ * rank, else the lowest rank of the odd stall group (fewest ranks) when the stall dumps
+ * split into groups; null when nothing says.
+ */
+export function waitedFor(collectives, stallGroups) {
+  for (const g of (collectives && collectives.groups) || []) {
+    const behind = (g.behind || []).map((b) => b.rank).filter(isNum);
+    if (behind.length) return Math.min(...behind);
+    const absent = (g.absent || []).filter(isNum);
+    if (absent.length) return Math.min(...absent);
+  }
+  if (stallGroups.length < 2) return null;
+  const odd = stallGroups.reduce((best, g) => (!best || g.ranks.length < best.ranks.length ? g : best), null);
+  return odd && odd.ranks.length ? Math.min(...odd.ranks) : null;
+}
+
 export class StallView {
   /** `page`: {store, selectTab}. */
   constructor(page) {
@@ -322,7 +340,8 @@ export class StallView {
     if (shownProfiles.length) {
       const sec = h("div", "stall-profiles");
       sec.append(h("h4", "stall-sub", "profile: heaviest stacks of the training thread"));
-      sec.append(profilePair(shownProfiles, this.shownRank(), stepMs, stragglerOf(store.rows)));
+      sec.append(profilePair(shownProfiles, this.shownRank(), stepMs, stragglerOf(store.rows),
+        waitedFor(this.collectives, stallGroups)));
       out.push(sec);
     }
     this.box.replaceChildren(...out);
