@@ -58,6 +58,11 @@ log = logging.getLogger(__name__)
 
 #: Pause between a finished run and the next one.
 RUN_PAUSE = 3.0
+#: Seconds from a run's start to its ranks' first frames (processes starting, imports): part
+#: of a round as a user sees it (measured here: about 2 s).
+RUN_START = 2.0
+#: The epoch job's last rank is this much slower (a straggler, as real clusters have).
+SLOW_EPOCH = 1.15
 BATCH_SIZE = 64
 BATCHES = 120
 #: The step job: seconds per optimizer step of a normal rank, the slow rank's factor,
@@ -135,7 +140,7 @@ def run_rank(ns: argparse.Namespace) -> int:
     from rank_agent import RankAgent
 
     rng = random.Random(f"{ns.run}:{ns.rank}")
-    slow = 1.15 if ns.rank == ns.world_size - 1 and ns.world_size > 1 else 1.0
+    slow = SLOW_EPOCH if ns.rank == ns.world_size - 1 and ns.world_size > 1 else 1.0
     agent = RankAgent(broker=ns.broker, run=ns.run, rank=ns.rank, world_size=ns.world_size,
                       local_rank=ns.local_rank, host=ns.host, label=ns.label)
     try:
@@ -375,6 +380,17 @@ class Cluster:
         self._greenlets: list[Any] = []
         self._rounds_done: dict[str, int] = {}
 
+    def round_seconds(self, job: str) -> float:
+        """How often a new run of ``job`` starts: its run (the epoch job at its slowest
+        rank's pace; the step job in lockstep at its slow rank's pace, plus the stall), its
+        start-up and the pause. The log, README and GUIDE give this one figure (measured
+        with the defaults: 51 s and 69 s)."""
+        if job == "epochs":
+            run = self.epochs * self.epoch_seconds * (SLOW_EPOCH if self.ranks > 1 else 1.0)
+        else:
+            run = self.steps * STEP_SECONDS * (SLOW_STEP if self.ranks > 1 else 1.0) + STALL_SECONDS
+        return run + RUN_START + RUN_PAUSE
+
     def start(self) -> None:
         import gevent
 
@@ -383,8 +399,10 @@ class Cluster:
         if self.rounds:
             log.info("demo: %d round(s) of %s, then no new run", self.rounds, " and ".join(self.jobs))
         else:
-            log.info("demo: a new round of %s about every %.0f s until Ctrl-C (--rounds N: "
-                     "stop after N)", " and ".join(self.jobs), self.epochs * self.epoch_seconds + RUN_PAUSE)
+            log.info("demo: a new run of each job as its previous one ends, until Ctrl-C "
+                     "(--rounds N: stop after N): %s", ", ".join(
+                         f"the {job} job about every {self.round_seconds(job):.0f} s"
+                         for job in self.jobs))
         for i, job in enumerate(self.jobs):
             self._greenlets.append(gevent.spawn_later(2.5 * i, self._loop, job))
 

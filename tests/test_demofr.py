@@ -25,3 +25,20 @@ def test_a_waiting_rank_and_the_hung_rank() -> None:
     assert [e.seq for e in w.entries] == list(range(41 - KEPT + 1, 42))
     assert w.entries[-1].op == "nccl:all_reduce" and not w.entries[-1].retired
     assert w.entries[-2].retired and w.entries[-1].input_sizes == [[13_107_200]]
+
+
+def test_the_round_interval_is_one_figure_in_the_log_readme_and_guide() -> None:
+    """Issue 43 item 7: the demo's round interval was given three ways (README "about every
+    minute", the log "43 s", the runs themselves 51 s and 69 s). The log prints
+    ``Cluster.round_seconds``; README and GUIDE must give the same figures for the defaults."""
+    from rankboard.demo import Cluster
+    from tests.support import REPO
+
+    c = Cluster("tcp://127.0.0.1:1", ranks=8, hosts=2, epochs=20, epoch_seconds=2.0, port=0)
+    epochs, steps = round(c.round_seconds("epochs")), round(c.round_seconds("steps"))
+    assert (epochs, steps) == (51, 69)  # measured on the demo's defaults
+    for doc in ("README.md", "docs/GUIDE.md"):
+        text = " ".join((REPO / doc).read_text(encoding="utf-8").split())
+        assert f"epoch job about every {epochs} s" in text, doc
+        assert f"step job (which hangs for 12 s half-way) about every {steps} s" in text \
+            or f"step job about every {steps} s" in text, doc
