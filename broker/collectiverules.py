@@ -95,6 +95,14 @@ class CollectiveRules:
                 self._raise(kind, rank, message, now)
         feed.verdict, feed.verdict_due = verdict, True
 
+    def settle_verdict(self, now: float) -> None:
+        """End of a journal replay that held no ``collectives_last`` (a data dir an earlier
+        version wrote): form the verdict over the replayed frames once more, whatever the
+        rate limit let through while replaying, so the header keeps the answer they give."""
+        self._stack_feed.coll_changed = True
+        if self._stack_feed.collectives.latest:
+            self._refresh_verdict(now)
+
     def close_collectives(self) -> None:
         """The run leaves memory: its frames leave the process's byte budget."""
         self._stack_feed.collectives.close()

@@ -181,6 +181,8 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
         # other kinds: written by a newer minor version; nothing to do with them
     if failures > 1:
         log.warning("journal: %s: %d frames could not be replayed", path, failures)
+    if "collectives_last" not in last_state and last_time is not None:
+        sink.settle_verdict(last_time)  # (an earlier version's journal: no STATE entries)
     sink.replaying = False
     for part, i in at_end:
         _restore(sink, part, entries[i][1], path)
