@@ -16,12 +16,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import msgspec
-
-from broker.journal.codec import HEADER, KIND_STATE, STATE_PARTS, scan_entries
 from rank_agent import protocol as wire
 from tests.support.brokers import Pusher
 from tests.support.http import fetch, get_json
+from tests.support.journalrun import state_parts
 from tests.support.polling import wait_for
 from tests.support.procs import Proc, no_traceback, start_broker, start_web
 from tests.support.receiver import Receiver
@@ -50,13 +48,7 @@ def stall(rank: int) -> wire.Stacks:
 
 
 def journal_state(data: Path) -> dict[str, Any]:
-    """The last STATE part of each kind in the run's journal file, decoded."""
-    raw = (data / "runs" / f"{RUN}.journal").read_bytes()
-    out: dict[str, Any] = {}
-    for kind, payload in scan_entries(raw[len(HEADER):]).entries:
-        if kind == KIND_STATE:
-            out[STATE_PARTS[payload[0]]] = msgspec.msgpack.decode(bytes(payload[1:]))
-    return out
+    return state_parts(data, RUN)
 
 
 def run_of(port: int) -> dict[str, Any]:

@@ -1,0 +1,102 @@
+"""The answer to a hang, kept (PROTOCOL.md 8.5), in a real headless Chromium: against the
+real stack (``rankboard up``) the trouble card shows the header's ``collectives_last``, with
+its time, once the hang's frames are no longer current; and ``rankboard export`` of a job
+that hung and whose broker was then SIGKILLed writes a report.html that carries the verdict
+and its ``collective_behind`` alert."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from playwright.sync_api import expect
+
+from rank_agent import protocol as wire
+from tests.support import REPO
+from tests.support.brokers import Pusher
+from tests.support.browser import Stack
+from tests.support.journalrun import state_parts
+from tests.support.polling import wait_for
+from tests.support.procs import Proc, start_broker
+from tests.web.conftest import spawn  # noqa: F401  (fixture re-exported)
+
+pytestmark = pytest.mark.browser
+
+SENTENCE = "rank 2 has not entered gloo:all_reduce #101 of group 0, where ranks 0–1 wait"
+#: "last collective verdict, 2026-12-06 04:58:07": the card says when
+TITLE = re.compile(r"last collective verdict, \d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+
+
+def coll(run: str, rank: int, enqueued: int, op: str = "gloo:all_reduce") -> wire.Collectives:
+    return wire.Collectives(
+        run=run, rank=rank, reason="stall", taken_at=time.time(),
+        groups=[wire.ProcessGroupStatus(pg="0", desc="default_pg", size=3,
+                                        last_enqueued=enqueued, last_completed=enqueued - 1)],
+        entries=[wire.CollectiveEntry(pg="0", seq=s, op=op, input_sizes=[[4, 8]])
+                 for s in range(enqueued - 2, enqueued + 1)])
+
+
+def hang(run: str) -> list[Any]:
+    """Three ranks: 0 and 1 wait in #101, rank 2 never entered it."""
+    return [*(wire.Register(run=run, rank=r, world_size=3, host=f"node-{r}") for r in range(3)),
+            coll(run, 0, 101), coll(run, 1, 101), coll(run, 2, 100)]
+
+
+def step(run: str, rank: int) -> wire.Steps:
+    return wire.Steps(run=run, rank=rank, steps=[1], times=[time.time()], step_ms=[5.0])
+
+
+def test_the_trouble_card_keeps_the_answer_once_no_frame_is_current(stack: Stack, page: Any) -> None:
+    run = "kept-hang"
+    stack.send(*hang(run))
+    page.goto(f"{stack.url}/#run={run}")
+    expect(page.locator("#run-picker")).to_have_value(run)
+    live = page.locator("#stall-view [data-testid=collective-verdict]").first
+    expect(live.locator(".verdict-line").first).to_have_text(SENTENCE, timeout=15_000)
+    expect(page.locator("#stall-view [data-testid=collective-last]")).to_have_count(0)
+    # the hang ends: ranks 0 and 1 step again first (fewer wait: the answer stays), then 2
+    stack.send(step(run, 0), step(run, 1))
+    wait_for(lambda: stack.get_json(f"/api/runs/{run}/collectives")["groups"][0]["waiting"] == [2],
+             15.0, "only rank 2's frame current")
+    stack.send(step(run, 2))
+    wait_for(lambda: stack.get_json(f"/api/runs/{run}/collectives")["groups"] == [], 15.0,
+             "no group listed")
+    last = page.locator("#stall-view [data-testid=collective-last]")
+    expect(last.locator(".verdict-line").first).to_have_text(SENTENCE, timeout=15_000)
+    expect(last.locator("h4")).to_have_text(TITLE)
+    kept = stack.get_json(f"/api/runs/{run}")["collectives_last"]
+    assert kept["groups"][0]["counts"] == {"waiting": 2, "behind": 1, "absent": 0, "mismatched": 0}
+    page.errors.check()
+
+
+def test_export_of_a_hung_then_killed_job_carries_the_verdict(
+        spawn: Callable[..., Proc], page: Any, tmp_path: Path) -> None:  # noqa: F811
+    run = "killed-hang"
+    data = tmp_path / "data"
+    broker, eps = start_broker(spawn, data)
+    pusher = Pusher(eps.ingest)
+    try:
+        pusher.send(*hang(run))
+        # the broker wrote the verdict and its alert (a handshake on its journal, not a sleep)
+        wait_for(lambda: state_parts(data, run).get("collectives_last") is not None
+                 and "collective_behind" in {a[0] for a in state_parts(data, run).get(
+                     "alerts", {}).get("alerts", [])}, 30.0, "the verdict journaled")
+        broker.proc.kill()  # the job and its broker die; the data dir is all that is left
+        assert broker.proc.wait(10) == -9
+    finally:
+        pusher.close()
+    out = tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-m", "rankboard", "export", run, "-o", str(out),
+                           "--data-dir", str(data)], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    page.goto(out.resolve().as_uri())
+    card = page.locator("[data-testid=collective-last]")
+    expect(card.locator(".verdict-line").first).to_have_text(SENTENCE)
+    expect(card.locator(".card-title")).to_have_text(re.compile("Collectives: " + TITLE.pattern))
+    expect(page.locator("#alerts")).to_contain_text("not in gloo:all_reduce #101 of group 0 where 2 ranks wait")
+    page.errors.check()
