@@ -73,9 +73,12 @@ class StateNotes:
     def note(self, buf: bytearray, sink: RunSink, force: bool = False) -> bool:
         """Append the parts that changed and may be written now (every changed one when
         ``force``); returns True when some changed part must wait (ask again later)."""
+        marks = sink.state_marks()
+        figures = sink.figures_mark()
+        if marks == self.marks and figures == self.figures:
+            return False  # (the common case: asked after every event, nothing to write)
         now = self.clock()
         waiting = False
-        marks = sink.state_marks()
         if marks != self.marks:
             if force or now - self.marks_at >= STATE_INTERVAL:
                 old = self.marks
@@ -85,7 +88,6 @@ class StateNotes:
                 self.marks, self.marks_at = marks, now
             else:
                 waiting = True
-        figures = sink.figures_mark()
         if figures != self.figures:
             if force or now - self.figures_at >= FIGURES_INTERVAL:
                 buf += state_entry("figures", sink.saved_state("figures"))

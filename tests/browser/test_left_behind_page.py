@@ -21,7 +21,7 @@ from tests.support.brokers import Pusher
 from tests.support.browser import Stack
 from tests.support.journalrun import state_parts
 from tests.support.polling import wait_for
-from tests.support.procs import Proc, start_broker
+from tests.support.procs import Proc, start_broker, start_web
 from tests.web.conftest import spawn  # noqa: F401  (fixture re-exported)
 
 pytestmark = pytest.mark.browser
@@ -99,4 +99,40 @@ def test_export_of_a_hung_then_killed_job_carries_the_verdict(
     expect(card.locator(".verdict-line").first).to_have_text(SENTENCE)
     expect(card.locator(".card-title")).to_have_text(re.compile("Collectives: " + TITLE.pattern))
     expect(page.locator("#alerts")).to_contain_text("not in gloo:all_reduce #101 of group 0 where 2 ranks wait")
+    page.errors.check()
+
+
+def test_a_restarted_broker_brings_back_the_ranks_step_figures_and_the_board(
+        spawn: Callable[..., Proc], page: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Steps are not journaled as frames; the ranks' figures still come back, so after a
+    restart the rank table shows each rank's step time and data wait and only the slow rank
+    is the straggler (before 8.5 no rank had a step time and the board was wrong)."""
+    run = "figures-back"
+    data = tmp_path / "data"
+    broker, eps = start_broker(spawn, data)
+    pusher = Pusher(eps.ingest)
+    try:
+        for r in range(2):
+            pusher.register(run, r, 2, host=f"node-{r}")
+        now = time.time()
+        for r, ms in ((0, 100.0), (1, 300.0)):
+            pusher.send(wire.Steps(run=run, rank=r, steps=list(range(40)),
+                                   times=[now + i for i in range(40)], step_ms=[ms] * 40,
+                                   data_ms=[ms / 10] * 40))
+        wait_for(lambda: sorted((f[0], f[1], f[2]) for f in state_parts(data, run).get(
+            "figures", [])) == [(0, 39, 100.0), (1, 39, 300.0)], 30.0, "the figures journaled")
+        broker.proc.kill()
+        assert broker.proc.wait(10) == -9
+    finally:
+        pusher.close()
+    start_broker(spawn, data, endpoints=eps)
+    web = start_web(spawn, eps)
+    page.goto(f"http://127.0.0.1:{web.port}/#run={run}")
+    expect(page.locator("#run-picker")).to_have_value(run)
+    row0, row1 = (page.locator(f'#rank-table tr[data-rank="{r}"]') for r in (0, 1))
+    expect(row0.locator("td[data-col=stepMs]")).to_have_text("100 ms", timeout=15_000)
+    expect(row1.locator("td[data-col=stepMs]")).to_have_text("300 ms")
+    expect(row1.locator("td[data-col=dataMs]")).to_have_text("30 ms")
+    expect(row1.locator('[data-mark="straggler"]')).to_be_visible()
+    expect(row0.locator("[data-mark]")).to_have_count(0)
     page.errors.check()
