@@ -29,11 +29,12 @@ from rank_agent.protocol import (
     Register,
     Resources,
     ResourceSample,
-    Stacks,
     StackFrame,
+    Stacks,
     Steps,
     ThreadStack,
 )
+from tests.support.journalrun import crash_copy
 
 RUN = "left-1"
 
@@ -212,14 +213,11 @@ def test_a_restart_rebuilds_every_alert_the_verdict_and_the_figures(
     assert before["collectives_last"]["groups"][0]["behind"][0]["rank"] == 2
     ranks_before = [{k: r[k] for k in ("rank", "step", "step_ms", "data_ms", "slowest_share",
                                        "gpu_xids")} for r in live.sink.ranks()]
-    live.journal.flush()  # as at a SIGKILL: nothing more is written
-    live.journal._handles.close_all()
-    live.journal._closed = True
-    import os
-    os.close(live.journal._lock_fd)  # type: ignore[arg-type]  (the dead broker's lock goes)
-    live.journal._lock_fd = None
+    live.journal.flush()
+    crashed = crash_copy(tmp_path / "d", tmp_path)  # what a SIGKILL leaves: the bytes written
+    live.journal.close()
 
-    again = Journal(tmp_path / "d")
+    again = Journal(crashed)
     sink = again.load(stale_after=5.0, now=100.0)[RUN]
     after = sink.header()
     assert after["alerts"] == before["alerts"]
