@@ -2,7 +2,7 @@
 real stack (``rankboard up``) the trouble card shows the header's ``collectives_last``, with
 its time, once the hang's frames are no longer current; and ``rankboard export`` of a job
 that hung and whose broker was then SIGKILLed writes a report.html that carries the verdict
-and its ``collective_behind`` alert."""
+and its ``collective_behind`` alert; a report carries the header's ``failure`` as text."""
 from __future__ import annotations
 
 import re
@@ -16,13 +16,16 @@ import pytest
 from playwright.sync_api import expect
 
 from rank_agent import protocol as wire
+from rankboard.export import report_of_sink
 from tests.support import REPO
 from tests.support.brokers import Pusher
-from tests.support.browser import Stack
+from tests.support.browser import HOSTILE, Stack
 from tests.support.journalrun import state_parts
 from tests.support.polling import wait_for
 from tests.support.procs import Proc, start_broker, start_web
+from tests.support.reportrun import build_run
 from tests.web.conftest import spawn  # noqa: F401  (fixture re-exported)
+from web.report import render
 
 pytestmark = pytest.mark.browser
 
@@ -135,4 +138,28 @@ def test_a_restarted_broker_brings_back_the_ranks_step_figures_and_the_board(
     expect(row1.locator("td[data-col=dataMs]")).to_have_text("30 ms")
     expect(row1.locator('[data-mark="straggler"]')).to_be_visible()
     expect(row0.locator("[data-mark]")).to_have_count(0)
+    page.errors.check()
+
+
+def test_the_report_carries_the_failure_when_the_header_has_one(page: Any, tmp_path: Path) -> None:
+    """8.5: report.html carries the header's ``failure`` (8.2) as text, whatever builds it."""
+    rep = report_of_sink(build_run(None, "failed-report", ranks=4, epochs=1, steps=30,
+                                   failed_rank=2))
+    rep.header = dict(rep.header, failure={
+        "first": {"rank": 2, "host": "node-1", "kind": "error", "at": 1_800_000_000.0,
+                  "type": "torch.OutOfMemoryError", "message": f"CUDA out of memory {HOSTILE}\nmore",
+                  "frames": []},
+        "groups": [{"type": "torch.OutOfMemoryError", "message": "CUDA out of memory",
+                    "ranks": [2], "count": 1, "first_at": 1_800_000_000.0}],
+        "groups_more": 0, "silent": {"ranks": [0, 1, 3], "count": 3}})
+    path = tmp_path / "r.html"
+    path.write_bytes("".join(render(rep)).encode("utf-8"))
+    page.goto(path.resolve().as_uri())
+    lines = page.locator("[data-testid=report-failure] .verdict-line")
+    expect(lines.nth(0)).to_have_text(
+        "rank 2 (node-1) failed first, 2027-01-15 08:00:00 UTC: torch.OutOfMemoryError: "
+        f"CUDA out of memory {HOSTILE}")
+    expect(lines.nth(1)).to_have_text("1 rank torch.OutOfMemoryError: CUDA out of memory")
+    expect(lines.nth(2)).to_have_text("3 ranks went silent: killed, or crashed below Python")
+    assert page.evaluate("() => window.__pwned") is None
     page.errors.check()
