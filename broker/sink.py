@@ -37,7 +37,7 @@ The sink is the rules and the event policy; the state it keeps is in the modules
 the ``ranks`` array), :mod:`broker.epochs` (open epochs, and the epoch rules mixed in here),
 :mod:`broker.steps.closer` (the step pipeline) and :mod:`broker.steps.rules` (the step rules
 mixed in here), :mod:`broker.alerts`, :mod:`broker.topology` (placement, hardware string),
-:mod:`broker.metadata`.
+:mod:`broker.metadata`, :mod:`broker.collectivelast` (the header's ``collectives_last``).
 """
 from __future__ import annotations
 
