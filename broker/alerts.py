@@ -18,8 +18,11 @@ Across a restart (PROTOCOL 8.5) the list is not rebuilt by replaying frames: ale
 depend on the clock (``stale``), on samples the journal coalesced away (the GPU kinds) or on
 currency (the collectives) would be lost. :meth:`RunAlerts.state` is the whole list as
 plain data (in listed order, with each kind's cap order and count) and :meth:`RunAlerts.
-restore` puts it back exactly; :attr:`RunAlerts.version` says when it changed, so the
-journal writes it only then (``broker/journal/journal.py``). Any kind raised here survives.
+restore` puts it back exactly; :attr:`RunAlerts.version` says when it changed and
+:attr:`RunAlerts.shape` when more than an alert's time did (a new alert, a new message, one
+leaving the list), so the journal writes it only then, and a condition that persists (a GPU
+throttling, raised again with every sample) costs little (``broker/journal/statenotes.py``).
+Any kind raised here survives.
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ Place = Callable[[int], Optional[Tuple[str, int]]]
 class RunAlerts:
     """The alerts of one run, in first-raised order (a re-raise updates in place)."""
 
-    __slots__ = ("_alerts", "on_alert", "_recent", "_raised", "version")
+    __slots__ = ("_alerts", "on_alert", "_recent", "_raised", "version", "shape")
 
     def __init__(self) -> None:
         self._alerts: Dict[Tuple[str, Optional[int]], Dict[str, Any]] = {}
@@ -54,6 +57,8 @@ class RunAlerts:
         self._raised: Dict[str, int] = {}
         #: bumped by every change to the list (the journal writes :meth:`state` when it moved)
         self.version = 0
+        #: bumped by every change but an alert's time alone
+        self.shape = 0
 
     def raise_(self, run: str, kind: str, rank: Optional[int], message: str, now: float,
                place: Place, notify: bool) -> None:
@@ -69,6 +74,7 @@ class RunAlerts:
         if recent is None:
             recent = self._recent[kind] = OrderedDict()
         if alert is None:
+            self.shape += 1
             self._alerts[key] = {"kind": kind, "rank": rank, "message": message, "at": now}
             self._raised[kind] = self._raised.get(kind, 0) + 1
             recent[key] = None
@@ -76,7 +82,9 @@ class RunAlerts:
                 oldest, _ = recent.popitem(last=False)
                 del self._alerts[oldest]
         else:
-            alert["message"] = message
+            if alert["message"] != message:
+                self.shape += 1
+                alert["message"] = message
             alert["at"] = now
             recent.move_to_end(key)
         if notify and self.on_alert is not None:
@@ -101,6 +109,7 @@ class RunAlerts:
             self._recent[key[0]].pop(key, None)
             self._raised[key[0]] -= 1
             self.version += 1
+            self.shape += 1
 
     def state(self) -> Dict[str, Any]:
         """The list as plain data (MessagePack-ready) for the journal: ``alerts`` as
@@ -140,6 +149,7 @@ class RunAlerts:
             raised[kind] = max(raised.get(kind, 0), len(order))
         self._alerts, self._recent, self._raised = alerts, recent, raised
         self.version += 1
+        self.shape += 1
 
     def __len__(self) -> int:
         return len(self._alerts)

@@ -54,6 +54,10 @@ _BAD_DISJOINT = BAD_THROTTLE.isdisjoint
 #: GPUs remembered per rank (the wire allows 64 per sample).
 MAX_GPUS_PER_RANK = 64
 
+#: the kinds raised when a counter :meth:`GpuAlertRules.state` keeps moved (the others, a
+#: persisting condition, are raised again with every sample and change nothing it keeps)
+_COUNTED = frozenset(("gpu_xid", "gpu_ecc", "gpu_nvlink"))
+
 GPU_KINDS = ("gpu_xid", "gpu_throttle", "gpu_ecc", "gpu_row_remap", "gpu_pcie", "gpu_nvlink")
 
 
@@ -91,7 +95,7 @@ class GpuAlertRules:
         #: exports as ``rankboard_gpu_xid_errors_total`` and ``rankboard_gpu_last_xid`` (a
         #: sample's XIDs are only those since the previous sample, so they must be tallied)
         self.xids: dict[int, dict[int, list[int]]] = {}
-        #: samples that raised an alert (the counters :meth:`state` keeps may have moved)
+        #: samples that raised an XID, ECC or NVLink alert (what :meth:`state` keeps moved)
         self.changes = 0
 
     def feed(self, rank: int, sample: ResourceSample) -> list[GpuAlert]:
@@ -154,7 +158,8 @@ class GpuAlertRules:
                     continue
                 found = self._check(rank, gpu, prev)
                 if found:
-                    self.changes += 1
+                    if not _COUNTED.isdisjoint([a.kind for a in found]):
+                        self.changes += 1  # an XID tally or a counter moved
                     out.extend(found)
         return out
 

@@ -471,11 +471,13 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
 
     # ------------------------------------------------------------------ across a restart
 
-    def state_marks(self) -> Tuple[int, int, int]:
+    def state_marks(self) -> Tuple[int, int, int, int]:
         """Versions of the state a replay of frames cannot rebuild (PROTOCOL 8.5): the
-        alert list, the GPU rules' counters, ``collectives_last``. The journal writes
+        alert list's shape (more than a time changed), the GPU rules' counters,
+        ``collectives_last``, and the alert list's times. The journal writes
         :meth:`saved_state` of a part when its mark moved (cheap: asked after every event)."""
-        return (self.alerts.version, self.gpu_rules.changes, self.collectives_last.version)
+        return (self.alerts.shape, self.gpu_rules.changes, self.collectives_last.version,
+                self.alerts.version)
 
     def figures_mark(self) -> Tuple[int, int, int]:
         """Moves when the ranks' step figures may have (:meth:`saved_state` ``figures``)."""

@@ -133,6 +133,7 @@ def no_intervals(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """STATE parts written at every change (the intervals are about load, not meaning)."""
     monkeypatch.setattr(statenotes, "STATE_INTERVAL", 0.0)
     monkeypatch.setattr(statenotes, "FIGURES_INTERVAL", 0.0)
+    monkeypatch.setattr(statenotes, "AT_INTERVAL", 0.0)
     yield
 
 
@@ -253,3 +254,38 @@ def test_a_journal_without_state_entries_loads_as_it_did(
         assert after[key] == before[key]
     assert sink.header()["collectives_last"]["groups"][0]["behind"][0]["rank"] == 2
     again.close()
+
+
+# ------------------------------------------------------------------ when STATE is written
+
+
+def throttled() -> ResourceSample:
+    return ResourceSample(gpus=[GpuSample(device_index=0, name="H100", sm_clock_mhz=900.0,
+                                          throttle_reasons=["hw_thermal"])])
+
+
+def test_a_persisting_condition_costs_an_entry_a_minute_not_a_second() -> None:
+    """64 GPUs throttling for an hour, raised again every second: the alert list's times go
+    to disk once a minute, a new alert within a second, and the bytes stay bounded."""
+    clock = [0.0]
+    notes = statenotes.StateNotes(clock=lambda: clock[0])
+    sink = RunSink(RUN)
+    sink.live = True
+    for r in range(64):
+        sink.apply(Register(run=RUN, rank=r, world_size=64, host=f"n{r}"), 0.0)
+    notes.loaded(sink)  # (as after a load: what the sink holds is on disk)
+    buf = bytearray()
+    entries = []
+    for second in range(3600):
+        clock[0] = float(second)
+        for r in range(64):
+            sink.gpu_health(r, throttled(), float(second))
+        before = len(buf)
+        notes.note(buf, sink)
+        if len(buf) != before:
+            entries.append(second)
+        if second == 1800:  # something new: written at once
+            sink._raise("stalled", 3, "stalled 61s in all_reduce (train.py:3)", 1800.0)
+    assert entries[:2] == [1, 61]  # (the first throttle alerts at 1 s: two samples running)
+    assert 1801 in entries and len(entries) <= 3600 // 60 + 2
+    assert len(buf) < 60 * 64 * 120  # ~60 lists of 64 alerts, not 3,600
