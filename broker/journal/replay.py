@@ -164,7 +164,7 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
         elif kind == KIND_COMPLETE_SEQ:
             complete_seq = struct.unpack_from("<Q", payload)[0]
         elif kind == KIND_STATE:
-            part = STATE_PARTS.get(payload[0])
+            part = STATE_PARTS.get(payload[0]) if len(payload) else None
             if part is not None and last_state.get(part) == i:
                 if part == "alerts":  # where it stands: later frames raise on top of it
                     _restore(sink, part, payload, path)

@@ -373,21 +373,24 @@ class StepCloser:
         """After a restart: take back :meth:`figures_state` for the ranks the run has
         (``active``: rank -> counts for the watermark). A rank's window is its mean that many
         times: its ``step_ms`` and ``data_ms`` are what they were, and its next values
-        enter the window as they would have. A rank that reported since is left alone."""
-        for item in state:
-            rank, highest, ms, n_ms, data, n_data = item
-            rank, highest = int(rank), int(highest)
-            if rank not in active or rank in self.ranks:
-                continue
-            rs = self.ranks[rank] = RankSteps()
-            rs.highest = highest
+        enter the window as they would have. A rank that reported since is left alone.
+        Raises ``ValueError``/``TypeError`` for data it cannot take, changing nothing."""
+        taken: List[Tuple[int, RankSteps]] = []
+        for rank, highest, ms, n_ms, data, n_data in state:
+            rs = RankSteps()
+            rs.highest = int(highest)
             if ms is not None:
                 rs.ms.extend([float(ms)] * min(int(n_ms), STEP_MS_WINDOW))
             if data is not None:
                 rs.data.extend([float(data)] * min(int(n_data), STEP_MS_WINDOW))
+            taken.append((int(rank), rs))
+        for rank, rs in taken:
+            if rank not in active or rank in self.ranks:
+                continue
+            self.ranks[rank] = rs
             rs.active = active[rank]
             if rs.active:
-                self._wm_add(highest)
+                self._wm_add(rs.highest)
 
     # ----------------------------------------------------------------- watermark
 

@@ -289,3 +289,24 @@ def test_a_persisting_condition_costs_an_entry_a_minute_not_a_second() -> None:
     assert entries[:2] == [1, 61]  # (the first throttle alerts at 1 s: two samples running)
     assert 1801 in entries and len(entries) <= 3600 // 60 + 2
     assert len(buf) < 60 * 64 * 120  # ~60 lists of 64 alerts, not 3,600
+
+
+def test_a_state_part_that_cannot_be_taken_is_one_warning_and_the_frames_still_count(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    live = Live(tmp_path / "d")
+    for r in range(2):
+        live.feed(Register(run=RUN, rank=r, world_size=2, host=f"n{r}"), 1.0)
+    live.feed(Finish(run=RUN, rank=1, status="error"), 2.0)
+    live.journal.close()
+    path = tmp_path / "d" / "runs" / f"{RUN}.journal"
+    with open(path, "ab") as f:  # well formed entries (good CRCs) holding what no sink takes
+        f.write(statenotes.state_entry("alerts", {"alerts": [["stale", "x", 1, 2]]}))
+        f.write(statenotes.state_entry("figures", [[0, "high"]]))
+    again = Journal(tmp_path / "d")
+    with caplog.at_level("WARNING"):
+        sink = again.load(now=100.0)[RUN]
+    assert [(a["kind"], a["rank"]) for a in sink.header()["alerts"]] == [("rank_error", 1)]
+    lines = [r.getMessage() for r in caplog.records if "cannot be restored" in r.getMessage()]
+    assert len(lines) == 2 and all("\n" not in line for line in lines), lines
+    assert not any(r.exc_info for r in caplog.records)
+    again.close()
