@@ -112,12 +112,12 @@ class RunAlerts:
             self.shape += 1
 
     def state(self) -> Dict[str, Any]:
-        """The list as plain data (MessagePack-ready) for the journal: ``alerts`` as
-        ``[kind, rank, message, at]`` in listed (first-raised) order, ``recent`` each kind's
-        ranks least recently raised first (which one the cap drops next), ``raised`` each
-        kind's count. :meth:`restore` takes it back."""
+        """The list as plain data (MessagePack-ready) for the journal: ``alerts`` as the
+        listed dicts in listed (first-raised) order (every key, so a field added to alerts
+        later is kept too), ``recent`` each kind's ranks least recently raised first (which
+        one the cap drops next), ``raised`` each kind's count. :meth:`restore` takes it back."""
         return {
-            "alerts": [[a["kind"], a["rank"], a["message"], a["at"]] for a in self._alerts.values()],
+            "alerts": list(self._alerts.values()),
             "recent": {kind: [key[1] for key in recent] for kind, recent in self._recent.items()},
             "raised": dict(self._raised),
         }
@@ -127,12 +127,12 @@ class RunAlerts:
         order, messages and times as before it). Raises ``ValueError``/``TypeError``/
         ``KeyError`` for data it cannot take, leaving the list as it was."""
         alerts: Dict[Tuple[str, Optional[int]], Dict[str, Any]] = {}
-        for kind, rank, message, at in state["alerts"]:
+        for item in state["alerts"]:
+            kind, rank, message, at = item["kind"], item["rank"], item["message"], item["at"]
             if not isinstance(kind, str) or not isinstance(message, str) or not (
                     rank is None or type(rank) is int) or not isinstance(at, (int, float)):
                 raise ValueError("bad alert entry")
-            alerts[(kind, rank)] = {"kind": kind, "rank": rank, "message": message,
-                                    "at": float(at)}
+            alerts[(kind, rank)] = {**item, "at": float(at)}
         recent: Dict[str, OrderedDict[Tuple[str, Optional[int]], None]] = {}
         for kind, ranks in state["recent"].items():
             order: OrderedDict[Tuple[str, Optional[int]], None] = OrderedDict()

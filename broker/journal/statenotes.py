@@ -16,7 +16,7 @@ waits), or when the run leaves memory or the journal closes:
 * ``alerts`` (a new alert, a new message, one leaving the list), ``gpu`` (an XID, ECC or
   NVLink counter moved), ``collectives_last``: :data:`STATE_INTERVAL` (1 s). A stall storm
   changes the alert list with every frame; one entry a second is bounded by the list's cap
-  (``broker/alerts.py``: 11.6 KB for 100 ``stalled`` alerts, 430 KB for eight kinds at
+  (``broker/alerts.py``: 13.7 KB for 100 ``stalled`` alerts, 447 KB for eight kinds at
   their cap with 512-character messages) and the verdict's (``broker/collectivelast.py``).
 * ``alerts`` whose only change is the time an alert was last raised: :data:`AT_INTERVAL`
   (60 s). A condition that persists is raised again with every sample (a GPU throttling):

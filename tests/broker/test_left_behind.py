@@ -69,7 +69,8 @@ def test_a_bad_alert_state_leaves_the_list_as_it_was() -> None:
     a.raise_(RUN, "stale", 1, "rank 1 silent for 30s", 5.0, nowhere, False)
     before = a.listed()
     with pytest.raises((ValueError, TypeError, KeyError)):
-        a.restore({"alerts": [["stale", "one", "m", 1.0]], "recent": {}, "raised": {}})
+        a.restore({"alerts": [{"kind": "stale", "rank": "one", "message": "m", "at": 1.0}],
+                   "recent": {}, "raised": {}})
     assert a.listed() == before
 
 
@@ -300,7 +301,7 @@ def test_a_state_part_that_cannot_be_taken_is_one_warning_and_the_frames_still_c
     live.journal.close()
     path = tmp_path / "d" / "runs" / f"{RUN}.journal"
     with open(path, "ab") as f:  # well formed entries (good CRCs) holding what no sink takes
-        f.write(statenotes.state_entry("alerts", {"alerts": [["stale", "x", 1, 2]]}))
+        f.write(statenotes.state_entry("alerts", {"alerts": [["stale", 1, "m", 2.0]]}))
         f.write(statenotes.state_entry("figures", [[0, "high"]]))
     again = Journal(tmp_path / "d")
     with caplog.at_level("WARNING"):

@@ -86,7 +86,7 @@ def test_export_of_a_hung_then_killed_job_carries_the_verdict(
         pusher.send(*hang(run))
         # the broker wrote the verdict and its alert (a handshake on its journal, not a sleep)
         wait_for(lambda: state_parts(data, run).get("collectives_last") is not None
-                 and "collective_behind" in {a[0] for a in state_parts(data, run).get(
+                 and "collective_behind" in {a["kind"] for a in state_parts(data, run).get(
                      "alerts", {}).get("alerts", [])}, 30.0, "the verdict journaled")
         broker.proc.kill()  # the job and its broker die; the data dir is all that is left
         assert broker.proc.wait(10) == -9
