@@ -13,6 +13,16 @@ raised (older ones of that kind leave the list) and a count of the kind's alerts
 one run-wide entry (``rank`` null: "N stalled alerts raised, the latest 100 listed") once
 some were left out; each message is at most :data:`MAX_ALERT_MESSAGE` characters. Webhooks
 are told of every alert as before: the bound is on what the header carries.
+
+Across a restart (PROTOCOL 8.5) the list is not rebuilt by replaying frames: alerts that
+depend on the clock (``stale``), on samples the journal coalesced away (the GPU kinds) or on
+currency (the collectives) would be lost. :meth:`RunAlerts.state` is the whole list as
+plain data (in listed order, with each kind's cap order and count) and :meth:`RunAlerts.
+restore` puts it back exactly; :attr:`RunAlerts.version` says when it changed and
+:attr:`RunAlerts.shape` when more than an alert's time did (a new alert, a new message, one
+leaving the list), so the journal writes it only then, and a condition that persists (a GPU
+throttling, raised again with every sample) costs little (``broker/journal/statenotes.py``).
+Any kind raised here survives.
 """
 from __future__ import annotations
 
@@ -35,7 +45,7 @@ Place = Callable[[int], Optional[Tuple[str, int]]]
 class RunAlerts:
     """The alerts of one run, in first-raised order (a re-raise updates in place)."""
 
-    __slots__ = ("_alerts", "on_alert", "_recent", "_raised")
+    __slots__ = ("_alerts", "on_alert", "_recent", "_raised", "version", "shape")
 
     def __init__(self) -> None:
         self._alerts: Dict[Tuple[str, Optional[int]], Dict[str, Any]] = {}
@@ -45,6 +55,10 @@ class RunAlerts:
         self._recent: Dict[str, OrderedDict[Tuple[str, Optional[int]], None]] = {}
         #: kind -> alerts of that kind added to the list (a count, kept past the cap)
         self._raised: Dict[str, int] = {}
+        #: bumped by every change to the list (the journal writes :meth:`state` when it moved)
+        self.version = 0
+        #: bumped by every change but an alert's time alone
+        self.shape = 0
 
     def raise_(self, run: str, kind: str, rank: Optional[int], message: str, now: float,
                place: Place, notify: bool) -> None:
@@ -53,12 +67,14 @@ class RunAlerts:
         webhooks'."""
         if len(message) > MAX_ALERT_MESSAGE:
             message = message[:MAX_ALERT_MESSAGE - 1] + "…"
+        self.version += 1
         key = (kind, rank)
         alert = self._alerts.get(key)
         recent = self._recent.get(kind)
         if recent is None:
             recent = self._recent[kind] = OrderedDict()
         if alert is None:
+            self.shape += 1
             self._alerts[key] = {"kind": kind, "rank": rank, "message": message, "at": now}
             self._raised[kind] = self._raised.get(kind, 0) + 1
             recent[key] = None
@@ -66,7 +82,9 @@ class RunAlerts:
                 oldest, _ = recent.popitem(last=False)
                 del self._alerts[oldest]
         else:
-            alert["message"] = message
+            if alert["message"] != message:
+                self.shape += 1
+                alert["message"] = message
             alert["at"] = now
             recent.move_to_end(key)
         if notify and self.on_alert is not None:
@@ -90,6 +108,48 @@ class RunAlerts:
             del self._alerts[key]
             self._recent[key[0]].pop(key, None)
             self._raised[key[0]] -= 1
+            self.version += 1
+            self.shape += 1
+
+    def state(self) -> Dict[str, Any]:
+        """The list as plain data (MessagePack-ready) for the journal: ``alerts`` as the
+        listed dicts in listed (first-raised) order (every key, so a field added to alerts
+        later is kept too), ``recent`` each kind's ranks least recently raised first (which
+        one the cap drops next), ``raised`` each kind's count. :meth:`restore` takes it back."""
+        return {
+            "alerts": list(self._alerts.values()),
+            "recent": {kind: [key[1] for key in recent] for kind, recent in self._recent.items()},
+            "raised": dict(self._raised),
+        }
+
+    def restore(self, state: Dict[str, Any]) -> None:
+        """Replace the list with one :meth:`state` wrote (after a restart: the same alerts,
+        order, messages and times as before it). Raises ``ValueError``/``TypeError``/
+        ``KeyError`` for data it cannot take, leaving the list as it was."""
+        alerts: Dict[Tuple[str, Optional[int]], Dict[str, Any]] = {}
+        for item in state["alerts"]:
+            kind, rank, message, at = item["kind"], item["rank"], item["message"], item["at"]
+            if not isinstance(kind, str) or not isinstance(message, str) or not (
+                    rank is None or type(rank) is int) or not isinstance(at, (int, float)):
+                raise ValueError("bad alert entry")
+            alerts[(kind, rank)] = {**item, "at": float(at)}
+        recent: Dict[str, OrderedDict[Tuple[str, Optional[int]], None]] = {}
+        for kind, ranks in state["recent"].items():
+            order: OrderedDict[Tuple[str, Optional[int]], None] = OrderedDict()
+            for rank in ranks:
+                if (kind, rank) in alerts:
+                    order[(kind, rank)] = None
+            recent[kind] = order
+        for key in alerts:  # every listed alert is in its kind's cap order
+            order = recent.setdefault(key[0], OrderedDict())
+            if key not in order:
+                order[key] = None
+        raised = {str(k): int(v) for k, v in state["raised"].items()}
+        for kind, order in recent.items():
+            raised[kind] = max(raised.get(kind, 0), len(order))
+        self._alerts, self._recent, self._raised = alerts, recent, raised
+        self.version += 1
+        self.shape += 1
 
     def __len__(self) -> int:
         return len(self._alerts)

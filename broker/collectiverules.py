@@ -13,11 +13,16 @@ raises its alerts through the sink's ``_raise`` and goes out in the next ``stack
 Why currency lives in ``RankState`` rather than here: the ``steps`` path is the broker's
 hottest, and clearing a slot it already writes (``st.stalled = st.collective = False``) costs
 one store, where asking this module would cost a call per frame.
+
+Each verdict formed is offered to the run's :class:`broker.collectivelast.LastVerdict`, the
+header's ``collectives_last`` (8.5), which keeps the answer to a hang after its frames stop
+being current.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict
 
+from broker.collectivelast import LastVerdict
 from broker.stacks.collectives import collective_verdict, verdict_alerts
 from rank_agent.protocol import Collectives
 
@@ -36,6 +41,9 @@ class CollectiveRules:
         _stack_feed: StackFeed
         _ranks: Dict[int, RankState]
         world_size: int | None
+        collectives_last: LastVerdict
+        _header_pending: bool
+        replaying: bool
 
         def _raise(self, kind: str, rank: int | None, message: str, now: float,
                    notify: bool = True) -> None: ...
@@ -77,11 +85,23 @@ class CollectiveRules:
             return
         feed.coll_current, feed.coll_changed = current, False
         verdict = collective_verdict(feed.collectives.digests(current), ws)
+        if self.collectives_last.offer(verdict, bool(current), now):
+            self._header_pending = True  # the header's collectives_last (8.5)
         if verdict == feed.verdict:
             return
-        for kind, rank, message in verdict_alerts(feed.verdict, verdict):
-            self._raise(kind, rank, message, now)
+        if not self.replaying:  # a replay's verdicts are formed at other times than live ones were:
+            # the alerts they raised come back from the journal as they were (8.5)
+            for kind, rank, message in verdict_alerts(feed.verdict, verdict):
+                self._raise(kind, rank, message, now)
         feed.verdict, feed.verdict_due = verdict, True
+
+    def settle_verdict(self, now: float) -> None:
+        """End of a journal replay that held no ``collectives_last`` (a data dir an earlier
+        version wrote): form the verdict over the replayed frames once more, whatever the
+        rate limit let through while replaying, so the header keeps the answer they give."""
+        self._stack_feed.coll_changed = True
+        if self._stack_feed.collectives.latest:
+            self._refresh_verdict(now)
 
     def close_collectives(self) -> None:
         """The run leaves memory: its frames leave the process's byte budget."""

@@ -24,8 +24,14 @@ A condition that persists raises again with every sample (the sink's alert keeps
 was last raised; webhook repeat suppression is per (run, kind, rank), in
 :mod:`broker.webhooks`). "Previous" is the previous sample of the same GPU, from a
 ``resources`` frame or a ``metrics`` frame's ``resources`` alike; a field absent from either
-sample breaks a two-sample rule. The rules are not rebuilt from a journal replay: the sink
-feeds live frames only.
+sample breaks a two-sample rule. The sink feeds live frames only (a replay raises nothing);
+what the rules compare with is carried across a restart instead (PROTOCOL 8.5):
+:meth:`GpuAlertRules.state` keeps each GPU's cumulative counters (``ecc_uncorrected``,
+``nvlink_errors``) and the XID tallies, written by the journal when an alert changed them
+(:attr:`GpuAlertRules.changes`), and :meth:`GpuAlertRules.restore` makes them each GPU's
+previous sample again, so an old ECC count raises nothing new. The two-sample rules
+(throttle, PCIe) start afresh, as for a first sample: a condition that lasts raises again
+with the second sample after the restart, as it would have anyway.
 
 Cost: called for every sample the broker ingests. A GPU that sets no field the rules read
 costs one test of those fields and is not remembered (issue 33: as a previous sample it is
@@ -47,6 +53,10 @@ BAD_THROTTLE = frozenset(("hw_slowdown", "hw_thermal", "hw_power_brake", "sw_the
 _BAD_DISJOINT = BAD_THROTTLE.isdisjoint
 #: GPUs remembered per rank (the wire allows 64 per sample).
 MAX_GPUS_PER_RANK = 64
+
+#: the kinds raised when a counter :meth:`GpuAlertRules.state` keeps moved (the others, a
+#: persisting condition, are raised again with every sample and change nothing it keeps)
+_COUNTED = frozenset(("gpu_xid", "gpu_ecc", "gpu_nvlink"))
 
 GPU_KINDS = ("gpu_xid", "gpu_throttle", "gpu_ecc", "gpu_row_remap", "gpu_pcie", "gpu_nvlink")
 
@@ -85,6 +95,8 @@ class GpuAlertRules:
         #: exports as ``rankboard_gpu_xid_errors_total`` and ``rankboard_gpu_last_xid`` (a
         #: sample's XIDs are only those since the previous sample, so they must be tallied)
         self.xids: dict[int, dict[int, list[int]]] = {}
+        #: samples that raised an XID, ECC or NVLink alert (what :meth:`state` keeps moved)
+        self.changes = 0
 
     def feed(self, rank: int, sample: ResourceSample) -> list[GpuAlert]:
         """The alerts ``sample`` (from ``rank``) raises; remembers it as each GPU's previous."""
@@ -146,6 +158,8 @@ class GpuAlertRules:
                     continue
                 found = self._check(rank, gpu, prev)
                 if found:
+                    if not _COUNTED.isdisjoint([a.kind for a in found]):
+                        self.changes += 1  # an XID tally or a counter moved
                     out.extend(found)
         return out
 
@@ -199,6 +213,37 @@ class GpuAlertRules:
         tallies = self.xids.get(rank)
         if tallies is not None:
             tallies.pop(index, None)
+
+    def state(self) -> dict[str, Any]:
+        """What the rules compare with, as plain data for the journal: ``prev`` as ``[rank,
+        device_index, ecc_uncorrected, nvlink_errors]`` for each remembered GPU that has
+        either counter, ``xids`` as ``[rank, device_index, count, last]``."""
+        prev = [[rank, index, gpu.ecc_uncorrected, gpu.nvlink_errors]
+                for rank, known in self._prev.items() for index, gpu in known.items()
+                if gpu.ecc_uncorrected is not None or gpu.nvlink_errors is not None]
+        xids = [[rank, index, t[0], t[1]]
+                for rank, tallies in self.xids.items() for index, t in tallies.items()]
+        return {"prev": prev, "xids": xids}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state` wrote (after a restart): each GPU's counters become
+        its previous sample (the fields the two-sample rules read are absent, as before a
+        first sample). Raises ``ValueError``/``TypeError`` for data it cannot take, leaving
+        the rules as they were."""
+        prev: dict[int, dict[int, GpuSample]] = {}
+        for rank, index, ecc, nvlink in state["prev"]:
+            known = prev.setdefault(int(rank), {})
+            if len(known) < MAX_GPUS_PER_RANK:
+                known[int(index)] = GpuSample(
+                    device_index=int(index), name="",
+                    ecc_uncorrected=None if ecc is None else int(ecc),
+                    nvlink_errors=None if nvlink is None else int(nvlink))
+        xids: dict[int, dict[int, list[int]]] = {}
+        for rank, index, count, last in state["xids"]:
+            tallies = xids.setdefault(int(rank), {})
+            if len(tallies) < MAX_GPUS_PER_RANK:
+                tallies[int(index)] = [int(count), int(last)]
+        self._prev, self.xids = prev, xids
 
     def forget(self, rank: int) -> None:
         """Drop a rank's GPUs (a rank discarded for being past the run's world size)."""

@@ -518,6 +518,11 @@ class BrokerServer:
 
     def _publish_events(self, events: list[tuple[str, Event]]) -> None:
         if not events:
+            if self._journal is not None and self._journal.state_due:
+                try:  # a run's alerts or figures waited for their interval (PROTOCOL 8.5)
+                    self._journal.flush()
+                except Exception:
+                    self._rlog.error("journal", "journal write failed", exc_info=True)
             return
         if self._journal is not None:
             try:

@@ -37,7 +37,7 @@ The sink is the rules and the event policy; the state it keeps is in the modules
 the ``ranks`` array), :mod:`broker.epochs` (open epochs, and the epoch rules mixed in here),
 :mod:`broker.steps.closer` (the step pipeline) and :mod:`broker.steps.rules` (the step rules
 mixed in here), :mod:`broker.alerts`, :mod:`broker.topology` (placement, hardware string),
-:mod:`broker.metadata`.
+:mod:`broker.metadata`, :mod:`broker.collectivelast` (the header's ``collectives_last``).
 """
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import msgspec
 
 from broker.alerts import OnAlert, RunAlerts
+from broker.collectivelast import LastVerdict
 from broker.collectiverules import CollectiveRules
 from broker.epochs import EpochRules, PendingEpochs
 from broker.events import Event, Rejected
@@ -172,6 +173,12 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
         #: Each rank's latest dump per reason (section 2.5), compact and capped in bytes.
         self.stacks = RunStacks()
         self._stack_feed = StackFeed(self.stacks, self._emit)
+        #: The header's ``collectives_last`` (8.5): the answer to the latest hang, kept.
+        self.collectives_last = LastVerdict()
+        #: True while the journal replays frames into this sink (broker/journal/replay.py):
+        #: the collective verdicts it forms then raise no alert (their alerts come back from
+        #: the journal's STATE entries, with the times they had live)
+        self.replaying = False
 
     # ------------------------------------------------------------------ public API
 
@@ -370,6 +377,7 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
             "step_metrics": self.steps.metric_names(),
             "data_share": self.data_wait.share,
             "data_stragglers": self.data_wait.stragglers,
+            "collectives_last": self.collectives_last.value,
         }
 
     def ranks(self) -> List[Dict[str, Any]]:
@@ -459,6 +467,55 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
         for st in self._ranks.values():
             st.stalled = st.collective = False  # (and no replayed collectives frame counts)
         self._stack_feed.forget_pending()
+        self.collectives_last.end_hang()
+
+    # ------------------------------------------------------------------ across a restart
+
+    def state_marks(self) -> Tuple[int, int, int, int]:
+        """Versions of the state a replay of frames cannot rebuild (PROTOCOL 8.5): the
+        alert list's shape (more than a time changed), the GPU rules' counters,
+        ``collectives_last``, and the alert list's times. The journal writes
+        :meth:`saved_state` of a part when its mark moved (cheap: asked after every event)."""
+        return (self.alerts.shape, self.gpu_rules.changes, self.collectives_last.version,
+                self.alerts.version)
+
+    def figures_mark(self) -> Tuple[int, int, int]:
+        """Moves when the ranks' step figures may have (:meth:`saved_state` ``figures``)."""
+        return self._closer.figures_mark()
+
+    def saved_state(self, part: str) -> Any:
+        """One part of the state a replay cannot rebuild, as plain data for the journal:
+        ``alerts``, ``gpu``, ``collectives_last`` or ``figures`` (the ranks' step figures,
+        since ``steps`` frames are not journaled). :meth:`restore_state` takes it back."""
+        if part == "alerts":
+            return self.alerts.state()
+        if part == "gpu":
+            return self.gpu_rules.state()
+        if part == "collectives_last":
+            return self.collectives_last.state()
+        if part == "figures":
+            return self._closer.figures_state()
+        raise ValueError(f"unknown state part {part!r}")
+
+    def restore_state(self, part: str, data: Any) -> None:
+        """Journal replay: take back a :meth:`saved_state` part. Raises ``ValueError``,
+        ``TypeError`` or ``KeyError`` for data it cannot take (the replay logs and skips it;
+        the part keeps what the frames rebuilt)."""
+        if part == "alerts":
+            self.alerts.restore(data)
+        elif part == "gpu":
+            self.gpu_rules.restore(data)
+        elif part == "collectives_last":
+            self.collectives_last.restore(data)
+        elif part == "figures":
+            active = {r: not st.finished and st.status != "stale" for r, st in self._ranks.items()}
+            self._closer.restore_figures(data, active)
+            # the header's data-wait figures read them; the alerts they raised were restored
+            # with the list, so none is raised again here
+            self._update_data_wait(self.updated_at or 0.0, force=True, quiet=True)
+        else:
+            raise ValueError(f"unknown state part {part!r}")
+        self._header_pending = True
 
     def _summary_of(self, rank: int) -> str | None:
         st = self._ranks.get(rank)

@@ -9,6 +9,8 @@ crc32(body)><body>`` (little endian), ``body = <u8 kind> payload``; ``kind`` is 
  3    RECORD_SEQ       ``<u32 index><u64 seq>``: ``sink.record_seqs[index]``
  4    COMPLETE_SEQ     ``<u64 seq>``: seq of the run's ``complete`` event (0: reopened)
  5    STEPS            MessagePack of a :meth:`StepStore.to_wire` block: published closed steps
+ 6    STATE            ``<u8 part>`` + MessagePack: state a replay of frames cannot rebuild
+                     (PROTOCOL 8.5), the part's latest whole value; parts in :data:`STATE_PARTS`
 ====  ===============  ====================================================================
 
 Unknown kinds with a good CRC are skipped by readers (room for additions without a version
@@ -41,6 +43,11 @@ KIND_SEQ_HI = 2
 KIND_RECORD_SEQ = 3
 KIND_COMPLETE_SEQ = 4
 KIND_STEPS = 5
+KIND_STATE = 6
+#: The parts a STATE entry may hold, by their byte (``broker/journal/statenotes.py``): the
+#: alert list, the GPU rules' counters, ``collectives_last``, the ranks' step figures.
+STATE_PARTS = {1: "alerts", 2: "gpu", 3: "collectives_last", 4: "figures"}
+STATE_PART_BYTES = {name: code for code, name in STATE_PARTS.items()}
 
 #: Bytes of step blocks per journal entry at most (an entry is at most MAX_ENTRY).
 STEP_BLOCK_BYTES = 2 * 1024 * 1024
@@ -154,6 +161,8 @@ def _plausible(view: memoryview, pos: int, length: int) -> bool:
         return length > FRAME_HEAD.size and view[pos + 8 + FRAME_HEAD.size] in _MSGPACK_MAPS
     if kind == KIND_STEPS:
         return length > 1 and view[pos + 9] in _MSGPACK_MAPS
+    if kind == KIND_STATE:
+        return length > 2 and view[pos + 9] in STATE_PARTS
     return False
 
 
@@ -170,7 +179,7 @@ def resync(view: memoryview, start: int) -> int | None:
         length = b[0:n] | (b[1:n + 1] << 8) | (b[2:n + 2] << 16) | (b[3:n + 3] << 24)
         kind = b[8:n + 8]
         room = end - head - np.arange(w0, w1)
-        ok = ((kind >= KIND_FRAME) & (kind <= KIND_STEPS) & (length >= 1)
+        ok = ((kind >= KIND_FRAME) & (kind <= KIND_STATE) & (length >= 1)
               & (length <= np.minimum(room, RESYNC_MAX_BODY)))
         for off in np.flatnonzero(ok).tolist():
             pos = w0 + off

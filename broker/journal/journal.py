@@ -167,6 +167,9 @@ class Journal:
         #: runs left on disk at load beyond ``max_runs`` (PROTOCOL 6)
         self.runs_not_loaded = 0
         self._visited_gone = 0  # step_series_visited of runs no longer held
+        #: runs with a STATE part that changed too soon after its last entry
+        #: (``broker/journal/statenotes.py``): written at a later flush, or when they go
+        self._state_due: dict[str, tuple[RunFile, RunSink]] = {}
 
     # -- start -------------------------------------------------------------------------
 
@@ -354,6 +357,12 @@ class Journal:
             self._note_seq(st, sink)
             self._grew(len(st.buf) - n)
 
+    @property
+    def state_due(self) -> bool:
+        """Is a run's STATE part waiting for its interval (8.5)? The server then calls
+        :meth:`flush` at its ticks even when no event went out."""
+        return bool(self._state_due)
+
     def counters(self) -> dict[str, int]:
         """Totals since start of the journal's limits and repairs (for the heartbeat):
         ``early_flushes`` (WRITE_BUFFER_BYTES reached within a batch), ``damaged_entries``
@@ -402,6 +411,13 @@ class Journal:
         if sink.seq > st.seq_hi - self.seq_block // 2:
             self._reserve(st, sink.seq)
         st.noted_seq = sink.seq
+        n = len(st.buf)
+        if st.state.note(st.buf, sink):  # (8.5: alerts, GPU counters, verdict, figures)
+            self._state_due[st.run] = (st, sink)
+        else:
+            self._state_due.pop(st.run, None)
+        if len(st.buf) != n:
+            self._dirty[st.run] = st
 
     def _note_steps(self, st: RunFile, sink: RunSink) -> None:
         """Journal the published closed steps not yet written, in blocks of bounded size."""
@@ -429,6 +445,13 @@ class Journal:
     def flush(self) -> None:
         """Write every buffered entry (one ``os.pwrite`` per dirty run); fsync at most once
         per ``fsync_interval``. Write errors are logged, never raised."""
+        if self._state_due:
+            for run, (st, sink) in list(self._state_due.items()):
+                n = len(st.buf)
+                if not st.state.note(st.buf, sink):
+                    del self._state_due[run]
+                if len(st.buf) != n:
+                    self._dirty[run] = st
         if self._dirty:
             dirty, self._dirty = self._dirty, {}
             for st in dirty.values():
@@ -447,6 +470,9 @@ class Journal:
         if st is None:
             return
         self._visited_gone += st.flight.visited
+        due = self._state_due.pop(run, None)
+        if due is not None:
+            st.state.note(st.buf, due[1], force=True)
         self._write_pending(st)
         self._dirty.pop(run, None)
         if st.buf:
@@ -461,6 +487,9 @@ class Journal:
         if self._closed:
             return
         self._closed = True
+        for st, sink in self._state_due.values():
+            st.state.note(st.buf, sink, force=True)
+        self._state_due.clear()
         for st in self._files.values():
             self._write_pending(st)
             if st.buf:
@@ -584,6 +613,7 @@ class Journal:
         st.unchanged = got.unchanged
         st.stacks_bytes = got.stacks_bytes
         st.flight.published = sink.steps_published
+        st.state.loaded(sink)
         if problem is not None:
             self._handles.truncate(st)
         self._files[run] = st

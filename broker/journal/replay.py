@@ -3,7 +3,12 @@ the closed-step blocks, and give the sink ids above any issued before the restar
 
 The sink is pure and deterministic, so the journal does not store state: it stores what the
 sink was fed and replays it here. Ids cannot be recomputed (ticks are not replayed), so they
-come from the SEQ_HI, RECORD_SEQ and COMPLETE_SEQ entries. This module does no file I/O:
+come from the SEQ_HI, RECORD_SEQ and COMPLETE_SEQ entries. What frames cannot rebuild
+(PROTOCOL 8.5) comes from STATE entries (``broker/journal/statenotes.py``), the last of each
+part: the alert list where it stands among the frames (the frames after it raise what they
+raise, as they did live), the GPU rules' counters, ``collectives_last`` and the ranks' step
+figures once every frame is replayed. A journal written before STATE entries existed
+replays as it always did. This module does no file I/O:
 ``broker/journal/journal.py`` reads the file, decides what to do with a bad one, and writes.
 """
 from __future__ import annotations
@@ -21,7 +26,9 @@ from broker.journal.codec import (
     KIND_FRAME,
     KIND_RECORD_SEQ,
     KIND_SEQ_HI,
+    KIND_STATE,
     KIND_STEPS,
+    STATE_PARTS,
     block_decoder,
 )
 from broker.journal.noops import Unchanged
@@ -85,6 +92,30 @@ def _superseded_metadata(entries: list[tuple[int, memoryview]]) -> dict[int, pro
     return stand_ins
 
 
+def _last_state(entries: list[tuple[int, memoryview]]) -> dict[str, int]:
+    """part -> the index of its last STATE entry (the only one of each that is read)."""
+    last: dict[str, int] = {}
+    for i, (kind, payload) in enumerate(entries):
+        if kind == KIND_STATE and len(payload):
+            part = STATE_PARTS.get(payload[0])
+            if part is not None:
+                last[part] = i
+    return last
+
+
+def _restore(sink: RunSink, part: str, payload: memoryview, path: str) -> None:
+    """Give the sink one STATE part; a part it cannot take is logged and skipped (the run
+    keeps what its frames rebuilt)."""
+    try:
+        sink.restore_state(part, _state_decoder.decode(payload[1:]))
+    except (ValueError, KeyError, TypeError, msgspec.DecodeError) as exc:
+        log.warning("journal: %s: the run's %s cannot be restored (%s: %s); keeping what "
+                    "its frames rebuild", path, part, type(exc).__name__, exc)
+
+
+_state_decoder = msgspec.msgpack.Decoder()
+
+
 def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
            stale_after: float, step_close_after: float, now: float | None) -> Replayed:
     """Feed ``entries`` to a fresh sink and number it: ``sink.seq`` ends above every id
@@ -101,6 +132,9 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
     stacks_bytes = 0
     entries = list(entries)
     superseded = _superseded_metadata(entries)
+    last_state = _last_state(entries)  # part -> index of its last STATE entry
+    at_end: list[tuple[str, int]] = []
+    sink.replaying = True
     for i, (kind, payload) in enumerate(entries):
         if kind == KIND_FRAME:
             (t,) = struct.unpack_from("<d", payload)
@@ -129,6 +163,13 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
             record_seqs[index] = seq
         elif kind == KIND_COMPLETE_SEQ:
             complete_seq = struct.unpack_from("<Q", payload)[0]
+        elif kind == KIND_STATE:
+            part = STATE_PARTS.get(payload[0]) if len(payload) else None
+            if part is not None and last_state.get(part) == i:
+                if part == "alerts":  # where it stands: later frames raise on top of it
+                    _restore(sink, part, payload, path)
+                else:
+                    at_end.append((part, i))
         elif kind == KIND_STEPS:
             try:
                 sink.restore_steps(block_decoder.decode(payload))
@@ -140,6 +181,11 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
         # other kinds: written by a newer minor version; nothing to do with them
     if failures > 1:
         log.warning("journal: %s: %d frames could not be replayed", path, failures)
+    if "collectives_last" not in last_state and last_time is not None:
+        sink.settle_verdict(last_time)  # (an earlier version's journal: no STATE entries)
+    sink.replaying = False
+    for part, i in at_end:
+        _restore(sink, part, entries[i][1], path)
 
     # Ids after the restart start above everything issued before it.
     base = max(sink.seq, seq_hi, complete_seq, max(record_seqs.values(), default=0))

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from broker.journal.codec import HEADER
 from broker.journal.datadir import write_all
 from broker.journal.noops import Unchanged
+from broker.journal.statenotes import StateNotes
 from broker.journal.stepblocks import StepBlocks
 from rank_agent.protocol import Resources
 
@@ -34,7 +35,7 @@ class RunFile:
     __slots__ = (
         "run", "path", "fd", "buf", "size", "pending", "started", "seq_hi",
         "noted_records", "noted_complete", "noted_seq", "track_records", "write_failed",
-        "noted_steps", "unchanged", "flight", "stacks_bytes",
+        "noted_steps", "unchanged", "flight", "stacks_bytes", "state",
     )
 
     def __init__(self, run: str, path: str) -> None:
@@ -60,6 +61,7 @@ class RunFile:
         self.unchanged = Unchanged()  # what the file holds of frames whose repeats are no-ops
         self.flight = StepBlocks()  # what its STEPS blocks were written from
         self.stacks_bytes = 0  # bytes of ``stacks`` frames in the file (MAX_STACKS_BYTES)
+        self.state = StateNotes()  # what the file holds of the run's STATE parts (8.5)
 
 
 class Handles:

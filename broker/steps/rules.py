@@ -123,10 +123,11 @@ class StepRules:
             self._raise("nonfinite_loss", None, f"step {bad[0]}: loss is {bad[1]}", now)
         self._update_data_wait(now, force=final)  # (the run's end: its last figures)
 
-    def _update_data_wait(self, now: float, force: bool = False) -> None:
+    def _update_data_wait(self, now: float, force: bool = False, quiet: bool = False) -> None:
         """The header's ``data_share`` and ``data_stragglers`` (7.1, :mod:`broker.steps.
         datawait`), at most once per DATA_WAIT_INTERVAL; a rank entering the list raises
-        ``data_straggler``; the header goes out (coalesced) when the figures moved."""
+        ``data_straggler`` (unless ``quiet``: after a restart, whose alerts come back from
+        the journal as they were); the header goes out (coalesced) when the figures moved."""
         dw = self.data_wait
         if not force and dw.at is not None and now - dw.at < DATA_WAIT_INTERVAL:
             return
@@ -136,7 +137,7 @@ class StepRules:
         figures = [(rank, rs.mean_data(), rs.mean_ms())
                    for rank, rs in self._closer.ranks.items() if rs.data]
         changed, new = dw.update(share, figures, self.topology.place.get)  # type: ignore[arg-type]
-        for rank, message in new:
+        for rank, message in ([] if quiet else new):
             self._raise("data_straggler", rank, message, now)
         if changed:
             self._header_pending = True

@@ -9,6 +9,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from broker.journal import codec as jmod
 from broker.journal.journal import HEADER, Journal, read_entries
 from broker.sink import Rejected, RunSink
@@ -127,3 +129,14 @@ def frame_entries(path: Path) -> list[protocol.Frame]:
 
 def journal_path(data_dir: Path, run: str) -> Path:
     return data_dir / "runs" / f"{run}.journal"
+
+
+def state_parts(data_dir: Path, run: str) -> dict[str, Any]:
+    """The last STATE part of each kind in ``run``'s journal (PROTOCOL 8.5), decoded: what a
+    restart will restore (a test waits for it instead of sleeping)."""
+    raw = journal_path(data_dir, run).read_bytes()
+    out: dict[str, Any] = {}
+    for kind, payload in jmod.scan_entries(raw[len(HEADER):]).entries:
+        if kind == jmod.KIND_STATE:
+            out[jmod.STATE_PARTS[payload[0]]] = msgspec.msgpack.decode(bytes(payload[1:]))
+    return out

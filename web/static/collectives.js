@@ -51,3 +51,31 @@ export function verdictLines(group) {
 export function verdictText(groups) {
   return (Array.isArray(groups) ? groups : []).flatMap(verdictLines);
 }
+
+/** "2026-12-06 03:12:45" (local time) for a unix time in seconds. */
+function stamp(t) {
+  const d = new Date(t * 1000);
+  const p = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+}
+
+/**
+ * The header's `collectives_last` (PROTOCOL 8.5: the latest verdict that named a rank, kept
+ * after its frames stop being current and across restarts) as `{title, lines}`, or null when
+ * there is none. `title` carries its time; `lines` are its groups' sentences, plus one per
+ * group whose rank lists were cut (`counts` holds the full lengths).
+ */
+export function lastVerdictText(last) {
+  if (!last || typeof last !== "object" || !Array.isArray(last.groups) || !last.groups.length) return null;
+  const at = typeof last.at === "number" && Number.isFinite(last.at) ? stamp(last.at) : "at an unknown time";
+  const lines = verdictText(last.groups);
+  for (const g of last.groups) {
+    const c = g && g.counts;
+    if (!c || typeof c !== "object") continue;
+    const cut = ["waiting", "behind", "absent", "mismatched"]
+      .filter((k) => Number.isInteger(c[k]) && Array.isArray(g[k]) && c[k] > g[k].length)
+      .map((k) => `${c[k].toLocaleString("en-US")} ${k}`);
+    if (cut.length) lines.push(`group ${g.pg}: ${cut.join(", ")} in all (the lowest 1,024 of each are named)`);
+  }
+  return { title: `last collective verdict, ${at}`, lines };
+}

@@ -12,7 +12,7 @@
 // file, code, thread name) goes into the DOM through textContent only (dom.js `h`).
 
 import { api, enc, postJson, serverNow } from "./api.js";
-import { verdictText } from "./collectives.js";
+import { lastVerdictText, verdictText } from "./collectives.js";
 import { $, button, h } from "./dom.js";
 import { fmtAgo, fmtDur, fmtInt, isNum } from "./fmt.js";
 import { hostOf } from "./model.js";
@@ -277,13 +277,15 @@ export class StallView {
     // profiled ranks' step times label the profiles and choose the median one)
     const timing = shownProfiles.map((d) => (stepMs.has(d.rank) ? stepMs.get(d.rank).toFixed(1) : "")).join(",");
     const verdict = verdictText(this.collectives && this.collectives.groups);
+    // once no group is listed now, the answer to the last hang (8.5), with its time
+    const last = verdict.length ? null : lastVerdictText(store.header && store.header.collectives_last);
     const key = [view, stalled.join(","), this.focus, this.closed, this.message, this.held, store.run,
       this.endedReason(),
-      store.tab, timing, verdict.join("\n"), stragglerOf(store.rows)];
+      store.tab, timing, verdict.join("\n"), stragglerOf(store.rows), last && [last.title, ...last.lines].join("\n")];
     if (this.drawn && key.every((v, i) => v === this.drawn[i])) return;
     this.drawn = key;
     const trouble = stalled.length > 0 || stallGroups.length > 0 || verdict.length > 0;
-    const anything = trouble || requestGroups.length || shownProfiles.length || this.shownRank() !== null || this.message;
+    const anything = trouble || last || requestGroups.length || shownProfiles.length || this.shownRank() !== null || this.message;
     this.box.hidden = !anything && this.readOnly;
     this.box.dataset.state = trouble ? "stalled" : "ok";
     if (this.box.hidden) return;
@@ -308,6 +310,7 @@ export class StallView {
       for (const line of verdict) box.append(h("p", "verdict-line", line));
       out.push(box);
     }
+    if (last) out.push(lastVerdictBox(last));
     if (this.message) out.push(h("p", "stall-message muted", this.message));
     else if (!this.readOnly && this.endedReason()) {
       const note = h("p", "stall-message muted", `requests for stacks: ${this.endedReason()}`);
@@ -411,4 +414,13 @@ export class StallView {
     }
     return box;
   }
+}
+
+/** The header's `collectives_last` as a box: its time, then its sentences (text only). */
+export function lastVerdictBox(last) {
+  const box = h("div", "collective-verdict collective-last");
+  box.dataset.testid = "collective-last";
+  box.append(h("h4", "stall-sub", last.title));
+  for (const line of last.lines) box.append(h("p", "verdict-line", line));
+  return box;
 }
