@@ -84,7 +84,8 @@ def test_web_bind_failure_is_one_line(spawn: Any, broker: Any) -> None:
 
 def test_up_binds_lazily_on_the_first_registered_port(spawn: Any, tmp_path: Any) -> None:
     up = spawn("up", "--ingest", "tcp://127.0.0.1:*", "--publish", "tcp://127.0.0.1:*",
-               "--snapshot", "tcp://127.0.0.1:*", "--data-dir", str(tmp_path / "data"))
+               "--snapshot", "tcp://127.0.0.1:*", "--data-dir", str(tmp_path / "data"),
+               "--port-from-rank")
     ingest = up.wait_line(r"broker ingest bound at (\S+)", stream="stderr").group(1)
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
