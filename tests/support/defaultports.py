@@ -45,7 +45,8 @@ def default_ports(timeout: float = 180.0) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"another test held {LOCK_FILE} for {timeout:.0f} s")
+                    raise AssertionError(
+                        f"another test held {LOCK_FILE} for {timeout:.0f} s") from None
                 time.sleep(0.2)  # polling a lock held by another process: nothing to wait on
         try:
             while True:
