@@ -13,11 +13,22 @@ raised (older ones of that kind leave the list) and a count of the kind's alerts
 one run-wide entry (``rank`` null: "N stalled alerts raised, the latest 100 listed") once
 some were left out; each message is at most :data:`MAX_ALERT_MESSAGE` characters. Webhooks
 are told of every alert as before: the bound is on what the header carries.
+
+(v5, 8.5 "Hosts, fairly") Each entry keeps ``host``: the host its rank had when the alert was
+last raised (None for a run-wide alert or a rank on no known host), a plain value on the
+entry so it travels (and is journaled) with it: a job requeued onto other nodes blames none
+of them for the old ones' alerts. And per kind the list counts the **distinct ranks** that
+raised it, past the cap (:meth:`RunAlerts.ranks_raised`, the header's ``alert_ranks``): a
+kind raised by more than half of the world is the run's, not a host's (``web/cluster.py``
+judges that). The ranks are a bitmap per kind, at most ``MAX_WORLD_SIZE`` bits (8 KiB): a
+65,536-rank stall costs bytes, not a set of 65,536 ints.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from rank_agent.protocol import MAX_WORLD_SIZE
 
 __all__ = ["RunAlerts", "OnAlert", "MAX_ALERTS_PER_KIND", "MAX_ALERT_MESSAGE"]
 
@@ -35,7 +46,7 @@ Place = Callable[[int], Optional[Tuple[str, int]]]
 class RunAlerts:
     """The alerts of one run, in first-raised order (a re-raise updates in place)."""
 
-    __slots__ = ("_alerts", "on_alert", "_recent", "_raised")
+    __slots__ = ("_alerts", "on_alert", "_recent", "_raised", "_ranks", "_n_ranks")
 
     def __init__(self) -> None:
         self._alerts: Dict[Tuple[str, Optional[int]], Dict[str, Any]] = {}
@@ -45,6 +56,10 @@ class RunAlerts:
         self._recent: Dict[str, OrderedDict[Tuple[str, Optional[int]], None]] = {}
         #: kind -> alerts of that kind added to the list (a count, kept past the cap)
         self._raised: Dict[str, int] = {}
+        #: kind -> a bitmap of the ranks that raised it (bit r of byte r >> 3), past the cap
+        self._ranks: Dict[str, bytearray] = {}
+        #: kind -> how many bits of its bitmap are set
+        self._n_ranks: Dict[str, int] = {}
 
     def raise_(self, run: str, kind: str, rank: Optional[int], message: str, now: float,
                place: Place, notify: bool) -> None:
@@ -58,8 +73,13 @@ class RunAlerts:
         recent = self._recent.get(kind)
         if recent is None:
             recent = self._recent[kind] = OrderedDict()
+        p = place(rank) if rank is not None else None
+        host = p[0] if p else None
+        if rank is not None:
+            self._count_rank(kind, rank)
         if alert is None:
-            self._alerts[key] = {"kind": kind, "rank": rank, "message": message, "at": now}
+            self._alerts[key] = {"kind": kind, "rank": rank, "message": message, "at": now,
+                                 "host": host}
             self._raised[kind] = self._raised.get(kind, 0) + 1
             recent[key] = None
             if len(recent) > MAX_ALERTS_PER_KIND:
@@ -68,10 +88,30 @@ class RunAlerts:
         else:
             alert["message"] = message
             alert["at"] = now
+            alert["host"] = host
             recent.move_to_end(key)
         if notify and self.on_alert is not None:
-            p = place(rank) if rank is not None else None
-            self.on_alert(run, kind, rank, message, p[0] if p else None, now)
+            self.on_alert(run, kind, rank, message, host, now)
+
+    def _count_rank(self, kind: str, rank: int) -> None:
+        """Note that ``rank`` raised ``kind`` (once per rank; ranks past any world size a
+        run may have are left out: they are discarded when the world size is known)."""
+        if not 0 <= rank < MAX_WORLD_SIZE:
+            return
+        bits = self._ranks.get(kind)
+        if bits is None:
+            bits = self._ranks[kind] = bytearray()
+        byte, bit = rank >> 3, 1 << (rank & 7)
+        if byte >= len(bits):
+            bits.extend(bytes(byte + 1 - len(bits)))
+        if not bits[byte] & bit:
+            bits[byte] |= bit
+            self._n_ranks[kind] = self._n_ranks.get(kind, 0) + 1
+
+    def ranks_raised(self) -> Dict[str, int]:
+        """The header's ``alert_ranks`` (8.5): kind -> the distinct ranks that raised it,
+        counted past the list's cap (kinds raised only run-wide are absent)."""
+        return dict(self._n_ranks)
 
     def listed(self) -> List[Dict[str, Any]]:
         """The header's ``alerts``: copies, since event data leaves the sink."""
@@ -81,7 +121,8 @@ class RunAlerts:
             if raised > len(recent):  # some left the list: say how many there were
                 last = self._alerts[next(reversed(recent))]["at"] if recent else None
                 out.append({"kind": kind, "rank": None, "at": last, "message":
-                            f"{raised} {kind} alerts raised, the latest {len(recent)} listed"})
+                            f"{raised} {kind} alerts raised, the latest {len(recent)} listed",
+                            "host": None})
         return out
 
     def forget_ranks_from(self, world_size: int) -> None:
@@ -90,6 +131,12 @@ class RunAlerts:
             del self._alerts[key]
             self._recent[key[0]].pop(key, None)
             self._raised[key[0]] -= 1
+        for kind, bits in self._ranks.items():
+            keep = (world_size + 7) >> 3
+            if world_size & 7 and keep <= len(bits):
+                bits[keep - 1] &= (1 << (world_size & 7)) - 1
+            del bits[keep:]
+            self._n_ranks[kind] = sum(bin(b).count("1") for b in bits)
 
     def __len__(self) -> int:
         return len(self._alerts)

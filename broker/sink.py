@@ -374,6 +374,7 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
             "data_stragglers": self.data_wait.stragglers,
             "total_steps": self.total_steps or None,  # 8.5
             "eta_secs": step_eta(self.total_steps, self.steps),
+            "alert_ranks": self.alerts.ranks_raised(),  # 8.5: whose the alerts are
         }
 
     def ranks(self) -> List[Dict[str, Any]]:
