@@ -148,7 +148,7 @@ def run_rank(ns: argparse.Namespace) -> int:
                 "epochs": ns.epochs, "world_size": ns.world_size, "hosts": ns.hosts,
                 "precision": "bf16", "seed": 1234,
             })
-        use_simulated_gpu(agent, ns.world_size, seed=f"{ns.run}:{ns.rank}")
+        use_simulated_gpu(agent, ns.world_size, seed=f"{ns.run}:{ns.rank}", hosts=ns.hosts)
         agent.set_hardware()
         agent.start_sampling(interval=max(0.5, min(2.0, ns.epoch_seconds / 2)))
         for epoch in range(ns.epochs):
@@ -239,7 +239,8 @@ def run_steps(ns: argparse.Namespace) -> int:
                 "micro_batch": STEP_BATCH, "steps": ns.steps, "world_size": ns.world_size,
                 "hosts": ns.hosts, "precision": "bf16",
             })
-        use_simulated_gpu(agent, ns.world_size, seed=f"{ns.run}:{ns.rank}:steps")
+        use_simulated_gpu(agent, ns.world_size, seed=f"{ns.run}:{ns.rank}:steps",
+                          hosts=ns.hosts)
         agent.set_hardware()
         agent.start_sampling(interval=1.0)
         started = time.monotonic()
