@@ -13,7 +13,7 @@ runs plus the work for the runs that changed, not a pass over every rank of ever
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, TypeGuard
 
 from web.runstate import RunState, finite
 
@@ -124,7 +124,8 @@ class _RunHosts:
     incidents: dict[str, list[tuple[float, str, int, str, Any]]]
 
 
-def _is_rank(value: Any) -> bool:
+def _is_rank(value: Any) -> TypeGuard[int]:
+    """An int that is not a bool (JSON's true is no rank and no count)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -148,8 +149,8 @@ def runs_own_kinds(header: Mapping[str, Any]) -> frozenset[str]:
             listed.setdefault(alert["kind"], set()).add(alert["rank"])
     own = []
     for kind in RUN_WIDE_KINDS:
-        n = counts.get(kind)
-        n = n if _is_rank(n) else 0
+        raw_n = counts.get(kind)
+        n: int = raw_n if _is_rank(raw_n) else 0
         if 2 * max(n, len(listed.get(kind, ()))) > world:
             own.append(kind)
     return frozenset(own)
