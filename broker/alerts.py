@@ -113,6 +113,26 @@ class RunAlerts:
         counted past the list's cap (kinds raised only run-wide are absent)."""
         return dict(self._n_ranks)
 
+    def ranks_state(self) -> Dict[str, bytes]:
+        """kind -> its ranks bitmap, for a journal that keeps the alert list across a
+        restart: the count past the cap is not in the listed entries (8.5)."""
+        return {kind: bytes(bits) for kind, bits in self._ranks.items()}
+
+    def restore_ranks(self, state: Dict[str, bytes]) -> None:
+        """Merge bitmaps from :meth:`ranks_state` (a restart): each rank counts once, whether
+        it comes back from the journal, from a replayed frame, or both; a bitmap past
+        ``MAX_WORLD_SIZE`` bits is cut there."""
+        for kind, saved in state.items():
+            saved = bytes(saved[:MAX_WORLD_SIZE >> 3])
+            bits = self._ranks.get(kind)
+            if bits is None:
+                bits = self._ranks[kind] = bytearray()
+            if len(bits) < len(saved):
+                bits.extend(bytes(len(saved) - len(bits)))
+            for i, byte in enumerate(saved):
+                bits[i] |= byte
+            self._n_ranks[kind] = sum(bin(b).count("1") for b in bits)
+
     def listed(self) -> List[Dict[str, Any]]:
         """The header's ``alerts``: copies, since event data leaves the sink."""
         out = [dict(a) for a in self._alerts.values()]

@@ -90,6 +90,22 @@ def test_a_re_raise_counts_a_rank_once_and_forgetting_ranks_uncounts_them() -> N
     assert alerts.ranks_raised() == {"stale": 2}  # bounded: never a giant bitmap
 
 
+def test_the_rank_counts_survive_a_journal_round_trip() -> None:
+    """What a journal of the alert list keeps beside its entries: the bitmaps, merged with
+    whatever a replay raised again, each rank once."""
+    alerts = RunAlerts()
+    for r in range(0, 1200, 3):
+        alerts.raise_("r", "stalled", r, "stalled", 1.0, lambda _: None, False)
+    saved = alerts.ranks_state()
+    again = RunAlerts()
+    again.raise_("r", "stalled", 3, "stalled", 2.0, lambda _: None, False)  # replayed too
+    again.raise_("r", "stalled", 1, "stalled", 2.0, lambda _: None, False)  # new since
+    again.restore_ranks(saved)
+    assert again.ranks_raised() == {"stalled": 400 + 1}
+    again.restore_ranks({"stale": b"\xff" * 10_000})  # past 65,536 bits: cut there
+    assert again.ranks_raised()["stale"] == 65_536
+
+
 @pytest.mark.parametrize("kind", ["gpu_xid", "gpu_ecc", "gpu_row_remap", "gpu_throttle",
                                   "collective_behind"])
 def test_gpu_health_and_collective_behind_are_always_their_hosts(kind: str) -> None:
