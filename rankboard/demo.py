@@ -11,7 +11,8 @@ each ``--ranks`` processes spread over ``--hosts`` simulated hosts (``node-a``, 
   another reports an XID, so the GPU health panels and alerts have something to show),
   and logs plausible loss/accuracy curves with noise per epoch (the last rank is a bit
   slower, as real clusters have a straggler);
-* the **step job** (``--mode steps``): one epoch of optimizer steps at about 10 steps/s,
+* the **step job** (``--mode steps``): one epoch of optimizer steps at about 10 steps/s
+  (registered with ``total_steps``, so the page counts "step s/total" with an ETA),
   each logged with the real :meth:`RankAgent.log_step` (loss, lr, grad_norm, samples and
   tokens); the last rank, on the last host, is deliberately slower **because of its data**:
   each step waits for its batch (calling :meth:`RankAgent.batch_ready` when it has it, so
@@ -227,7 +228,8 @@ def run_steps(ns: argparse.Namespace) -> int:
     slow = SLOW_STEP if ns.rank == ns.world_size - 1 and ns.world_size > 1 else 1.0
     agent = RankAgent(broker=ns.broker, run=ns.run, rank=ns.rank, world_size=ns.world_size,
                       local_rank=ns.local_rank, host=ns.host, label=ns.label,
-                      stall_after=STALL_AFTER if ns.barrier else None)
+                      stall_after=STALL_AFTER if ns.barrier else None,
+                      total_steps=ns.steps)  # "step s/total" and the ETA (8.5)
     loader = DataLoader(ns.stall_seconds, ns.barrier) if ns.barrier else None
     clock = StepClock(ns.clock, ns.rank, ns.world_size) if ns.clock else None
     try:

@@ -37,6 +37,7 @@ def test_the_demos_hosts_table_marks_exactly_the_xid_host(demo: Stack, page: Any
     runs = wait_for(round_done, 180.0, "the demo's round: both runs complete")
     steps_run = next(r["run"] for r in runs if r["run"].startswith("demo-steps-"))
     header = demo.get_json(f"/api/runs/{steps_run}")
+    assert header["total_steps"] == 100 and header["eta_secs"] == 0.0  # its end (8.5)
     kinds = {(a["kind"], a["rank"]) for a in header["alerts"]}
     # the hang: every rank stalled (the run's trouble); the XID on rank 2, on node-b
     assert {("stalled", r) for r in range(4)} <= kinds, kinds
