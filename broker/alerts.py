@@ -23,11 +23,22 @@ restore` puts it back exactly; :attr:`RunAlerts.version` says when it changed an
 leaving the list), so the journal writes it only then, and a condition that persists (a GPU
 throttling, raised again with every sample) costs little (``broker/journal/statenotes.py``).
 Any kind raised here survives.
+
+(v5, 8.5 "Hosts, fairly") Each entry keeps ``host``: the host its rank had when the alert was
+last raised (None for a run-wide alert or a rank on no known host), a plain value on the
+entry so it travels (and is journaled) with it: a job requeued onto other nodes blames none
+of them for the old ones' alerts. And per kind the list counts the **distinct ranks** that
+raised it, past the cap (:meth:`RunAlerts.ranks_raised`, the header's ``alert_ranks``): a
+kind raised by more than half of the world is the run's, not a host's (``web/cluster.py``
+judges that). The ranks are a bitmap per kind, at most ``MAX_WORLD_SIZE`` bits (8 KiB): a
+65,536-rank stall costs bytes, not a set of 65,536 ints.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from rank_agent.protocol import MAX_WORLD_SIZE
 
 __all__ = ["RunAlerts", "OnAlert", "MAX_ALERTS_PER_KIND", "MAX_ALERT_MESSAGE"]
 
@@ -45,7 +56,8 @@ Place = Callable[[int], Optional[Tuple[str, int]]]
 class RunAlerts:
     """The alerts of one run, in first-raised order (a re-raise updates in place)."""
 
-    __slots__ = ("_alerts", "on_alert", "_recent", "_raised", "version", "shape")
+    __slots__ = ("_alerts", "on_alert", "_recent", "_raised", "version", "shape", "_ranks",
+                 "_n_ranks")
 
     def __init__(self) -> None:
         self._alerts: Dict[Tuple[str, Optional[int]], Dict[str, Any]] = {}
@@ -59,6 +71,10 @@ class RunAlerts:
         self.version = 0
         #: bumped by every change but an alert's time alone
         self.shape = 0
+        #: kind -> a bitmap of the ranks that raised it (bit r of byte r >> 3), past the cap
+        self._ranks: Dict[str, bytearray] = {}
+        #: kind -> how many bits of its bitmap are set
+        self._n_ranks: Dict[str, int] = {}
 
     def raise_(self, run: str, kind: str, rank: Optional[int], message: str, now: float,
                place: Place, notify: bool) -> None:
@@ -73,9 +89,14 @@ class RunAlerts:
         recent = self._recent.get(kind)
         if recent is None:
             recent = self._recent[kind] = OrderedDict()
+        p = place(rank) if rank is not None else None
+        host = p[0] if p else None
+        if rank is not None:
+            self._count_rank(kind, rank)
         if alert is None:
             self.shape += 1
-            self._alerts[key] = {"kind": kind, "rank": rank, "message": message, "at": now}
+            self._alerts[key] = {"kind": kind, "rank": rank, "message": message, "at": now,
+                                 "host": host}
             self._raised[kind] = self._raised.get(kind, 0) + 1
             recent[key] = None
             if len(recent) > MAX_ALERTS_PER_KIND:
@@ -86,10 +107,52 @@ class RunAlerts:
                 self.shape += 1
                 alert["message"] = message
             alert["at"] = now
+            if alert.get("host") != host:
+                self.shape += 1
+                alert["host"] = host
             recent.move_to_end(key)
         if notify and self.on_alert is not None:
-            p = place(rank) if rank is not None else None
-            self.on_alert(run, kind, rank, message, p[0] if p else None, now)
+            self.on_alert(run, kind, rank, message, host, now)
+
+    def _count_rank(self, kind: str, rank: int) -> None:
+        """Note that ``rank`` raised ``kind`` (once per rank; ranks past any world size a
+        run may have are left out: they are discarded when the world size is known)."""
+        if not 0 <= rank < MAX_WORLD_SIZE:
+            return
+        bits = self._ranks.get(kind)
+        if bits is None:
+            bits = self._ranks[kind] = bytearray()
+        byte, bit = rank >> 3, 1 << (rank & 7)
+        if byte >= len(bits):
+            bits.extend(bytes(byte + 1 - len(bits)))
+        if not bits[byte] & bit:
+            bits[byte] |= bit
+            self._n_ranks[kind] = self._n_ranks.get(kind, 0) + 1
+
+    def ranks_raised(self) -> Dict[str, int]:
+        """The header's ``alert_ranks`` (8.5): kind -> the distinct ranks that raised it,
+        counted past the list's cap (kinds raised only run-wide are absent)."""
+        return dict(self._n_ranks)
+
+    def ranks_state(self) -> Dict[str, bytes]:
+        """kind -> its ranks bitmap, for a journal that keeps the alert list across a
+        restart: the count past the cap is not in the listed entries (8.5)."""
+        return {kind: bytes(bits) for kind, bits in self._ranks.items()}
+
+    def restore_ranks(self, state: Dict[str, bytes]) -> None:
+        """Merge bitmaps from :meth:`ranks_state` (a restart): each rank counts once, whether
+        it comes back from the journal, from a replayed frame, or both; a bitmap past
+        ``MAX_WORLD_SIZE`` bits is cut there."""
+        for kind, saved in state.items():
+            saved = bytes(saved[:MAX_WORLD_SIZE >> 3])
+            bits = self._ranks.get(kind)
+            if bits is None:
+                bits = self._ranks[kind] = bytearray()
+            if len(bits) < len(saved):
+                bits.extend(bytes(len(saved) - len(bits)))
+            for i, byte in enumerate(saved):
+                bits[i] |= byte
+            self._n_ranks[kind] = sum(bin(b).count("1") for b in bits)
 
     def listed(self) -> List[Dict[str, Any]]:
         """The header's ``alerts``: copies, since event data leaves the sink."""
@@ -99,7 +162,8 @@ class RunAlerts:
             if raised > len(recent):  # some left the list: say how many there were
                 last = self._alerts[next(reversed(recent))]["at"] if recent else None
                 out.append({"kind": kind, "rank": None, "at": last, "message":
-                            f"{raised} {kind} alerts raised, the latest {len(recent)} listed"})
+                            f"{raised} {kind} alerts raised, the latest {len(recent)} listed",
+                            "host": None})
         return out
 
     def forget_ranks_from(self, world_size: int) -> None:
@@ -111,6 +175,13 @@ class RunAlerts:
             self.version += 1
             self.shape += 1
 
+        for kind, bits in self._ranks.items():
+            keep = (world_size + 7) >> 3
+            if world_size & 7 and keep <= len(bits):
+                bits[keep - 1] &= (1 << (world_size & 7)) - 1
+            del bits[keep:]
+            self._n_ranks[kind] = sum(bin(b).count("1") for b in bits)
+
     def state(self) -> Dict[str, Any]:
         """The list as plain data (MessagePack-ready) for the journal: ``alerts`` as the
         listed dicts in listed (first-raised) order (every key, so a field added to alerts
@@ -120,6 +191,7 @@ class RunAlerts:
             "alerts": list(self._alerts.values()),
             "recent": {kind: [key[1] for key in recent] for kind, recent in self._recent.items()},
             "raised": dict(self._raised),
+            "ranks": self.ranks_state(),  # the distinct ranks of each kind, past the cap
         }
 
     def restore(self, state: Dict[str, Any]) -> None:
@@ -148,6 +220,8 @@ class RunAlerts:
         for kind, order in recent.items():
             raised[kind] = max(raised.get(kind, 0), len(order))
         self._alerts, self._recent, self._raised = alerts, recent, raised
+        if isinstance(state.get("ranks"), dict):  # absent in entries written before it
+            self.restore_ranks({str(k): bytes(v) for k, v in state["ranks"].items()})
         self.version += 1
         self.shape += 1
 

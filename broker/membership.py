@@ -37,6 +37,7 @@ class MembershipRules:
         port: int
         port_conflicts: int
         total_epochs: int
+        total_steps: int
         label: Optional[str]
         svg: Optional[str]
         status: str
@@ -92,6 +93,9 @@ class MembershipRules:
                 self._header_pending = True
         if frame.total_epochs and not self.total_epochs:
             self.total_epochs = frame.total_epochs
+            self._header_pending = True
+        if frame.total_steps and not self.total_steps:  # 8.5: first non-zero arrival wins
+            self.total_steps = frame.total_steps
             self._header_pending = True
         if st.finished:
             self._reactivate(st)

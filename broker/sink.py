@@ -61,6 +61,7 @@ from broker.stacks.feed import StackFeed, stall_message
 from broker.stacks.store import RunStacks
 from broker.steps.closer import RunSteps
 from broker.steps.datawait import DataWait
+from broker.steps.eta import step_eta
 from broker.steps.rules import StepRules
 from broker.steps.store import StepStore
 from broker.topology import HardwareString, Topology
@@ -129,6 +130,7 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
         self.status = "waiting"
         self.world_size: int | None = None
         self.total_epochs = 0  # 0 = unknown
+        self.total_steps = 0  # 0 = unknown (8.5)
         self.port = 0  # 0 = none
         self.svg: str | None = None
         self.label: str | None = None
@@ -378,6 +380,9 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
             "data_share": self.data_wait.share,
             "data_stragglers": self.data_wait.stragglers,
             "collectives_last": self.collectives_last.value,
+            "total_steps": self.total_steps or None,  # 8.5
+            "eta_secs": step_eta(self.total_steps, self.steps),
+            "alert_ranks": self.alerts.ranks_raised(),  # 8.5: whose the alerts are
         }
 
     def ranks(self) -> List[Dict[str, Any]]:

@@ -66,6 +66,26 @@ __all__ = ["RankAgent", "DEFAULT_BROKER", "MAX_PENDING_STEPS", "sanitize_run_id"
 
 ScalarArg = Union[float, Tuple[float, int]]
 
+#: The largest ``total_steps`` sent (MessagePack's signed 64-bit range); beyond it: unknown.
+MAX_TOTAL_STEPS = 2**63 - 1
+
+
+def checked_total_steps(value: Any) -> int:
+    """``total_steps`` as the wire takes it (8.5): a whole number of steps, 0 for unknown.
+
+    Frameworks hand over what they have (Lightning's ``estimated_stepping_batches`` is
+    ``inf`` for an endless fit, a float elsewhere): anything that is not a finite number of
+    at least 1 is "unknown" rather than an error, since a guest in a training loop must
+    not fail its caller over a progress figure."""
+    if isinstance(value, bool):
+        return 0
+    try:
+        steps = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return steps if 0 < steps <= MAX_TOTAL_STEPS else 0
+
+
 class RankAgent:
     """One training rank's connection to the rankboard broker.
 
@@ -95,6 +115,9 @@ class RankAgent:
     ``label`` (section 7.5): the run's readable name, sent in every ``register`` (cut to 128
     characters); ``None`` = the training script's name (``train.py`` -> ``train``).
 
+    ``total_steps`` (section 8.5): the run's optimizer steps in all (0 = unknown), sent in
+    every ``register`` so the board can say "step 1,200/10,000" and an ETA for a step run.
+
     Every sending method returns ``True`` when the frame was queued and ``False`` when it was
     dropped; none of them blocks or raises.
     """
@@ -114,6 +137,7 @@ class RankAgent:
         stall_after: float | None = None,
         control: Union[bool, str, None] = True,
         label: str | None = None,
+        total_steps: int = 0,
     ) -> None:
         rank, world_size, local_rank = int(rank), int(world_size), int(local_rank)
         step_flush = checked_step_flush(step_flush)
@@ -134,6 +158,8 @@ class RankAgent:
         self.host = clamp(host if host is not None else _socket.gethostname(), MAX_SHORT) or "unknown"
         self.sndhwm = max(1, int(sndhwm))
         self.label = resolve_label(label)  # section 7.5: in every register, implicit too
+        #: (8.5) the run's optimizer steps in all (0: unknown), in every register, implicit too
+        self.total_steps = checked_total_steps(total_steps)
         self.linger_ms = max(0, int(linger_ms))
         self._finished = False
         #: users of a shared agent (:mod:`rank_agent.shared`): the last one's close() closes
@@ -248,7 +274,8 @@ class RankAgent:
         its world size and completes): port 0, total_epochs 0."""
         return encoder.encode(Register(
             run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
-            local_rank=self.local_rank, pid=os.getpid(), label=self.label))
+            local_rank=self.local_rank, pid=os.getpid(), label=self.label,
+            total_steps=self.total_steps))
 
     # -- counters ----------------------------------------------------------------------------
 
@@ -301,10 +328,15 @@ class RankAgent:
 
     # -- the frames --------------------------------------------------------------------------
 
-    def register(self, port: int = 0, total_epochs: int = 0) -> bool:
+    def register(self, port: int = 0, total_epochs: int = 0,
+                 total_steps: int | None = None) -> bool:
         """Announce this rank: world size, host, local rank, pid; ``port`` a dashboard port the
-        launcher would like the web on (0: none), ``total_epochs`` if known (0: unknown)."""
+        launcher would like the web on (0: none), ``total_epochs`` if known (0: unknown).
+        ``total_steps`` (8.5): the run's optimizer steps, kept for every later register too
+        (None: the agent's own, from its constructor or an earlier call)."""
         try:
+            if total_steps is not None:
+                self.total_steps = checked_total_steps(total_steps)
             port, total_epochs = int(port), int(total_epochs)
             if not 0 <= port <= 65535:
                 self._warn("port", "rankboard: port %d out of range; registering without one", port)
@@ -312,7 +344,7 @@ class RankAgent:
             frame = Register(
                 run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
                 local_rank=self.local_rank, port=port, total_epochs=max(0, total_epochs), pid=os.getpid(),
-                label=self.label)
+                label=self.label, total_steps=self.total_steps)
         except Exception as exc:
             return self._lose("register", "rankboard: bad register arguments: %r", exc)
         self._start_diag()

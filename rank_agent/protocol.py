@@ -146,6 +146,8 @@ class Register(_Frame, tag="register"):
     pid: NonNegInt = 0
     #: The run's readable name (section 7.5); "" = none.
     label: Annotated[str, Meta(max_length=MAX_LABEL)] = ""
+    #: (v5, 8.5) the run's optimizer steps in all, for the step-run ETA; 0 = unknown.
+    total_steps: NonNegInt = 0
 
 
 class Svg(_Frame, tag="svg"):

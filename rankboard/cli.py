@@ -254,7 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", type=_int_range(1, MAX_SHARDS), default=1, metavar="N",
                    help="start N brokers, each owning the runs whose id hashes to it "
                         "(shard K: ports + 3*K, <data-dir>/shard-K; default 1)")
+    p.add_argument("--port-from-rank", action="store_true",
+                   help="bind the web on the first port a rank registers instead of at once "
+                        "(the launcher rule; excludes --port)")
     p.set_defaults(worker_id=None)
+    for action in p._actions:  # up's own default (PROTOCOL 8.5): None tells --port apart
+        if action.dest == "port":
+            action.help = (f"web port (default {DEFAULT_WEB_PORT}, bound at once; "
+                           "--port-from-rank: the first port a rank registers)")
     _common(p)
 
     p = _command(sub, "demo", "everything plus a simulated cluster of real agents")
@@ -398,6 +405,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         (args.curve_secret_key is None) != (args.curve_authorized is None)
     ):
         print(f"{prog}: --curve-secret-key and --curve-authorized go together", file=sys.stderr)
+        return 2
+    if getattr(args, "port_from_rank", False) and args.port is not None:
+        print(f"{prog}: --port and --port-from-rank exclude each other: give one",
+              file=sys.stderr)
         return 2
     problem = (_feed_problem(args) or data_dir_problem(getattr(args, "data_dir", None))
                or _curve_client_problem(args) or _read_token_file(args))

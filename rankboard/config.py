@@ -102,6 +102,9 @@ def from_args(args: argparse.Namespace) -> Config:
         if broker.curve_web_authorized is None and web.curve_client_key is not None:
             # the broker of up/demo serves its own web: that web's key may ask for dumps
             broker = replace(broker, curve_web_authorized=web.curve_client_key)
+        if args.command == "up" and web.port is None and not getattr(args, "port_from_rank", False):
+            # PROTOCOL 8.5: the README's address at once; the v1 lazy rule only when asked
+            web = replace(web, port=DEFAULT_WEB_PORT)
         up = UpConfig(broker=broker, web=web, shards=getattr(args, "shards", 1))
         if args.command == "up":
             return up

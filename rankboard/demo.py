@@ -11,7 +11,8 @@ each ``--ranks`` processes spread over ``--hosts`` simulated hosts (``node-a``, 
   another reports an XID, so the GPU health panels and alerts have something to show),
   and logs plausible loss/accuracy curves with noise per epoch (the last rank is a bit
   slower, as real clusters have a straggler);
-* the **step job** (``--mode steps``): one epoch of optimizer steps at about 10 steps/s,
+* the **step job** (``--mode steps``): one epoch of optimizer steps at about 10 steps/s
+  (registered with ``total_steps``, so the page counts "step s/total" with an ETA),
   each logged with the real :meth:`RankAgent.log_step` (loss, lr, grad_norm, samples and
   tokens); the last rank, on the last host, is deliberately slower **because of its data**:
   each step waits for its batch (calling :meth:`RankAgent.batch_ready` when it has it, so
@@ -154,7 +155,7 @@ def run_rank(ns: argparse.Namespace) -> int:
                 "epochs": ns.epochs, "world_size": ns.world_size, "hosts": ns.hosts,
                 "precision": "bf16", "seed": 1234,
             })
-        use_simulated_gpu(agent, ns.world_size, seed=f"{ns.run}:{ns.rank}")
+        use_simulated_gpu(agent, ns.world_size, seed=f"{ns.run}:{ns.rank}", hosts=ns.hosts)
         agent.set_hardware()
         agent.start_sampling(interval=max(0.5, min(2.0, ns.epoch_seconds / 2)))
         for epoch in range(ns.epochs):
@@ -235,7 +236,8 @@ def run_steps(ns: argparse.Namespace) -> int:
     slow = SLOW_STEP if ns.rank == ns.world_size - 1 and ns.world_size > 1 else 1.0
     agent = RankAgent(broker=ns.broker, run=ns.run, rank=ns.rank, world_size=ns.world_size,
                       local_rank=ns.local_rank, host=ns.host, label=ns.label,
-                      stall_after=STALL_AFTER if ns.barrier else None)
+                      stall_after=STALL_AFTER if ns.barrier else None,
+                      total_steps=ns.steps)  # "step s/total" and the ETA (8.5)
     loader = DataLoader(ns.stall_seconds, ns.barrier) if ns.barrier else None
     clock = StepClock(ns.clock, ns.rank, ns.world_size) if ns.clock else None
     # what a real DDP job's Flight Recorder holds: one gradient all-reduce a step (7.2)
@@ -250,7 +252,8 @@ def run_steps(ns: argparse.Namespace) -> int:
                 "micro_batch": STEP_BATCH, "steps": ns.steps, "world_size": ns.world_size,
                 "hosts": ns.hosts, "precision": "bf16",
             })
-        use_simulated_gpu(agent, ns.world_size, seed=f"{ns.run}:{ns.rank}:steps")
+        use_simulated_gpu(agent, ns.world_size, seed=f"{ns.run}:{ns.rank}:steps",
+                          hosts=ns.hosts)
         agent.set_hardware()
         agent.start_sampling(interval=1.0)
         started = time.monotonic()

@@ -22,6 +22,7 @@ Samples are counted by the clock event reason read, which the sampler makes once
 """
 from __future__ import annotations
 
+import math
 import random
 from types import SimpleNamespace
 from typing import Any
@@ -60,12 +61,21 @@ class NVMLError_NotSupported(NVMLError):  # noqa: N801 (pynvml's name)
         super().__init__(_NOT_SUPPORTED)
 
 
-def roles(world_size: int) -> tuple[int, int]:
+def roles(world_size: int, hosts: int = 1) -> tuple[int, int]:
     """(the rank whose GPU throttles, the rank whose GPU reports an XID) in a run of
-    ``world_size`` ranks: ranks 1 and 2 (the last rank is the demo's slow one), folded onto
-    fewer ranks in a small run."""
-    thermal = 1 if world_size > 1 else 0
-    xid = 2 if world_size > 2 else 0
+    ``world_size`` ranks on ``hosts`` hosts: the last host's second and third ranks, folded
+    onto fewer ranks on a small host (one host: ranks 1 and 2).
+
+    Both sit on the last host, where the demo's slow-input rank (the last rank) runs too: one
+    bad node, as the cluster view should find it. Spread over two hosts, the throttling GPU
+    gave a second host incidents in two runs every round, and the hosts table called both
+    hosts suspect (issue 37)."""
+    hosts = max(1, min(hosts, world_size))
+    per_host = math.ceil(world_size / hosts)
+    first = (math.ceil(world_size / per_host) - 1) * per_host  # the last host's first rank
+    on_host = world_size - first
+    thermal = first + (1 if on_host > 1 else 0)
+    xid = first + (2 if on_host > 2 else 0)
     return thermal, xid
 
 
@@ -184,19 +194,21 @@ class SimulatedNvml:
         return [SimpleNamespace(nvmlReturn=0, value=SimpleNamespace(ullVal=0)) for _ in fields]
 
 
-def simulated_sampler(rank: int, world_size: int, local_rank: int, seed: str = "") -> Any:
+def simulated_sampler(rank: int, world_size: int, local_rank: int, seed: str = "",
+                      hosts: int = 1) -> Any:
     """The real :class:`~rank_agent.sampler.Sampler` (host CPU and RAM as they are) reading a
     :class:`SimulatedNvml` GPU scripted for ``rank``'s role in the run."""
     from rank_agent.sampler import Sampler
 
-    thermal, xid = roles(world_size)
+    thermal, xid = roles(world_size, hosts)
     nvml = SimulatedNvml(local_rank, throttles=rank == thermal, xid=rank == xid, seed=seed)
     return Sampler(local_rank, cuda_visible_devices=None, nvml=nvml)
 
 
-def use_simulated_gpu(agent: Any, world_size: int, seed: str = "") -> None:
+def use_simulated_gpu(agent: Any, world_size: int, seed: str = "", hosts: int = 1) -> None:
     """Make ``agent`` sample a simulated GPU: call before ``set_hardware``/``start_sampling``.
 
     RankAgent creates its sampler on first need and has no public way to pass one; the
     demo is its own package's code, so it sets the agent's sampler slot directly."""
-    agent._get_sampling().sampler = simulated_sampler(agent.rank, world_size, agent.local_rank, seed)
+    agent._get_sampling().sampler = simulated_sampler(agent.rank, world_size, agent.local_rank,
+                                                      seed, hosts)

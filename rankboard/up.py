@@ -3,8 +3,8 @@
 * ``web``: one web (``web/serve.py``) or, with ``--workers N``, a supervisor of N worker
   processes (``web/workers.py``), each started as ``python -m rankboard web --worker-id K``.
 * ``up``: the broker as a child process (:class:`BrokerChild`, ``python -m rankboard
-  broker ...``) plus the web here; without ``--port`` the web binds lazily on the first port
-  a rank registers.
+  broker ...``) plus the web here, bound at once on ``--port`` (default 8585, PROTOCOL 8.5);
+  with ``--port-from-rank`` the web binds lazily on the first port a rank registers.
 * ``demo``: ``up`` with a private broker on ephemeral loopback ports and a temporary data
   dir, plus a simulated cluster of real agent processes (``rankboard/demo.py``), run after
   run until Ctrl-C.
@@ -38,11 +38,13 @@ from web.serve import (
     LazyBinder,
     Stopper,
     Web,
+    bind_failure,
     bind_refusal,
     dashboard_url,
     fail,
     feed_curve,
     patch,
+    port_taken,
     run_web,
     say,
 )
@@ -246,6 +248,10 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
         bcfgs = shard_configs(bcfg, cfg.shards)
     except ValueError as exc:
         return fail(prog, str(exc), 2)
+    if cfg.web.port is not None:  # a port in use: one line, before any broker starts
+        taken = port_taken(cfg.web.host, cfg.web.port)
+        if taken is not None:
+            return fail(prog, bind_failure(taken))
     stopper = Stopper()
     brokers = [BrokerChild(one) for one in bcfgs]
     web: Web | None = None
@@ -275,7 +281,7 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
             try:
                 web.bind(wcfg.port)
             except OSError as exc:
-                return fail(prog, str(exc.strerror or exc))
+                return fail(prog, bind_failure(exc))
         if wcfg.metrics_port is not None:
             try:
                 web.bind_metrics(wcfg.metrics_host or wcfg.host, wcfg.metrics_port)
@@ -346,7 +352,7 @@ def _up_pool(cfg: WebConfig, prog: str, brokers: list[BrokerChild], stopper: Sto
             try:
                 pool.bind(cfg.port)
             except OSError as exc:
-                return fail(prog, str(exc.strerror or exc))
+                return fail(prog, bind_failure(exc))
         while not stopper.wait(0.5):
             if pool.failure:
                 return fail(prog, pool.failure)

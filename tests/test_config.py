@@ -64,7 +64,7 @@ def test_up_and_demo_share_the_flags_and_their_web_reads_the_brokers_key() -> No
     assert isinstance(up, UpConfig)
     assert up.broker.curve_secret_key == Path("/k/s") and up.broker.log_level == "DEBUG"
     assert (up.web.port, up.web.curve_server_key, up.web.curve_server_flag) == (
-        None, Path("/k/s"), "--curve-secret-key")
+        8585, Path("/k/s"), "--curve-secret-key")  # 8585 at once (PROTOCOL 8.5)
     demo = _parse(["demo", "--ranks", "3", "--no-browser"])
     assert isinstance(demo, DemoConfig)
     assert (demo.ranks, demo.no_browser, demo.up.web.port, demo.up.web.workers) == (

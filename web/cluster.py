@@ -13,7 +13,7 @@ runs plus the work for the runs that changed, not a pass over every rank of ever
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, TypeGuard
 
 from web.runstate import RunState, finite
 
@@ -26,6 +26,9 @@ INCIDENT_KINDS = frozenset((
     "stale", "rank_error", "data_straggler", "collective_behind"))
 #: Incidents that make a host suspect on their own: the GPU itself says it is failing.
 HARDWARE_KINDS = frozenset(("gpu_xid", "gpu_ecc", "gpu_row_remap"))
+#: (8.5 "Hosts, fairly") Kinds that are the run's, not a host's, once more than half of the
+#: run's world raised them: a job-wide stall, a whole job gone stale, every rank failing.
+RUN_WIDE_KINDS = frozenset(("stalled", "stale", "rank_error", "data_straggler", "nonfinite"))
 #: ``limit``'s range.
 MAX_LIMIT = 10_000
 
@@ -121,6 +124,48 @@ class _RunHosts:
     incidents: dict[str, list[tuple[float, str, int, str, Any]]]
 
 
+def _is_rank(value: Any) -> TypeGuard[int]:
+    """An int that is not a bool (JSON's true is no rank and no count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def runs_own_kinds(header: Mapping[str, Any]) -> frozenset[str]:
+    """The alert kinds of :data:`RUN_WIDE_KINDS` that are this run's, not any host's (8.5):
+    raised by more than half of its world size (exactly half still blames hosts).
+
+    The distinct ranks are the broker's count (the header's ``alert_ranks``, kept past the
+    alert list's cap), or the listed alerts' ranks when those are more (a header from a
+    broker before 8.5 has no count; an unknown world size judges nothing run-wide)."""
+    world = header.get("world_size")
+    if not _is_rank(world) or world <= 0:
+        return frozenset()
+    counted = header.get("alert_ranks")
+    counts = counted if isinstance(counted, dict) else {}
+    listed: dict[str, set[int]] = {}
+    raw = header.get("alerts")
+    for alert in raw if isinstance(raw, list) else ():
+        if isinstance(alert, dict) and alert.get("kind") in RUN_WIDE_KINDS and _is_rank(
+                alert.get("rank")):
+            listed.setdefault(alert["kind"], set()).add(alert["rank"])
+    own = []
+    for kind in RUN_WIDE_KINDS:
+        raw_n = counts.get(kind)
+        n: int = raw_n if _is_rank(raw_n) else 0
+        if 2 * max(n, len(listed.get(kind, ()))) > world:
+            own.append(kind)
+    return frozenset(own)
+
+
+def alert_host(alert: Mapping[str, Any], owner: Mapping[int, str]) -> str | None:
+    """The host an alert blames (8.5): the host its rank had when it was last raised (the
+    broker keeps it on the alert), else, for an alert without one (an older broker's, or a
+    rank not yet placed then), the host the run's topology gives the rank now."""
+    host = alert.get("host")
+    if isinstance(host, str) and host:
+        return host
+    return owner.get(alert["rank"])
+
+
 def _run_hosts(run: str, header: dict[str, Any]) -> _RunHosts:
     owner: dict[int, str] = {}
     hosts: list[tuple[str, dict[str, Any]]] = []
@@ -138,13 +183,16 @@ def _run_hosts(run: str, header: dict[str, Any]) -> _RunHosts:
         hosts.append((host, {"run": run, "ranks": mine}))
     incidents: dict[str, list[tuple[float, str, int, str, Any]]] = {}
     raw_alerts = header.get("alerts")
+    runs_own = runs_own_kinds(header)
     for alert in raw_alerts if isinstance(raw_alerts, list) else ():
         if not isinstance(alert, dict) or alert.get("kind") not in INCIDENT_KINDS:
             continue
+        if alert["kind"] in runs_own:
+            continue  # raised by most of the run: the job's trouble, no host's (8.5)
         rank = alert.get("rank")
         if not isinstance(rank, int) or isinstance(rank, bool):
             continue  # run-wide: nobody's
-        host = owner.get(rank)
+        host = alert_host(alert, owner)
         if host is None:  # a rank on no known host
             continue
         at = finite(alert.get("at"))
@@ -251,6 +299,9 @@ class ClusterIndex:
                 row["ranks"] += len(entry["ranks"])
             for host, items in derived.incidents.items():
                 found.setdefault(host, []).extend(items)
+        for host in found:  # blamed where its rank ran then, a host no run holds now (8.5)
+            if host not in table:
+                table[host] = {"host": host, "runs": [], "ranks": 0}
         out = []
         for host, row in table.items():
             items = found.get(host, [])
@@ -273,4 +324,5 @@ class ClusterIndex:
             known.update(host for host, _ in derived.hosts)
             for host, items in derived.incidents.items():
                 found.setdefault(host, []).extend(items)
+        known.update(found)
         return {host: host_verdict(found.get(host, []))[0] for host in known}

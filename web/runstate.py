@@ -14,6 +14,7 @@ from typing import Any
 import gevent
 import gevent.queue
 
+from broker.steps.eta import step_eta
 from broker.steps.store import StepStore
 from web import sse
 from web.ranksbound import SampleRotation
@@ -148,6 +149,11 @@ class RunState:
         header.update(self.header)
         header["steps_done"] = self.steps.last_step
         header["step_metrics"] = self.steps.metric_names()
+        # 8.5: against this web's own closed steps too, as steps_done (null when unknown)
+        total = header.get("total_steps")
+        header["total_steps"] = (total if isinstance(total, int) and not isinstance(total, bool)
+                                 and total > 0 else None)
+        header["eta_secs"] = step_eta(header["total_steps"], self.steps)
         return header
 
     def record_event(self, seq: int, record: dict[str, Any]) -> bytes:

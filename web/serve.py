@@ -181,6 +181,39 @@ def reuseport_socket(host: str, port: int, *, listen: bool) -> socket.socket:
     return sock
 
 
+def bind_failure(exc: OSError) -> str:
+    """The one line a failed web bind prints: the reason naming the address, and for a port
+    in use how to pick another (PROTOCOL 8.5: a newcomer's second ``rankboard up`` must not
+    stop at "Address already in use")."""
+    reason = str(exc.strerror or exc)
+    if exc.errno == errno.EADDRINUSE:
+        reason += "; pick another port with --port N"
+    return reason
+
+
+def port_taken(host: str, port: int) -> OSError | None:
+    """Whether ``host:port`` is taken now, as the web's own bind would find it (the same
+    ``SO_REUSEADDR``), probed before ``up`` starts its brokers so that a port in use is one
+    line and no broker log; the OSError names the address as :meth:`Web.bind`'s does. None
+    when free (or for port 0: any free port)."""
+    if not port:
+        return None
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return None  # the real bind says what is wrong with the host
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return OSError(exc.errno, f"cannot bind the web to {host}:{port}: "
+                           f"{exc.strerror or exc}")
+    return None
+
+
 def worker_header(app: Callable[..., Any], worker_id: int) -> Callable[..., Any]:
     """WSGI middleware adding ``X-Rankboard-Worker: <K>`` to every response.
 
@@ -451,7 +484,7 @@ def run_web(cfg: WebConfig, curve: dict[int, bytes] | None,
             if cfg.metrics_port is not None:
                 web.bind_metrics(cfg.metrics_host or cfg.host, cfg.metrics_port)
         except OSError as exc:
-            return fail(prog, str(exc.strerror or exc))
+            return fail(prog, bind_failure(exc))
         web.start_feed()
         if worker_id is not None:
             import gevent

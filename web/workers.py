@@ -25,7 +25,16 @@ import time
 from typing import Any, Callable, Sequence
 
 from web.config import WebConfig
-from web.serve import Stopper, bind_refusal, dashboard_lines, fail, patch, reuseport_socket, say
+from web.serve import (
+    Stopper,
+    bind_failure,
+    bind_refusal,
+    dashboard_lines,
+    fail,
+    patch,
+    reuseport_socket,
+    say,
+)
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +297,7 @@ def run_pool(cfg: WebConfig, launcher: Launcher, prog: str = "rankboard web") ->
         try:
             pool.bind(cfg.port)
         except OSError as exc:
-            return fail(prog, str(exc.strerror or exc))
+            return fail(prog, bind_failure(exc))
         if pool.failure:
             return fail(prog, pool.failure)
         while not stopper.wait(0.5):

@@ -40,7 +40,7 @@ import time
 from pathlib import PurePath
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
-from ..agent import RankAgent
+from ..agent import RankAgent, checked_total_steps
 from ..launcher import launcher_run_id, new_run_id, sanitize_run_id
 
 log = logging.getLogger(__name__)
@@ -468,10 +468,15 @@ class Reporter:
         atexit.register(self._at_exit)
 
     def start(self, *, total_epochs: int = 0, metadata: Any = None, port: int = 0,
-              sample_interval: float | None = 2.0) -> None:
-        """Register, send metadata and hardware, start resource sampling (``None``: don't)."""
+              sample_interval: float | None = 2.0, total_steps: Any = 0) -> None:
+        """Register, send metadata and hardware, start resource sampling (``None``: don't).
+
+        ``total_steps`` (8.5): the framework's figure, sent unless the user gave the agent
+        one (``total_steps=`` among the agent's keyword arguments wins)."""
         agent = self.agent
-        agent.register(port=port, total_epochs=max(0, int(total_epochs or 0)))
+        steps = None if agent.total_steps else checked_total_steps(total_steps)
+        agent.register(port=port, total_epochs=max(0, int(total_epochs or 0)),
+                       total_steps=steps)
         if metadata is not None:
             agent.set_metadata(jsonable(metadata))
         agent.set_hardware()

@@ -9,7 +9,8 @@ there would belong to the parent.
 
 What a fit sends (PROTOCOL.md section 5):
 
-* at ``on_fit_start``: ``register`` (``total_epochs`` = ``max_epochs`` when it is finite),
+* at ``on_fit_start``: ``register`` (``total_epochs`` = ``max_epochs`` when it is finite,
+  ``total_steps`` = ``estimated_stepping_batches`` when finite, 8.5),
   metadata (the module's and datamodule's hyperparameters and the trainer's settings),
   hardware, and resource sampling every ``sample_interval`` seconds;
 * every optimizer step (``global_step`` grew): ``log_step(global_step, {"loss": ...,
@@ -171,7 +172,7 @@ class RankboardCallback(pl.Callback):
         self.reporter.start(
             total_epochs=max_epochs if max_epochs is not None and max_epochs > 0 else 0,
             metadata=self._metadata(trainer, pl_module), port=self.port,
-            sample_interval=self.sample_interval,
+            sample_interval=self.sample_interval, total_steps=_stepping_batches(trainer),
         )
         self._last_step = int(trainer.global_step)
 
@@ -328,3 +329,14 @@ def callbacks_factory() -> List[RankboardCallback]:
     callback = RankboardCallback()
     callback.auto = True
     return [callback]
+
+
+def _stepping_batches(trainer: pl.Trainer) -> Any:
+    """The fit's optimizer steps in all (8.5: the step-run ETA): Lightning's
+    ``estimated_stepping_batches`` (``inf`` for an endless fit: unknown), 0 when it cannot
+    say (it reads the train dataloader's length, which an iterable dataset may not have)."""
+    try:
+        return trainer.estimated_stepping_batches
+    except Exception as exc:  # any failure of Lightning's estimate: the ETA is unknown
+        log.debug("rankboard: no estimated_stepping_batches: %r", exc)
+        return 0

@@ -8,7 +8,8 @@ failing that, rank 0's generated id broadcast over ``torch.distributed`` at
 
 What a ``trainer.train()`` sends (PROTOCOL.md section 5):
 
-* at ``on_train_begin``: ``register`` (``total_epochs`` = ``state.num_train_epochs``),
+* at ``on_train_begin``: ``register`` (``total_epochs`` = ``state.num_train_epochs``,
+  ``total_steps`` = ``state.max_steps``, 8.5),
   metadata (``TrainingArguments.to_dict()``, which hides tokens, and the model's config),
   hardware, and resource sampling;
 * every optimizer step, at ``on_step_end``: a point for ``global_step`` with ``samples`` and
@@ -159,7 +160,8 @@ class RankboardCallback(TrainerCallback):
         self._open = self._closed = None
         self.reporter.start(total_epochs=int(state.num_train_epochs or 0),
                             metadata=self._metadata(args, model), port=self.port,
-                            sample_interval=self.sample_interval)
+                            sample_interval=self.sample_interval,
+                            total_steps=getattr(state, "max_steps", 0))
         if world > 1 and rank == 0 and getattr(args, "average_tokens_across_devices", False):
             log.info("rankboard: average_tokens_across_devices gathers every step before "
                      "on_step_begin, so each rank's data_ms includes the slowest rank's "

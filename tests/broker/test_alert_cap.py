@@ -21,7 +21,7 @@ def test_the_list_keeps_the_latest_per_kind_and_a_count() -> None:
     assert len(stalled) == MAX_ALERTS_PER_KIND
     assert {a["rank"] for a in stalled} == {3, *range(901, 1000)}
     assert [a for a in listed if a["kind"] == "stale"] == [
-        {"kind": "stale", "rank": 5, "message": "rank 5 silent", "at": 1.0}]
+        {"kind": "stale", "rank": 5, "message": "rank 5 silent", "at": 1.0, "host": None}]
     (summary,) = [a for a in listed if a["rank"] is None]
     assert summary["message"] == "1001 stalled alerts raised, the latest 100 listed"
     assert summary["at"] == 2000.0
@@ -34,4 +34,4 @@ def test_a_re_raise_updates_in_place_without_counting_again() -> None:
     for _ in range(500):
         alerts.raise_("r", "gpu_xid", 1, "XID 79 on GPU 0", 1.0, nowhere, False)
     assert alerts.listed() == [{"kind": "gpu_xid", "rank": 1, "message": "XID 79 on GPU 0",
-                                "at": 1.0}]
+                                "at": 1.0, "host": None}]

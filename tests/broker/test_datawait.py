@@ -253,7 +253,7 @@ def test_sink_ranks_header_and_alert() -> None:
     alerts = [a for a in h["alerts"] if a["kind"] == "data_straggler"]
     assert alerts == [{"kind": "data_straggler", "rank": 2,
                        "message": "waits 310 ms a step for data (median 13 ms)",
-                       "at": alerts[0]["at"]}]
+                       "at": alerts[0]["at"], "host": "h"}]
     # the header went out with the figures (coalesced), not only on request
     runs = [e.data for _, e in d.events if e.kind == "run"]
     assert runs[-1]["data_stragglers"] and runs[-1]["data_share"] == h["data_share"]

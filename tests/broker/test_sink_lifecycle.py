@@ -133,7 +133,8 @@ def test_stale_then_ok_via_tick_and_alert_stays() -> None:
     assert of_kind(sink.tick(29.9), "run") == []
     events = sink.tick(30.0)
     (header,) = of_kind(events, "run")
-    assert header["alerts"] == [{"kind": "stale", "rank": 0, "message": header["alerts"][0]["message"], "at": 30.0}]
+    assert header["alerts"] == [{"kind": "stale", "rank": 0, "message": header["alerts"][0]["message"], "at": 30.0,
+                                 "host": "a"}]
     assert [r["status"] for r in sink.ranks()] == ["stale", "ok"]
     assert of_kind(sink.tick(31.0), "run") == []  # not raised twice while stale
     sink.apply(res(0), 40.0)

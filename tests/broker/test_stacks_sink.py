@@ -64,7 +64,7 @@ def test_a_stall_dump_makes_the_rank_stalled_and_raises_the_alert() -> None:
     sink.apply(dump(0, "main", "train_step", "all_reduce"), 3.0)
     assert statuses(sink)[0] == "stalled" and statuses(sink)[1] == "ok"
     alert = next(a for a in sink.header()["alerts"] if a["kind"] == "stalled")
-    assert alert == {"kind": "stalled", "rank": 0, "at": 3.0,
+    assert alert == {"kind": "stalled", "rank": 0, "at": 3.0, "host": "n0",
                      "message": "stalled 61s in all_reduce (train.py:12)"}
     # a request answer does not stall; the next steps or metrics frame ends the stall
     sink.apply(dump(1, "main", reason="request", request_id="q"), 3.0)

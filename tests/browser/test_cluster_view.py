@@ -28,16 +28,19 @@ def _xid(rank: int) -> wire.ResourceSample:
 @pytest.fixture(scope="module")
 def cluster(stack: Stack) -> Stack:
     """Four runs on four hosts: one GPU on the markup-named host reports an XID; two jobs
-    fail on node-9; one job trains on 8 ranks."""
+    fail on node-9 (one rank of two: the host's trouble, not the job's); one job trains on 8
+    ranks."""
     for r in range(2):
         stack.send(wire.Register(run=XID_RUN, rank=r, world_size=2,
                                  host=HOSTILE if r == 1 else "node-1", local_rank=0))
     stack.send(wire.Svg(run=XID_RUN, rank=0, svg="<svg xmlns='http://www.w3.org/2000/svg'/>",
                         label=HOSTILE))
     stack.send(wire.Resources(run=XID_RUN, rank=1, sample=_xid(1)))
-    for run in ("cl-fail-a", "cl-fail-b"):
-        stack.send(wire.Register(run=run, rank=0, world_size=1, host="node-9", local_rank=0),
-                   wire.Finish(run=run, rank=0, status="error"))
+    for run in ("cl-fail-a", "cl-fail-b"):  # node-9's rank fails, half of each run (8.5)
+        stack.send(wire.Register(run=run, rank=0, world_size=2, host="node-1", local_rank=2),
+                   wire.Register(run=run, rank=1, world_size=2, host="node-9", local_rank=0),
+                   wire.Finish(run=run, rank=1, status="error"),
+                   wire.Finish(run=run, rank=0, status="ok"))
     # a run id that would be a script URL if a link ever used it bare
     stack.send(wire.Register(run=SCRIPT_RUN, rank=0, world_size=1, host="node-1", local_rank=1))
     for r in range(8):

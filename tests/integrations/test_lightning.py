@@ -27,6 +27,7 @@ def test_ddp_fit_reports_both_ranks_steps_epochs_and_completes(broker, web) -> N
     assert state["status"] == "complete"
     assert state["world_size"] == 2
     assert state["total_epochs"] == 2
+    assert state["total_steps"] == 16  # 8.5: trainer.estimated_stepping_batches
     meta = state["metadata"]
     assert meta["framework"] == "lightning"
     assert meta["hyperparameters"] == {"lr": 0.05, "hidden": 16, "fail_epoch": -1}

@@ -23,6 +23,7 @@ def test_torchrun_trainer_reports_steps_from_both_ranks_and_completes(broker, we
     assert state["status"] == "complete"
     assert state["world_size"] == 2
     assert state["total_epochs"] == 2
+    assert state["total_steps"] == 24  # 8.5: state.max_steps
     meta = state["metadata"]
     assert meta["framework"] == "transformers"
     assert meta["training_arguments"]["logging_steps"] == 1

@@ -208,7 +208,7 @@ def test_up_with_workers_binds_lazily_and_stops_everything(
         spawn: Callable[..., Proc], tmp_path: Any) -> None:
     up = spawn("up", "--workers", "2", "--ingest", "tcp://127.0.0.1:*",
                "--publish", "tcp://127.0.0.1:*", "--snapshot", "tcp://127.0.0.1:*",
-               "--data-dir", str(tmp_path / "data"))
+               "--data-dir", str(tmp_path / "data"), "--port-from-rank")
     try:
         processes = _up_with_workers_serves(up)
     finally:  # SIGINT, so that up stops its children (a SIGKILL would orphan them)

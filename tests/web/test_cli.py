@@ -84,7 +84,8 @@ def test_web_bind_failure_is_one_line(spawn: Any, broker: Any) -> None:
 
 def test_up_binds_lazily_on_the_first_registered_port(spawn: Any, tmp_path: Any) -> None:
     up = spawn("up", "--ingest", "tcp://127.0.0.1:*", "--publish", "tcp://127.0.0.1:*",
-               "--snapshot", "tcp://127.0.0.1:*", "--data-dir", str(tmp_path / "data"))
+               "--snapshot", "tcp://127.0.0.1:*", "--data-dir", str(tmp_path / "data"),
+               "--port-from-rank")
     ingest = up.wait_line(r"broker ingest bound at (\S+)", stream="stderr").group(1)
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
@@ -140,19 +141,20 @@ def test_demo_runs_and_stops_cleanly_on_sigint(spawn: Any) -> None:
     assert fetch(port, f"/api/runs/{run}/graph.svg").status == 200
     assert {"loss", "accuracy"} <= set(body["records"][0]["metrics"])
 
-    # the simulated GPUs (rankboard.demogpu): rank 1's throttles thermally, rank 2's (local
-    # rank 0 on node-b) reports XID 79, and the broker raises both alerts; the step run lasts
-    # long enough for both (the epoch runs here are two samples long)
+    # the simulated GPUs (rankboard.demogpu), both on the last host, node-b: rank 3's (local
+    # rank 1) throttles thermally, rank 2's (local rank 0) reports XID 79, and the broker
+    # raises both alerts; the step run lasts long enough for both (the epoch runs here are
+    # two samples long)
     def gpu_alerts() -> Any:
         steps = step_runs(port)
         if not steps:
             return None
         alerts = {(a["kind"], a["rank"]): a["message"] for a in get_json(port, f"/api/runs/{steps[-1]}")["alerts"]}
-        return alerts if ("gpu_xid", 2) in alerts and ("gpu_throttle", 1) in alerts else None
+        return alerts if ("gpu_xid", 2) in alerts and ("gpu_throttle", 3) in alerts else None
 
     alerts = wait_for(gpu_alerts, timeout=30, what="the demo's gpu_throttle and gpu_xid alerts")
     assert alerts[("gpu_xid", 2)] == "XID 79 on GPU 0"
-    assert alerts[("gpu_throttle", 1)] == "hw_thermal throttling on GPU 1 (SM 1410 MHz)"
+    assert alerts[("gpu_throttle", 3)] == "hw_thermal throttling on GPU 1 (SM 1410 MHz)"
     assert {kind for kind, _ in alerts if kind.startswith("gpu_")} == {"gpu_xid", "gpu_throttle"}
     # the cluster view names node-b (rank 2's host) a suspect for that XID (PROTOCOL 7.4)
     steps_run = step_runs(port)[-1]

@@ -30,9 +30,11 @@ def test_hosts_runs_filters_and_the_suspect_metric(web: Any, pusher: Pusher) -> 
     pusher.register("job-a", 1, 2, host="node-2", local_rank=0)
     pusher.send(protocol.Svg(run="job-a", rank=0, svg="<svg/>", label="ResNet sweep"))
     pusher.send(protocol.Resources(run="job-a", rank=1, sample=_xid_sample()))
-    for run in ("job-b", "job-c"):
-        pusher.register(run, 0, 1, host="node-3")
-        pusher.send(protocol.Finish(run=run, rank=0, status="error"))
+    for run in ("job-b", "job-c"):  # rank 1 of 2 fails: half the run (8.5), its host's
+        pusher.register(run, 0, 2, host="node-1")
+        pusher.register(run, 1, 2, host="node-3")
+        pusher.send(protocol.Finish(run=run, rank=1, status="error"))
+        pusher.send(protocol.Finish(run=run, rank=0, status="ok"))
 
     hosts = _hosts(web.port, lambda hs: len(hs) == 3 and all(
         h["incidents"] for h in hs if h["host"] != "node-1")
@@ -81,8 +83,10 @@ def test_a_run_evicted_at_max_runs_leaves_the_hosts_and_the_metric(spawn: Any,
     web = start_web(spawn, ends)
     pusher = Pusher(ends.ingest)
     try:
-        pusher.register("old", 0, 1, host="gone-host")
+        pusher.register("old", 0, 2, host="gone-host")  # half the run failed: its host's
+        pusher.register("old", 1, 2, host="gone-host")
         pusher.send(protocol.Finish(run="old", rank=0, status="error"))
+        pusher.send(protocol.Finish(run="old", rank=1, status="ok"))
         pusher.register("mid", 0, 1, host="kept-host")
         _hosts(web.port, lambda hs: {h["host"] for h in hs} == {"gone-host", "kept-host"}
                and any(h["incidents"] for h in hs), "both hosts, the old run's incident")

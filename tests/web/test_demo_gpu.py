@@ -32,6 +32,18 @@ def test_roles_put_throttle_and_xid_on_distinct_ranks_when_there_are_enough() ->
     assert roles(1) == (0, 0)
 
 
+def test_roles_sit_on_the_last_host_with_the_slow_rank() -> None:
+    """One bad node (issue 37): the throttling GPU, the XID GPU and the demo's slow-input
+    last rank all on the last host, so the hosts table has exactly one suspect."""
+    from rankboard.demo import layout
+
+    for world, hosts in ((8, 2), (4, 2), (2, 2), (5, 2), (7, 3), (16, 4), (3, 1)):
+        where = layout(world, hosts)
+        thermal, xid = roles(world, hosts)
+        assert where[thermal][0] == where[xid][0] == where[-1][0], (world, hosts)
+    assert roles(8, 2) == (5, 6) and roles(4, 2) == (3, 2) and roles(8, 1) == (1, 2)
+
+
 def test_the_thermal_gpu_throttles_for_a_while_then_clears_and_raises_gpu_throttle() -> None:
     samples, alerts = run_samples(1, 4, 1)
     gpus = [s.gpus[0] for s in samples]

@@ -14,7 +14,7 @@ from tests.support.polling import wait_for
 HEADER_KEYS = {"run", "status", "world_size", "total_epochs", "label", "shard", "hash", "port", "metadata",
                "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
                "steps_done", "step_metrics", "data_share", "data_stragglers",
-               "collectives_last"}
+               "collectives_last", "total_steps", "eta_secs", "alert_ranks"}
 RANK_KEYS = {"rank", "host", "local_rank", "status", "last_seen", "epoch", "hardware", "resources",
              "step", "step_ms", "data_ms", "slowest_share"}
 RECORD_KEYS = {"epoch", "total_epochs", "duration_secs", "elapsed_secs", "eta_secs", "metrics",

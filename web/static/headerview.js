@@ -150,6 +150,51 @@ export class HeaderView {
       const rate = steps.stepsPerSecond();
       setText($("step-rate"), isNum(rate) && rate > 0 ? `${rate.toFixed(1)}/s` : "");
     }
+    this._stepProgress();
+  }
+
+  /** The run's total steps when it is a step run that knows them (8.5), else null. */
+  _totalSteps() {
+    const hd = this.page.store.header;
+    const total = hd && isNum(hd.total_steps) && hd.total_steps > 0 ? hd.total_steps : null;
+    return total !== null && this.page.steps.hasSteps ? total : null;
+  }
+
+  /** A step run with `total_steps` (8.5): the progress stat counts steps, "STEP s/total",
+   *  instead of an epoch count that stays at 0/1 for the run's whole life. */
+  _stepProgress() {
+    const total = this._totalSteps();
+    const label = document.querySelector("#epoch-progress .stat-label");
+    const box = $("epoch-progress");
+    box.dataset.unit = total === null ? "epoch" : "step";
+    if (label) setText(label, total === null ? "epoch" : "step");
+    if (total === null) return;
+    const steps = this.page.steps;
+    const done = Math.min(total, steps.lastStep + 1); // steps 0..total-1 (the ETA's count)
+    box.hidden = false;
+    $("step-stat").hidden = true; // the progress stat says it, with the rate
+    setText($("epoch-count"), `${fmtInt(done)}/${fmtInt(total)}`);
+    const frac = Math.min(1, done / total);
+    const bar = $("progress-bar");
+    bar.classList.remove("indeterminate");
+    bar.style.width = `${(frac * 100).toFixed(1)}%`;
+    const rate = steps.stepsPerSecond();
+    const pct = `${Math.floor(frac * 100)}%`;
+    setText($("progress-pct"), isNum(rate) && rate > 0 ? `${pct} · ${rate.toFixed(1)}/s` : pct);
+    const hd = this.page.store.header;
+    const name = (hd && hd.label) || this.page.store.run || "rankboard";
+    document.title = `${name} · step ${done}/${total} · rankboard`;
+  }
+
+  /** Seconds left of a step run (8.5), or null: the header's `eta_secs` moved on to the
+   *  steps this page has seen since (its steps stream runs ahead of the header). */
+  _stepEta() {
+    const total = this._totalSteps();
+    const hd = this.page.store.header;
+    if (total === null || !isNum(hd.eta_secs)) return null;
+    const left = Math.max(0, total - 1 - this.page.steps.lastStep);
+    const then = isNum(hd.steps_done) ? total - 1 - hd.steps_done : 0;
+    return then > 0 ? left * (hd.eta_secs / then) : hd.eta_secs;
   }
 
   /** The figures that move with the clock (every second, and after each render). */
@@ -167,7 +212,10 @@ export class HeaderView {
     const last = store.records[store.records.length - 1];
     let eta = DASH;
     if (hd && (hd.status === "complete" || hd.status === "failed")) eta = hd.status === "complete" ? "done" : DASH;
-    else if (last && isNum(last.eta_secs)) {
+    else if (this._stepEta() !== null) {
+      const left = this._stepEta();
+      eta = left > 0 ? fmtDur(left) : "any moment";
+    } else if (last && isNum(last.eta_secs)) {
       let left = last.eta_secs;
       if (hd && isNum(hd.started_at) && isNum(last.elapsed_secs)) {
         left -= Math.max(0, now - hd.started_at - last.elapsed_secs);

@@ -19,6 +19,7 @@ const HEADER_KEYS = ["run", "status", "world_size", "total_epochs", "label", "ha
   "metadata", "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
   "steps_done", "step_metrics", "data_share", "data_stragglers"];
 HEADER_KEYS.push("collectives_last"); // 8.5: the answer to the latest hang, kept
+HEADER_KEYS.push("total_steps", "eta_secs"); // 8.5: a step run's end
 
 export class Store {
   constructor() {
