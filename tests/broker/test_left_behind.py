@@ -232,7 +232,7 @@ def test_a_restart_rebuilds_every_alert_the_verdict_and_the_figures(
     assert sink.header()["alerts"] == before["alerts"]
     sink.gpu_health(0, gpu(0, ecc=4).sample, 102.0)  # a new one does
     ecc = [a for a in sink.header()["alerts"] if a["kind"] == "gpu_ecc"]
-    assert ecc == [{"kind": "gpu_ecc", "rank": 0, "at": 102.0,
+    assert ecc == [{"kind": "gpu_ecc", "rank": 0, "at": 102.0, "host": "n0",
                     "message": "4 uncorrected ECC errors on GPU 0"}]
     again.close()
 
