@@ -29,6 +29,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 import msgspec
 
 from broker import budget as _budget
+from rank_agent.digits import ascii_int
 from rank_agent.protocol import Collectives
 from rank_agent.ratelimit import RateLimitedLog
 
@@ -107,9 +108,8 @@ def _check_wire(item: Any) -> Dict[str, Any]:
 
 def pg_order(pg: str) -> Tuple[int, int, str]:
     """Sort key of a group id: numeric ids in numeric order first, then the others."""
-    if pg.isdigit() and len(pg) < 19:
-        return (0, int(pg), "")
-    return (1, 0, pg)
+    number = ascii_int(pg, 18)  # (not str.isdigit: "²" is a digit int() refuses)
+    return (1, 0, pg) if number is None else (0, number, "")
 
 
 def _majority(counts: Dict[Any, int]) -> Any:
