@@ -23,9 +23,10 @@ from rank_agent import protocol
 from rankboard.export import load_run
 from tests.support.brokers import Pusher
 from tests.support.fuzzreplay import FRAME_89
+from tests.support.http import fetch
 from tests.support.journalrun import Server, journal_path, same, training
 from tests.support.polling import wait_for
-from tests.support.procs import Proc, no_traceback, start_broker
+from tests.support.procs import Proc, no_traceback, start_broker, start_web
 
 
 def has_steps_block(path: Path) -> bool:
@@ -80,13 +81,10 @@ def bad_block(data_dir: Path, run: str) -> bytes:
     return codec.entry(bytes([codec.KIND_STEPS]), codec.block_encoder.encode(block))
 
 
-def test_an_entry_whose_replay_raises_costs_that_entry_only(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Two runs; one's journal gains a block of steps that raises when restored and an id
-    entry too short for its kind (both with good CRCs), then good frames after them. Both
-    runs load with everything else they had, the two entries are counted and moved to a
-    ``.damaged-*`` file, the next start meets them no more, and export reads the run."""
-    data = tmp_path / "data"
+def two_bad_entries(data: Path) -> tuple[Path, int]:
+    """Runs r1 and r2 journaled under ``data``; r1's journal then gains a block of steps
+    that raises when restored and an id entry too short for its kind (both with good CRCs),
+    and good frames after them (epoch 2). Returns r1's journal and its size."""
     srv = Server(data)
     training(srv, "r1", ranks=2, epochs=2)
     training(srv, "r2", ranks=2, epochs=2)
@@ -108,7 +106,16 @@ def test_an_entry_whose_replay_raises_costs_that_entry_only(
         f.write(bad_block(data, "r1"))
         f.write(codec.entry(bytes([codec.KIND_SEQ_HI]), b"\x01\x02\x03\x04"))
         f.write(after)
-    size = path.stat().st_size
+    return path, path.stat().st_size
+
+
+def test_an_entry_whose_replay_raises_costs_that_entry_only(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Two runs, one with two entries that raise (:func:`two_bad_entries`): both runs load
+    with everything else they had, the two entries are counted and moved to a ``.damaged-*``
+    file, the next start meets them no more, and export reads the run."""
+    data = tmp_path / "data"
+    path, size = two_bad_entries(data)
 
     caplog.set_level(logging.WARNING)
     journal = Journal(data)
@@ -136,3 +143,19 @@ def test_an_entry_whose_replay_raises_costs_that_entry_only(
         journal.close()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert [r["epoch"] for r in load_run(data, "r1").records] == [0, 1, 2]
+
+
+def test_a_real_broker_starts_past_them_and_the_web_counts_them(
+        spawn: Callable[..., Proc], tmp_path: Path) -> None:
+    """The same journal under a real ``rankboard broker``: it starts with both runs, and the
+    web's ``/metrics`` counts the two entries set aside."""
+    data = tmp_path / "data"
+    two_bad_entries(data)
+    broker, eps = start_broker(spawn, data)
+    broker.wait_line(r"journal .*: 2 runs restored", stream="stderr", timeout=30)
+    web = start_web(spawn, eps)
+    line = 'rankboard_journal_total{kind="unreplayable_entries"} 2.0'
+    wait_for(lambda: line in fetch(web.port or 0, "/metrics").text, timeout=30,
+             what="the web's /metrics to count the entries set aside")
+    assert fetch(web.port or 0, "/api/runs/r1").status == 200
+    no_traceback(broker, web)
