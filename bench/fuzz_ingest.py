@@ -9,9 +9,12 @@ rejections by reason (tests/support/fuzzgen.py has the generator, fuzzrun.py the
 
     python bench/fuzz_ingest.py --frames 100000 --seed 1
 
+Then a second broker starts on the same data dir (issue 38: replaying what the first
+journaled must neither fail nor set anything aside); it prints how many runs it restored.
+
 Exit status 0 when the broker survived, no valid frame (epoch or steps) was lost, every
-check step closed exactly once with the expected figures and every counter is within what
-the generator expects; 1 otherwise.
+check step closed exactly once with the expected figures, every counter is within what
+the generator expects, and the restart restored the runs without an error; 1 otherwise.
 """
 from __future__ import annotations
 
@@ -56,6 +59,38 @@ def start_broker(data_dir: str, max_runs: int) -> tuple[subprocess.Popen[str], d
     return proc, found
 
 
+RESTORED = re.compile(r"journal .*: (\d+) runs restored")
+
+
+def restart(data_dir: str, max_runs: int) -> tuple[int | None, float, list[str]]:
+    """A broker started again on ``data_dir``: (runs it restored, seconds to start, its
+    ERROR/Traceback/set-aside lines), then stopped."""
+    t0 = time.monotonic()
+    proc, _ = start_broker(data_dir, max_runs)
+    restored: int | None = None
+    lines: list[str] = []
+    assert proc.stderr is not None
+    while restored is None:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = RESTORED.search(line)
+        if m:
+            restored = int(m.group(1))
+    took = time.monotonic() - t0
+    proc.terminate()
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    lines += (err or "").splitlines()
+    bad = [line.rstrip() for line in lines if "Traceback" in line or " ERROR " in line
+           or "could not be replayed" in line or "damaged" in line]
+    return restored, took, bad
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=100_000)
@@ -83,14 +118,20 @@ def main() -> int:
                 _, err = proc.communicate()
             errors = [line for line in (err or "").splitlines()
                       if "Traceback" in line or " ERROR " in line]
+        restored, took, restart_errors = restart(data_dir, 2 * new_runs + 100)
     for line in report.lines():
         print(line)
     print(f"broker exit status: {proc.returncode}; ERROR/Traceback lines in its log: "
           f"{len(errors)}")
     for line in errors[:10]:
         print("  " + line)
+    print(f"restart on its data dir: {restored} runs restored in {took:.1f} s; "
+          f"ERROR/Traceback/set-aside lines: {len(restart_errors)}")
+    for line in restart_errors[:10]:
+        print("  " + line)
     ok = (report.broker_alive and not report.problems and report.valid_lost == 0
-          and report.check_steps_closed == report.check_steps and not errors)
+          and report.check_steps_closed == report.check_steps and not errors
+          and restored is not None and restored > 0 and not restart_errors)
     return 0 if ok else 1
 
 

@@ -20,11 +20,13 @@ being current.
 """
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Dict
 
 from broker.collectivelast import LastVerdict
 from broker.stacks.collectives import collective_verdict, verdict_alerts
 from rank_agent.protocol import Collectives
+from rank_agent.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
     from broker.rankstate import RankState
@@ -32,12 +34,16 @@ if TYPE_CHECKING:
 
 __all__ = ["CollectiveRules"]
 
+log = logging.getLogger(__name__)
+_rlog = RateLimitedLog(log)
+
 
 class CollectiveRules:
     """Mixed into :class:`broker.sink.RunSink`: uses its ``_stack_feed``, ``_ranks``,
     ``world_size`` and ``_raise``."""
 
     if TYPE_CHECKING:
+        run: str
         _stack_feed: StackFeed
         _ranks: Dict[int, RankState]
         world_size: int | None
@@ -84,7 +90,13 @@ class CollectiveRules:
         if current == feed.coll_current and not feed.coll_changed:
             return
         feed.coll_current, feed.coll_changed = current, False
-        verdict = collective_verdict(feed.collectives.digests(current), ws)
+        try:
+            verdict = collective_verdict(feed.collectives.digests(current), ws)
+        except Exception:
+            again = self._verdict_without_suspects(current, ws)
+            if again is None:
+                return
+            verdict = again
         if self.collectives_last.offer(verdict, bool(current), now):
             self._header_pending = True  # the header's collectives_last (8.5)
         if verdict == feed.verdict:
@@ -102,6 +114,34 @@ class CollectiveRules:
         self._stack_feed.coll_changed = True
         if self._stack_feed.collectives.latest:
             self._refresh_verdict(now)
+
+    def _verdict_without_suspects(self, current: frozenset[int], ws: int | None
+                                  ) -> list[Dict[str, Any]] | None:
+        """The verdict raised: a frame the rules cannot read (a bug, as a group id of
+        Unicode digits was, issue 38). The frames kept since the last ``stacks`` event are
+        the suspects (the verdict before them was computed): they are dropped, the web
+        learns their ranks have none, and the verdict is computed once more without them.
+
+        Why drop rather than only log: the frames are kept, and every later frame redoes
+        the verdict over all kept frames, so one unreadable frame made every later
+        ``collectives`` frame of the run fail as ``internal`` (and go unjournaled) and froze
+        the verdict on its last culprit. None: it still raises (logged; the verdict stays)."""
+        feed = self._stack_feed
+        coll = feed.collectives
+        suspects = [key for key in feed.coll_pending if key in coll]
+        for key in suspects:
+            coll.remove(key)
+        _rlog.error("verdict", "run %s: the collective verdict failed; %d frames kept since "
+                    "the last stacks event dropped (ranks %s)", self.run,
+                    len(suspects), sorted({k[0] for k in suspects})[:10], exc_info=True)
+        current = frozenset(r for r in current if r in coll.latest)
+        feed.coll_current = current
+        try:
+            return collective_verdict(coll.digests(current), ws)
+        except Exception:
+            _rlog.error("verdict_again", "run %s: the collective verdict fails without them "
+                        "too; it stays as it was", self.run, exc_info=True)
+            return None
 
     def close_collectives(self) -> None:
         """The run leaves memory: its frames leave the process's byte budget."""

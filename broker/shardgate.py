@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Optional
 
-from rank_agent.shards import shard_of
+from rank_agent.shards import MAX_SHARD_COUNT, shard_of
 
 __all__ = ["ShardGate", "CACHE_RUNS"]
 
@@ -34,6 +34,8 @@ class ShardGate:
                  held: Optional[Callable[[str], bool]] = None) -> None:
         if not 0 <= shard < shards:
             raise ValueError(f"shard must be 0..{shards - 1}, got {shard}")
+        if shards > MAX_SHARD_COUNT:  # (parse_shard says so first, on the command line)
+            raise ValueError(f"shards must be 1..{MAX_SHARD_COUNT}, got {shards}")
         self.shard = shard
         self.shards = shards
         self.held = held

@@ -47,6 +47,7 @@ import zmq
 
 from . import curve
 from .controlwire import ControlError, ControlRequest, control_topic, decode_request
+from .digits import is_ascii_digits
 from .flightrec import send_collectives
 from .protocol import Stacks
 from .ratelimit import RateLimitedLog
@@ -113,7 +114,7 @@ def control_endpoint(control: Union[bool, str, None], broker: str,
     if not broker.startswith("tcp://"):
         return None
     host, sep, port = broker.rpartition(":")
-    if not sep or not port.isdigit() or host == "tcp":
+    if not sep or not is_ascii_digits(port) or host == "tcp":
         return None
     number = int(port) + 1
     if number > 65535:

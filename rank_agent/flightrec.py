@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import msgspec
 
+from .digits import ascii_int
 from .protocol import (
     MAX_COLLECTIVE_ENTRIES,
     MAX_COLLECTIVE_GROUPS,
@@ -94,7 +95,8 @@ def _group_size(ranks: Any) -> int:
 
 
 def _pg_order(pg: str) -> tuple[int, int, str]:
-    return (0, int(pg), "") if pg.isdigit() and len(pg) < 19 else (1, 0, pg)
+    number = ascii_int(pg, 18)  # (not str.isdigit: "²" is a digit int() refuses)
+    return (1, 0, pg) if number is None else (0, number, "")
 
 
 def collectives_frame(data: Mapping[str, Any], run: str, rank: int, reason: str,

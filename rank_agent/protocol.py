@@ -187,6 +187,9 @@ StepNumber = Annotated[int, Meta(ge=0, le=MAX_STEP)]
 StepList = Annotated[list[StepNumber], Meta(min_length=1, max_length=MAX_STEP_POINTS)]
 StepMetricName = Annotated[str, Meta(max_length=MAX_STEP_METRIC_NAME)]
 OptFloats = Annotated[list[Optional[float]], Meta(max_length=MAX_STEP_POINTS)]
+#: ``data_ms`` values: a wait is a number of ms >= 0 (or null); a negative or NaN one is no
+#: measurement and made a negative ``data_share`` (issue 38), so the frame is ``schema``.
+Waits = Annotated[list[Optional[Annotated[float, Meta(ge=0)]]], Meta(max_length=MAX_STEP_POINTS)]
 Counts = Annotated[list[Annotated[int, Meta(ge=0, le=MAX_STEP_COUNT)]],
                    Meta(max_length=MAX_STEP_POINTS)]
 
@@ -206,7 +209,7 @@ class Steps(_Frame, tag="steps"):
     tokens: Counts = []
     metrics: Annotated[dict[StepMetricName, OptFloats], Meta(max_length=MAX_STEP_METRICS)] = {}
     #: (v4, 7.1) per point, the ms the loop waited for that step's batch; ``[]``: not sent
-    data_ms: OptFloats = []
+    data_ms: Waits = []
 
 
 #: ``stacks`` limits (PROTOCOL.md section 2): threads per dump, frames per thread, characters

@@ -18,10 +18,19 @@ from __future__ import annotations
 import hashlib
 from typing import List, Optional, Tuple
 
+from .digits import ascii_int, is_ascii_digits
+
 __all__ = [
     "jump", "run_key", "shard_of", "split_endpoints", "parse_shard", "pick_endpoint",
-    "pick_control", "ShardError",
+    "pick_control", "ShardError", "MAX_SHARD_COUNT",
 ]
+
+#: The most shards a ``--shard K/N`` may name. Why a bound: N is a deployment's broker
+#: count, and a huge one (``0/<400 digits>``) was accepted and then failed every new run's
+#: frame (the jump hash's doubles overflow); 1,024 brokers is far past any deployment this
+#: design serves (each web holds one feed per shard).
+MAX_SHARD_COUNT = 1024
+_COUNT_DIGITS = len(str(MAX_SHARD_COUNT))
 
 _MASK = (1 << 64) - 1
 _MULT = 2862933555777941757
@@ -71,18 +80,23 @@ def split_endpoints(text: str) -> List[str]:
 
 
 def parse_shard(text: str) -> Tuple[int, int]:
-    """``"K/N"`` as (K, N) with 0 ≤ K < N; :class:`ShardError` saying what is wrong."""
-    k, sep, n = str(text).strip().partition("/")
-    try:
-        if not sep:
-            raise ValueError
-        index, count = int(k), int(n)
-    except ValueError:
-        raise ShardError(f"expected K/N (e.g. 0/2), got {text!r}") from None
+    """``"K/N"`` as (K, N) with 0 ≤ K < N ≤ :data:`MAX_SHARD_COUNT`; :class:`ShardError`
+    saying what is wrong. K and N are ASCII digits (``int()`` alone also takes other
+    scripts' digits, signs and underscores)."""
+    k, sep, n = (part.strip() for part in str(text).strip().partition("/"))
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    if not sep or not is_ascii_digits(k) or not is_ascii_digits(n):
+        raise ShardError(f"expected K/N (e.g. 0/2), got {shown!r}")
+    count = ascii_int(n, _COUNT_DIGITS)  # (int() of 400 digits: none is made)
+    if count is None or count > MAX_SHARD_COUNT:
+        raise ShardError(f"N must be 1..{MAX_SHARD_COUNT}, got {shown!r}")
     if count < 1:
-        raise ShardError(f"N must be >= 1, got {text!r}")
+        raise ShardError(f"N must be >= 1, got {shown!r}")
+    index = ascii_int(k, _COUNT_DIGITS)
+    if index is None:
+        raise ShardError(f"K must be 0..{count - 1} (N - 1), got {shown!r}")
     if not 0 <= index < count:
-        raise ShardError(f"K must be 0..{count - 1} (N - 1), got {text!r}")
+        raise ShardError(f"K must be 0..{count - 1} (N - 1), got {shown!r}")
     return index, count
 
 

@@ -128,7 +128,7 @@ class StepBuffer:
                     data_ms = (ready - last) * 1000.0 if ready > last else 0.0
         else:
             self._ready = None
-            if type(data_ms) is not float:
+            if type(data_ms) is not float or not data_ms >= 0.0:  # (NaN: not >= 0)
                 data_ms = self._data_arg(data_ms)
         self._tlast = t
         watch = self.watch
@@ -190,13 +190,20 @@ class StepBuffer:
         return 0
 
     def _data_arg(self, value: Any) -> float | None:
-        """An explicit ``data_ms`` that is not a ``float``: an ``int`` (or a ``float``
-        subclass) as ``float``, anything else (a tensor, a ``bool``) not sent, logged."""
+        """An explicit ``data_ms`` that is not a ``float`` >= 0: an ``int`` (or a ``float``
+        subclass) as ``float``, anything else (a tensor, a ``bool``) not sent, logged; a
+        negative or NaN wait is not sent either (the broker rejects a frame holding one, and
+        with it the step's other values)."""
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             try:
-                return float(value)
+                wait = float(value)
             except OverflowError:
-                pass
+                wait = math.nan
+            if wait >= 0.0:
+                return wait
+            self._warn("step_data_ms", "rankboard: log_step data_ms=%r is not a wait >= 0 ms; "
+                       "not sent", wait)
+            return None
         self._warn("step_data_ms", "rankboard: log_step data_ms=%r is not a number; not sent",
                    type(value).__name__)
         return None

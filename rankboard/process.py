@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from rank_agent.digits import is_ascii_digits
+
 __all__ = ["ROOT", "PARENT_ENV", "child_command", "die_with_parent", "terminate"]
 
 #: Set by a parent that owns its child (``up``'s broker) to its own pid: the child ends when
@@ -101,7 +103,7 @@ def die_with_parent(env: dict[str, str] | os._Environ[str] | None = None) -> boo
 
     env = os.environ if env is None else env
     raw = env.pop(PARENT_ENV, None)
-    if not raw or not raw.isdigit():
+    if not raw or not is_ascii_digits(raw):
         return False
     parent = int(raw)
     armed = False

@@ -20,7 +20,7 @@ __all__ = ["shard_configs", "shift_port", "broker_line", "unsharded_runs_note", 
 #: ``--shards`` at most (a head node's cores, generously; ports + 3 × K stay in range).
 MAX_SHARDS = 64
 
-_TCP = re.compile(r"^(tcp://.*):(\d+|\*)$")
+_TCP = re.compile(r"^(tcp://.*):([0-9]+|\*)$")  # (not \d: it matches any script's digits)
 #: hosts a broker may bind that no rank can connect to: printed as the host's name instead
 _WILDCARDS = ("*", "0.0.0.0", "[::]", "::")
 

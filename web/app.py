@@ -41,6 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException
 
 from broker.steps.encodings import csv_columns
+from rank_agent.digits import is_ascii_digits
 from rank_agent.protocol import valid_run_id
 from web.clusterapi import bp as cluster_bp
 from web.hub import parse_position
@@ -254,7 +255,7 @@ def host_name(value: str | None) -> str | None:
     else:
         name, _, rest = value.partition(":")
         rest = ":" + rest if _ else ""
-    if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+    if rest and not (rest.startswith(":") and is_ascii_digits(rest[1:])):
         return None
     return name or None
 

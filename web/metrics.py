@@ -52,7 +52,7 @@ class HubCollector(Collector):
         }
         journal = CounterMetricFamily(
             "rankboard_journal", "The broker journal's limits and repairs since its start, by "
-            "kind: write_failures (a read-only or full data dir), dropped_bytes, early_flushes, damaged_entries, runs_not_loaded.",
+            "kind: write_failures (a read-only or full data dir), dropped_bytes, early_flushes, damaged_entries, runs_not_loaded, unreplayable_entries (set aside at start: applying them raised).",
             labels=["kind"])
         if hb is not None:
             hooks["sent"].add_metric([], hb.webhooks_sent)

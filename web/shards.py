@@ -12,7 +12,9 @@ snapshot and the runs continue. The other shards' hubs never notice.
 :class:`ShardedHub` has the reading side of a hub that the app, the metrics and the server
 use (``runs``, ``subscribe``, ``stacks_view``, ``heartbeat``, ...). A run is served from the
 shard that holds it; one id held by two shards (N changed, and an old broker's journal still
-holds the run) is served from the shard the id hashes to now. A web of one broker keeps its
+holds the run) is served from the shard the id hashes to now, unless that copy is a stub
+(still ``waiting``, no record, no step: a lone ``register``) and another holds more: then
+the other is the run. A web of one broker keeps its
 plain :class:`Hub` (nothing here is on its path).
 """
 from __future__ import annotations
@@ -28,9 +30,19 @@ from web.config import FeedError, feed_pairs
 from web.hub import Hub
 from web.runstate import RunState, Subscriber, finite
 
-__all__ = ["ShardedHub", "MergedRuns", "feed_pairs", "shard_states", "FeedError"]
+__all__ = ["ShardedHub", "MergedRuns", "feed_pairs", "shard_states", "FeedError",
+           "lone_register"]
 
 log = logging.getLogger(__name__)
+
+
+def lone_register(state: RunState) -> bool:
+    """Whether a shard's copy of a run is a stub: still ``waiting`` (no epoch, step or
+    finish), with no record and no step. Such a copy is what a lone ``register`` sent to
+    the run's new shard makes after N changed; the copy on the old shard, which the run's
+    ranks still feed, is the run."""
+    return (state.header.get("status", "waiting") == "waiting" and not state.records
+            and state.steps.last_step is None)
 
 
 class MergedRuns(Mapping[str, RunState]):
@@ -40,18 +52,25 @@ class MergedRuns(Mapping[str, RunState]):
         self.hubs = hubs
 
     def locate(self, run: str) -> tuple[int, RunState] | None:
-        """(shard, state) of ``run``: the shard the id hashes to first, then the others."""
+        """(shard, state) of ``run``: the shard the id hashes to first, then the others;
+        but a copy that is only a stub (:func:`lone_register`) never hides a copy that
+        holds more (issue 38: after N changed, one ``register`` sent to a live run's new
+        shard hid the run, its records and steps, behind an empty page)."""
         hubs = self.hubs
         home = shard_of(run, len(hubs))
         state = hubs[home].runs.get(run)
-        if state is not None:
+        if state is not None and not lone_register(state):
             return home, state
+        found = None if state is None else (home, state)
         for index, hub in enumerate(hubs):
             if index != home:
-                state = hub.runs.get(run)
-                if state is not None:
-                    return index, state
-        return None
+                other = hub.runs.get(run)
+                if other is not None:
+                    if not lone_register(other):
+                        return index, other
+                    if found is None:
+                        found = (index, other)
+        return found
 
     def __getitem__(self, run: str) -> RunState:
         found = self.locate(run)
@@ -67,16 +86,16 @@ class MergedRuns(Mapping[str, RunState]):
         return isinstance(run, str) and self.locate(run) is not None
 
     def items_by_shard(self) -> Iterator[tuple[int, RunState]]:
-        """(shard, state) of every run once: a run id two shards hold is its home's."""
+        """(shard, state) of every run once: a run id two shards hold is the copy
+        :meth:`locate` serves."""
         hubs = self.hubs
-        n = len(hubs)
         for index, hub in enumerate(hubs):
             for run, state in hub.runs.items():
                 # a dict lookup per other shard first: the hash only for an id held twice
                 if any(other is not hub and run in other.runs for other in hubs):
-                    home = shard_of(run, n)
-                    if index != home and run in hubs[home].runs:
-                        continue  # shadowed by the copy of the shard the id hashes to now
+                    found = self.locate(run)
+                    if found is not None and found[0] != index:
+                        continue  # shadowed by the copy :meth:`locate` serves
                 yield index, state
 
     def __iter__(self) -> Iterator[str]:

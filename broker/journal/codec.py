@@ -133,6 +133,8 @@ class Scan:
     end: int = 0
     #: why the tail was cut (None: every byte after the last damage was read)
     problem: str | None = None
+    #: where each of :attr:`entries` starts (its length head), for setting one aside
+    offsets: list[int] = field(default_factory=list)
 
 
 def _bad_entry(view: memoryview, pos: int) -> str | None:
@@ -211,6 +213,7 @@ def scan_entries(data: bytes) -> Scan:
         (length,) = struct.unpack_from("<I", view, pos)
         body = view[pos + head:pos + head + length]
         entries.append((body[0], body[1:]))
+        out.offsets.append(pos)
         pos += head + length
     out.end = pos
     return out

@@ -63,6 +63,7 @@ from operator import itemgetter
 from typing import Union
 
 from broker.journal.codec import (
+    ENTRY_HEAD,
     FORMAT_VERSION,
     HEADER,
     HEADER_PREFIX,
@@ -157,6 +158,8 @@ class Journal:
         self._closed = False
         #: damaged ranges found in the middle of journals and set aside (PROTOCOL 6)
         self.damaged_entries = 0
+        #: entries set aside at load because applying them raised (a bug, not damage)
+        self.unreplayable_entries = 0
         #: bytes buffered since the last flush (over all runs), and the mark at which the
         #: buffers are written at once (WRITE_BUFFER_BYTES above what failed writes hold)
         self._buffered = 0
@@ -231,7 +234,7 @@ class Journal:
                          "recently active; a new frame brings one back)", len(found) - i,
                          max_runs)
                 break
-            sink = self._load_file(run, stale_after, horizon, step_close_after, wall)
+            sink = self._load_guarded(run, stale_after, horizon, step_close_after, wall)
             if sink is not None:
                 loaded.append((run, sink))
         for run, sink in reversed(loaded):  # least recently active first, as Runs keeps them
@@ -266,7 +269,7 @@ class Journal:
         if not valid_run_id(run):
             raise ValueError(f"not a run id: {run!r}")
         self.forget(run)
-        sink = self._load_file(run, stale_after, None, step_close_after, time.time())
+        sink = self._load_guarded(run, stale_after, None, step_close_after, time.time())
         if sink is not None:
             self.flush()  # the new reservation is on disk before any of its events go out
         return sink
@@ -378,6 +381,7 @@ class Journal:
             "write_failures": self._handles.write_failures,
             "step_series_visited": self._visited_gone + sum(
                 st.flight.visited for st in self._files.values()),
+            "unreplayable_entries": self.unreplayable_entries,
         }
 
     def _grew(self, n: int) -> None:
@@ -549,6 +553,21 @@ class Journal:
 
     # -- internals: loading ------------------------------------------------------------
 
+    def _load_guarded(self, run: str, stale_after: float, horizon: float | None,
+                      step_close_after: float, now: float | None) -> RunSink | None:
+        """:meth:`_load_file`, which cannot stop the broker's start: replay already costs a
+        bad entry only that entry, so an exception here is a bug in rebuilding the run as a
+        whole; its file goes aside (its bytes kept) and every other run loads (issue 38)."""
+        try:
+            return self._load_file(run, stale_after, horizon, step_close_after, now)
+        except Exception as exc:
+            log.error("journal: run %r cannot be rebuilt (%s: %s)", run, type(exc).__name__,
+                      exc)
+            self.forget(run)  # (a handle it may have opened)
+            self.unreplayable_entries += 1
+            set_aside(self._path(run), f"rebuilding it failed: {type(exc).__name__}")
+            return None
+
     def _load_file(self, run: str, stale_after: float, horizon: float | None,
                    step_close_after: float = 10.0, now: float | None = None) -> RunSink | None:
         path = self._path(run)
@@ -578,18 +597,29 @@ class Journal:
                         "%d entries before", path, problem, len(HEADER) + good, dropped,
                         len(entries))
         size = len(HEADER) + good
+        got = replay(run, path, entries, stale_after=stale_after,
+                     step_close_after=step_close_after, now=now)
+        sink = got.sink
+        aside = list(scan.damaged)
         if scan.damaged:
             # Damage in the middle (PROTOCOL 6): only the damaged bytes go, and they go aside.
             self.damaged_entries += len(scan.damaged)
             a, b = scan.damaged[0]
             log.warning("journal: %s: %s at byte %d; skipping %d bytes to the next good entry",
                         path, scan.damage_reason, len(HEADER) + a, b - a)
-            cut = cut_damage(path, HEADER, body, scan.damaged, good)
+        if got.failed:
+            # Entries whose replay raised (issue 38): good bytes this version cannot apply.
+            # They go aside as damaged bytes do, so every later start (and export) does not
+            # meet them again; the rest of the run, and every other run, is rebuilt.
+            self.unreplayable_entries += len(got.failed)
+            log.warning("journal: %s: %d entries could not be replayed; setting them aside",
+                        path, len(got.failed))
+            aside = sorted(aside + [(scan.offsets[i], scan.offsets[i] + ENTRY_HEAD.size + 1
+                                     + len(entries[i][1])) for i in got.failed])
+        if aside and got.frames and got.applied:
+            cut = cut_damage(path, HEADER, body, aside, good)
             if cut is not None:
                 size, problem = cut, None  # the rewrite cut the torn tail too
-        got = replay(run, path, entries, stale_after=stale_after,
-                     step_close_after=step_close_after, now=now)
-        sink = got.sink
         if got.frames == 0:
             # Nothing (readable) in it: no run. Its first frame is gone, so is everything.
             remove(path)

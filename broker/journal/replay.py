@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import msgspec
@@ -52,7 +52,13 @@ class Replayed:
     noted_complete: int  # the completion id in the journal (0: none)
     unchanged: Unchanged  # what the file holds of the frames whose repeats are no-ops
     stacks_bytes: int = 0  # bytes of the ``stacks`` frames in the file (the journal's budget)
+    #: indexes of the entries whose replay raised (not a sink's ``Rejected``): the journal
+    #: sets their bytes aside, so the next start does not meet them again
+    failed: list[int] = field(default_factory=list)
 
+
+#: The id entries: kind -> where their u64 id starts in the payload.
+_IDS = {KIND_SEQ_HI: 0, KIND_RECORD_SEQ: 4, KIND_COMPLETE_SEQ: 0}
 
 #: Journaled ``metadata`` frames at least this large are looked at before the replay.
 _LARGE_METADATA = 4096
@@ -108,7 +114,7 @@ def _restore(sink: RunSink, part: str, payload: memoryview, path: str) -> None:
     keeps what its frames rebuilt)."""
     try:
         sink.restore_state(part, _state_decoder.decode(payload[1:]))
-    except (ValueError, KeyError, TypeError, msgspec.DecodeError) as exc:
+    except Exception as exc:  # replay is total (issue 38): a part costs only itself
         log.warning("journal: %s: the run's %s cannot be restored (%s: %s); keeping what "
                     "its frames rebuild", path, part, type(exc).__name__, exc)
 
@@ -120,7 +126,13 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
            stale_after: float, step_close_after: float, now: float | None) -> Replayed:
     """Feed ``entries`` to a fresh sink and number it: ``sink.seq`` ends above every id
     issued before (records and completion keep theirs where the journal has them). ``path``
-    is for log lines only. Never raises for a bad entry (logged once per kind of trouble)."""
+    is for log lines only. Never raises for a bad entry (logged once per kind of trouble).
+
+    Total: any exception applying one entry (an undecodable frame, a sink bug a frame
+    accepted live reaches only at replay, a block of closed steps that does not restore, a
+    short id entry) costs that entry only; its index is in :attr:`Replayed.failed`. Issue
+    38: one ``steps`` frame whose data wait overflowed a percentage made the restore of its
+    closed steps raise, and the broker never started again."""
     sink = RunSink(run, stale_after=stale_after, step_close_after=step_close_after)
     step_failures = 0
     seq_hi = 0
@@ -128,6 +140,7 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
     complete_seq = 0
     last_time: float | None = None
     frames = applied = failures = 0
+    failed: list[int] = []
     unchanged = Unchanged()
     stacks_bytes = 0
     entries = list(entries)
@@ -137,9 +150,9 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
     sink.replaying = True
     for i, (kind, payload) in enumerate(entries):
         if kind == KIND_FRAME:
-            (t,) = struct.unpack_from("<d", payload)
             frames += 1
             try:
+                (t,) = struct.unpack_from("<d", payload)
                 stand_in = superseded.get(i) if superseded else None
                 frame = stand_in if stand_in is not None else protocol.decode(bytes(payload[8:]))
                 if type(frame) is protocol.Stacks or type(frame) is protocol.Collectives:
@@ -154,15 +167,22 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
                     log.warning("journal: %s: replaying a frame failed (%s: %s); "
                                 "skipping such frames", path, type(exc).__name__, exc)
                 failures += 1
+                failed.append(i)
                 continue
             last_time = t if last_time is None else max(last_time, t)
-        elif kind == KIND_SEQ_HI:
-            seq_hi = max(seq_hi, struct.unpack_from("<Q", payload)[0])
-        elif kind == KIND_RECORD_SEQ:
-            index, seq = struct.unpack_from("<IQ", payload)
-            record_seqs[index] = seq
-        elif kind == KIND_COMPLETE_SEQ:
-            complete_seq = struct.unpack_from("<Q", payload)[0]
+        elif kind in _IDS:
+            try:
+                (seq,) = struct.unpack_from("<Q", payload, _IDS[kind])
+                if kind == KIND_SEQ_HI:
+                    seq_hi = max(seq_hi, seq)
+                elif kind == KIND_RECORD_SEQ:
+                    record_seqs[struct.unpack_from("<I", payload)[0]] = seq
+                else:
+                    complete_seq = seq
+            except struct.error as exc:  # shorter than its kind (a CRC-good foreign entry)
+                log.warning("journal: %s: an id entry of kind %d cannot be read (%s); "
+                            "skipping it", path, kind, exc)
+                failed.append(i)
         elif kind == KIND_STATE:
             part = STATE_PARTS.get(payload[0]) if len(payload) else None
             if part is not None and last_state.get(part) == i:
@@ -178,11 +198,21 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
                     log.warning("journal: %s: a block of closed steps cannot be restored "
                                 "(%s); skipping such blocks", path, exc)
                 step_failures += 1
+            except Exception as exc:  # a sink bug the block reaches: never fatal at start
+                if not step_failures:
+                    log.warning("journal: %s: restoring a block of closed steps failed (%s: "
+                                "%s); skipping such blocks", path, type(exc).__name__, exc)
+                step_failures += 1
+                failed.append(i)
         # other kinds: written by a newer minor version; nothing to do with them
     if failures > 1:
         log.warning("journal: %s: %d frames could not be replayed", path, failures)
     if "collectives_last" not in last_state and last_time is not None:
-        sink.settle_verdict(last_time)  # (an earlier version's journal: no STATE entries)
+        try:  # (an earlier version's journal: no STATE entries)
+            sink.settle_verdict(last_time)
+        except Exception as exc:  # replay is total: the verdict is then formed live
+            log.warning("journal: %s: settling the collective verdict failed (%s: %s)",
+                        path, type(exc).__name__, exc)
     sink.replaying = False
     for part, i in at_end:
         _restore(sink, part, entries[i][1], path)
@@ -217,4 +247,4 @@ def replay(run: str, path: str, entries: Iterable[tuple[int, memoryview]], *,
     # dumps are kept, but a rank is stalled only by a dump received since (section 2)
     sink.forget_stalls()
     return Replayed(sink, frames, applied, last_time, known, noted_complete, unchanged,
-                    stacks_bytes)
+                    stacks_bytes, failed)

@@ -26,26 +26,36 @@ import json
 import logging
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-import msgspec
-
 from broker import budget as _budget
+from rank_agent.digits import ascii_int
 from rank_agent.protocol import Collectives
 from rank_agent.ratelimit import RateLimitedLog
 
 __all__ = ["RunCollectives", "Digest", "digest_of", "wire_of", "collective_verdict",
-           "verdict_alerts", "pg_order", "MAX_RUN_COLLECTIVES_BYTES"]
+           "verdict_alerts", "pg_order", "MAX_RUN_COLLECTIVES_BYTES", "held_bytes"]
 
 log = logging.getLogger(__name__)
 _rlog = RateLimitedLog(log)
 
-#: The most bytes one run's kept frames may hold (their MessagePack size plus
-#: :data:`FRAME_OVERHEAD` each): 1,024 ranks x 2 reasons with 64 groups of 64 entries is about
-#: that; a typical frame (a few groups) is a few KiB. Beyond it new frames are counted, not kept.
+#: The most bytes one run's kept frames may hold (:func:`held_bytes` each, what they cost in
+#: memory): 1,024 ranks' frames of a few groups each; a typical frame (a few groups) is a
+#: few KiB held, a maximal one (64 groups of 64 entries) about 3.5 MB. Beyond it new frames
+#: are counted, not kept.
 MAX_RUN_COLLECTIVES_BYTES = 64 * 1024 * 1024
-#: What one kept frame costs beyond its encoded size (its digest's dicts and tuples).
+#: What one kept frame costs beyond its encoded size (its digest's dicts and tuples). Kept
+#: for older callers; the count is :func:`held_bytes` now (issue 38).
 FRAME_OVERHEAD = 512
-
-_encode = msgspec.msgpack.Encoder().encode
+#: What holding a frame costs in this process, in bytes, by part (CPython 3.11, 64-bit,
+#: measured with tracemalloc over frames of 0-64 groups, 0-64 entries a group, 0-16 sizes of
+#: 0-16 dimensions, ASCII and CJK text, with a verdict's keys made; docs in held_bytes). Each
+#: is rounded up from the measured figure so that the count is an upper bound.
+HELD_FRAME = 1280  # the wire dict, its two lists, the digest dict, the budget's slot (947)
+HELD_GROUP = 800  # a group's wire dict, digest list, two dicts, a verdict's key (~780)
+HELD_ENTRY = 512  # an entry's wire dict, its sizes list, its digest slot (~430 + strings)
+HELD_SIZES = 120  # one size list, and its tuple in a verdict's key (56 + 48)
+HELD_DIM = 48  # one dimension: an int object, its slot in the list and in the key tuple
+HELD_STR = 56  # an ASCII str's header (49, rounded), then 1 byte a character
+HELD_WIDE_STR = 80  # another str's header (74-76, rounded), then up to 4 bytes a character
 
 #: A group's digest: [last_enqueued, last_completed, desc, size, {seq: entry (wire form)},
 #: top op (the op of its highest-seq entry, "" none), {seq: (op, sizes as tuples)}: the
@@ -67,6 +77,33 @@ def wire_of(frame: Collectives) -> Dict[str, Any]:
         "entries": [{"pg": e.pg, "seq": e.seq, "op": e.op, "input_sizes": e.input_sizes,
                      "state": e.state, "retired": e.retired} for e in frame.entries],
     }
+
+
+def _text_bytes(text: str) -> int:
+    """What a str held costs: its header, and its characters at 1 byte (ASCII) or up to 4."""
+    return HELD_STR + len(text) if text.isascii() else HELD_WIDE_STR + 4 * len(text)
+
+
+def held_bytes(item: Mapping[str, Any]) -> int:
+    """An upper bound of the bytes this process holds for a kept frame in wire form (its
+    dicts, lists, ints and strings, and its digest), from its counts: what the run's cap and
+    the process's byte budget are charged.
+
+    Why not the encoded size, as before: a frame is held as Python objects, 3-9 times its
+    MessagePack size (a 64 x 64 frame of 2 sizes: 3.5 MB held, 0.39 MB charged), so a 256
+    MiB budget let the broker and the web each reach ~1.85 GiB (issue 38). Why not a deep
+    ``sys.getsizeof`` walk: it costs several times the encoding it replaces; counting parts
+    is one pass over the entries."""
+    n = HELD_FRAME + _text_bytes(item["request_id"])
+    for g in item["groups"]:
+        n += HELD_GROUP + _text_bytes(g["pg"]) + _text_bytes(g["desc"])
+    for e in item["entries"]:
+        sizes = e["input_sizes"]
+        n += (HELD_ENTRY + _text_bytes(e["pg"]) + _text_bytes(e["op"])
+              + _text_bytes(e["state"]) + HELD_SIZES * len(sizes))
+        for dims in sizes:
+            n += HELD_DIM * len(dims)
+    return n
 
 
 def digest_of(item: Mapping[str, Any]) -> Digest:
@@ -107,9 +144,8 @@ def _check_wire(item: Any) -> Dict[str, Any]:
 
 def pg_order(pg: str) -> Tuple[int, int, str]:
     """Sort key of a group id: numeric ids in numeric order first, then the others."""
-    if pg.isdigit() and len(pg) < 19:
-        return (0, int(pg), "")
-    return (1, 0, pg)
+    number = ascii_int(pg, 18)  # (not str.isdigit: "²" is a digit int() refuses)
+    return (1, 0, pg) if number is None else (0, number, "")
 
 
 def _majority(counts: Dict[Any, int]) -> Any:
@@ -255,7 +291,7 @@ class RunCollectives:
             digest = digest_of(item)
         except (KeyError, TypeError, ValueError):
             raise ValueError("not a collectives frame in wire form") from None
-        cost = FRAME_OVERHEAD + len(_encode(item))
+        cost = held_bytes(item)
         if self.bytes + cost > self.cap:
             self.over_cap += 1
             _rlog.warning("collectives_cap", "run %s: a collectives frame of rank %d not kept: "

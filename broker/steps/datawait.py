@@ -25,13 +25,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["DataWait", "data_share", "data_stragglers", "others_medians", "round_half_up",
-           "straggler_message", "SHARE_STEPS", "MAX_STRAGGLERS"]
+           "straggler_message", "SHARE_STEPS", "MAX_STRAGGLERS", "share_percent"]
 
 #: ``data_share`` looks at this many of the latest closed steps that have both means.
 SHARE_STEPS = 100
 #: ``data_share`` looks back at most this many steps with a ``data_ms`` for the ones that
 #: also have a ``step_ms`` (a bound on a call's work whatever the run sends).
 SEARCH_ROWS = 10_000
+#: :func:`share_percent` counts shares up to this many times the step (larger ones: equal).
+PERCENT_CAP = 1e12
 #: ``data_stragglers`` lists at most this many ranks.
 MAX_STRAGGLERS = 10
 #: a straggler waits at least this many times the others' median ...
@@ -51,6 +53,19 @@ def round_half_up(x: float) -> int:
 def straggler_message(data_ms: float, median: float) -> str:
     """The ``data_straggler`` alert's message, exactly as 7.1 words it."""
     return f"waits {round_half_up(data_ms)} ms a step for data (median {round_half_up(median)} ms)"
+
+
+def share_percent(share: Optional[float]) -> Optional[int]:
+    """``share`` as whole percent, for telling whether the header moved; None for none.
+
+    Why not ``round(share * 100)``: a finite share near the largest float (one ``steps``
+    frame with ``data_ms`` 1e307 and ``step_ms`` 1) overflows to infinity when multiplied,
+    and ``round`` of it raised in every publish of the run, and at start in the journal's
+    replay, so the broker never started again (issue 38). Past :data:`PERCENT_CAP` every
+    share is one bucket: the header moves with it as with any other change of percent."""
+    if share is None or not math.isfinite(share):
+        return None
+    return round(max(-PERCENT_CAP, min(share, PERCENT_CAP)) * 100)
 
 
 def data_share(data_rows: np.ndarray, data_mean: np.ndarray, ms_rows: np.ndarray,
@@ -162,7 +177,7 @@ class DataWait:
         new = [(e["rank"], straggler_message(e["data_ms"], m))
                for e, m in zip(entries, medians) if e["rank"] not in self._listed]
         self._listed = now
-        sig = (None if share is None else round(share * 100),
+        sig = (share_percent(share),
                tuple((e["rank"], round(math.log(max(e["data_ms"], 1.0)) / math.log(1.05)))
                      for e in entries))
         changed = sig != self._sig

@@ -41,6 +41,21 @@ def test_data_ms_from_batch_ready_to_the_previous_log_step(receiver, make_agent,
     assert frame.data_ms == [None, pytest.approx(300.0), None, pytest.approx(500.0), 0.0]
 
 
+def test_a_negative_or_nan_explicit_wait_is_not_sent_the_point_is(receiver, make_agent,
+                                                                    fake_time):
+    """Issue 38: the broker rejects a ``steps`` frame holding a wait < 0 or NaN (a negative
+    ``data_share`` otherwise), so the agent sends such a point without its ``data_ms``
+    rather than lose the frame's other points; 0 and an infinite wait are sent."""
+    agent = make_agent(broker=receiver.endpoint, step_flush=ASLEEP)
+    fake_time(10.0)
+    for step, wait in enumerate((-1.0, float("nan"), -0.5, 0.0, float("inf"), -(10**400))):
+        assert agent.log_step(step, data_ms=wait)
+    agent.close()
+    (frame,) = wait_points(receiver, 6)
+    assert frame.data_ms == [None, None, None, 0.0, float("inf"), None]
+    assert agent.dropped == 0
+
+
 def test_explicit_data_ms_wins_and_bad_values_are_not_sent(receiver, make_agent, fake_time):
     agent = make_agent(broker=receiver.endpoint, step_flush=ASLEEP)
     fake_time(10.0)

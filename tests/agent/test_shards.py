@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 
 from rank_agent.shards import (
+    MAX_SHARD_COUNT,
     ShardError,
     jump,
     parse_shard,
@@ -97,6 +98,21 @@ def test_parse_shard() -> None:
     for bad in ("", "1", "3/3", "-1/2", "0/0", "a/b", "1/2/3", "0/-1"):
         with pytest.raises(ShardError):
             parse_shard(bad)
+
+
+def test_parse_shard_bounds_n_and_reads_only_ascii_digits() -> None:
+    """Issue 38: ``--shard 0/<400 digits>`` was accepted and then every new run's frame
+    failed (the jump hash's doubles overflow). N is at most MAX_SHARD_COUNT (1,024); K and
+    N are ASCII digits."""
+    assert MAX_SHARD_COUNT == 1024
+    assert parse_shard("1023/1024") == (1023, 1024)
+    for bad, says in (("0/" + "9" * 400, "N must be 1..1024"), ("0/1025", "N must be 1..1024"),
+                      ("0/\u0663", "expected K/N"), ("\u0663/4", "expected K/N"),
+                      ("0/1_0", "expected K/N"), ("+0/2", "expected K/N"),
+                      ("9" * 400 + "/2", "K must be 0..1")):
+        with pytest.raises(ShardError, match=says) as caught:
+            parse_shard(bad)
+        assert len(str(caught.value)) < 120  # one readable line, not the 400 digits
 
 
 def test_lists() -> None:

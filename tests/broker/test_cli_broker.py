@@ -111,6 +111,8 @@ def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
     (["broker", "--shard", "2/2"], "K must be 0..1"),
     (["broker", "--shard", "1"], "expected K/N"),
     (["broker", "--shard", "0/0"], "N must be >= 1"),
+    (["broker", "--shard", "0/" + "9" * 400], "N must be 1..1024"),  # (issue 38)
+    (["broker", "--shard", "0/\u00b2"], "expected K/N"),
     (["nonsense"], "invalid choice"),
     ([], "required"),
 ])

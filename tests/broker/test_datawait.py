@@ -7,10 +7,12 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+import msgspec
 import numpy as np
 import pytest
 
 from broker.journal.stepblocks import StepBlocks, wire_block
+from broker.runs import Runs
 from broker.steps.closer import StepCloser
 from broker.steps.datawait import (
     DataWait,
@@ -18,6 +20,7 @@ from broker.steps.datawait import (
     data_stragglers,
     others_medians,
     round_half_up,
+    share_percent,
     straggler_message,
 )
 from broker.steps.encodings import csv_columns
@@ -47,6 +50,22 @@ def test_data_ms_of_another_length_is_rejected() -> None:
     with pytest.raises(BadSteps, match="data_ms"):
         check_steps(f)
     check_steps(Steps(run=RUN, rank=0, steps=[1, 2], times=[T0, T0], step_ms=[1.0, 1.0]))
+
+
+@pytest.mark.parametrize("wait", [-1.0, -1e-300, -math.inf, math.nan])
+def test_a_negative_or_nan_wait_is_schema_and_counted(wait: float) -> None:
+    """Issue 38: a negative ``data_ms`` made a negative ``data_share``. A wait is >= 0 ms
+    (or null); a frame with another is rejected as ``schema``, its neighbours still go in."""
+    good = Steps(run=RUN, rank=0, steps=[1], times=[T0], step_ms=[1.0], data_ms=[5.0])
+    bad = Steps(run=RUN, rank=0, steps=[2], times=[T0], step_ms=[1.0], data_ms=[wait])
+    with pytest.raises(msgspec.ValidationError, match="data_ms"):
+        decode(encoder.encode(bad))
+    assert wire(Steps(run=RUN, rank=0, steps=[1], times=[T0], step_ms=[1.0],
+                      data_ms=[-0.0])).data_ms == [-0.0]
+    runs = Runs()
+    for f in (good, bad, good):
+        runs.ingest(encoder.encode(f), T0)
+    assert runs.rejected["schema"] == 1 and runs.accepted == 2
 
 
 # ---------------------------------------------------------------- closing
@@ -176,6 +195,20 @@ def test_waits_near_the_largest_float_neither_overflow_nor_fail() -> None:
         entries, medians = data_stragglers(figs, PLACE)
         assert all(math.isfinite(m) for m in medians), figs
         DataWait().update(None, figs, PLACE)  # the messages are made: no OverflowError
+
+
+def test_a_share_near_the_largest_float_publishes_and_moves_the_header() -> None:
+    """Issue 38: a wait of 1e307 ms over a 1 ms step is a finite share whose percentage
+    overflowed (``round(share * 100)``): every publish of the run raised, and the replay of
+    its journaled step stopped the broker's start."""
+    assert share_percent(1e307) == share_percent(1e300) == 10**14
+    assert share_percent(None) is None and share_percent(0.355) == 36
+    d = Drive(1)
+    d.send(frame(0, [1], [1e307], ms=1.0), 2.0)
+    d.tick(20.0)
+    assert d.sink.header()["data_share"] == 1e307 and d.closed == [1]
+    dw = DataWait()
+    assert dw.update(1e307, [], PLACE)[0] and not dw.update(1e306, [], PLACE)[0]
 
 
 def test_sink_survives_an_infinite_data_wait() -> None:

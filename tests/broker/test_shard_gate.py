@@ -80,6 +80,8 @@ def test_the_cache_is_bounded() -> None:
 def test_bad_gate() -> None:
     with pytest.raises(ValueError):
         ShardGate(2, 2)
+    with pytest.raises(ValueError):
+        ShardGate(0, 1025)  # (issue 38: past it the hash overflows on every new run)
 
 
 def test_server_keeps_its_journals_runs_after_n_changed(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ web's /metrics. The long run is ``python bench/fuzz_ingest.py`` (>= 100 000 fram
 from __future__ import annotations
 
 import logging
+import random
 from pathlib import Path
 from typing import Callable
 
@@ -15,7 +16,7 @@ from broker import feed
 from broker.runs import Runs
 from broker.snapshots import msgpack_ints
 from rank_agent import protocol as P
-from tests.support import fuzzgen, fuzzrun
+from tests.support import fuzzgen, fuzzreplay, fuzzrun
 from tests.support.brokers import Pusher
 from tests.support.http import fetch
 from tests.support.polling import wait_for
@@ -71,6 +72,28 @@ def test_fuzzed_ingest_in_process_counts_within_bounds_and_closes_every_check_st
             feed.encode_run_snapshot(one)
         except OverflowError:  # summed byte counts past 64 bits: widened, as the server does
             feed.encode_run_snapshot(msgpack_ints(one))
+
+
+@pytest.mark.parametrize("seed", [SEED, 7])
+def test_fuzzed_frames_accepted_live_replay_from_the_journal_to_the_live_state(
+        seed: int, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 38: the frames a broker accepted live, journaled as the server journals them,
+    replayed as a restart replays them (tests/support/fuzzreplay.py), with issue 38's
+    frames among them (the 89-byte data wait, a group id "²"): no exception, nothing set
+    aside, and every run's replayed state is its live state."""
+    caplog.set_level(logging.CRITICAL)
+    msgs, _ = fuzzgen.generate(FRAMES, seed, big=False)
+    traffic = fuzzreplay.extremes(random.Random(seed), [m.data for m in msgs])
+    live, replayed, journal = fuzzreplay.journal_and_replay(traffic, tmp_path / "data")
+    try:
+        assert "internal" not in live.rejected
+        assert journal.counters()["unreplayable_entries"] == 0
+        assert journal.counters()["damaged_entries"] == 0
+        assert "run-01" in replayed and "run-02" in replayed
+        assert replayed["run-01"].steps.rows == 1
+        assert fuzzreplay.differences(live, replayed) == []
+    finally:
+        journal.close()
 
 
 def test_fuzzed_ingest_no_crash_no_valid_frame_lost_rejects_counted(

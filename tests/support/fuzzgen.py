@@ -27,7 +27,8 @@ distinct step metric names (``step_metric_names``). Contract v3's ``stacks`` fra
 valid (stall dumps, request answers, profiles; weird text, non-finite times, every limit
 met exactly) and hostile (every limit passed by one, wrong types, an unknown reason: all
 ``schema``). Contract v4's fields come both ways too: ``steps`` frames carry ``data_ms``
-(nulls, NaN, negative, huge; as long as ``steps`` or not, of the wrong type) and registers a
+(nulls, infinite, huge; as long as ``steps`` or not, of the wrong type; a negative or NaN
+wait is ``schema``, issue 38) and registers a
 ``label`` (hostile text up to 128 characters; 129, or not a string: ``schema``); the
 ``collectives`` frames are :mod:`tests.support.fuzzcollectives`'.
 

@@ -7,6 +7,7 @@ integers past their bounds: ``steps_shape`` or ``schema``); and a run driven pas
 distinct metric names (``step_metric_names``)."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rank_agent import protocol
@@ -40,6 +41,17 @@ class StepFuzz(FuzzKit):
             return self.rng.choice((0, 1, -1, 2**53 + 1, 2**63 - 1, -(2**63), 2**64 - 1))
         return self.weird_float()
 
+    def _wait(self) -> Any:
+        """A ``data_ms`` value the schema takes: None or a number >= 0, now and then at the
+        ends of the floats (1e307 over a ``step_ms`` of 1 overflowed a percentage, issue
+        38). A negative or NaN wait is a :meth:`bad_steps` defect."""
+        r = self.rng.random()
+        if r < 0.25:
+            return None
+        if r < 0.45:
+            return self.rng.choice((0, 0.0, -0.0, 1e307, 1e308, math.inf, 5e-324, 2**64 - 1))
+        return self.rng.uniform(0.0, 1e6)
+
     def steps_dict(self, run: str, rank: int, *, n: int | None = None) -> dict[str, Any]:
         """A valid ``steps`` frame as a dict: strictly increasing steps (up to the largest
         int64), every list as long as ``steps``, [] for samples/tokens not sent."""
@@ -67,8 +79,8 @@ class StepFuzz(FuzzKit):
         for key in ("samples", "tokens"):
             if rng.random() < 0.6:
                 d[key] = [rng.choice((0, 1, 64, 4096, protocol.MAX_STEP_COUNT)) for _ in steps]
-        if rng.random() < 0.5:  # the data wait (7.1): nulls, non-finite, negative, huge
-            d["data_ms"] = [self._opt_float() for _ in steps]
+        if rng.random() < 0.5:  # the data wait (7.1): nulls, infinite, huge, tiny (>= 0)
+            d["data_ms"] = [self._wait() for _ in steps]
         names = rng.choice((0, 1, 2, 4)) if rng.random() < 0.98 else protocol.MAX_STEP_METRICS
         metrics: dict[str, list[Any]] = {}
         for i in range(names):
@@ -156,8 +168,11 @@ class StepFuzz(FuzzKit):
                 d[key] = [0] * (n - 1) + [rng.choice((protocol.MAX_STEP_COUNT + 1,
                                                       2**63, 2**64 - 1))]
         else:  # negative
-            key = rng.choice(("steps", "samples", "tokens"))
-            if key == "steps":
+            key = rng.choice(("steps", "samples", "tokens", "data_ms"))
+            if key == "data_ms":  # a wait < 0 or NaN (issue 38: a negative data_share)
+                d["data_ms"] = [1.0] * n
+                d["data_ms"][rng.randrange(n)] = rng.choice((-1.0, -1e-300, -math.inf, math.nan))
+            elif key == "steps":
                 d["steps"][0] = -rng.randrange(1, 2**63)
             else:
                 d[key] = [-1] * n

@@ -107,7 +107,7 @@ def test_the_web_holds_what_the_broker_holds_under_the_cap() -> None:
     """An event that replaces a big dump by a small one and adds another big one fits the
     cap in the broker; the web must not refuse the new one on the way (keys it replaces go
     first)."""
-    from broker.stacks.store import RunStacks
+    from broker.stacks.store import BLOB_OVERHEAD, DUMP_OVERHEAD, RunStacks
 
     def big(rank: int, tag: str) -> Any:
         frames = [StackFrame(file="t.py", line=i, function=f"{tag}_{i}_" + "z" * 60, code="")
@@ -116,7 +116,7 @@ def test_the_web_holds_what_the_broker_holds_under_the_cap() -> None:
                               threads=[ThreadStack(name="T", main=True, frames=frames)]))
 
     one = len(big(0, "a")[7][0])
-    broker = RunStacks(cap=2 * one + 3000)
+    broker = RunStacks(cap=2 * (one + DUMP_OVERHEAD + BLOB_OVERHEAD) + 3000)
     broker.put_wire(dump(3, "main", "old", reason="request", request_id="q0"))  # as the hub's
     hub = connected_hub()
     store = hub._dumps(RUN).store

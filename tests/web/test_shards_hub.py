@@ -51,6 +51,28 @@ def test_a_run_two_shards_hold_is_the_home_shards() -> None:
     assert sharded.runs.get(RUN) is hubs[0].runs[RUN]
 
 
+def test_a_lone_register_on_the_new_shard_does_not_hide_the_live_run_on_the_old() -> None:
+    """Issue 38: after N changed, the run's ranks still feed its old shard (whose journal
+    holds it); one ``register`` sent to the shard the id hashes to now made a stub there,
+    and the stub was served instead of the run. A stub (waiting, no record, no step) never
+    shadows a copy holding more; once the new shard's copy holds more, it is the run."""
+    hubs = _hubs()
+    hubs[0].runs[RUN] = _state(RUN, 0, 1.0)  # the live run, on its old shard
+    hubs[0].runs[RUN].records.append((1, {"epoch": 0}))
+    stub = RunState(RUN)  # the lone register's copy, on the home shard
+    stub.set_header({"run": RUN, "status": "waiting", "shard": 1, "started_at": 9.0})
+    hubs[1].runs[RUN] = stub
+    sharded = ShardedHub(hubs)
+    assert sharded.runs.get(RUN) is hubs[0].runs[RUN] and sharded.shard_of_run(RUN) == 0
+    assert [s for s in sharded.runs.values() if s.run == RUN] == [hubs[0].runs[RUN]]
+    assert len(sharded.runs) == 1 and RUN in sharded.runs
+    hubs[0].runs[RUN].set_header({"run": RUN, "status": "waiting", "shard": 0})
+    hubs[0].runs[RUN].records.clear()  # two stubs: the home shard's, as before
+    assert sharded.runs.get(RUN) is stub
+    stub.set_header({"run": RUN, "status": "training", "shard": 1})
+    assert sharded.runs.get(RUN) is stub and len(sharded.runs) == 1
+
+
 def test_counters_summed_and_liveness_by_shard() -> None:
     hubs = _hubs()
     hubs[0].runs[OTHER] = _state(OTHER, 0, 1.0)
