@@ -55,7 +55,7 @@ def test_header_defaults() -> None:
         "label": None, "hash": None, "port": None, "metadata": None, "hardware": "",
         "has_svg": False, "hosts": [], "alerts": [], "started_at": 1.0, "updated_at": 1.0,
         "steps_done": None, "step_metrics": [], "data_share": None, "data_stragglers": [],
-        "shard": 0,
+        "shard": 0, "failure": None,
     }
 
 

@@ -13,7 +13,7 @@ RUN = "run-1"
 HEADER_KEYS = [
     "run", "status", "world_size", "total_epochs", "label", "shard", "hash", "port", "metadata",
     "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at", "steps_done",
-    "step_metrics", "data_share", "data_stragglers",
+    "step_metrics", "data_share", "data_stragglers", "failure",
 ]
 
 
