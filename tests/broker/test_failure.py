@@ -307,6 +307,6 @@ def test_the_sinks_index_agrees_with_the_rule_over_random_histories() -> None:
                 sink.apply(wire(protocol.Resources(run=RUN, rank=r,
                                                    sample=protocol.ResourceSample())), now)
             sink.tick(now)
-            place = sink.topology.place
-            want = failure(sink._ranks, lambda x: (place.get(x) or (None,))[0])
+            want = failure(sink._ranks, lambda x, place=sink.topology.place:
+                           (place.get(x) or (None,))[0])
             assert sink.failure == want, (trial, now)
