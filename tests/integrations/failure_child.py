@@ -29,7 +29,7 @@ def load_batch(step: int) -> torch.Tensor:
 def main() -> None:
     odd = int(os.environ.get("FAILURE_ODD", "1"))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     agent = RankAgent.from_env(stall_after=0, control=False)
     t = torch.ones(4, 8)
     for step in range(1, STEPS + 1):
