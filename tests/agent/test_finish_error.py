@@ -318,3 +318,22 @@ def test_an_agent_that_never_spoke_closes_without_a_finish(receiver: Receiver) -
     probe.close()  # its frames arrive after anything the first agent could have sent
     receiver.wait_for(lambda fs: any(f.run == "probe" and isinstance(f, Finish) for f in fs))
     assert {f.run for f in receiver.all_frames} == {"probe"}
+
+
+def test_the_agent_wraps_the_excepthook_it_finds_and_always_calls_it(
+        make_agent: Any, dead_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rank_agent import lifecycle
+
+    seen: list[Any] = []
+    monkeypatch.setattr(sys, "excepthook", lambda tp, value, tb: seen.append(value))
+    monkeypatch.setattr(lifecycle, "_uncaught", None)
+    make_agent(broker=dead_endpoint, run="hook")
+    make_agent(broker=dead_endpoint, run="hook-2")  # a second agent does not wrap its own wrapper again
+    hook = sys.excepthook
+    assert getattr(hook, "rankboard_wrapper", False)
+    exc = ShardError("dies")
+    t0 = time.time()
+    hook(ShardError, exc, None)
+    assert seen == [exc]  # the hook found first ran, once
+    caught = lifecycle.uncaught()
+    assert caught is not None and caught[0] is exc and t0 <= caught[1] <= time.time()

@@ -310,3 +310,31 @@ def test_the_sinks_index_agrees_with_the_rule_over_random_histories() -> None:
             want = failure(sink._ranks, lambda x, place=sink.topology.place:
                            (place.get(x) or (None,))[0])
             assert sink.failure == want, (trial, now)
+
+
+def test_an_error_past_its_bounds_is_rejected_counted_logged_and_the_rest_arrives(
+        caplog: Any) -> None:
+    import logging
+
+    import msgspec
+
+    from broker.runs import Runs
+
+    runs = Runs()
+    runs.ingest(protocol.encoder.encode(protocol.Register(run="b", rank=0, world_size=2,
+                                                          host="h")), 1.0)
+    bad = msgspec.msgpack.encode({"type": "finish", "run": "b", "rank": 0, "status": "error",
+                                  "error": {"type": "E", "message": "m" * 5000, "at": 1.0}})
+    with caplog.at_level(logging.WARNING, logger="broker.runs"):
+        for _ in range(50):
+            assert runs.ingest(bad, 2.0) == []
+    assert runs.rejected["schema"] == 50
+    warned = [r for r in caplog.records if "rejected frame (schema)" in r.getMessage()]
+    assert 1 <= len(warned) <= 2 and "\n" not in warned[0].getMessage()  # one line, limited
+    assert not any(r.exc_info for r in warned)  # no traceback
+    runs.ingest(protocol.encoder.encode(protocol.Finish(
+        run="b", rank=1, status="error", error=ErrorInfo(type="E", message="fine", at=1.5))), 3.0)
+    sink = runs.get("b")
+    assert sink is not None and sink.failure is not None
+    assert sink.failure["first"]["rank"] == 1  # the valid one arrived; rank 0 is untouched
+    assert [r["status"] for r in sink.ranks()] == ["ok", "error"]
