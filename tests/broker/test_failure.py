@@ -163,6 +163,21 @@ def test_the_webhook_of_a_rank_error_says_the_type_and_first_line() -> None:
     assert told == [(RUN, "rank_error", 0, "failed: ValueError: bad batch 3", "node-a", 2.0)]
 
 
+def test_the_webhook_post_of_a_rank_error_carries_that_message() -> None:
+    from broker.webhooks import AlertGrouper
+
+    sink = sink_of(2)
+    sink.live = True
+    grouper = AlertGrouper(window=5.0)
+    sink.on_alert = lambda run, kind, rank, message, host, now: grouper.alert(
+        run, kind, rank, message, now, host=host)
+    sink.apply(err(1, "torch.OutOfMemoryError", "CUDA out of memory\nTried 2 GiB"), 10.0)
+    (post,) = grouper.due(16.0)
+    assert post["message"] == "failed: torch.OutOfMemoryError: CUDA out of memory"
+    assert post["text"] == ("[rankboard] run-1: rank_error on rank 1 (node-b): "
+                            "failed: torch.OutOfMemoryError: CUDA out of memory")
+
+
 def test_a_reactivated_rank_leaves_the_failure_and_its_next_finish_decides() -> None:
     sink = sink_of(2)
     sink.apply(err(0, at=1.0), 2.0)
