@@ -353,3 +353,22 @@ def test_an_error_past_its_bounds_is_rejected_counted_logged_and_the_rest_arrive
     assert sink is not None and sink.failure is not None
     assert sink.failure["first"]["rank"] == 1  # the valid one arrived; rank 0 is untouched
     assert [r["status"] for r in sink.ranks()] == ["ok", "error"]
+
+
+def test_an_attempts_cause_counts_its_unfinished_ranks_as_silent() -> None:
+    """8.1: an attempt's ``cause`` is its ``failure.first`` at the moment it ended, its
+    unfinished ranks counted as stale (a rank killed by the kernel is silent before the
+    launcher restarts the job)."""
+    sink = sink_of(3)
+    sink.apply(wire(protocol.Resources(run=RUN, rank=2, sample=protocol.ResourceSample())), 8.0)
+    sink.apply(err(0, "E", "after the kill", at=9.0), 9.5)
+    place = sink.topology.place
+
+    def host(r: int) -> str | None:
+        return (place.get(r) or (None,))[0]
+
+    assert cause(failure(sink._ranks, host))["rank"] == 0  # as the header has it now
+    ended = failure(sink._ranks, host, unfinished_silent=True)
+    assert ended is not None and ended["silent"] == {"ranks": [1, 2], "count": 2}
+    assert cause(ended) == {"rank": 1, "host": "node-b", "kind": "silent", "at": 0.0,
+                            "type": "", "message": ""}
