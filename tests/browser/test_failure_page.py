@@ -78,6 +78,9 @@ def test_the_page_leads_a_failed_run_with_its_first_failure(stack: Stack, page: 
         "5 ranks torch.distributed.DistBackendError: " + HOSTILE + " (ranks 0–2, 6–7)",
         "1 rank RuntimeError: NCCL watchdog timeout (rank 4)",
     ]
+    # the rank table names each failed rank's exception type on its status
+    status = page.locator('#rank-table tbody tr[data-rank="5"] .status-cell')
+    expect(status).to_have_attribute("title", "failed: torch.OutOfMemoryError")
     # the hostile message is text: no element made of it, no script run
     assert card.locator("img, script").count() == 0
     assert page.evaluate("() => window.__pwned") is None
