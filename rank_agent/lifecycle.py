@@ -45,10 +45,16 @@ _uncaught: Optional[Tuple[BaseException, float]] = None
 ExceptHook = Callable[[Any, Any, Any], Any]
 
 
+def _interactive() -> bool:
+    """An interactive session (the REPL, ``python -i``, IPython/Jupyter) survives its
+    exceptions, and IPython sets ``sys.last_value`` for every failed cell: there, an
+    exception seen earlier is not what ends the process."""
+    return hasattr(sys, "ps1") or bool(sys.flags.interactive) or "IPython" in sys.modules
+
+
 def _record(value: Any) -> None:
     global _uncaught
-    # an interactive session survives its exceptions: only a script's uncaught one ends it
-    if isinstance(value, BaseException) and not hasattr(sys, "ps1"):
+    if isinstance(value, BaseException) and not _interactive():
         _uncaught = (value, time.time())
 
 
@@ -83,7 +89,7 @@ def uncaught() -> Optional[Tuple[BaseException, float]]:
     if _uncaught is not None:
         return _uncaught
     value = getattr(sys, "last_value", None)
-    if isinstance(value, BaseException) and not hasattr(sys, "ps1"):
+    if isinstance(value, BaseException) and not _interactive():
         return value, time.time()
     return None
 

@@ -337,3 +337,18 @@ def test_the_agent_wraps_the_excepthook_it_finds_and_always_calls_it(
     assert seen == [exc]  # the hook found first ran, once
     caught = lifecycle.uncaught()
     assert caught is not None and caught[0] is exc and t0 <= caught[1] <= time.time()
+
+
+def test_an_interactive_session_is_not_failed_by_an_earlier_exception(
+        receiver: Receiver) -> None:
+    """``python -i``: an exception at the prompt ends nothing (the interpreter sets
+    ``sys.last_value`` for it all the same); the session then ends normally: ``ok``."""
+    code = (f"from rank_agent import RankAgent\n"
+            f"agent = RankAgent(broker={receiver.endpoint!r}, run='interactive', rank=0, "
+            f"world_size=1)\n"
+            f"agent.register()\n")
+    out = subprocess.run([sys.executable, "-i", "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, input="1 / 0\n")
+    assert "ZeroDivisionError" in out.stderr
+    (fin,) = finishes(receiver)
+    assert fin.status == "ok" and fin.error is None
