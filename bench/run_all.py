@@ -26,6 +26,7 @@ import collectives_bench  # noqa: E402
 import common  # noqa: E402
 import datawait_bench  # noqa: E402
 import epoch_close  # noqa: E402
+import failure_bench  # noqa: E402
 import hostile_soak  # noqa: E402
 import ingest  # noqa: E402
 import journal_bench  # noqa: E402
@@ -57,6 +58,7 @@ GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
     ("webhook", webhook_bench.run),
     ("soak", hostile_soak.run),
     ("stacks_request", stacks_request_bench.run),
+    ("failure", failure_bench.run),
 ]
 
 #: name -> (target, "<=" or ">=") as the performance issue states them; None: measured and
@@ -109,6 +111,8 @@ TARGETS: dict[str, tuple[float, str] | None] = {
     "hostile_soak_honest_e2e_p99_ms": (250.0, "<="),
     "hostile_soak_max_rss_mib": (1024.0, "<="),
     "hostile_soak_honest_lost": (0.0, "<="),
+    # issue 40 (8.2): the first failure of 65,536 failed ranks
+    "failure_65536_ms": (50.0, "<="),
 }
 NAMES = list(TARGETS)
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from broker.failure import alert_message, error_at
 from rank_agent.protocol import Finish, Register
 
 if TYPE_CHECKING:
     from broker.alerts import RunAlerts
     from broker.epochs import PendingEpochs
+    from broker.failure import ErrorStore, FailureIndex
     from broker.gpualerts import GpuAlertRules
     from broker.rankstate import RankSamples, RankState
     from broker.stacks.store import RunStacks
@@ -58,6 +60,9 @@ class MembershipRules:
         _n_finished: int
         _n_error: int
         _header_pending: bool
+        _errors: ErrorStore
+        _failures: FailureIndex
+        _failure_dirty: bool
 
         @property
         def finished(self) -> bool: ...
@@ -107,6 +112,8 @@ class MembershipRules:
             self._n_error -= 1
         self._n_finished -= 1
         st.status = "ok"
+        self._failures.unfailed(st.rank)
+        self._failure_dirty = True
         rank = st.rank
         self._closer.set_active(rank, True)
         self._pending.rank_active(rank, True)
@@ -124,9 +131,17 @@ class MembershipRules:
         self._n_finished += 1
         rank = st.rank
         self._pending.rank_active(rank, False)
+        self._failure_dirty = True
+        # 8.2: the error of the rank's latest finish is kept (an ok finish's is ignored)
+        info = frame.error if error else None
+        self._errors.release(st.error)
+        st.error = None if info is None else self._errors.admit(info)
+        st.error_at = error_at(info, now)
         if error:
             self._n_error += 1
-            self._raise("rank_error", rank, f"rank {rank} finished with error", now)
+            self._failures.failed(rank, "" if info is None else info.type, st.error_at)
+            self._raise("rank_error", rank, f"rank {rank} finished with error" if info is None
+                        else alert_message(info), now)
         self._closer.set_active(rank, False)
         self._close_ready()
         self._close_steps(now)
@@ -139,6 +154,9 @@ class MembershipRules:
         touched: List[str] = []
         for rank in gone:
             st = self._ranks.pop(rank)
+            self._errors.release(st.error)
+            self._failures.forget(rank)
+            self._failure_dirty = True
             if st.finished:
                 self._n_finished -= 1
                 if st.status == "error":

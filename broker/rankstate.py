@@ -21,7 +21,7 @@ class RankState:
     """Per-rank state. Plain slots: thousands of these are read at every close."""
 
     __slots__ = ("rank", "status", "last_seen", "epoch", "loss", "hardware", "sample_json",
-                 "stalled", "collective")
+                 "stalled", "collective", "error", "error_at")
 
     def __init__(self, rank: int, now: float) -> None:
         self.rank = rank
@@ -37,6 +37,11 @@ class RankState:
         #: a ``collectives`` frame arrived after the rank's latest ``steps``/``metrics`` frame
         #: (and since this broker started): its latest one is current (section 7.2)
         self.collective = False
+        #: the ``ErrorInfo`` of the rank's latest finish (None: it sent none; 8.2), as the
+        #: run's :class:`broker.failure.ErrorStore` admitted it, and when the rank failed
+        #: (its ``at``, or that finish's arrival: :func:`broker.failure.error_at`)
+        self.error: Any = None
+        self.error_at = 0.0
 
     @property
     def finished(self) -> bool:
@@ -153,9 +158,15 @@ def ranks_array(ranks: Dict[int, RankState], place: Dict[int, Tuple[str, int]],
                 "slowest_share": share(rank),
                 "loss": st.loss,
                 "gpu_xids": _xids(tallies.get(rank)),
+                "error": _error(st.error, st.error_at),  # 8.2
             }
         )
     return out
+
+
+def _error(info: Any, at: float) -> Dict[str, Any] | None:
+    """A rank's ``error`` in the ``ranks`` array (8.2): ``{type, at}`` or null."""
+    return None if info is None else {"type": info.type, "at": at}
 
 
 def _xids(tally: Dict[int, List[int]] | None) -> List[Dict[str, int]] | None:

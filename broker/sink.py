@@ -53,6 +53,7 @@ from broker.collectivelast import LastVerdict
 from broker.collectiverules import CollectiveRules
 from broker.epochs import EpochRules, PendingEpochs
 from broker.events import Event, Rejected
+from broker.failure import ErrorStore, FailureIndex
 from broker.gpualerts import GpuAlertRules, Sampled
 from broker.membership import MembershipRules
 from broker.metadata import parse_metadata
@@ -181,6 +182,12 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
         #: the collective verdicts it forms then raise no alert (their alerts come back from
         #: the journal's STATE entries, with the times they had live)
         self.replaying = False
+        #: The first failure (8.2): the ranks' kept errors (bounded in bytes), the header's
+        #: ``failure`` as last computed, and whether a rank's status changed since.
+        self._errors = ErrorStore()
+        self._failures = FailureIndex()
+        self._failure: Dict[str, Any] | None = None
+        self._failure_dirty = False
 
     # ------------------------------------------------------------------ public API
 
@@ -311,11 +318,14 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
         st = self._ranks.get(rank)
         if st is None:
             st = self._ranks[rank] = RankState(rank, now)
+            self._failure_dirty = True
         else:
             st.last_seen = now
             if st.status == "stale":
                 st.status = "ok"
                 self._closer.set_active(rank, True)
+                self._failures.unstale(rank)
+                self._failure_dirty = True
         return st
 
     def tick(self, now: float) -> List[Event]:
@@ -329,6 +339,8 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
                 st.status = "stale"
                 self._closer.set_active(st.rank, False)
                 self._ranks_dirty = True
+                self._failures.stale(st.rank, st.last_seen)
+                self._failure_dirty = True
                 # A rank not heard from since a restart turns stale from replayed state
                 # alone: listed, but not posted (an abandoned run in the data dir would
                 # otherwise post on every broker start).
@@ -336,6 +348,8 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
                             notify=st.last_seen >= self.liveness_floor)
         self._close_steps(now)
         self._publish_steps_due(now)
+        if self._failure_dirty and self._refresh_failure():
+            self._header_pending = True  # (8.2: e.g. the last live rank went stale)
         if (self._stack_feed.pending or self._stack_feed.collectives.latest
                 or self._stack_feed.collectives.has_gone):
             self._stacks_due(now)  # (with the collective verdict: broker/collectiverules.py)
@@ -383,7 +397,29 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
             "total_steps": self.total_steps or None,  # 8.5
             "eta_secs": step_eta(self.total_steps, self.steps),
             "alert_ranks": self.alerts.ranks_raised(),  # 8.5: whose the alerts are
+            "failure": self.failure,  # 8.2
         }
+
+    @property
+    def failure(self) -> Dict[str, Any] | None:
+        """The header's ``failure`` (8.2, :func:`broker.failure.failure`), recomputed only
+        after a rank's status changed. Read-only, like all event data."""
+        if self._failure_dirty:
+            self._refresh_failure()
+        return self._failure
+
+    def _refresh_failure(self) -> bool:
+        """Recompute ``failure``; True when it changed (the header must go out)."""
+        self._failure_dirty = False
+        place, ranks = self.topology.place, self._ranks
+        failures = self._failures
+        new = failures.failure(lambda r: ranks[r].error,
+                               lambda r: (place.get(r) or (None,))[0],
+                               self._n_finished + len(failures.silent) == len(ranks))
+        if new == self._failure:
+            return False
+        self._failure = new
+        return True
 
     def ranks(self) -> List[Dict[str, Any]]:
         """The ``ranks`` array of PROTOCOL 4 (rank order), each entry plus its last ``loss``."""

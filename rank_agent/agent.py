@@ -27,15 +27,18 @@ from typing import Any, Callable, Mapping, Tuple, Union
 
 from . import shared
 from .control import Control, control_endpoint
+from .errorinfo import error_info, exit_is_success
 from .label import resolve_label
 from .launcher import DEFAULT_BROKER, generated_run_id, launch_args, sanitize_run_id
 from .lifecycle import AGENTS as _AGENTS
+from .lifecycle import watch_uncaught
 from .protocol import (
     MAX_METADATA_BYTES,
     MAX_SHORT,
     MAX_SUMMARY,
     MAX_SVG_BYTES,
     MAX_WORLD_SIZE,
+    ErrorInfo,
     Finish,
     Hardware,
     Metadata,
@@ -167,6 +170,11 @@ class RankAgent:
         self._users_lock = threading.Lock()
         #: the worst status a user's finish() asked for while others still held the agent
         self._pending_status: str | None = None
+        #: ... and the earliest error a user's finish() gave with it (PROTOCOL 8.2)
+        self._pending_error: ErrorInfo | None = None
+        #: the process that built this agent: only it ever finishes the rank (a forked
+        #: data-loader worker closes what it made and never ends its parent's rank)
+        self._pid = os.getpid()
         self._warn = RateLimitedLog(log, WARN_EVERY)
         self._pusher = Pusher(self.broker, sndhwm=self.sndhwm, linger_ms=self.linger_ms,
                               warn=self._warn, on_fork=self._reset_after_fork,
@@ -205,6 +213,7 @@ class RankAgent:
         #: resource sampling (rank_agent.sampler.SamplingThread), created on first need
         self._sampling: Any = None
         _AGENTS.add(self)
+        watch_uncaught()  # the exit rule (8.2) needs the exception ending the process
 
     @property
     def step_flush(self) -> float:
@@ -504,26 +513,46 @@ class RankAgent:
         """Step points buffered and not yet handed to a ``steps`` frame."""
         return self._steps.pending
 
-    def finish(self, status: str = "ok") -> bool:
+    def finish(self, status: str = "ok",
+               error: BaseException | ErrorInfo | None = None) -> bool:
         """Tell the broker this rank is done: ``"ok"`` or ``"error"`` (anything else is sent
         as ``"error"``), after sending the pending :meth:`log_step` points. May be sent again
         (the broker's completion is idempotent).
 
+        ``error`` (PROTOCOL 8.2): the exception that ended the rank (the status is then
+        ``error``), sent as an ``ErrorInfo``: its class, message (cut to 4,096 characters),
+        the innermost 64 frames of its traceback and the time of this call, so the board
+        can name the rank that failed first and why. An ``ErrorInfo`` is sent as it is.
+
         A shared agent (:meth:`from_env`) still held by another user only sends its points
-        and remembers the status (``error`` sticks): the last user's finish or close sends
-        it."""
+        and remembers the status (``error`` sticks, with the earliest error given): the last
+        user's finish or close sends it."""
+        info: ErrorInfo | None = None
+        if error is not None:
+            status = "error"
+            if isinstance(error, ErrorInfo):
+                info = error
+            elif isinstance(error, BaseException):
+                info = error_info(error)
         status = "ok" if status == "ok" else "error"
         self._finished = True
         self._steps.safe_flush()
         with self._users_lock:
             if self._pending_status is not None and status == "ok":
                 status = self._pending_status
+            pending = self._pending_error
+            if pending is not None and (info is None or pending.at <= info.at):
+                info = pending  # the earliest failure of the agent's users is the cause
             if self._users > 1:
                 self._pending_status = status
+                self._pending_error = info
                 return True
             self._pending_status = None
+            self._pending_error = None
         self._watch.close()  # the stall watch ends with the loop (section 2.5)
-        return self._send(Finish(run=self.run, rank=self.rank, status="ok" if status == "ok" else "error"))
+        if status == "ok":
+            return self._send(Finish(run=self.run, rank=self.rank, status="ok"))
+        return self._send(Finish(run=self.run, rank=self.rank, status="error", error=info))
 
     # -- resource sampling -------------------------------------------------------------------
 
@@ -559,8 +588,10 @@ class RankAgent:
     # -- shutdown ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop sampling and the step flusher, send the pending :meth:`log_step` points, give
-        queued frames up to ``linger_ms`` to go out, release ZeroMQ.
+        """Finish an unfinished agent that has spoken ``ok`` (sections 5, 8.2; never in a
+        forked child: the rank is its parent's), stop sampling and the step flusher, send the pending
+        :meth:`log_step` points, give queued frames up to ``linger_ms`` to go out, release
+        ZeroMQ.
 
         Returns within about ``linger_ms`` (+ the sampler's current sample) even with no
         broker. Idempotent. In a forked child it only closes what the child itself created."""
@@ -575,6 +606,8 @@ class RankAgent:
         self._users = 0
         if self._pending_status is not None:  # an earlier user's finish, deferred to now
             self.finish(self._pending_status)
+        elif not self._finished and self._pid == os.getpid() and self._spoke():
+            self.finish("ok")
         if self._sampling is not None:
             self._sampling.stop()
         self._stop_diag()  # before the PUSH socket: a dump in progress still has it
@@ -590,16 +623,40 @@ class RankAgent:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         """Leaving the ``with`` block ends this rank: unless :meth:`finish` was already called,
-        it sends ``finish("error")`` when an exception is propagating (``SystemExit`` with
-        code 0/None counts as success) and ``finish("ok")`` otherwise; then :meth:`close`.
-        The exception itself is never suppressed. A shared agent (:meth:`from_env`) counts
-        this block's outcome and ends when its last user does."""
-        failed = exc_type is not None
-        if failed and issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (0, None):
-            failed = False
+        it sends ``finish(error=exc)`` when an exception is propagating (``SystemExit`` with
+        code 0/None counts as success; ``KeyboardInterrupt`` is an error) and
+        ``finish("ok")`` otherwise; then :meth:`close`. The exception itself is never
+        suppressed. A shared agent (:meth:`from_env`) counts this block's outcome and ends
+        when its last user does. In a forked child the block only closes (the rank is the
+        parent's)."""
+        if self._pid != os.getpid():
+            self.close()
+            return
+        failed = isinstance(exc, BaseException) and not exit_is_success(exc)
         if not self.closed and (not self._finished or self._users > 1):
-            self.finish("error" if failed else "ok")
+            if failed:
+                self.finish("error", error=exc)
+            else:
+                self.finish("ok")
         self.close()
+
+    def _end_at_exit(self, caught: tuple[BaseException, float] | None) -> None:
+        """The exit rule (PROTOCOL 8.2, :mod:`rank_agent.lifecycle`): an agent this process
+        built that has not finished finishes, with ``caught`` (the exception ending the
+        process and when it was caught) as its error, ``ok`` without one; then it closes."""
+        if self._pid == os.getpid() and not self._finished and not self.closed:
+            if caught is not None and not exit_is_success(caught[0]):
+                self.finish("error", error=error_info(caught[0], caught[1]))
+            elif self._spoke():
+                self.finish("ok")
+        self.close()
+
+    def _spoke(self) -> bool:
+        """This agent sent (or holds step points for) something: its rank is on the board.
+        An agent that never spoke is closed without a ``finish``, which would put on the
+        board a rank that did nothing; a failure is sent whether it spoke or not (a script
+        that dies while setting up is news)."""
+        return self._pusher.introduced or self._steps.pending > 0
 
     def __repr__(self) -> str:
         return (f"RankAgent(broker={self.broker!r}, run={self.run!r}, rank={self.rank}, "

@@ -179,8 +179,6 @@ class Metrics(_Frame, tag="metrics"):
     resources: Optional[ResourceSample] = None
 
 
-class Finish(_Frame, tag="finish"):
-    status: Literal["ok", "error"] = "ok"
 
 
 StepNumber = Annotated[int, Meta(ge=0, le=MAX_STEP)]
@@ -266,6 +264,33 @@ class Stacks(_Frame, tag="stacks"):
     profile: Annotated[list[ProfileEntry], Meta(max_length=MAX_PROFILE_ENTRIES)] = []
     samples: NonNegInt = 0
     seconds: float = 0.0
+
+
+#: ``ErrorInfo`` bounds (PROTOCOL.md section 8.2): characters of the exception's qualified
+#: type and of its message, frames of its traceback (the innermost; each frame's strings as a
+#: ``stacks`` frame's, :data:`MAX_STACK_TEXT`).
+MAX_ERROR_TYPE = 256
+MAX_ERROR_MESSAGE = 4096
+MAX_ERROR_FRAMES = 64
+
+
+class ErrorInfo(msgspec.Struct, omit_defaults=True, gc=False):
+    """Why a rank failed (section 8.2): the exception's class as ``<module>.<qualname>``
+    (``builtins`` left out), ``str()`` of it, its traceback outermost first as
+    ``traceback.extract_tb`` gives it (the agent sends the innermost 64), and ``at``, the
+    unix time it was caught (the broker takes the ``finish``'s arrival for a non-finite
+    ``at`` or one later than that arrival: the first failure is judged by it)."""
+
+    type: Annotated[str, Meta(max_length=MAX_ERROR_TYPE)]
+    message: Annotated[str, Meta(max_length=MAX_ERROR_MESSAGE)]
+    at: float
+    frames: Annotated[list[StackFrame], Meta(max_length=MAX_ERROR_FRAMES)] = []
+
+
+class Finish(_Frame, tag="finish"):
+    status: Literal["ok", "error"] = "ok"
+    #: (v5, 8.2) the exception that ended the rank; ignored on a finish with status ``ok``
+    error: Optional[ErrorInfo] = None
 
 
 #: ``collectives`` bounds (PROTOCOL.md section 7.2): groups per frame, entries per group (the

@@ -145,6 +145,7 @@ class RunState:
             "has_svg": False, "hosts": [], "alerts": [], "started_at": None, "updated_at": None,
             "data_share": None, "data_stragglers": [],  # 7.1
             "collectives_last": None,  # 8.5
+            "failure": None,  # 8.2
         }
         header.update(self.header)
         header["steps_done"] = self.steps.last_step

@@ -34,14 +34,15 @@ import inspect
 import logging
 import numbers
 import os
-import sys
 import threading
 import time
 from pathlib import PurePath
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
 from ..agent import RankAgent, checked_total_steps
+from ..errorinfo import exit_is_success
 from ..launcher import launcher_run_id, new_run_id, sanitize_run_id
+from ..lifecycle import uncaught
 
 log = logging.getLogger(__name__)
 
@@ -533,8 +534,9 @@ class Reporter:
         self.agent.log_epoch(epoch, avg_loss, batches=batches, samples=samples,
                              epoch_ms=epoch_ms, scalars=scalars_only(scalars) if scalars else None)
 
-    def end(self, status: str) -> None:
-        """Send what waits, ``finish(status)``, close the agent. Only the first call acts."""
+    def end(self, status: str, error: BaseException | None = None) -> None:
+        """Send what waits, ``finish(status, error)``, close the agent. Only the first call
+        acts. ``error``: the exception that ended training (PROTOCOL 8.2)."""
         with self._lock:
             if self.ended is not None:
                 return
@@ -548,18 +550,21 @@ class Reporter:
             self.steps.drain()
         except Exception as exc:
             log.warning("rankboard: could not send the last steps: %r", exc)
-        self.agent.finish(status)
+        self.agent.finish(status, error=error)
         self.agent.close()
 
     def _at_exit(self) -> None:
         if self.ended is not None:
             return
-        # the interpreter sets sys.last_value when it prints an uncaught exception
-        status = "error" if getattr(sys, "last_value", None) is not None else self.clean_exit
+        # the exit rule of PROTOCOL 8.2: the uncaught exception the agent's excepthook
+        # wrapper saw (or the interpreter's sys.last_value) is the rank's error
+        caught = uncaught()
+        error = caught[0] if caught is not None and not exit_is_success(caught[0]) else None
+        status = "error" if error is not None else self.clean_exit
         if status != "ok":
             log.warning("rankboard: the process is exiting before training ended; rank %d of "
                         "run %r reports an error", self.agent.rank, self.agent.run)
-        self.end(status)
+        self.end(status, error)
 
 
 def scalars_only(values: Mapping[str, Any]) -> Dict[str, Any]:

@@ -22,7 +22,7 @@ What a fit sends (PROTOCOL.md section 5):
 * every training epoch: ``log_epoch`` with the mean batch loss, batches, samples, the
   epoch's wall time and the epoch-level metrics (``trainer.callback_metrics`` without the
   ``*_step`` forms) as scalars;
-* ``finish("ok")`` at the end of the fit, ``finish("error")`` from ``on_exception``.
+* ``finish("ok")`` at the end of the fit, ``finish(error=exception)`` from ``on_exception``.
 
 No extra device synchronisation: the loss and logged values are tensors, on the GPU in a
 GPU job; the callback never calls ``.item()`` on them per step but hands them to
@@ -305,7 +305,7 @@ class RankboardCallback(pl.Callback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
-        self._end("error")
+        self._end("error", exception)  # the exception itself goes with it (PROTOCOL 8.2)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """A fit that ended without on_fit_end or on_exception (should not happen) still
@@ -313,10 +313,10 @@ class RankboardCallback(pl.Callback):
         if stage == "fit":
             self._end("ok")
 
-    def _end(self, status: str) -> None:
+    def _end(self, status: str, error: BaseException | None = None) -> None:
         reporter = self.reporter
         if reporter is not None:
-            reporter.end(status)
+            reporter.end(status, error)
 
 
 def callbacks_factory() -> List[RankboardCallback]:

@@ -103,7 +103,7 @@ class _Agent:
     def log_step(self, step, metrics=None, samples=0, tokens=0, **kw):  # noqa: ANN001
         self.calls.append((step, kw))
 
-    def finish(self, status: str) -> None:
+    def finish(self, status: str, error: BaseException | None = None) -> None:
         pass
 
     def close(self) -> None:

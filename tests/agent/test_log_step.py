@@ -266,13 +266,10 @@ def test_finish_and_close_send_pending_points_first(receiver, make_agent, how):
     else:
         with agent:
             pass
-    if how == "close":
-        frames = receiver.wait_for(lambda fs: any(isinstance(f, Steps) for f in fs))
-        assert [type(f) for f in frames] == [Steps]
-    else:
-        frames = receiver.wait_for(lambda fs: any(isinstance(f, Finish) for f in fs))
-        assert [type(f) for f in frames] == [Steps, Finish]
-    assert frames[0].steps == [0, 1, 2]
+    # close() finishes an unfinished agent ok too (sections 5, 8.2), after the points
+    frames = receiver.wait_for(lambda fs: any(isinstance(f, Finish) for f in fs))
+    assert [type(f) for f in frames] == [Steps, Finish]
+    assert frames[0].steps == [0, 1, 2] and frames[1].status == "ok"
 
 
 def test_split_at_1024_points(receiver, make_agent):
@@ -299,7 +296,8 @@ def test_at_most_8192_points_wait_older_ones_dropped_and_counted(receiver, make_
     frames = wait_points(receiver, 8192)
     assert points(frames) == list(range(extra, 8192 + extra))  # the oldest went
     assert [len(f.steps) for f in frames] == [1024] * 8
-    assert agent.dropped == extra and agent.sent == 8 + 1  # + the implicit register
+    # + the implicit register, + the finish close() sends (8.2)
+    assert agent.dropped == extra and agent.sent == 8 + 1 + 1
 
 
 def test_log_step_after_close_is_counted_as_dropped(receiver, make_agent):

@@ -181,7 +181,7 @@ def test_rank_entries() -> None:
                       "gpu_util_percent": None, "vram_allocated_bytes": None, "vram_total_bytes": None,
                       "gpus": []},
         "step": None, "step_ms": None, "data_ms": None, "slowest_share": 0.0,
-        "loss": None, "gpu_xids": None,
+        "loss": None, "gpu_xids": None, "error": None,
     }
     assert (r1["host"], r1["local_rank"], r1["epoch"], r1["loss"], r1["last_seen"]) == (None, None, 4, 0.5, 1.0)
 

@@ -103,7 +103,9 @@ def test_small_report_offline(page: Any, small: Path) -> None:
     assert rows.count() == 8
     hosts = page.locator("#rank-table tbody td.host").all_inner_texts()
     assert sorted(hosts) == sorted(host_of(r) for r in range(8))
-    # hover: the tooltip names a step and a value
+    # hover: the tooltip names a step and a value (the chart scrolled into view: the failed
+    # run's failure card, 8.2, leads the page above it)
+    page.locator('[data-step-chart="loss"] canvas').scroll_into_view_if_needed()
     box = page.locator('[data-step-chart="loss"] canvas').bounding_box()
     page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
     tip = page.locator('[data-step-chart="loss"] .chart-tip')

@@ -100,6 +100,11 @@ def test_a_failing_process_fails_the_run(broker, web) -> None:
     assert state["status"] == "failed"
     assert {f.rank: f.status for f in broker.frames(run, "finish")} == {0: "ok", 1: "error"}
     assert {a["kind"] for a in state["alerts"]} == {"rank_error"}
+    # 8.2: the failing process's exception, through the exit rule
+    err = {f.rank: f.error for f in broker.frames(run, "finish")}
+    assert err[0] is None and (err[1].type, err[1].message) == (
+        "RuntimeError", "process 1 failing on purpose")
+    assert state["failure"]["first"]["rank"] == 1
 
 
 TRACKER_SCRIPT = """

@@ -83,6 +83,13 @@ def test_a_fit_that_raises_in_epoch_1_ends_failed(broker, web) -> None:
     assert {a["kind"] for a in state["alerts"]} == {"rank_error"}
     finishes = {f.rank: f.status for f in broker.frames(run, "finish")}
     assert finishes == {0: "error", 1: "error"}
+    # 8.2: on_exception's exception goes with the finish, and the board names it
+    errors = {f.rank: f.error for f in broker.frames(run, "finish")}
+    assert {(e.type, e.message) for e in errors.values()} == {
+        ("RuntimeError", "failing on purpose in epoch 1")}
+    assert all(e.frames for e in errors.values())
+    first = web.run(run)["failure"]["first"]
+    assert (first["kind"], first["type"]) == ("error", "RuntimeError")
 
 
 def test_zero_config_entry_point_adds_the_callback_when_rankboard_broker_is_set(broker) -> None:

@@ -66,4 +66,7 @@ def test_a_train_that_raises_ends_failed(broker, web) -> None:
     state = web.wait_ended(run)
     assert state["status"] == "failed"
     assert [f.status for f in broker.frames(run, "finish")] == ["error"]
+    # 8.2: the exit guard sends the uncaught exception itself
+    (err,) = [f.error for f in broker.frames(run, "finish")]
+    assert (err.type, err.message) == ("RuntimeError", "failing on purpose at step 3")
     assert [int(r["step"]) for r in web.steps_csv(run)] == [1, 2, 3]

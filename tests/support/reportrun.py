@@ -70,7 +70,8 @@ def steps_block(base: int, k: int, ranks: int, metrics: tuple[str, ...]) -> dict
 def build_run(data_dir: Optional[Path], run: str = "report-run", *, ranks: int = 8,
               epochs: int = 5, steps: int = 5000, metrics: int = 4, hostile: bool = True,
               finish: bool = True, failed_rank: Optional[int] = None,
-              t0: Optional[float] = None) -> RunSink:
+              t0: Optional[float] = None,
+              errors: Optional[dict[int, protocol.ErrorInfo]] = None) -> RunSink:
     """The run, rebuilt by the real sink (``failed_rank`` finishes with an error: an alert); journaled under ``data_dir`` when given (the
     journal is closed, so a broker or ``rankboard export`` may read it next)."""
     journal = None
@@ -119,8 +120,9 @@ def build_run(data_dir: Optional[Path], run: str = "report-run", *, ranks: int =
     if finish:
         t += 1.0
         for rank in range(ranks):
-            feed(protocol.Finish(run=run, rank=rank,
-                                 status="error" if rank == failed_rank else "ok"))
+            error = (errors or {}).get(rank)  # 8.2: the rank's exception
+            feed(protocol.Finish(run=run, rank=rank, error=error,
+                                 status="error" if rank == failed_rank or error else "ok"))
     if journal is not None:
         journal.close()
     return sink

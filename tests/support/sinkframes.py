@@ -14,7 +14,7 @@ HEADER_KEYS = [
     "run", "status", "world_size", "total_epochs", "label", "shard", "hash", "port", "metadata",
     "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at", "steps_done",
     "step_metrics", "data_share", "data_stragglers",
-    "collectives_last", "total_steps", "eta_secs", "alert_ranks",
+    "collectives_last", "total_steps", "eta_secs", "alert_ranks", "failure",
 ]
 
 

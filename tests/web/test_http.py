@@ -14,9 +14,9 @@ from tests.support.polling import wait_for
 HEADER_KEYS = {"run", "status", "world_size", "total_epochs", "label", "shard", "hash", "port", "metadata",
                "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
                "steps_done", "step_metrics", "data_share", "data_stragglers",
-               "collectives_last", "total_steps", "eta_secs", "alert_ranks"}
+               "collectives_last", "total_steps", "eta_secs", "alert_ranks", "failure"}
 RANK_KEYS = {"rank", "host", "local_rank", "status", "last_seen", "epoch", "hardware", "resources",
-             "step", "step_ms", "data_ms", "slowest_share"}
+             "step", "step_ms", "data_ms", "slowest_share"} | {"error"}
 RECORD_KEYS = {"epoch", "total_epochs", "duration_secs", "elapsed_secs", "eta_secs", "metrics",
                "resources", "gpu_metrics", "missing_ranks"}
 LIST_KEYS = {"run", "status", "world_size", "total_epochs", "epochs_done", "label", "started_at",

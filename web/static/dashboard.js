@@ -19,6 +19,7 @@ import { App } from "./app.js";
 import { ClusterView } from "./cluster.js";
 import { CompareView } from "./compare.js";
 import { $ } from "./dom.js";
+import { FailureView } from "./failureview.js";
 import { onFrame } from "./frame.js";
 import { HeaderView } from "./headerview.js";
 import { Overview } from "./overview.js";
@@ -52,6 +53,7 @@ function renderNow() {
   try {
     if (parts.has("header")) {
       header.render();
+      page.failure.render(); // 8.2: a failed run leads with its first failure
       app.updatePickerEntry();
     }
     if (parts.has("records")) {
@@ -109,6 +111,7 @@ function build() {
   page.stragglers = new Stragglers(page);
   page.ranks = new RanksView(page);
   page.stall = new StallView(page);
+  page.failure = new FailureView(page);
   page.cluster = new ClusterView($("cluster-view"), {
     // the cluster view's /api/runs answers keep the picker current: no second poll
     onRuns: (runs) => {

@@ -95,6 +95,7 @@ export function rankRows(store, lastStep) {
       stepRatio: stepMs !== null && medianMs ? stepMs / medianMs : null,
       slowShare: share, marks,
       health: rankHealth(r ? r.resources : null, xidAlerts.get(rank) || null),
+      error: r && r.error && typeof r.error.type === "string" ? r.error.type : null, // 8.2
     };
   });
 }

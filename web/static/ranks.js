@@ -84,6 +84,7 @@ const COLUMNS = [
     const td = h("td");
     const s = h("span", "status-cell");
     s.append(statusDot(r.status), h("span", null, r.status ?? DASH));
+    if (r.error) s.title = `failed: ${r.error}`; // 8.2: the exception's type (an attribute: text)
     td.append(s);
     return td;
   } },

@@ -7,6 +7,7 @@
 import { freezeClock } from "./api.js";
 import { lastVerdictText, verdictText } from "./collectives.js";
 import { $, h, setText } from "./dom.js";
+import { FailureView } from "./failureview.js";
 import { fmtInt, isNum } from "./fmt.js";
 import { onFrame } from "./frame.js";
 import { HeaderView } from "./headerview.js";
@@ -185,7 +186,10 @@ function boot() {
     const parts = new Set(dirty);
     dirty.clear();
     try {
-      if (parts.has("header")) page.header.render();
+      if (parts.has("header")) {
+        page.header.render();
+        page.failure.render(); // 8.2: the report leads with the first failure too
+      }
       if (parts.has("records")) {
         page.overview.records();
         page.resources.render();
@@ -216,6 +220,7 @@ function boot() {
   page.tabs = new Tabs(page);
   page.stragglers = new Stragglers(page);
   page.ranks = new RanksView(page);
+  page.failure = new FailureView(page);
 
   const run = String(data.run ?? "");
   const snap = data.snapshot || {};

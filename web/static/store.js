@@ -17,7 +17,7 @@ const KEPT_KEYS = ["hardware", "resources"];
 
 const HEADER_KEYS = ["run", "status", "world_size", "total_epochs", "label", "hash", "port",
   "metadata", "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
-  "steps_done", "step_metrics", "data_share", "data_stragglers"];
+  "steps_done", "step_metrics", "data_share", "data_stragglers", "failure"];
 HEADER_KEYS.push("collectives_last"); // 8.5: the answer to the latest hang, kept
 HEADER_KEYS.push("total_steps", "eta_secs"); // 8.5: a step run's end
 
