@@ -258,8 +258,6 @@ function boot() {
       $("panel-home").prepend(card);
     }
   }
-  const failure = failureCard(snap.failure);
-  if (failure) $("panel-home").prepend(failure); // 8.2/8.5: the report carries it first
   setText($("report-run"), run);
   const made = isNum(data.generated_at) ? new Date(data.generated_at * 1000) : null;
   setText($("report-made"), `made ${made ? `${made.toISOString().replace("T", " ").slice(0, 19)} UTC` : "at an unknown time"} by rankboard ${data.version ?? "?"} · a saved copy of run ${run}; it loads nothing`);
@@ -273,38 +271,6 @@ function boot() {
     heatmapCells: () => page.overview.heatmap.drawnCells || 0,
     charts: () => [...document.querySelectorAll("canvas")].filter((c) => c.width > 0 && c.offsetParent !== null).length,
   });
-}
-
-/**
- * The header's `failure` (PROTOCOL 8.2), when it has one, as a card of text lines: who failed
- * first and how, the groups of ranks that failed, the ranks that went silent. Read
- * defensively (a report may come from any version); every string goes in as text.
- */
-function failureCard(failure) {
-  if (!failure || typeof failure !== "object") return null;
-  const lines = [];
-  const f = failure.first;
-  if (f && typeof f === "object") {
-    const where = typeof f.host === "string" && f.host ? ` (${f.host})` : "";
-    const when = isNum(f.at) ? `, ${new Date(f.at * 1000).toISOString().replace("T", " ").slice(0, 19)} UTC` : "";
-    const verb = f.kind === "silent" ? "went silent first" : "failed first";
-    const what = [f.type, String(f.message ?? "").split("\n")[0]].filter((x) => typeof x === "string" && x).join(": ");
-    lines.push(`rank ${f.rank}${where} ${verb}${when}${what ? `: ${what}` : ""}`);
-  }
-  for (const g of Array.isArray(failure.groups) ? failure.groups : []) {
-    const n = Number.isInteger(g.count) ? g.count : (g.ranks || []).length;
-    lines.push(`${fmtInt(n)} rank${n === 1 ? "" : "s"} ${g.type || "finished with error"}${g.message ? `: ${String(g.message).split("\n")[0]}` : ""}`);
-  }
-  const silent = failure.silent;
-  if (silent && Number.isInteger(silent.count) && silent.count > 0) {
-    lines.push(`${fmtInt(silent.count)} rank${silent.count === 1 ? "" : "s"} went silent: killed, or crashed below Python`);
-  }
-  if (!lines.length) return null;
-  const card = h("div", "card span-12 report-failure");
-  card.dataset.testid = "report-failure";
-  card.append(h("h3", "card-title", "Why the run failed"));
-  for (const line of lines) card.append(h("p", "verdict-line", line));
-  return card;
 }
 
 boot();
