@@ -370,6 +370,8 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
             "step_metrics": self.steps.metric_names(),
             "data_share": self.data_wait.share,
             "data_stragglers": self.data_wait.stragglers,
+            # 8.3: nonfinite, nonfinite_more, replica_divergence
+            **self._steps.numbers.header(self.topology.place.get),
         }
 
     def ranks(self) -> List[Dict[str, Any]]:

@@ -23,7 +23,7 @@ import os
 import socket as _socket
 import threading
 import time
-from typing import Any, Callable, Mapping, Tuple, Union
+from typing import Any, Callable, Iterable, Mapping, Tuple, Union
 
 from . import shared
 from .control import Control, control_endpoint
@@ -49,6 +49,7 @@ from .protocol import (
 )
 from .pusher import Pusher
 from .ratelimit import RateLimitedLog
+from .replicated import replicated_names
 from .shards import pick_endpoint
 from .stallwatch import StallWatch
 from .stepbuffer import MAX_PENDING_STEPS, StepBuffer, checked_step_flush
@@ -95,6 +96,12 @@ class RankAgent:
     ``label`` (section 7.5): the run's readable name, sent in every ``register`` (cut to 128
     characters); ``None`` = the training script's name (``train.py`` -> ``train``).
 
+    ``replicated`` (section 8.3): names of step metrics every rank computes to the same value
+    by construction (the gradient norm after the all-reduce and clipping), sent in every
+    ``register`` so the broker can name a replica that disagrees (silent data corruption).
+    At most 64 names of at most 128 characters are kept (the wire's bound; others are
+    logged and left out, so the register is never rejected for them).
+
     Every sending method returns ``True`` when the frame was queued and ``False`` when it was
     dropped; none of them blocks or raises.
     """
@@ -114,6 +121,7 @@ class RankAgent:
         stall_after: float | None = None,
         control: Union[bool, str, None] = True,
         label: str | None = None,
+        replicated: Iterable[str] | None = None,
     ) -> None:
         rank, world_size, local_rank = int(rank), int(world_size), int(local_rank)
         step_flush = checked_step_flush(step_flush)
@@ -134,6 +142,8 @@ class RankAgent:
         self.host = clamp(host if host is not None else _socket.gethostname(), MAX_SHORT) or "unknown"
         self.sndhwm = max(1, int(sndhwm))
         self.label = resolve_label(label)  # section 7.5: in every register, implicit too
+        #: (8.3) the step metrics every rank computes alike, sent in every register
+        self.replicated = replicated_names(replicated)
         self.linger_ms = max(0, int(linger_ms))
         self._finished = False
         #: users of a shared agent (:mod:`rank_agent.shared`): the last one's close() closes
@@ -248,7 +258,8 @@ class RankAgent:
         its world size and completes): port 0, total_epochs 0."""
         return encoder.encode(Register(
             run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
-            local_rank=self.local_rank, pid=os.getpid(), label=self.label))
+            local_rank=self.local_rank, pid=os.getpid(), label=self.label,
+            replicated=self.replicated))
 
     # -- counters ----------------------------------------------------------------------------
 
@@ -312,7 +323,7 @@ class RankAgent:
             frame = Register(
                 run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
                 local_rank=self.local_rank, port=port, total_epochs=max(0, total_epochs), pid=os.getpid(),
-                label=self.label)
+                label=self.label, replicated=self.replicated)
         except Exception as exc:
             return self._lose("register", "rankboard: bad register arguments: %r", exc)
         self._start_diag()
