@@ -143,6 +143,7 @@ class RunState:
             "label": None, "shard": 0, "hash": None, "port": None, "metadata": None, "hardware": "",
             "has_svg": False, "hosts": [], "alerts": [], "started_at": None, "updated_at": None,
             "data_share": None, "data_stragglers": [],  # 7.1
+            "nonfinite": [], "nonfinite_more": 0, "replica_divergence": [],  # 8.3
         }
         header.update(self.header)
         header["steps_done"] = self.steps.last_step

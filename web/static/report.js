@@ -10,6 +10,7 @@ import { $, h, setText } from "./dom.js";
 import { fmtInt, isNum } from "./fmt.js";
 import { onFrame } from "./frame.js";
 import { HeaderView } from "./headerview.js";
+import { numbersLines } from "./numbersview.js";
 import { Overview } from "./overview.js";
 import { RankPanel } from "./rankpanel.js";
 import { RanksView } from "./ranksview.js";
@@ -242,6 +243,14 @@ function boot() {
     card.dataset.testid = "collective-verdict";
     card.append(h("h3", "card-title", "Collectives: who the others wait for"));
     for (const line of verdict) card.append(h("p", "verdict-line", line));
+    $("panel-home").prepend(card);
+  }
+  const numbers = numbersLines(store.header, (r) => store.hostOfRank.get(r) ?? null);
+  if (numbers.length) { // 8.3: the first non-finite rank, replicas that disagree
+    const card = h("div", "card span-12 numbers-trouble");
+    card.dataset.testid = "numbers-trouble";
+    card.append(h("h3", "card-title", "Numbers gone wrong"));
+    for (const line of numbers) card.append(h("p", "verdict-line", line.text));
     $("panel-home").prepend(card);
   }
   setText($("report-run"), run);
