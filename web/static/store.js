@@ -18,6 +18,7 @@ const KEPT_KEYS = ["hardware", "resources"];
 const HEADER_KEYS = ["run", "status", "world_size", "total_epochs", "label", "hash", "port",
   "metadata", "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
   "steps_done", "step_metrics", "data_share", "data_stragglers"];
+HEADER_KEYS.push("nonfinite", "nonfinite_more", "replica_divergence"); // 8.3
 
 export class Store {
   constructor() {
