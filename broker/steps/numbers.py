@@ -205,21 +205,29 @@ class RunNumbers:
     def _replicas(self, batch: ClosedSteps) -> None:
         names = batch.names
         vid = batch.metric_name
+        k = len(batch.step)
+        dense = len(vid) == len(names) * k  # every name at every step: name-major blocks
         for name in self.replicated:
             try:
                 i = names.index(name)  # (names are few and sorted; the batch names them)
             except ValueError:
                 continue
-            a = int(np.searchsorted(vid, i, side="left"))
-            b = int(np.searchsorted(vid, i, side="right"))
-            lo, hi = batch.metric_lo[a:b], batch.metric_hi[a:b]
-            with np.errstate(invalid="ignore"):
-                spread = (hi - lo) > TOLERANCE * np.minimum(np.abs(lo), np.abs(hi))
-            # NaN lo/hi (no finite value) compares False: nothing to look at
-            if not spread.any():
+            if dense:
+                a, b = i * k, (i + 1) * k
+            else:
+                a = int(np.searchsorted(vid, i, side="left"))
+                b = int(np.searchsorted(vid, i, side="right"))
+            if b - a == 1:  # the live case, one step a close: two floats, no array work
+                lo, hi = batch.metric_lo[a].item(), batch.metric_hi[a].item()
+                # (NaN lo/hi, no finite value, compares False: nothing to look at)
+                if hi - lo > TOLERANCE * min(abs(lo), abs(hi)):
+                    self._replica_step(batch, name, a)
                 continue
-            for j in (np.flatnonzero(spread) + a).tolist():
-                self._replica_step(batch, name, j)
+            lo_a, hi_a = batch.metric_lo[a:b], batch.metric_hi[a:b]
+            spread = (hi_a - lo_a) > TOLERANCE * np.minimum(np.abs(lo_a), np.abs(hi_a))
+            if spread.any():
+                for j in (np.flatnonzero(spread) + a).tolist():
+                    self._replica_step(batch, name, j)
 
     def _replica_step(self, batch: ClosedSteps, name: str, j: int) -> None:
         ranks, values = batch.values_at(j)
