@@ -15,8 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from web.metricsranks import RankCollector, select
-from web.runstate import RunState
-from web.scrape import HubView, ScrapeRegistry
+from web.scrape import FrozenRun, HubView, ScrapeRegistry
 from web.shards import AnyHub
 
 
@@ -138,7 +137,7 @@ class HubCollector(Collector):
 
 
 
-def numbers_families(states: Iterable[RunState]) -> Iterator[GaugeMetricFamily]:
+def numbers_families(states: Iterable[FrozenRun]) -> Iterator[GaugeMetricFamily]:
     """(8.3) Per run: ``rankboard_run_nonfinite`` (metrics that had a first non-finite
     value: the header's ``nonfinite`` entries plus ``nonfinite_more``) and
     ``rankboard_run_replica_divergence`` (closed steps at which a replica disagreed, summed
