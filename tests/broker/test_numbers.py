@@ -249,3 +249,44 @@ def test_register_over_the_replicated_bounds_is_rejected_as_schema(replicated: A
     assert runs.rejected == {"schema": 1} and len(runs) == 0
     runs.ingest(register(0, 2, replicated=[f"m{i}" for i in range(64)]), T0)
     assert runs.accepted == 1
+
+
+# ---------------------------------------------------------------- the ranks' values at a close
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["every_value", "some_missing"])
+def test_both_closes_give_every_ranks_value_at_a_step(sparse: bool) -> None:
+    """The grid close (one frame a rank, the live case) and the general one (sorting by step
+    and rank) hand the number rules the same (rank, value) pairs."""
+    from broker.steps.columns import FrameBuffer, close_columns
+    from rank_agent.protocol import Steps
+
+    def frames() -> list[Steps]:
+        out = []
+        for r in (5, 0, 3, 1):  # arrival order is not rank order
+            vals = {"a": [float(r), 10.0 + r], "b": [None if sparse and r == 3 else -r, NAN]}
+            out.append(Steps(run=RUN, rank=r, steps=[7, 8], times=[1.0, 2.0],
+                             step_ms=[1.0, 1.0], metrics=vals))  # type: ignore[arg-type]
+        return out
+
+    grid, general = FrameBuffer(), FrameBuffer()
+    for f in frames():
+        grid.add(f, True)
+        general.add(f, True)
+    fast = grid.close_grid()
+    slow = close_columns(general.take())
+    assert fast is not None and slow is not None
+    for batch in (fast, slow):
+        got = {}
+        for j in range(len(batch.metric_name)):
+            ranks, values = batch.values_at(j)
+            key = (batch.names[int(batch.metric_name[j])], int(batch.step[batch.metric_idx[j]]))
+            got[key] = sorted(zip(ranks.tolist(), [None if math.isnan(v) else v
+                                                   for v in values.tolist()]))
+        b7 = [(0, -0.0), (1, -1.0), (5, -5.0)] + ([] if sparse else [(3, -3.0)])
+        assert got == {("a", 7): [(0, 0.0), (1, 1.0), (3, 3.0), (5, 5.0)],
+                       ("a", 8): [(0, 10.0), (1, 11.0), (3, 13.0), (5, 15.0)],
+                       ("b", 7): sorted(b7),
+                       ("b", 8): [(0, None), (1, None), (3, None), (5, None)]}
+        batch.drop_raw()
+        assert len(batch.values_at(0)[0]) == 0
