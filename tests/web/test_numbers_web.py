@@ -107,3 +107,13 @@ def test_numbers_reach_the_web_and_survive_a_broker_restart(
              what="the divergence counted on")
     h = header(again.port)
     assert h is not None and h["nonfinite"] == before["nonfinite"]
+
+
+def test_a_diverging_replica_makes_its_host_suspect_listed_with_the_gpu_reasons() -> None:
+    from web.cluster import host_verdict
+
+    incidents = [(30.0, "run-b", 3, "replica_divergence", 30.0),
+                 (20.0, "run-b", 3, "nonfinite", 20.0),
+                 (10.0, "run-b", 2, "gpu_xid", 10.0)]  # newest first, as /api/hosts sorts
+    assert host_verdict(incidents) == (True, ["replica_divergence in run-b", "gpu_xid in run-b"])
+    assert host_verdict([(20.0, "run-b", 3, "nonfinite", 20.0)]) == (False, [])
