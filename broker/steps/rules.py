@@ -102,8 +102,11 @@ class StepRules:
         for entry, (message, count) in zip(numbers.nonfinite, numbers.nonfinite_alerts):
             self._raise("nonfinite", None if count * 2 > ws else entry["rank"], message, at,
                         notify=False)
-        for rank, message in sorted(dict(wire.get("messages", {})).items()):
-            self._raise("replica_divergence", int(rank), str(message), at, notify=False)
+        messages = wire.get("messages")
+        for rank, message in sorted(messages.items() if isinstance(messages, dict) else (),
+                                    key=lambda item: str(item[0])):
+            if isinstance(rank, int) and isinstance(message, str):
+                self._raise("replica_divergence", rank, message, at, notify=False)
 
     def numbers_wire(self) -> Dict[str, Any] | None:
         """(8.3) The number rules' state for the journal's next STEPS block when it changed

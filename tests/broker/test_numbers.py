@@ -290,3 +290,27 @@ def test_both_closes_give_every_ranks_value_at_a_step(sparse: bool) -> None:
                        ("b", 8): [(0, None), (1, None), (3, None), (5, None)]}
         batch.drop_raw()
         assert len(batch.values_at(0)[0]) == 0
+
+
+def test_a_new_attempt_has_first_values_of_its_own_and_keeps_the_listed_ones() -> None:
+    w = Wire(2, replicated=["gn"])
+    w.step(0, {"loss": [NAN, 1.0], "gn": [1.0, 2.0]})
+    sink = w.runs.get(RUN)
+    assert sink is not None
+    sink._steps.numbers.new_attempt(1)  # (8.1 will call it; the rules are keyed for it)
+    w.step(1, {"loss": [1.0, NAN], "gn": [1.0, 1.0]})
+    w.step(2, {"loss": [1.0, 1.0], "gn": [5.0, 1.0]})
+    h = w.header()
+    assert [(e["step"], e["rank"], e["attempt"]) for e in h["nonfinite"]] == [(0, 0, 0), (1, 1, 1)]
+    assert [(e["first_step"], e["count"]) for e in h["replica_divergence"]] == [(2, 1)]
+
+
+def test_a_journal_state_that_is_not_what_it_should_be_loads_nothing_and_breaks_nothing() -> None:
+    from broker.steps.numbers import RunNumbers
+
+    numbers = RunNumbers()
+    numbers.restore({"nonfinite": "junk", "first": [[0]], "raised": 3})
+    assert numbers.nonfinite == [] and numbers.divergence == {}
+    w = Wire(2)
+    w.step(0, {"loss": [NAN, 1.0]})
+    assert len(w.header()["nonfinite"]) == 1
