@@ -128,8 +128,12 @@ class RunNumbers:
         self.journaled = 0
         # (attempt, metric) that have their first non-finite value (listed or counted)
         self._first: Set[Tuple[int, str]] = set()
-        # metric -> the ranks that raised replica_divergence for it (once a metric)
+        # metric -> the ranks that raised replica_divergence for it (once a metric), and
+        # the version at which a rank last joined it (the journal writes these lists, up to
+        # the world size a metric, only when they grew: a rank diverging at every step
+        # changes ``count`` and ``last_step`` alone)
         self._raised: Dict[str, Set[int]] = {}
+        self.raised_version = 0
         self._declared: Set[str] = set()
 
     # ---------------------------------------------------------------- input
@@ -152,6 +156,7 @@ class RunNumbers:
         self.divergence = {}
         self._raised = {}
         self.version += 1
+        self.raised_version = self.version
 
     def check(self, batch: ClosedSteps) -> None:
         """Apply the 8.3 rules to a batch of steps that just closed (ascending, never
@@ -260,6 +265,7 @@ class RunNumbers:
             if rank in raised:
                 continue
             raised.add(rank)
+            self.raised_version = self.version
             if maj is None:
                 message = f"{name} = {value:.6g} at step {step}, no majority among {n} ranks"
             else:
@@ -283,9 +289,11 @@ class RunNumbers:
             "replica_divergence": [dict(e) for e in self.divergence.values()],
         }
 
-    def wire(self) -> Dict[str, Any]:
-        """The state as the journal keeps it (MessagePack-ready; :meth:`restore` reads it)."""
-        return {
+    def wire(self, raised: bool = True) -> Dict[str, Any]:
+        """The state as the journal keeps it (MessagePack-ready; :meth:`restore` reads it);
+        without ``raised`` (the lists of ranks that raised ``replica_divergence``) when
+        ``raised`` is False: :meth:`restore` then keeps the lists it had."""
+        out = {
             "attempt": self.attempt,
             "replicated": list(self.replicated),
             "nonfinite": [dict(e) for e in self.nonfinite],
@@ -293,8 +301,10 @@ class RunNumbers:
             "nonfinite_more": self.nonfinite_more,
             "first": sorted([a, m] for a, m in self._first),
             "divergence": [dict(e) for e in self.divergence.values()],
-            "raised": {name: sorted(r) for name, r in self._raised.items()},
         }
+        if raised:
+            out["raised"] = {name: sorted(r) for name, r in self._raised.items()}
+        return out
 
     def restore(self, wire: Dict[str, Any]) -> None:
         """Journal replay: the state :meth:`wire` wrote (the latest one wins). A malformed
@@ -308,8 +318,9 @@ class RunNumbers:
             self.nonfinite_more = int(wire.get("nonfinite_more", 0))
             self._first = {(int(a), str(m)) for a, m in wire.get("first", [])}
             self.divergence = {str(e["metric"]): dict(e) for e in wire.get("divergence", [])}
-            self._raised = {str(k): {int(r) for r in v}
-                            for k, v in dict(wire.get("raised", {})).items()}
+            if "raised" in wire:
+                self._raised = {str(k): {int(r) for r in v}
+                                for k, v in dict(wire["raised"]).items()}
         except (TypeError, ValueError, KeyError, AttributeError):
             pass
         self.version += 1

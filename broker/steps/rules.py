@@ -115,10 +115,13 @@ class StepRules:
         numbers = self._steps.numbers
         if numbers.version == numbers.journaled:
             return None
+        # the ranks' lists and messages only when a rank joined them since the last write
+        grew = numbers.raised_version > numbers.journaled
         numbers.journaled = numbers.version
-        wire = numbers.wire()
-        wire["messages"] = {a["rank"]: a["message"] for a in self.alerts.listed()
-                            if a["kind"] == "replica_divergence" and a["rank"] is not None}
+        wire = numbers.wire(raised=grew)
+        if grew:
+            wire["messages"] = {a["rank"]: a["message"] for a in self.alerts.listed()
+                                if a["kind"] == "replica_divergence" and a["rank"] is not None}
         return wire
 
     def settle(self, now: float) -> List[Event]:

@@ -314,3 +314,27 @@ def test_a_journal_state_that_is_not_what_it_should_be_loads_nothing_and_breaks_
     w = Wire(2)
     w.step(0, {"loss": [NAN, 1.0]})
     assert len(w.header()["nonfinite"]) == 1
+
+
+def test_the_journal_writes_the_ranks_lists_only_when_they_grow() -> None:
+    w = Wire(4, replicated=["gn"])
+    sink = w.runs.get(RUN)
+    assert sink is not None
+    w.step(0, {"gn": [1.0, 1.0, 9.0, 1.0]})
+    w.header()
+    first = sink.numbers_wire()
+    assert first is not None and first["raised"] == {"gn": [2]}
+    assert first["messages"] == {2: "gn = 9 at step 0, the majority of 4 ranks has 1"}
+    assert sink.numbers_wire() is None  # nothing changed since
+    w.step(1, {"gn": [1.0, 1.0, 9.0, 1.0]})  # the same rank again: the count moves
+    w.header()
+    again = sink.numbers_wire()
+    assert again is not None and "raised" not in again and "messages" not in again
+    assert again["divergence"][0]["count"] == 2
+    # a reload takes both: the lists of the first, the count of the second
+    from broker.steps.numbers import RunNumbers
+
+    restored = RunNumbers()
+    restored.restore(first)
+    restored.restore(again)
+    assert restored.wire()["raised"] == {"gn": [2]} and restored.divergence["gn"]["count"] == 2

@@ -6,6 +6,8 @@ on its data dir."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -100,6 +102,15 @@ def test_numbers_reach_the_web_and_survive_a_broker_restart(
             if a["kind"] in ("nonfinite", "replica_divergence")] == [
         (a["kind"], a["rank"], a["message"], a["at"]) for a in before["alerts"]
         if a["kind"] in ("nonfinite", "replica_divergence")]
+    # `rankboard export` reads the same from the journal (a broker running on it or not)
+    out = broker.data_dir.parent / "numbers.html"
+    done = subprocess.run([sys.executable, "-m", "rankboard", "export", RUN, "-o", str(out),
+                           "--data-dir", str(broker.data_dir)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    exported = out.read_bytes()
+    assert b'"nonfinite":[{"metric":"loss","step":30,"rank":1' in exported
+    assert b'"replica_divergence":[{"metric":"grad_norm","first_step":20' in exported
     # and the rules go on after the restart: a later step extends the divergence only
     push(pusher, 60, 64)
     wait_for(lambda: (header(again.port) or {}).get("steps_done") == 64, what="step 64")
