@@ -56,6 +56,7 @@ def test_header_defaults() -> None:
         "has_svg": False, "hosts": [], "alerts": [], "started_at": 1.0, "updated_at": 1.0,
         "steps_done": None, "step_metrics": [], "data_share": None, "data_stragglers": [],
         "shard": 0,
+        "nonfinite": [], "nonfinite_more": 0, "replica_divergence": [],  # v5, 8.3
     }
 
 

@@ -15,6 +15,7 @@ HEADER_KEYS = [
     "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at", "steps_done",
     "step_metrics", "data_share", "data_stragglers",
 ]
+HEADER_KEYS += ["nonfinite", "nonfinite_more", "replica_divergence"]  # v5, 8.3
 
 
 def wire(frame):

@@ -14,6 +14,7 @@ from tests.support.polling import wait_for
 HEADER_KEYS = {"run", "status", "world_size", "total_epochs", "label", "shard", "hash", "port", "metadata",
                "hardware", "has_svg", "hosts", "alerts", "started_at", "updated_at",
                "steps_done", "step_metrics", "data_share", "data_stragglers"}
+HEADER_KEYS |= {"nonfinite", "nonfinite_more", "replica_divergence"}  # v5, 8.3
 RANK_KEYS = {"rank", "host", "local_rank", "status", "last_seen", "epoch", "hardware", "resources",
              "step", "step_ms", "data_ms", "slowest_share"}
 RECORD_KEYS = {"epoch", "total_epochs", "duration_secs", "elapsed_secs", "eta_secs", "metrics",
