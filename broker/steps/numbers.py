@@ -68,25 +68,27 @@ def majority(ranks: np.ndarray, values: np.ndarray) -> Tuple[Optional[float], np
     them lie: the most common such value (exactly equal values counted), ties to the lowest
     rank's. None when no value has more than half within its tolerance: then every value
     disagrees. The work is over the *distinct* values (a diverging step nearly always has
-    two or three): every pair of them for up to :data:`PAIRWISE_LIMIT`, else each value's
-    support counted over the sorted values in the window [v - w, v + w], w = 1e-6 x |v| /
-    (1 - 1e-6) (the widest a value within the tolerance can be), bounded in memory."""
+    two or three): every pair of them for up to :data:`PAIRWISE_LIMIT`, else, bounded in
+    memory, each value's support counted over the sorted values between the bounds the
+    tolerance gives on either side of v (for v > 0, a is within it exactly when v(1 - 1e-6)
+    <= a <= v / (1 - 1e-6); mirrored for v < 0; only 0 for 0), which differ from the pairwise
+    test at most in the last bit at their edges."""
     uniq, inv, cnt = np.unique(values, return_inverse=True, return_counts=True)
     inv = inv.reshape(-1)
     n = len(values)
     m = len(uniq)
     if m == 1:
         return float(uniq[0]), np.zeros(n, bool)
-    mag = np.abs(uniq)
     if m <= PAIRWISE_LIMIT:
+        mag = np.abs(uniq)
         within = np.abs(uniq[:, None] - uniq[None, :]) <= TOLERANCE * np.maximum(
             mag[:, None], mag[None, :])
         support = within.astype(np.int64) @ cnt
     else:
-        w = TOLERANCE * mag / (1 - TOLERANCE)
+        near, far = uniq * (1 - TOLERANCE), uniq / (1 - TOLERANCE)
         cum = np.concatenate(([0], np.cumsum(cnt)))
-        lo = np.searchsorted(uniq, uniq - w, side="left")
-        hi = np.searchsorted(uniq, uniq + w, side="right")
+        lo = np.searchsorted(uniq, np.minimum(near, far), side="left")
+        hi = np.searchsorted(uniq, np.maximum(near, far), side="right")
         support = cum[hi] - cum[lo]
     ok = support * 2 > n
     if not ok.any():

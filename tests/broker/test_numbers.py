@@ -338,3 +338,24 @@ def test_the_journal_writes_the_ranks_lists_only_when_they_grow() -> None:
     restored.restore(first)
     restored.restore(again)
     assert restored.wire()["raised"] == {"gn": [2]} and restored.divergence["gn"]["count"] == 2
+
+
+def test_majority_past_the_pairwise_limit_agrees_with_the_pairwise_rule() -> None:
+    from broker.steps import numbers as nmod
+
+    rng = np.random.default_rng(7)
+    for case in range(20):
+        base = rng.choice([-3.0, 1e-3, 2.5, 1e9])
+        # values clustered around base at distances around the tolerance, some far off
+        spread = rng.choice([1e-8, 5e-7, 2e-6], size=1500)
+        values = base * (1 + spread * rng.uniform(-1, 1, 1500))
+        values[rng.integers(0, 1500, 40)] = base * 3
+        ranks = np.arange(1500)
+        limit = nmod.PAIRWISE_LIMIT
+        try:
+            nmod.PAIRWISE_LIMIT = 10**6
+            want = nmod.majority(ranks, values)
+        finally:
+            nmod.PAIRWISE_LIMIT = limit
+        got = nmod.majority(ranks, values)
+        assert got[0] == want[0] and (got[1] == want[1]).all(), case
