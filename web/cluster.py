@@ -145,6 +145,8 @@ def _run_hosts(run: str, header: dict[str, Any]) -> _RunHosts:
     for alert in raw_alerts if isinstance(raw_alerts, list) else ():
         if not isinstance(alert, dict) or alert.get("kind") not in INCIDENT_KINDS:
             continue
+        if not _blames_host(alert):
+            continue
         rank = alert.get("rank")
         if not isinstance(rank, int) or isinstance(rank, bool):
             continue  # run-wide: nobody's
@@ -155,6 +157,14 @@ def _run_hosts(run: str, header: dict[str, Any]) -> _RunHosts:
         key = at if at is not None else float("-inf")
         incidents.setdefault(host, []).append((key, run, rank, str(alert["kind"]), at))
     return _RunHosts(header, tuple(hosts), incidents)
+
+
+def _blames_host(alert: dict[str, Any]) -> bool:
+    """(8.3, 8.5) A ``replica_divergence`` from a step that had no majority blames no host:
+    every rank disagreed (a metric that is not replicated after all, or a job-wide fault);
+    its message says so (``..., no majority among <n> ranks``)."""
+    return not (alert.get("kind") == "replica_divergence"
+                and ", no majority among " in str(alert.get("message", "")))
 
 
 def host_verdict(incidents: list[tuple[float, str, int, str, Any]]

@@ -128,3 +128,17 @@ def test_a_diverging_replica_makes_its_host_suspect_listed_with_the_gpu_reasons(
                  (10.0, "run-b", 2, "gpu_xid", 10.0)]  # newest first, as /api/hosts sorts
     assert host_verdict(incidents) == (True, ["replica_divergence in run-b", "gpu_xid in run-b"])
     assert host_verdict([(20.0, "run-b", 3, "nonfinite", 20.0)]) == (False, [])
+
+
+def test_a_divergence_without_a_majority_blames_no_host() -> None:
+    from web.cluster import _run_hosts
+
+    header = {"hosts": [{"host": "node-a", "ranks": [0]}, {"host": "node-b", "ranks": [1]}],
+              "alerts": [
+                  {"kind": "replica_divergence", "rank": 0, "at": 5.0,
+                   "message": "loss = 1 at step 3, no majority among 2 ranks"},
+                  {"kind": "replica_divergence", "rank": 1, "at": 6.0,
+                   "message": "grad_norm = 2 at step 4, the majority of 3 ranks has 1"}]}
+    derived = _run_hosts("r", header)
+    assert "node-a" not in derived.incidents
+    assert [i[3] for i in derived.incidents["node-b"]] == ["replica_divergence"]
