@@ -177,11 +177,14 @@ class RunNumbers:
         names, vid, idx = batch.names, batch.metric_name, batch.metric_idx
         attempt = self.attempt
         first: Dict[str, Tuple[int, int]] = {}  # name -> (step, segment), its earliest
-        for j in np.flatnonzero(~np.isfinite(mean)).tolist():
-            name = names[int(vid[j])]
-            if name in first or (attempt, name) in self._first:
-                continue  # (segments are by name, then ascending step: the first is first)
-            first[name] = (int(batch.step[idx[j]]), j)
+        bad = np.flatnonzero(~np.isfinite(mean))
+        # each name's first bad segment (segments are by name, then ascending step): a run
+        # whose loss stays NaN for good costs a few numpy calls a close, not one per step
+        ids, at = np.unique(vid[bad], return_index=True)
+        for i, j in zip(ids.tolist(), bad[at].tolist()):
+            name = names[i]
+            if (attempt, name) not in self._first:
+                first[name] = (int(batch.step[idx[j]]), j)
         for name, (step, j) in sorted(first.items(), key=lambda item: (item[1][0], item[0])):
             ranks, values = batch.values_at(j)
             bad = ~np.isfinite(values)

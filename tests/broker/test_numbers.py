@@ -359,3 +359,15 @@ def test_majority_past_the_pairwise_limit_agrees_with_the_pairwise_rule() -> Non
             nmod.PAIRWISE_LIMIT = limit
         got = nmod.majority(ranks, values)
         assert got[0] == want[0] and (got[1] == want[1]).all(), case
+
+
+def test_steps_closed_together_name_the_earliest() -> None:
+    w = Wire(3)
+    for r in (2, 1, 0):  # ten steps a frame: they close in one batch
+        loss = [NAN if (r == 1 and s >= 4) or (r == 0 and s >= 7) else 1.0 for s in range(10)]
+        gn = [INF if (r == 2 and s == 8) else 1.0 for s in range(10)]
+        w.send(raw({"type": "steps", "rank": r, "steps": list(range(10)),
+                    "times": [T0 + s for s in range(10)], "step_ms": [1.0] * 10,
+                    "metrics": {"loss": loss, "gn": gn}}))
+    assert [(e["metric"], e["step"], e["ranks"]) for e in w.header()["nonfinite"]] == [
+        ("loss", 4, [1]), ("gn", 8, [2])]
