@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from broker.gpualerts import GpuAlertRules
     from broker.rankstate import RankSamples, RankState
     from broker.stacks.store import RunStacks
-    from broker.steps.closer import StepCloser
+    from broker.steps.closer import RunSteps, StepCloser
     from broker.steps.store import StepStore
     from broker.topology import HardwareString, Topology
     from rank_agent.ratelimit import RateLimitedLog
@@ -54,6 +54,7 @@ class MembershipRules:
         _ranks: Dict[int, RankState]
         _samples: RankSamples
         _closer: StepCloser
+        _steps: RunSteps
         _pending: PendingEpochs
         _hw: HardwareString
         _port_log: RateLimitedLog
@@ -102,6 +103,8 @@ class MembershipRules:
         if frame.total_steps and not self.total_steps:  # 8.5: first non-zero arrival wins
             self.total_steps = frame.total_steps
             self._header_pending = True
+        if frame.replicated:  # 8.3: the run's set is the union of its registers' lists
+            self._steps.numbers.declare(frame.replicated)
         if st.finished:
             self._reactivate(st)
         self._close_ready()

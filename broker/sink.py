@@ -398,6 +398,8 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
             "eta_secs": step_eta(self.total_steps, self.steps),
             "alert_ranks": self.alerts.ranks_raised(),  # 8.5: whose the alerts are
             "failure": self.failure,  # 8.2
+            # 8.3: nonfinite, nonfinite_more, replica_divergence
+            **self._steps.numbers.header(self.topology.place.get),
         }
 
     @property

@@ -23,7 +23,7 @@ import os
 import socket as _socket
 import threading
 import time
-from typing import Any, Callable, Mapping, Tuple, Union
+from typing import Any, Callable, Iterable, Mapping, Tuple, Union
 
 from . import shared
 from .control import Control, control_endpoint
@@ -52,6 +52,7 @@ from .protocol import (
 )
 from .pusher import Pusher
 from .ratelimit import RateLimitedLog
+from .replicated import replicated_names
 from .shards import pick_endpoint
 from .stallwatch import StallWatch
 from .stepbuffer import MAX_PENDING_STEPS, StepBuffer, checked_step_flush
@@ -120,6 +121,11 @@ class RankAgent:
 
     ``total_steps`` (section 8.5): the run's optimizer steps in all (0 = unknown), sent in
     every ``register`` so the board can say "step 1,200/10,000" and an ETA for a step run.
+    ``replicated`` (section 8.3): names of step metrics every rank computes to the same value
+    by construction (the gradient norm after the all-reduce and clipping), sent in every
+    ``register`` so the broker can name a replica that disagrees (silent data corruption).
+    At most 64 names of at most 128 characters are kept (the wire's bound; others are
+    logged and left out, so the register is never rejected for them).
 
     Every sending method returns ``True`` when the frame was queued and ``False`` when it was
     dropped; none of them blocks or raises.
@@ -141,6 +147,7 @@ class RankAgent:
         control: Union[bool, str, None] = True,
         label: str | None = None,
         total_steps: int = 0,
+        replicated: Iterable[str] | None = None,
     ) -> None:
         rank, world_size, local_rank = int(rank), int(world_size), int(local_rank)
         step_flush = checked_step_flush(step_flush)
@@ -163,6 +170,8 @@ class RankAgent:
         self.label = resolve_label(label)  # section 7.5: in every register, implicit too
         #: (8.5) the run's optimizer steps in all (0: unknown), in every register, implicit too
         self.total_steps = checked_total_steps(total_steps)
+        #: (8.3) the step metrics every rank computes alike, sent in every register
+        self.replicated = replicated_names(replicated)
         self.linger_ms = max(0, int(linger_ms))
         self._finished = False
         #: users of a shared agent (:mod:`rank_agent.shared`): the last one's close() closes
@@ -284,7 +293,7 @@ class RankAgent:
         return encoder.encode(Register(
             run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
             local_rank=self.local_rank, pid=os.getpid(), label=self.label,
-            total_steps=self.total_steps))
+            total_steps=self.total_steps, replicated=self.replicated))
 
     # -- counters ----------------------------------------------------------------------------
 
@@ -353,7 +362,8 @@ class RankAgent:
             frame = Register(
                 run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
                 local_rank=self.local_rank, port=port, total_epochs=max(0, total_epochs), pid=os.getpid(),
-                label=self.label, total_steps=self.total_steps)
+                label=self.label, total_steps=self.total_steps,
+                replicated=self.replicated)
         except Exception as exc:
             return self._lose("register", "rankboard: bad register arguments: %r", exc)
         self._start_diag()

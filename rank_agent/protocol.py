@@ -50,6 +50,8 @@ MAX_SCALAR_NAME = 128
 #: longest metric name.
 MAX_STEP_POINTS = 1024
 MAX_STEP_METRICS = 64
+#: (8.3) replicated step metric names a register may list (and a run holds)
+MAX_REPLICATED = 64
 MAX_STEP_METRIC_NAME = 128
 #: Largest step number (steps are stored as signed 64-bit integers) and largest per-point
 #: ``samples``/``tokens`` (so a sum over 65,536 ranks still fits in 64 bits).
@@ -148,6 +150,10 @@ class Register(_Frame, tag="register"):
     label: Annotated[str, Meta(max_length=MAX_LABEL)] = ""
     #: (v5, 8.5) the run's optimizer steps in all, for the step-run ETA; 0 = unknown.
     total_steps: NonNegInt = 0
+    #: (8.3) step metrics every rank computes to the same value by construction (the
+    #: gradient norm after the all-reduce): the broker checks them for replicas that disagree.
+    replicated: Annotated[list[Annotated[str, Meta(max_length=MAX_STEP_METRIC_NAME)]],
+                          Meta(max_length=MAX_REPLICATED)] = []
 
 
 class Svg(_Frame, tag="svg"):

@@ -23,12 +23,16 @@ RUN_STATUSES = ("waiting", "training", "complete", "failed")
 #: machine's, not the job's (``nonfinite_loss`` and ``collective_mismatch`` are the job's).
 INCIDENT_KINDS = frozenset((
     "gpu_xid", "gpu_ecc", "gpu_row_remap", "gpu_pcie", "gpu_nvlink", "gpu_throttle", "stalled",
-    "stale", "rank_error", "data_straggler", "collective_behind"))
+    "stale", "rank_error", "data_straggler", "collective_behind",
+    "nonfinite", "replica_divergence"))  # (8.3: a rank's own numbers gone wrong)
 #: Incidents that make a host suspect on their own: the GPU itself says it is failing.
 HARDWARE_KINDS = frozenset(("gpu_xid", "gpu_ecc", "gpu_row_remap"))
 #: (8.5 "Hosts, fairly") Kinds that are the run's, not a host's, once more than half of the
 #: run's world raised them: a job-wide stall, a whole job gone stale, every rank failing.
 RUN_WIDE_KINDS = frozenset(("stalled", "stale", "rank_error", "data_straggler", "nonfinite"))
+#: (8.3) ... and a replica that disagrees with the others (silent data corruption): its
+#: reason is listed with the GPU ones.
+SUSPECT_KINDS = HARDWARE_KINDS | {"replica_divergence"}
 #: ``limit``'s range.
 MAX_LIMIT = 10_000
 
@@ -189,6 +193,8 @@ def _run_hosts(run: str, header: dict[str, Any]) -> _RunHosts:
             continue
         if alert["kind"] in runs_own:
             continue  # raised by most of the run: the job's trouble, no host's (8.5)
+        if not _blames_host(alert):
+            continue
         rank = alert.get("rank")
         if not isinstance(rank, int) or isinstance(rank, bool):
             continue  # run-wide: nobody's
@@ -201,16 +207,25 @@ def _run_hosts(run: str, header: dict[str, Any]) -> _RunHosts:
     return _RunHosts(header, tuple(hosts), incidents)
 
 
+def _blames_host(alert: dict[str, Any]) -> bool:
+    """(8.3, 8.5) A ``replica_divergence`` from a step that had no majority blames no host:
+    every rank disagreed (a metric that is not replicated after all, or a job-wide fault);
+    its message says so (``..., no majority among <n> ranks``)."""
+    return not (alert.get("kind") == "replica_divergence"
+                and ", no majority among " in str(alert.get("message", "")))
+
+
 def host_verdict(incidents: list[tuple[float, str, int, str, Any]]
                  ) -> tuple[bool, list[str]]:
     """``(suspect, reasons)`` of a host from its incidents sorted newest first: suspect on
-    any GPU hardware incident, or incidents in >= 2 runs (PROTOCOL 7.4)."""
+    any GPU hardware incident or replica divergence (8.3), or incidents in >= 2 runs
+    (PROTOCOL 7.4)."""
     reasons: list[str] = []
     seen: set[tuple[str, str]] = set()
     runs: set[str] = set()
     for _, run, _, kind, _ in incidents:
         runs.add(run)
-        if kind in HARDWARE_KINDS and (kind, run) not in seen:
+        if kind in SUSPECT_KINDS and (kind, run) not in seen:
             seen.add((kind, run))
             reasons.append(f"{kind} in {run}")
     if len(runs) >= 2:

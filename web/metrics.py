@@ -9,13 +9,13 @@ series bounded: :mod:`web.scrape`, :mod:`web.metricsranks` (issue 32, finding 4)
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from web.metricsranks import RankCollector, select
-from web.scrape import HubView, ScrapeRegistry
+from web.scrape import FrozenRun, HubView, ScrapeRegistry
 from web.shards import AnyHub
 
 
@@ -86,6 +86,7 @@ class HubCollector(Collector):
                 step_rows.add_metric([state.run], float(state.steps_rows))
         yield steps_done
         yield step_rows
+        yield from numbers_families(hub.runs.values())  # 8.3
 
         connected = GaugeMetricFamily(
             "rankboard_web_connected", "1 while the web has a current snapshot and fresh heartbeats.")
@@ -134,6 +135,34 @@ class HubCollector(Collector):
         gaps.add_metric([], hub.gaps)
         yield gaps
 
+
+
+def numbers_families(states: Iterable[FrozenRun]) -> Iterator[GaugeMetricFamily]:
+    """(8.3) Per run: ``rankboard_run_nonfinite`` (metrics that had a first non-finite
+    value: the header's ``nonfinite`` entries plus ``nonfinite_more``) and
+    ``rankboard_run_replica_divergence`` (closed steps at which a replica disagreed, summed
+    over the replicated metrics: each ``replica_divergence`` entry's ``count``). A run whose
+    header has neither (an older broker) is left out."""
+    nonfinite = GaugeMetricFamily(
+        "rankboard_run_nonfinite", "Step metrics of each run that had a first non-finite "
+        "value (NaN or inf on some rank).", labels=["run"])
+    diverged = GaugeMetricFamily(
+        "rankboard_run_replica_divergence", "Closed steps of each run at which a replicated "
+        "metric disagreed across ranks (summed over metrics).", labels=["run"])
+    for state in states:
+        header = state.header
+        entries = header.get("nonfinite")
+        if isinstance(entries, list):
+            more = header.get("nonfinite_more")
+            extra = more if isinstance(more, int) and not isinstance(more, bool) else 0
+            nonfinite.add_metric([state.run], float(len(entries) + extra))
+        div = header.get("replica_divergence")
+        if isinstance(div, list):
+            steps = sum(e.get("count", 0) for e in div
+                        if isinstance(e, dict) and isinstance(e.get("count"), int))
+            diverged.add_metric([state.run], float(steps))
+    yield nonfinite
+    yield diverged
 
 
 def make_registry(hub: AnyHub) -> ScrapeRegistry:

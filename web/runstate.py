@@ -146,6 +146,7 @@ class RunState:
             "data_share": None, "data_stragglers": [],  # 7.1
             "collectives_last": None,  # 8.5
             "failure": None,  # 8.2
+            "nonfinite": [], "nonfinite_more": 0, "replica_divergence": [],  # 8.3
         }
         header.update(self.header)
         header["steps_done"] = self.steps.last_step

@@ -441,6 +441,9 @@ class Journal:
             # (and a non-finite loss alert's time) is what it was live
             block["published_at"] = sink.steps_published_at
             block["updated_at"] = sink.updated_at
+            numbers = sink.numbers_wire()  # 8.3, when it changed (None: not written)
+            if numbers is not None:
+                block["numbers"] = numbers
             payload = block_encoder.encode(block)
             st.buf += entry(bytes((KIND_STEPS,)), payload)
         st.noted_steps = store.rows

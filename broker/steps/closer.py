@@ -42,6 +42,7 @@ import numpy as np
 
 from broker.events import Rejected
 from broker.steps.columns import ClosedSteps, Columns, FrameBuffer, close_columns, slice_frame
+from broker.steps.numbers import RunNumbers
 from broker.steps.store import StepStore
 from rank_agent.protocol import Steps
 
@@ -444,6 +445,9 @@ class RunSteps:
         # name -> the store's row count after the last take that published a point of it,
         # ordered by that take (:meth:`named_since`; at most the run's capped names)
         self._taken: Dict[str, int] = {}
+        #: (8.3) the first non-finite values and replicas that disagree: every batch is
+        #: shown to it as it closes (:meth:`_closed`)
+        self.numbers = RunNumbers()
 
     def admit(self, frame: Steps) -> None:
         """Take note of the frame's metric names, or raise :class:`Rejected`
@@ -469,20 +473,27 @@ class RunSteps:
         if self.closer.add(frame, now, active):
             batch = self.closer.ready_batch(now, world_size)
             if batch is not None:
-                self._out.append(batch)
+                self._closed(batch)
         return bool(self._out) and (self.sent_at is None or now - self.sent_at >= self.interval)
 
     def close(self, now: float, world_size: Optional[int]) -> None:
         """Queue what the closer lets close now (watermark, grace, force close)."""
         batch = self.closer.ready_batch(now, world_size)
         if batch is not None:
-            self._out.append(batch)
+            self._closed(batch)
+
+    def _closed(self, batch: ClosedSteps) -> None:
+        """A batch just closed: the number rules (8.3) look at it while its per-rank values
+        are still at hand, then those are let go and the batch waits for its event."""
+        self.numbers.check(batch)
+        batch.drop_raw()
+        self._out.append(batch)
 
     def close_all(self) -> bool:
         """The run ends: every pending step closes; True when any step is waiting."""
         batch = self.closer.close_all_batch()
         if batch is not None:
-            self._out.append(batch)
+            self._closed(batch)
         return bool(self._out)
 
     def due(self, now: float) -> bool:

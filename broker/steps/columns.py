@@ -72,7 +72,7 @@ class ClosedSteps:
 
     __slots__ = ("step", "time", "n", "slowest", "samples", "tokens", "ms_idx", "ms_mean",
                  "ms_lo", "ms_hi", "names", "metric_name", "metric_idx", "metric_mean",
-                 "metric_lo", "metric_hi", "d_idx", "d_mean", "d_lo", "d_hi")
+                 "metric_lo", "metric_hi", "d_idx", "d_mean", "d_lo", "d_hi", "raw")
 
     def __init__(self) -> None:
         self.step = self.n = self.slowest = self.samples = self.tokens = _EMPTY_I
@@ -84,9 +84,38 @@ class ClosedSteps:
         #: ``data_ms`` (7.1) as ``step_ms``: the steps that have one, and their reduction
         self.d_idx = _EMPTY_I
         self.d_mean = self.d_lo = self.d_hi = _EMPTY_F
+        #: (8.3) references to the close's per-rank values, for :meth:`values_at` (no copy
+        #: is made for it); dropped by :meth:`drop_raw` once the number rules have looked
+        self.raw: Optional[Tuple[Any, ...]] = None
 
     def __len__(self) -> int:
         return len(self.step)
+
+    def values_at(self, j: int) -> Tuple[np.ndarray, np.ndarray]:
+        """``(ranks, values)``: every rank's value at metric entry ``j`` (a position in
+        ``metric_*``), as the close reduced them (8.3 looks at the ranks of the few steps
+        whose ``[mean, min, max]`` call for it). Empty arrays once the raw values are
+        dropped."""
+        raw = self.raw
+        if raw is None:
+            return _EMPTY_I, _EMPTY_F
+        if raw[0] == "grid":
+            _, rows, has2, frank, present, order = raw
+            row = int(present[order[j]])
+            ranks = np.array(frank, np.int64)
+            vals = rows[row]
+            if has2 is not None:
+                keep = has2[row]
+                return ranks[keep], vals[keep]
+            return ranks, vals.copy()
+        _, g, vals, rank_s, entry = raw
+        a = int(g[j])
+        b = int(g[j + 1]) if j + 1 < len(g) else len(vals)
+        return rank_s[entry[a:b]], vals[a:b]
+
+    def drop_raw(self) -> None:
+        """Free the close's per-rank values (the batch may wait for its event a while)."""
+        self.raw = None
 
     def per_metric(self) -> Iterator[Tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """``(name, idx, mean, lo, hi)`` of each metric with a value in the batch."""
@@ -462,6 +491,7 @@ class FrameBuffer:
             out.metric_idx = at_step[order]
             order += nd
             out.metric_mean, out.metric_lo, out.metric_hi = mean[order], lo[order], hi[order]
+            out.raw = ("grid", rows, None if has is None else has2, frank, present, order)
         self.__init__()  # type: ignore[misc]
         return out
 
@@ -570,6 +600,7 @@ def close_columns(cols: Columns) -> Optional[ClosedSteps]:
             out.metric_name = vid[g]
             out.metric_idx = vstep[g]
             out.metric_mean, out.metric_lo, out.metric_hi = reduce_groups(vals, g)
+            out.raw = ("long", g, vals, rank_s, entry)
     return out
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, List
 from broker.steps.datawait import DataWait, data_share
 
 if TYPE_CHECKING:
+    from broker.alerts import RunAlerts
     from broker.events import Event
     from broker.steps.closer import RunSteps, StepCloser
     from broker.steps.store import StepStore
@@ -38,6 +39,7 @@ class StepRules:
         _header_pending: bool
         data_wait: DataWait
         topology: Topology
+        alerts: RunAlerts
 
         def _raise(self, kind: str, rank: int | None, message: str, now: float,
                    notify: bool = True) -> None: ...
@@ -83,7 +85,44 @@ class StepRules:
             step, value, at = bad
             self._raise("nonfinite_loss", None, f"step {step}: loss is {value}",
                         published if isinstance(published, float) else at)
+        numbers = block.get("numbers")
+        if isinstance(numbers, dict):  # 8.3: the state as of this block, and its alerts
+            self._restore_numbers(numbers, published if isinstance(published, float)
+                                  else (self.updated_at or 0.0))
         self._update_data_wait(self.updated_at or 0.0, force=True)
+
+    def _restore_numbers(self, wire: Dict[str, Any], at: float) -> None:
+        """Journal replay of the 8.3 state (:meth:`RunNumbers.wire`): the entries, and the
+        alerts they raised, raised again as they were (the newest state of the journal
+        wins; a re-raised alert keeps its (kind, rank) place in the list)."""
+        numbers = self._steps.numbers
+        numbers.restore(wire)
+        numbers.journaled = numbers.shown = numbers.version
+        ws = self.world_size if self.world_size is not None else len(self._closer.ranks)
+        for entry, (message, count) in zip(numbers.nonfinite, numbers.nonfinite_alerts):
+            self._raise("nonfinite", None if count * 2 > ws else entry["rank"], message, at,
+                        notify=False)
+        messages = wire.get("messages")
+        for rank, message in sorted(messages.items() if isinstance(messages, dict) else (),
+                                    key=lambda item: str(item[0])):
+            if isinstance(rank, int) and isinstance(message, str):
+                self._raise("replica_divergence", rank, message, at, notify=False)
+
+    def numbers_wire(self) -> Dict[str, Any] | None:
+        """(8.3) The number rules' state for the journal's next STEPS block when it changed
+        since the last one (None: unchanged), with each rank's latest ``replica_divergence``
+        message so a restart lists the same alerts."""
+        numbers = self._steps.numbers
+        if numbers.version == numbers.journaled:
+            return None
+        # the ranks' lists and messages only when a rank joined them since the last write
+        grew = numbers.raised_version > numbers.journaled
+        numbers.journaled = numbers.version
+        wire = numbers.wire(raised=grew)
+        if grew:
+            wire["messages"] = {a["rank"]: a["message"] for a in self.alerts.listed()
+                                if a["kind"] == "replica_divergence" and a["rank"] is not None}
+        return wire
 
     def settle(self, now: float) -> List[Event]:
         """The run leaves memory (``--max-runs`` eviction): every pending step closes with
@@ -121,7 +160,24 @@ class StepRules:
         bad = self.steps.last_nonfinite("loss", since=before)  # array scan, not per record
         if bad is not None:
             self._raise("nonfinite_loss", None, f"step {bad[0]}: loss is {bad[1]}", now)
+        self._raise_numbers(now)
         self._update_data_wait(now, force=final)  # (the run's end: its last figures)
+
+    def _raise_numbers(self, now: float) -> None:
+        """(8.3) The alerts the number rules found in the steps just published, and the
+        header when their entries moved. A first non-finite value on more than half the
+        world size is run-wide (``rank`` null): a NaN everywhere at once blames no rank."""
+        numbers = self._steps.numbers
+        if numbers.alerts:
+            alerts, numbers.alerts = numbers.alerts, []
+            ws = self.world_size if self.world_size is not None else len(self._closer.ranks)
+            for kind, rank, message, count in alerts:
+                if kind == "nonfinite" and count * 2 > ws:
+                    rank = None
+                self._raise(kind, rank, message, now)
+        if numbers.version != numbers.shown:
+            numbers.shown = numbers.version
+            self._header_pending = True
 
     def _update_data_wait(self, now: float, force: bool = False, quiet: bool = False) -> None:
         """The header's ``data_share`` and ``data_stragglers`` (7.1, :mod:`broker.steps.

@@ -57,6 +57,7 @@ def test_header_defaults() -> None:
         "steps_done": None, "step_metrics": [], "data_share": None, "data_stragglers": [],
         "shard": 0, "collectives_last": None, "total_steps": None, "eta_secs": None, "alert_ranks": {},
         "failure": None,
+        "nonfinite": [], "nonfinite_more": 0, "replica_divergence": [],  # v5, 8.3
     }
 
 

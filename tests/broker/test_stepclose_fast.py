@@ -24,7 +24,9 @@ from rank_agent.protocol import Steps
 from tests.support.spying import spy
 from tests.support.steprecords import close_frames
 
-FIELDS = ClosedSteps.__slots__
+#: (``raw``: references to each path's own per-rank arrays, 8.3, not a result; the two
+#: paths' ``values_at`` are compared in tests/broker/test_numbers.py)
+FIELDS = tuple(name for name in ClosedSteps.__slots__ if name != "raw")
 
 
 def frame(rank: int, step: int, *, ms: Optional[float], metrics: dict[str, Any],

@@ -42,7 +42,8 @@ def test_nonfinite_loss_alert_names_the_step() -> None:
     d.send(stp(0, range(4), loss=[1.0, 1.0, math.nan, 1.0]), 1.0)
     events = d.send(stp(1, range(4), loss=1.0), 1.0)
     alerts = d.sink.header()["alerts"]
-    assert [(a["kind"], a["rank"]) for a in alerts] == [("nonfinite_loss", None)]
+    # (v5, 8.3: rank 0's first NaN of loss is also its per-rank ``nonfinite`` alert)
+    assert [(a["kind"], a["rank"]) for a in alerts] == [("nonfinite_loss", None), ("nonfinite", 0)]
     assert "step 2" in alerts[0]["message"] and "nan" in alerts[0]["message"]
     assert alerts[0]["at"] == 1.0
     assert [e.kind for e in events] == ["steps", "run"]
@@ -50,15 +51,18 @@ def test_nonfinite_loss_alert_names_the_step() -> None:
     # an infinite mean later: the one alert now names that step
     d.send(stp(0, [4], loss=math.inf), 5.0)
     d.send(stp(1, [4], loss=1.0), 5.0)
-    (alert,) = d.sink.header()["alerts"]
+    (alert,) = [a for a in d.sink.header()["alerts"] if a["kind"] == "nonfinite_loss"]
     assert "step 4" in alert["message"] and "inf" in alert["message"] and alert["at"] == 5.0
 
 
-def test_finite_loss_and_other_nonfinite_metrics_raise_no_alert() -> None:
+def test_finite_loss_and_other_nonfinite_metrics_raise_no_loss_alert() -> None:
     d = Drive(1)
     d.send(stp(0, range(3), loss=[1.0, 2.0, 3.0], metrics={"grad": [math.nan] * 3}), 1.0)
     d.tick(2.0)
-    assert d.closed == [0, 1, 2] and d.sink.header()["alerts"] == []
+    # (v5, 8.3: the grad's first NaN is the one alert, run-wide on a one-rank run)
+    assert d.closed == [0, 1, 2] and [(a["kind"], a["rank"], a["message"]) for a in
+                                      d.sink.header()["alerts"]] == [
+        ("nonfinite", None, "grad is nan at step 0: first non-finite grad (1 rank)")]
 
 
 def test_steps_events_at_most_4_a_second_and_each_step_within_half_a_second() -> None:

@@ -157,7 +157,7 @@ def test_the_report_carries_the_failure_when_the_header_has_one(page: Any, tmp_p
     page.goto(path.resolve().as_uri())
     # the live page's failure card (web/static/failureview.js), first in the report too
     expect(page.locator("[data-testid=failure-first]")).to_contain_text(
-        f"rank 2 (node-1) failed first")
+        "rank 2 (node-1) failed first")
     expect(page.locator("[data-testid=failure-first]")).to_contain_text(
         f"torch.OutOfMemoryError: CUDA out of memory {HOSTILE}")
     expect(page.locator("[data-testid=failure-silent]")).to_contain_text("3 ranks went silent")

@@ -16,6 +16,7 @@ HEADER_KEYS = [
     "step_metrics", "data_share", "data_stragglers",
     "collectives_last", "total_steps", "eta_secs", "alert_ranks", "failure",
 ]
+HEADER_KEYS += ["nonfinite", "nonfinite_more", "replica_divergence"]  # v5, 8.3
 
 
 def wire(frame):

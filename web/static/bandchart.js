@@ -59,6 +59,16 @@ export class BandChart extends ChartKit {
     this.render();
   }
 
+  /** (8.3) Steps to mark with a dashed line and a short text: [{step, text}]. */
+  setMarkers(markers) {
+    const list = Array.isArray(markers) ? markers : [];
+    const sig = list.map((m) => `${m.step}:${m.text}`).join("\n");
+    if (sig === this._markerSig) return;
+    this._markerSig = sig;
+    this.markers = list;
+    this.render();
+  }
+
   setAxis(axis) {
     this.axis = axis || STEP_AXIS;
     this.render();
@@ -311,12 +321,13 @@ export class BandChart extends ChartKit {
     }
     ctx.restore();
     ctx.globalAlpha = 1;
+    const marked = this._drawMarkers(ctx, a, b, X0, X1, L, T, pw, ph);
 
     if (this.hover !== null && this.hover >= 0 && this.hover < cols) {
       ChartKit.drawCrosshair(ctx, theme, Math.round(cx(this.hover)) + 0.5, T, ph);
     }
     this._drawSelection(ctx, theme, L, T, pw, ph);
-    this.last = { bins, yt, logScale };
+    this.last = { bins, yt, logScale, marked };
     this.drawnAt = performance.now();
     if (this.opts.onDraw) this.opts.onDraw(this);
   }
@@ -432,6 +443,36 @@ export class BandChart extends ChartKit {
     return rows;
   }
 
+  /** The markers within [a, b]: a dashed red line at each, its text at the top (canvas
+   * text, never HTML). Returns what was drawn: [{step, text, x}]. */
+  _drawMarkers(ctx, a, b, X0, X1, L, T, pw, ph) {
+    const out = [];
+    const ax = this.axis;
+    for (const m of this.markers || []) {
+      if (!(m.step >= a && m.step <= b)) continue;
+      const X = ax.map(m.step);
+      if (!Number.isFinite(X)) continue;
+      const x = Math.round(L + ((X - X0) / (X1 - X0 || 1)) * pw) + 0.5;
+      ctx.save();
+      ctx.strokeStyle = "#f2495c";
+      ctx.fillStyle = "#f2495c";
+      ctx.lineWidth = 1;
+      ctx.setLineDash([3, 3]);
+      ctx.beginPath();
+      ctx.moveTo(x, T);
+      ctx.lineTo(x, T + ph);
+      ctx.stroke();
+      ctx.setLineDash([]);
+      ctx.font = "10px sans-serif";
+      const text = String(m.text);
+      const tw = ctx.measureText(text).width;
+      ctx.fillText(text, x + 3 + tw > L + pw ? x - 3 - tw : x + 3, T + 10);
+      ctx.restore();
+      out.push({ step: m.step, text, x });
+    }
+    return out;
+  }
+
   /**
    * What the last draw showed, for tests and benchmarks: the step range, and per series
    * the drawn columns (only those with data) as [first, last, mean, lo, hi, rank_min,
@@ -442,6 +483,7 @@ export class BandChart extends ChartKit {
     const g = this._geom;
     return {
       range: [g.a, g.b], columns: g.cols, axis: this.axis.kind, view: this.view,
+      markers: this.last.marked || [],
       plot: { left: g.L, top: g.T, width: g.pw, height: g.ph, dpr: g.dpr },
       series: this.last.bins.map((bin) => {
         const cols = [];

@@ -66,7 +66,7 @@ function renderNow() {
     }
     if (parts.has("records") || parts.has("ranks") || parts.has("header")) ranks.render();
     if (parts.has("records") || parts.has("ranks") || parts.has("tab")) rankPanel.render();
-    if (parts.has("stacks") || parts.has("ranks") || parts.has("tab")) page.stall.render();
+    if (parts.has("stacks") || parts.has("ranks") || parts.has("tab") || parts.has("header")) page.stall.render();
     header.tick();
   } catch (err) {
     console.warn("rankboard: render failed", err); // never let one bad value kill the page

@@ -11,6 +11,7 @@ import { FailureView } from "./failureview.js";
 import { fmtInt, isNum } from "./fmt.js";
 import { onFrame } from "./frame.js";
 import { HeaderView } from "./headerview.js";
+import { numbersLines } from "./numbersview.js";
 import { Overview } from "./overview.js";
 import { RankPanel } from "./rankpanel.js";
 import { RanksView } from "./ranksview.js";
@@ -257,6 +258,14 @@ function boot() {
       for (const line of last.lines) card.append(h("p", "verdict-line", line));
       $("panel-home").prepend(card);
     }
+  }
+  const numbers = numbersLines(store.header, (r) => store.hostOfRank.get(r) ?? null);
+  if (numbers.length) { // 8.3: the first non-finite rank, replicas that disagree
+    const card = h("div", "card span-12 numbers-trouble");
+    card.dataset.testid = "numbers-trouble";
+    card.append(h("h3", "card-title", "Numbers gone wrong"));
+    for (const line of numbers) card.append(h("p", "verdict-line", line.text));
+    $("panel-home").prepend(card);
   }
   setText($("report-run"), run);
   const made = isNum(data.generated_at) ? new Date(data.generated_at * 1000) : null;

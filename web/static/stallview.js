@@ -16,6 +16,7 @@ import { lastVerdictText, verdictText } from "./collectives.js";
 import { $, button, h } from "./dom.js";
 import { fmtAgo, fmtDur, fmtInt, isNum } from "./fmt.js";
 import { hostOf } from "./model.js";
+import { numbersLines } from "./numbersview.js";
 import { profilePair } from "./profileview.js";
 import { stragglerOf } from "./slowness.js";
 
@@ -279,12 +280,15 @@ export class StallView {
     const verdict = verdictText(this.collectives && this.collectives.groups);
     // once no group is listed now, the answer to the last hang (8.5), with its time
     const last = verdict.length ? null : lastVerdictText(store.header && store.header.collectives_last);
+    // 8.3: the first non-finite value and replicas that disagree, from the header
+    const numbers = numbersLines(store.header, (r) => hostOf(store, r));
     const key = [view, stalled.join(","), this.focus, this.closed, this.message, this.held, store.run,
       this.endedReason(),
-      store.tab, timing, verdict.join("\n"), stragglerOf(store.rows), last && [last.title, ...last.lines].join("\n")];
+      store.tab, timing, verdict.join("\n"), stragglerOf(store.rows), last && [last.title, ...last.lines].join("\n"),
+      numbers.map((l) => l.text).join("\n")];
     if (this.drawn && key.every((v, i) => v === this.drawn[i])) return;
     this.drawn = key;
-    const trouble = stalled.length > 0 || stallGroups.length > 0 || verdict.length > 0;
+    const trouble = stalled.length > 0 || stallGroups.length > 0 || verdict.length > 0 || numbers.length > 0;
     const anything = trouble || last || requestGroups.length || shownProfiles.length || this.shownRank() !== null || this.message;
     this.box.hidden = !anything && this.readOnly;
     this.box.dataset.state = trouble ? "stalled" : "ok";
@@ -295,8 +299,9 @@ export class StallView {
     const title = h("h3", "card-title stall-title");
     if (trouble) {
       const n = new Set([...stalled, ...stallGroups.flatMap((g) => g.ranks)]).size;
-      title.append(h("span", "stall-badge", n ? "stalled" : "collectives"));
-      title.append(h("span", null, n ? ` ${fmtInt(n)} ${n === 1 ? "rank" : "ranks"} not stepping` : " a collective waits"));
+      const numbersOnly = !n && !verdict.length;
+      title.append(h("span", "stall-badge", n ? "stalled" : numbersOnly ? "numbers" : "collectives"));
+      title.append(h("span", null, n ? ` ${fmtInt(n)} ${n === 1 ? "rank" : "ranks"} not stepping` : numbersOnly ? " values gone wrong" : " a collective waits"));
     } else {
       title.append(h("span", null, "Stacks"));
       title.append(h("span", "card-sub", "no rank stalled"));
@@ -311,6 +316,17 @@ export class StallView {
       out.push(box);
     }
     if (last) out.push(lastVerdictBox(last));
+    if (numbers.length) {
+      // 8.3: which rank had the first NaN, which replica disagrees (text only: names are a rank's)
+      const box = h("div", "numbers-trouble");
+      box.dataset.testid = "numbers-trouble";
+      for (const line of numbers) {
+        const p = h("p", "verdict-line", line.text);
+        p.dataset.kind = line.kind;
+        box.append(p);
+      }
+      out.push(box);
+    }
     if (this.message) out.push(h("p", "stall-message muted", this.message));
     else if (!this.readOnly && this.endedReason()) {
       const note = h("p", "stall-message muted", `requests for stacks: ${this.endedReason()}`);

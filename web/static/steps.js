@@ -24,6 +24,7 @@ import { BandChart, STEP_AXIS } from "./bandchart.js";
 import { Buckets } from "./buckets.js";
 import { button, h, setText } from "./dom.js";
 import { fmtInt, fmtMs, formatNumber, isNum } from "./fmt.js";
+import { numberMarkers } from "./numbersview.js";
 import { cancelFrame, onFrame } from "./frame.js";
 import { Pairs, TimeMap } from "./timemap.js";
 
@@ -255,7 +256,16 @@ export class StepView {
       this.section.hidden = false;
       this._ensureCharts();
     }
+    this._markNumbers(hd);
     this._sub();
+  }
+
+  /** (8.3) Each metric's chart marks its first non-finite step and first divergence. */
+  _markNumbers(hd) {
+    const marks = numberMarkers(hd);
+    for (const e of this.charts.values()) {
+      if (e.isMetric) e.chart.setMarkers(marks.get(e.name) || []);
+    }
   }
 
   /** A live `steps` event. */

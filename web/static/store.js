@@ -20,6 +20,7 @@ const HEADER_KEYS = ["run", "status", "world_size", "total_epochs", "label", "ha
   "steps_done", "step_metrics", "data_share", "data_stragglers", "failure"];
 HEADER_KEYS.push("collectives_last"); // 8.5: the answer to the latest hang, kept
 HEADER_KEYS.push("total_steps", "eta_secs"); // 8.5: a step run's end
+HEADER_KEYS.push("nonfinite", "nonfinite_more", "replica_divergence"); // 8.3
 
 export class Store {
   constructor() {
