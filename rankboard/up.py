@@ -259,6 +259,9 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
                 return 0
         for k in range(len(brokers)):
             say(f"shard {k}/{len(brokers)}")
+        if len(brokers) > 1 and bcfg.retain_bytes is not None:  # PROTOCOL 8.4
+            say(f"--retain-bytes {bcfg.retain_bytes} split evenly: "
+                f"{bcfgs[0].retain_bytes} bytes for each shard's data dir")
         if all("ingest" in child.endpoints for child in brokers):
             say(broker_line([child.endpoints["ingest"] for child in brokers]))
         wcfg = replace(cfg.web, publish=",".join(b.endpoints["publish"] for b in brokers),

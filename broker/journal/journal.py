@@ -60,7 +60,7 @@ import os
 import tempfile
 import time
 from operator import itemgetter
-from typing import Union
+from typing import Iterable, Union
 
 from broker.journal.codec import (
     FORMAT_VERSION,
@@ -90,7 +90,7 @@ from broker.journal.datadir import (
 )
 from broker.journal.replay import replay
 from broker.journal.stepblocks import wire_block
-from broker.journal.writer import Handles, RunFile
+from broker.journal.writer import _MAX_BUFFER, Handles, RunFile
 from broker.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Frame, Metrics, Resources, Stacks, Steps, Svg, valid_run_id
@@ -110,6 +110,9 @@ WRITE_BUFFER_BYTES = 16 * 1024 * 1024
 #: kept in memory only (a restart lists the ones journaled before), counted in
 #: ``counters()["stacks_unjournaled"]``.
 MAX_STACKS_BYTES = 64 * 1024 * 1024
+#: While writes fail (PROTOCOL 8.4: a full disk), they are retried at most this often
+#: (seconds), not on every batch, unless WRITE_BUFFER_BYTES are waiting.
+RETRY_S = 1.0
 _time_of = itemgetter(0)  # the receive time of a held sample, ``(now, frame)``
 
 
@@ -167,6 +170,11 @@ class Journal:
         #: runs left on disk at load beyond ``max_runs`` (PROTOCOL 6)
         self.runs_not_loaded = 0
         self._visited_gone = 0  # step_series_visited of runs no longer held
+        #: finished runs deleted at :meth:`load` by ``retention_days`` (PROTOCOL 8.4 counts
+        #: them in rankboard_runs_deleted_total{reason="days"})
+        self.deleted_at_load = 0
+        #: while writes fail, they are tried again at most once per RETRY_S (monotonic)
+        self._retry_at = 0.0
 
     # -- start -------------------------------------------------------------------------
 
@@ -251,6 +259,7 @@ class Journal:
                 os.unlink(path)
         except OSError as exc:
             self._handles.write_failures += 1
+            self._handles.probe_failed = True
             log.error("journal: cannot write run files in %s (%s): runs are kept in memory "
                       "only until it is writable; counted as "
                       "rankboard_journal_total{kind=\"write_failures\"}", self.runs_dir,
@@ -328,6 +337,7 @@ class Journal:
             self._write_pending(st)
             st.started = True
             append_frame(st.buf, now, data)
+            st.buf_frames += 1
             self._dirty[st.run] = st
             return
         elif not st.unchanged.keep(frame, st.started):
@@ -339,6 +349,7 @@ class Journal:
             self._write_pending(st)
         st.started = True
         append_frame(st.buf, now, protocol.encoder.encode(frame))
+        st.buf_frames += 1
         self._dirty[st.run] = st
 
     def note_seq(self, sink: RunSink) -> None:
@@ -367,9 +378,37 @@ class Journal:
             "runs_not_loaded": self.runs_not_loaded,
             "dropped_bytes": self._handles.dropped_bytes,
             "write_failures": self._handles.write_failures,
+            "failing": int(self.failing),
             "step_series_visited": self._visited_gone + sum(
                 st.flight.visited for st in self._files.values()),
         }
+
+    @property
+    def failing(self) -> bool:
+        """PROTOCOL 8.4: True while the latest write of some run failed (or, before any
+        write, the start's probe did): ``/healthz`` ``journal: "failing"``."""
+        return bool(self._handles.failing) or self._handles.probe_failed
+
+    def delete_run(self, run: str, paths: Iterable[str]) -> None:
+        """PROTOCOL 8.4: the run is deleted (it left memory first, if it was there): drop
+        what is held for it unwritten, close its handle, and unlink ``paths`` (its journal
+        and the files set aside beside it) and its journal."""
+        st = self._files.pop(run, None)
+        self._dirty.pop(run, None)
+        if st is not None:
+            self._visited_gone += st.flight.visited
+            st.buf.clear()
+            st.pending.clear()
+            self._handles.failing.discard(run)
+            self._handles.close(st, sync=False)
+        journal = self._path(run)
+        for path in {journal, *paths}:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("journal: cannot delete %s: %s", path, exc)
 
     def _grew(self, n: int) -> None:
         """``n`` more bytes are buffered: write everything at once when the buffers pass
@@ -429,6 +468,12 @@ class Journal:
     def flush(self) -> None:
         """Write every buffered entry (one ``os.pwrite`` per dirty run); fsync at most once
         per ``fsync_interval``. Write errors are logged, never raised."""
+        if self._dirty and self.failing and self._buffered <= _MAX_BUFFER:
+            mono = time.monotonic()
+            if mono < self._retry_at:  # PROTOCOL 8.4: retried, not on every batch
+                self._flush_at = self._buffered + WRITE_BUFFER_BYTES
+                return
+            self._retry_at = mono + RETRY_S
         if self._dirty:
             dirty, self._dirty = self._dirty, {}
             for st in dirty.values():
@@ -452,8 +497,9 @@ class Journal:
         if st.buf:
             self._handles.write(st)
             if st.buf:
-                log.error("journal: run %r left memory with %d bytes unwritten", run,
-                          len(st.buf))
+                log.error("journal: run %r left memory with %d bytes (%d frames) unwritten",
+                          run, len(st.buf), st.buf_frames)
+        self._handles.failing.discard(run)
         self._handles.close(st)
 
     def close(self) -> None:
@@ -510,6 +556,7 @@ class Journal:
         encode = protocol.encoder.encode
         for t, frame in held:
             append_frame(st.buf, t, encode(frame))
+        st.buf_frames += len(held)
         st.started = True
         self._dirty[st.run] = st
 
@@ -573,6 +620,7 @@ class Journal:
             log.info("journal: deleting finished run %r (last frame %.0f s ago)", run,
                      time.time() - got.last_time)
             remove(path)
+            self.deleted_at_load += 1
             return None
 
         st = RunFile(run, path)
