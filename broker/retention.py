@@ -51,7 +51,7 @@ INTERVAL_ENV = "RANKBOARD_RETENTION_INTERVAL"
 LIVE_OVER_LOG_S = 600.0
 
 _SUFFIX = ".journal"
-_SIZE = re.compile(r"^([0-9]+)([kmgtKMGT]?)$")
+_SIZE = re.compile(r"([0-9]+)([kmgtKMGT]?)")
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
@@ -59,7 +59,7 @@ def parse_size(text: str) -> int:
     """``--retain-bytes``: a whole number of bytes, or with a suffix K, M, G or T in either
     case (powers of 1,024). ValueError (a message without the flag's name) for anything
     else or for a size ≤ 0."""
-    m = _SIZE.match(text)
+    m = _SIZE.fullmatch(text)
     if m is None:
         raise ValueError(f"not a size: {text!r} (a whole number of bytes, or with K, M, G "
                          "or T, e.g. 500G)")
