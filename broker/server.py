@@ -372,7 +372,7 @@ class BrokerServer:
         return keys
 
     def _open_journal(self) -> None:
-        from broker.journal.journal import Journal, JournalError
+        from broker.journal.journal import RETRY_S, Journal, JournalError
 
         assert self.data_dir is not None
         journal = self._journal = Journal(self.data_dir, retention_days=self.retention_days)
@@ -390,6 +390,7 @@ class BrokerServer:
                 message = f"cannot use data dir {where}: {exc.strerror or exc}"
             raise DataDirError(getattr(exc, "errno", None) or errno.EIO, message) from None
         self._retention.start_pass(journal, sinks)  # PROTOCOL 8.4, before any is served
+        journal.retry_interval = RETRY_S
         self.runs.restore(sinks)
         # record + note_seq per frame, not per batch: the journal reserves ids in blocks and
         # a batch may issue more events for one run than half a block.

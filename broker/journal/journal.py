@@ -90,7 +90,8 @@ from broker.journal.datadir import (
 )
 from broker.journal.replay import replay
 from broker.journal.stepblocks import wire_block
-from broker.journal.writer import _MAX_BUFFER, Handles, RunFile
+from broker.journal import writer as _writer
+from broker.journal.writer import Handles, RunFile
 from broker.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Frame, Metrics, Resources, Stacks, Steps, Svg, valid_run_id
@@ -173,7 +174,10 @@ class Journal:
         #: finished runs deleted at :meth:`load` by ``retention_days`` (PROTOCOL 8.4 counts
         #: them in rankboard_runs_deleted_total{reason="days"})
         self.deleted_at_load = 0
-        #: while writes fail, they are tried again at most once per RETRY_S (monotonic)
+        #: while writes fail, :meth:`flush` tries them again at most once per this many
+        #: seconds (0: on every call; the server sets RETRY_S: a full disk is not retried
+        #: on every batch of its receive loop, PROTOCOL 8.4)
+        self.retry_interval = 0.0
         self._retry_at = 0.0
 
     # -- start -------------------------------------------------------------------------
@@ -468,12 +472,13 @@ class Journal:
     def flush(self) -> None:
         """Write every buffered entry (one ``os.pwrite`` per dirty run); fsync at most once
         per ``fsync_interval``. Write errors are logged, never raised."""
-        if self._dirty and self.failing and self._buffered <= _MAX_BUFFER:
+        if (self.retry_interval and self._dirty and self.failing
+                and self._buffered <= _writer._MAX_BUFFER):
             mono = time.monotonic()
             if mono < self._retry_at:  # PROTOCOL 8.4: retried, not on every batch
                 self._flush_at = self._buffered + WRITE_BUFFER_BYTES
                 return
-            self._retry_at = mono + RETRY_S
+            self._retry_at = mono + self.retry_interval
         if self._dirty:
             dirty, self._dirty = self._dirty, {}
             for st in dirty.values():
