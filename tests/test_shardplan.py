@@ -40,3 +40,15 @@ def test_broker_line_names_wildcards_by_host() -> None:
     line = broker_line(["tcp://0.0.0.0:5585", "tcp://*:5588", "tcp://10.0.0.2:5591"],
                        hostname=lambda: "head")
     assert line == "RANKBOARD_BROKER=tcp://head:5585,tcp://head:5588,tcp://10.0.0.2:5591"
+
+
+def test_n_shards_split_retain_bytes_evenly() -> None:
+    """PROTOCOL 8.4: each shard's broker bounds its own data dir by SIZE ÷ N."""
+    cfg = BrokerConfig(data_dir=Path("/d"), retain_bytes=3 * 1024 ** 3 + 2)
+    plan = shard_configs(cfg, 3)
+    assert [c.retain_bytes for c in plan] == [1024 ** 3] * 3
+    argv = plan[1].argv()
+    assert argv[argv.index("--retain-bytes") + 1] == str(1024 ** 3)
+    assert [c.retain_bytes for c in shard_configs(BrokerConfig(data_dir=Path("/d")), 2)] == [
+        None, None]
+    assert shard_configs(cfg, 1)[0].retain_bytes == 3 * 1024 ** 3 + 2
