@@ -151,9 +151,12 @@ class DataDirBound:
 
     def counters(self) -> dict[str, int]:
         """The heartbeat's share (PROTOCOL 8.4's /metrics figures; empty while off)."""
-        return {"data_dir_bytes": self.data_dir_bytes,
-                "runs_deleted_bytes": self.deleted["bytes"],
-                "runs_deleted_days": self.deleted["days"]}
+        out = {"data_dir_bytes": self.data_dir_bytes,
+               "runs_deleted_bytes": self.deleted["bytes"],
+               "runs_deleted_days": self.deleted["days"]}
+        if self.server.retain_bytes is not None:  # the bound, for "near its bound" rules
+            out["retain_bytes"] = self.server.retain_bytes
+        return out
 
     def close(self) -> None:
         if self._worker is not None:

@@ -22,7 +22,7 @@ from web.shards import AnyHub
 #: PROTOCOL 8.4's heartbeat ``journal`` keys that are families of their own, not kinds of
 #: ``rankboard_journal_total`` (``failing`` is /healthz's, not a counter)
 DATA_DIR_KEYS = frozenset({"data_dir_bytes", "runs_deleted_bytes", "runs_deleted_days",
-                           "failing"})
+                           "failing", "retain_bytes"})
 
 
 def _data_dir_families(hb: Any) -> Iterator[Metric]:
@@ -39,13 +39,19 @@ def _data_dir_families(hb: Any) -> Iterator[Metric]:
         "rankboard_runs_deleted", "Ended runs deleted from the data dir since the broker "
         "started, by reason: bytes (--retain-bytes) or days (--retention-days).",
         labels=["reason"])
+    bound = GaugeMetricFamily(
+        "rankboard_data_dir_retain_bytes", "The broker's --retain-bytes (over shards: the "
+        "sum); no series without one.")
     if hb is not None:
         j = hb.journal
+        if "retain_bytes" in j:
+            bound.add_metric([], j["retain_bytes"])
         size.add_metric([], j.get("data_dir_bytes", 0))
         errors.add_metric([], j.get("write_failures", 0))
         deleted.add_metric(["bytes"], j.get("runs_deleted_bytes", 0))
         deleted.add_metric(["days"], j.get("runs_deleted_days", 0))
     yield size
+    yield bound
     yield errors
     yield deleted
 

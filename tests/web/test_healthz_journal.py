@@ -42,14 +42,17 @@ def test_one_broker_healthz_journal_and_the_data_dir_families() -> None:
     hub = Hub(clock=lambda: NOW)
     client = create_app(hub).test_client()
     _beat(hub, "a", failing=1, write_failures=3, data_dir_bytes=4096, runs_deleted_bytes=2,
-          runs_deleted_days=1)
+          runs_deleted_days=1, retain_bytes=8192)
     body = client.get("/healthz")
     assert body.status_code == 200 and body.get_json()["journal"] == "failing"
     text = generate_latest(make_registry(hub)).decode()
     assert "rankboard_data_dir_bytes 4096.0" in text
+    assert "rankboard_data_dir_retain_bytes 8192.0" in text
     assert "rankboard_journal_write_errors_total 3.0" in text
     assert 'rankboard_runs_deleted_total{reason="bytes"} 2.0' in text
     assert 'rankboard_runs_deleted_total{reason="days"} 1.0' in text
     assert 'kind="data_dir_bytes"' not in text and 'kind="failing"' not in text
     _beat(hub, "a", failing=0)
     assert client.get("/healthz").get_json()["journal"] == "ok"
+    text = generate_latest(make_registry(hub)).decode()
+    assert "\nrankboard_data_dir_retain_bytes " not in text  # no bound: no series
