@@ -89,6 +89,7 @@ from broker.journal.datadir import (
     take_lock,
 )
 from broker.journal.replay import replay
+from broker.journal.seqfloor import SeqFloor
 from broker.journal.stepblocks import wire_block
 from broker.journal import writer as _writer
 from broker.journal.writer import Handles, RunFile
@@ -179,6 +180,10 @@ class Journal:
         #: on every batch of its receive loop, PROTOCOL 8.4)
         self.retry_interval = 0.0
         self._retry_at = 0.0
+        #: ids issued while writes fail stay below what a restart starts from (SEQFLOOR)
+        self._floor = SeqFloor(self.data_dir)
+        self._floor_due = 0
+        self._floor_all = False
 
     # -- start -------------------------------------------------------------------------
 
@@ -210,6 +215,8 @@ class Journal:
             os.close(self._lock_fd)
             self._lock_fd = None
             raise
+        if self._floor._fd is None:
+            self._floor.open()
         wall = time.time() if now is None else now
         horizon = None if self.retention_days is None else wall - self.retention_days * 86400.0
         sinks: dict[str, RunSink] = {}
@@ -477,6 +484,7 @@ class Journal:
             mono = time.monotonic()
             if mono < self._retry_at:  # PROTOCOL 8.4: retried, not on every batch
                 self._flush_at = self._buffered + WRITE_BUFFER_BYTES
+                self._note_floor()
                 return
             self._retry_at = mono + self.retry_interval
         if self._dirty:
@@ -488,7 +496,21 @@ class Journal:
                         self._dirty[st.run] = st
         self._buffered = sum(len(st.buf) for st in self._dirty.values())
         self._flush_at = self._buffered + WRITE_BUFFER_BYTES
+        self._note_floor()
         self._handles.sync_due()
+
+    def _note_floor(self) -> None:
+        """While writes fail, the highest reservation of any run goes to SEQFLOOR (written
+        in place, before the ids it covers are published): see broker/journal/seqfloor.py."""
+        if not self._handles.failing:
+            self._floor_all = False
+            return
+        if not self._floor_all:  # writes just began to fail: every run's reservation
+            self._floor_all = True
+            for st in self._files.values():
+                if st.seq_hi > self._floor_due:
+                    self._floor_due = st.seq_hi
+        self._floor.raise_to(self._floor_due)
 
     def forget(self, run: str) -> None:
         """The run left memory: write what is held for it and close its handle (the file
@@ -518,6 +540,7 @@ class Journal:
                 self._dirty[st.run] = st
         self.flush()
         self._handles.close_all()
+        self._floor.close()
         self._files.clear()
         self._dirty.clear()
         if self._lock_fd is not None:
@@ -569,6 +592,8 @@ class Journal:
         st.seq_hi = seq + self.seq_block
         st.buf += entry(SEQ.pack(KIND_SEQ_HI, st.seq_hi))
         self._dirty[st.run] = st
+        if st.seq_hi > self._floor_due and self._handles.failing:
+            self._floor_due = st.seq_hi  # (SEQFLOOR: written by the flush before any use)
 
     # -- internals: loading ------------------------------------------------------------
 
@@ -637,6 +662,8 @@ class Journal:
         st.unchanged = got.unchanged
         st.stacks_bytes = got.stacks_bytes
         st.flight.published = sink.steps_published
+        if sink.seq < self._floor.value:  # ids issued while writes failed (SEQFLOOR)
+            sink.seq = self._floor.value
         if problem is not None:
             self._handles.truncate(st)
         self._files[run] = st
