@@ -206,7 +206,7 @@ def plan(disk: Mapping[str, DiskRun], memory: Mapping[str, MemRun], *,
                                 disk[run].bytes))
     if retain_bytes is not None:
         left = total - sum(disk[run].bytes for run in gone)
-        for updated, run in ended:
+        for _, run in ended:
             if left <= retain_bytes:
                 break
             if run in gone:
@@ -291,7 +291,7 @@ class RetentionWorker:
             with self._lock:
                 while self._job is None and not self._closed:
                     self._wake.wait()
-                if self._closed:
+                if self._closed or self._job is None:
                     return
                 job, self._job = self._job, None
                 self._busy = True

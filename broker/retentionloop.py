@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from broker.events import Event
 from broker.retention import (
@@ -29,9 +29,6 @@ from broker.retention import (
 )
 from broker.sink import RunSink
 
-if TYPE_CHECKING:
-    from broker.server import BrokerServer
-
 __all__ = ["DataDirBound", "DELETES_PER_TURN", "held_runs"]
 
 log = logging.getLogger("broker.retention")
@@ -41,11 +38,22 @@ log = logging.getLogger("broker.retention")
 DELETES_PER_TURN = 32
 
 
-def held_runs(sinks: Any) -> dict[str, MemRun]:
-    """The loop's view of the runs it holds (``{run: sink}`` items): one attribute read per
-    run, and ``quiet()`` stops at the first ``ok`` rank of a live run."""
-    return {run: MemRun(sink.updated_at, sink.finished or sink.quiet())
-            for run, sink in sinks}
+def held_runs(sinks: Any, now: float | None = None, stale_after: float = 0.0
+              ) -> dict[str, MemRun]:
+    """The loop's view of the runs it holds (``(run, sink)`` pairs): a run is ended by its
+    state when its status is ``complete``/``failed``, or no rank is ``ok``. Ranks are looked
+    at (``quiet()``, which stops at the first ``ok`` one) only for a run silent for
+    ``stale_after`` before ``now``: a run with a recent frame has a rank that sent it, and
+    walking every rank of a thousand live runs each pass would cost the loop for nothing
+    (``now`` None: every run's, as at start, where nothing is stale yet and it is cheap)."""
+    horizon = None if now is None else now - stale_after
+    out = {}
+    for run, sink in sinks:
+        updated = sink.updated_at
+        ended = sink.finished or (
+            (horizon is None or updated is None or updated < horizon) and sink.quiet())
+        out[run] = MemRun(updated, ended)
+    return out
 
 
 class DataDirBound:
@@ -54,7 +62,9 @@ class DataDirBound:
     ``--retention-days`` its passes delete nothing but still measure the data dir for
     ``rankboard_data_dir_bytes``."""
 
-    def __init__(self, server: BrokerServer) -> None:
+    def __init__(self, server: Any) -> None:
+        #: the BrokerServer (not imported: it imports this); read: runs, _journal, clock,
+        #: stale_after, retain_bytes, retention_days, retention_interval
         self.server = server
         self._worker: RetentionWorker | None = None
         self._queue: deque[tuple[str, str, float | None, tuple[str, ...], int]] = deque()
@@ -98,7 +108,9 @@ class DataDirBound:
         if worker is None:
             return []
         if mono >= self._next_pass and not self._queue:
-            if worker.submit(held_runs((s.run, s) for s in self.server.runs.sinks())):
+            view = held_runs(((s.run, s) for s in self.server.runs.sinks()),
+                             self.server.clock(), self.server.stale_after)
+            if worker.submit(view):
                 self._next_pass = mono + self.interval
         plan = worker.take()
         if plan is not None:

@@ -18,7 +18,6 @@ from web.metricsranks import RankCollector, select
 from web.scrape import HubView, ScrapeRegistry
 from web.shards import AnyHub
 
-
 #: PROTOCOL 8.4's heartbeat ``journal`` keys that are families of their own, not kinds of
 #: ``rankboard_journal_total`` (``failing`` is /healthz's, not a counter)
 DATA_DIR_KEYS = frozenset({"data_dir_bytes", "runs_deleted_bytes", "runs_deleted_days",

@@ -62,6 +62,7 @@ import time
 from operator import itemgetter
 from typing import Iterable, Union
 
+from broker.journal import writer as _writer
 from broker.journal.codec import (
     FORMAT_VERSION,
     HEADER,
@@ -91,7 +92,6 @@ from broker.journal.datadir import (
 from broker.journal.replay import replay
 from broker.journal.seqfloor import SeqFloor
 from broker.journal.stepblocks import wire_block
-from broker.journal import writer as _writer
 from broker.journal.writer import Handles, RunFile
 from broker.sink import RunSink
 from rank_agent import protocol

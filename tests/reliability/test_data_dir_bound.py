@@ -77,7 +77,7 @@ def _serve(data: Path, **kw: object) -> RunningBroker:
 def _journal_counters(client: FeedClient) -> dict[str, int]:
     hb, _ = client.until(lambda u: isinstance(u, feed.Heartbeat), what="a heartbeat")
     assert isinstance(hb, feed.Heartbeat)
-    return hb.journal
+    return dict(hb.journal)
 
 
 @pytest.mark.parametrize("rule", ["bytes", "days"])

@@ -73,6 +73,8 @@ def test_a_full_disk_keeps_the_run_live_and_the_journal_continues_when_space_ret
     data = small_disk / "data"
     broker, eps = start_broker(spawn, data)
     web = start_web(spawn, eps)
+    port = web.port
+    assert port is not None
     pusher = Pusher(eps.ingest)
     run = "full"
     pad = {f"pad-{i:03d}": (float(i), 1) for i in range(40)}  # bigger entries: pages fill sooner
@@ -80,8 +82,8 @@ def test_a_full_disk_keeps_the_run_live_and_the_journal_continues_when_space_ret
         pusher.register(run, 0, 1)
         for e in range(3):
             pusher.epoch(run, e, 1, scalars=pad)
-        wait_for(lambda: epochs_of(web.port, run) == [0, 1, 2], timeout=60, what="3 epochs")
-        assert get_json(web.port, "/healthz")["journal"] == "ok"
+        wait_for(lambda: epochs_of(port, run) == [0, 1, 2], timeout=60, what="3 epochs")
+        assert get_json(port, "/healthz")["journal"] == "ok"
 
         fill(small_disk / "filler")
         epoch = 3
@@ -90,34 +92,34 @@ def test_a_full_disk_keeps_the_run_live_and_the_journal_continues_when_space_ret
             nonlocal epoch
             pusher.epoch(run, epoch, 1, scalars=pad)  # the run streams on
             epoch += 1
-            health = fetch(web.port, "/healthz")
+            health = fetch(port, "/healthz")
             return health.status == 200 and health.json()["journal"] == "failing"
 
         wait_for(failing, timeout=60, what="/healthz journal failing")
-        body = get_json(web.port, "/healthz")
+        body = get_json(port, "/healthz")
         assert body["ok"] is True and body["shards"][0]["journal"] == "failing"
         while_failing = epoch
         for _ in range(5):
             pusher.epoch(run, epoch, 1, scalars=pad)
             epoch += 1
         # every epoch is live on the web while nothing reaches the disk
-        wait_for(lambda: epochs_of(web.port, run) == list(range(epoch)), timeout=60,
+        wait_for(lambda: epochs_of(port, run) == list(range(epoch)), timeout=60,
                  what="the epochs sent while writes fail, on the web")
-        assert metric(web.port, "rankboard_journal_write_errors_total") > 0
+        assert metric(port, "rankboard_journal_write_errors_total") > 0
 
         os.unlink(small_disk / "filler")  # space returns
-        wait_for(lambda: get_json(web.port, "/healthz")["journal"] == "ok", timeout=60,
+        wait_for(lambda: get_json(port, "/healthz")["journal"] == "ok", timeout=60,
                  what="/healthz journal ok again")
         after = list(range(epoch, epoch + 3))
         for e in after:
             pusher.epoch(run, e, 1, scalars=pad)
         epoch += 3
-        wait_for(lambda: epochs_of(web.port, run)[-3:] == after, timeout=60, what="epochs after")
+        wait_for(lambda: epochs_of(port, run)[-3:] == after, timeout=60, what="epochs after")
         assert broker.stop() == 0
         broker2, _ = start_broker(spawn, data, endpoints=eps)
         # the restarted broker serves what was sent after space returned, and what was
         # sent while writes failed (retried, not lost), with no corrupt entry between
-        wait_for(lambda: epochs_of(web.port, run) == list(range(epoch)), timeout=60,
+        wait_for(lambda: epochs_of(port, run) == list(range(epoch)), timeout=60,
                  what="every epoch after the restart")
         assert while_failing < epoch
         assert "damaged" not in broker2.output("stderr")
