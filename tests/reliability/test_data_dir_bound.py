@@ -18,8 +18,9 @@ from broker.runs import Runs
 from broker.server import BrokerServer
 from rank_agent import protocol as P
 from tests.support.brokers import LOOPBACK_ANY, FeedClient, Pusher, RunningBroker
+from tests.support.http import fetch, get_json
 from tests.support.polling import wait_for
-from tests.support.procs import Proc, start_broker
+from tests.support.procs import Endpoints, Proc, start_broker, start_web
 
 
 def _disk_bytes(path: Path) -> int:
@@ -82,7 +83,7 @@ def _journal_counters(client: FeedClient) -> dict[str, int]:
 
 @pytest.mark.parametrize("rule", ["bytes", "days"])
 def test_while_running_an_ended_run_goes_within_a_pass_and_the_live_one_stays(
-        tmp_path: Path, ctx: zmq.Context, rule: str) -> None:
+        spawn: Callable[..., Proc], tmp_path: Path, ctx: zmq.Context, rule: str) -> None:
     """The bound applied while the broker runs (not only at start): a run that finishes
     is deleted on the next pass (every web sees it evicted), the streaming run is kept
     although it alone exceeds the bound, and the deleted run's next frame starts it afresh."""
@@ -92,11 +93,15 @@ def test_while_running_an_ended_run_goes_within_a_pass_and_the_live_one_stays(
     broker = _serve(data, **kw)
     client = FeedClient(ctx, broker.endpoints["publish"], broker.endpoints["snapshot"])
     pusher = Pusher(broker.endpoints["ingest"])
+    web = start_web(spawn, Endpoints(**broker.endpoints))
+    assert web.port is not None
+    port = web.port
     try:
         client.until(lambda u: isinstance(u, feed.Heartbeat), what="the feed")
         pusher.register("done", 0, 1)
         pusher.epoch("done", 0, 1)
         pusher.send(P.Finish(run="done", rank=0))
+        wait_for(lambda: fetch(port, "/api/runs/done").status == 200, what="done on the web")
         pusher.register("live", 0, 1)
         deadline = time.monotonic() + 60
         epoch = 0
@@ -115,6 +120,9 @@ def test_while_running_an_ended_run_goes_within_a_pass_and_the_live_one_stays(
         assert (data / "runs" / "live.journal").exists()
         snaps, _ = client.snapshot()
         assert [s["run"] for s in snaps] == ["live"]
+        # and the web dropped it, as it drops a run evicted at --max-runs
+        wait_for(lambda: [r["run"] for r in get_json(port, "/api/runs")] == ["live"],
+                 timeout=30, what="the web to drop the deleted run")
         counters = _journal_counters(client)
         assert counters[f"runs_deleted_{rule}"] == 1
         assert counters["data_dir_bytes"] > 0
