@@ -90,6 +90,7 @@ class Handles:
         self.failing: set[str] = set()
         self.probe_failed = False
         self._fail_log_at = -FAIL_LOG_S
+        self._ok_log_at = -FAIL_LOG_S
         self._fail_unlogged = 0
 
     def fd(self, st: RunFile) -> int:
@@ -181,7 +182,10 @@ class Handles:
                         st.run)
             st.missing_frames = 0
         if not self.failing:
-            log.warning("journal: writing works again (%s)", st.path)
+            mono = time.monotonic()
+            if mono - self._ok_log_at >= FAIL_LOG_S:  # (a flapping disk: once a minute)
+                self._ok_log_at = mono
+                log.warning("journal: writing works again (%s)", st.path)
 
     def close(self, st: RunFile, *, sync: bool | None = None) -> None:
         """Close the run's handle; ``sync`` None: fsync if fsyncs are on and it has unsynced
