@@ -32,7 +32,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Mapping
 
 from rank_agent.protocol import valid_run_id
 
@@ -304,7 +304,3 @@ class RetentionWorker:
                 self._busy = False
                 self._done = result
 
-
-def held_view(sinks: Iterable[tuple[str, float | None, bool]]) -> dict[str, MemRun]:
-    """``{run: MemRun}`` from ``(run, updated_at, ended)`` triples (the loop's side)."""
-    return {run: MemRun(updated, ended) for run, updated, ended in sinks}

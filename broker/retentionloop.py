@@ -28,6 +28,7 @@ from broker.retention import (
     interval_from_env,
 )
 from broker.sink import RunSink
+from rank_agent.ratelimit import RateLimitedLog
 
 __all__ = ["DataDirBound", "DELETES_PER_TURN", "held_runs"]
 
@@ -75,6 +76,7 @@ class DataDirBound:
         #: the runs' bytes as of the latest pass, less what it deleted since
         self.data_dir_bytes = 0
         self._live_logged_at = -LIVE_OVER_LOG_S
+        self._rlog = RateLimitedLog(log, 60.0)
 
     @property
     def active(self) -> bool:
@@ -82,7 +84,14 @@ class DataDirBound:
 
     def start_pass(self, journal: Any, sinks: dict[str, RunSink]) -> None:
         """The start pass over the journal's rebuilt ``sinks`` (deleted ones are removed
-        from it), then the worker thread for the passes to come."""
+        from it), then the worker thread for the passes to come. A failure is logged, and
+        the broker starts without the bound rather than not at all."""
+        try:
+            self._start_pass(journal, sinks)
+        except Exception:
+            log.exception("retention: the start pass failed; the data dir is not bounded")
+
+    def _start_pass(self, journal: Any, sinks: dict[str, RunSink]) -> None:
         server = self.server
         self.deleted["days"] += journal.deleted_at_load
         self.interval = (server.retention_interval if server.retention_interval is not None
@@ -103,7 +112,15 @@ class DataDirBound:
     def turn(self, mono: float) -> list[tuple[str, Event]]:
         """The loop's per-tick call: start a pass when due, take a finished one, and apply
         up to :data:`DELETES_PER_TURN` of its deletions. Returns the ``evicted`` events of
-        the held runs it deleted (the server publishes them)."""
+        the held runs it deleted (the server publishes them). Never raises: a bug here must
+        not stop the receive loop (logged, rate-limited)."""
+        try:
+            return self._turn(mono)
+        except Exception:
+            self._rlog.error("turn", "retention: a turn failed", exc_info=True)
+            return []
+
+    def _turn(self, mono: float) -> list[tuple[str, Event]]:
         worker = self._worker
         if worker is None:
             return []
