@@ -538,7 +538,12 @@ class Journal:
             self._write_pending(st)
             if st.buf:
                 self._dirty[st.run] = st
+        self.retry_interval = 0.0  # the last chance: tried now, whenever the last try was
         self.flush()
+        for st in self._files.values():  # PROTOCOL 8.4: what a restart will not find
+            if st.buf_frames or st.missing_frames:
+                log.error("journal: %d frames of run %r could not be written and are missing "
+                          "from disk", st.buf_frames + st.missing_frames, st.run)
         self._handles.close_all()
         self._floor.close()
         self._files.clear()

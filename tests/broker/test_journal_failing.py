@@ -80,3 +80,37 @@ def test_a_dropped_buffer_is_said_in_frames_of_its_run_and_its_ids_stay_reserved
         assert j.load()["r"].seq > issued  # the reservation was kept with the drop
     finally:
         j.close()
+
+
+def test_closing_while_writes_fail_says_what_is_missing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    b = Broker(tmp_path)
+    started(b, ranks=1)
+    runs = _break(tmp_path, b)
+    b.journal.retry_interval = 1.0  # as the server sets it
+    for e in range(5):
+        b.send(Metrics(run="r", rank=0, epoch=e, avg_loss=1.0))
+    caplog.set_level(logging.ERROR, logger="broker.journal.journal")
+    b.close()
+    lines = [r.getMessage() for r in caplog.records if "missing from disk" in r.getMessage()]
+    assert lines == ["journal: 5 frames of run 'r' could not be written and are missing from "
+                     "disk"]
+    _mend(tmp_path, runs)
+
+
+def test_closing_right_after_space_returns_writes_everything(tmp_path: Path) -> None:
+    """The last flush is not held back by the retry interval."""
+    b = Broker(tmp_path)
+    started(b, ranks=1)
+    runs = _break(tmp_path, b)
+    b.journal.retry_interval = 3600.0
+    for e in range(5):
+        b.send(Metrics(run="r", rank=0, epoch=e, avg_loss=1.0))
+    _mend(tmp_path, runs)
+    live = [r["epoch"] for r in b.runs.get("r").records]  # type: ignore[union-attr]
+    b.close()
+    j = Journal(tmp_path)
+    try:
+        assert [r["epoch"] for r in j.load()["r"].records] == live == list(range(5))
+    finally:
+        j.close()
