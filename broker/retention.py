@@ -131,6 +131,7 @@ def scan_runs(runs_dir: str) -> dict[str, DiskRun]:
     sizes: dict[str, int] = {}
     mtimes: dict[str, float] = {}
     paths: dict[str, list[str]] = {}
+    journals: set[str] = set()
     try:
         it = os.scandir(runs_dir)
     except OSError as exc:
@@ -154,10 +155,12 @@ def scan_runs(runs_dir: str) -> dict[str, DiskRun]:
                 continue
             sizes[run] = sizes.get(run, 0) + _disk_bytes(st)
             paths.setdefault(run, []).append(entry.path)
-            if journal or run not in mtimes:
-                # the journal's own mtime wins; a run with only set-aside files uses theirs
-                if journal or st.st_mtime > mtimes.get(run, 0.0):
-                    mtimes[run] = st.st_mtime
+            # the journal's own mtime; a run with only set-aside files: their newest
+            if journal:
+                mtimes[run] = st.st_mtime
+                journals.add(run)
+            elif run not in journals and st.st_mtime > mtimes.get(run, 0.0):
+                mtimes[run] = st.st_mtime
     return {run: DiskRun(run, sizes[run], mtimes[run], tuple(paths[run])) for run in sizes}
 
 

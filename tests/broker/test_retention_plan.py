@@ -102,11 +102,16 @@ def test_scan_groups_a_journal_with_the_files_set_aside_beside_it(tmp_path: Path
     (tmp_path / "r1.journal").write_bytes(b"x" * 5000)
     (tmp_path / "r1.journal.damaged-17").write_bytes(b"y" * 5000)
     (tmp_path / "r2.journal.unreadable-3").write_bytes(b"z" * 10)
+    (tmp_path / "r2.journal.damaged-4").write_bytes(b"z" * 10)
+    os.utime(tmp_path / "r2.journal.unreadable-3", (500.0, 500.0))
+    os.utime(tmp_path / "r2.journal.damaged-4", (700.0, 700.0))
+    os.utime(tmp_path / "r1.journal.damaged-17", (5000.0, 5000.0))
     (tmp_path / "notes.txt").write_bytes(b"ignored")
     (tmp_path / ".probe-x").write_bytes(b"ignored")
     os.utime(tmp_path / "r1.journal", (1000.0, 1000.0))
     got = scan_runs(str(tmp_path))
     assert sorted(got) == ["r1", "r2"]
-    assert len(got["r1"].paths) == 2 and got["r1"].mtime == 1000.0
+    assert len(got["r1"].paths) == 2 and got["r1"].mtime == 1000.0  # the journal's
+    assert len(got["r2"].paths) == 2 and got["r2"].mtime == 700.0  # no journal: the newest
     assert got["r1"].bytes >= 10_000  # bytes on disk: blocks, at least the sizes
     assert scan_runs(str(tmp_path / "missing")) == {}
