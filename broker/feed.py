@@ -112,7 +112,7 @@ class Heartbeat(NamedTuple):
 
 #: The journal's counters a heartbeat carries (``Journal.counters()``, since start).
 JOURNAL_COUNTERS = ("early_flushes", "dropped_bytes", "damaged_entries", "runs_not_loaded",
-                    "write_failures", "unreplayable_entries")
+                    "write_failures", "unreplayable_entries", "failing")
 
 
 class PortUpdate(NamedTuple):

@@ -504,7 +504,19 @@ class Runs:
         except Exception:
             self._rlog.error(("evict", run), "on_evict of run %r failed", run, exc_info=True)
 
-    def _evict(self, run: str, now: float) -> list[Event]:
+    def drop(self, run: str, now: float) -> list[tuple[str, Event]]:
+        """PROTOCOL 8.4: ``run`` was deleted from the data dir; it leaves memory as a
+        ``--max-runs`` eviction does (its ``evicted`` event, which every web drops it on, and
+        ``on_evict``), and a later frame of it starts it afresh. [] when it is not held."""
+        if run not in self._sinks:
+            return []
+        if self._held is not None:
+            self._held.runs.pop(run, None)  # (none between batches, where this is called)
+        if self._mru == run:
+            self._mru = None
+        return [(run, ev) for ev in self._evict(run, now, why="deleted from the data dir")]
+
+    def _evict(self, run: str, now: float, why: str = "the cap") -> list[Event]:
         """Drop ``run`` from memory; returns what it published on leaving
         (:meth:`RunSink.settle`: its steps in flight), noted by ``on_settle``, then its
         ``evicted`` event (the run's next seq)."""
@@ -534,8 +546,8 @@ class Runs:
         while len(self._evicted) > _EVICTED_MEMORY:
             self._evicted.popitem(last=False)
         self._notify_evict(run)
-        log.info("run %r (%s) evicted from memory: %d runs held, the cap", run, sink.status,
-                 len(self._sinks))
+        log.info("run %r (%s) evicted from memory: %d runs held, %s", run, sink.status,
+                 len(self._sinks), why)
         events.append(event)
         return events
 

@@ -39,6 +39,7 @@ import zmq
 from broker import feed
 from broker.events import Event
 from broker.ingest import IngestLoop
+from broker.retentionloop import DataDirBound
 from broker.router import RouterRequests
 from broker.runs import Runs
 from broker.shardgate import ShardGate
@@ -170,6 +171,8 @@ class BrokerServer:
         public_url: str | None = None,
         webhooks: WebhookNotifier | None = None,
         shard: tuple[int, int] = (0, 1),
+        retain_bytes: int | None = None,
+        retention_interval: float | None = None,
     ) -> None:
         if (curve_secret_key is None) != (curve_authorized is None):
             raise ValueError("CURVE needs both a secret key file and an authorized-keys directory")
@@ -238,6 +241,13 @@ class BrokerServer:
                                         self.instance)
         #: the receive loop and its state across batches (broker/ingest.py)
         self._ingest = IngestLoop(self.runs, batch_limit, self._rlog, flood_after=INGEST_RCVHWM)
+        #: PROTOCOL 8.4: ``--retain-bytes`` (None: no bound) and the pass interval (None:
+        #: $RANKBOARD_RETENTION_INTERVAL or broker.retention.DEFAULT_INTERVAL)
+        if retain_bytes is not None and retain_bytes <= 0:
+            raise ValueError("retain_bytes must be > 0")
+        self.retain_bytes = retain_bytes
+        self.retention_interval = retention_interval
+        self._retention = DataDirBound(self)
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -362,7 +372,7 @@ class BrokerServer:
         return keys
 
     def _open_journal(self) -> None:
-        from broker.journal.journal import Journal, JournalError
+        from broker.journal.journal import RETRY_S, Journal, JournalError
 
         assert self.data_dir is not None
         journal = self._journal = Journal(self.data_dir, retention_days=self.retention_days)
@@ -379,6 +389,8 @@ class BrokerServer:
                 where = exc.filename or self.data_dir
                 message = f"cannot use data dir {where}: {exc.strerror or exc}"
             raise DataDirError(getattr(exc, "errno", None) or errno.EIO, message) from None
+        self._retention.start_pass(journal, sinks)  # PROTOCOL 8.4, before any is served
+        journal.retry_interval = RETRY_S
         self.runs.restore(sinks)
         # record + note_seq per frame, not per batch: the journal reserves ids in blocks and
         # a batch may issue more events for one run than half a block.
@@ -430,6 +442,7 @@ class BrokerServer:
             if mono >= next_tick:
                 next_tick = mono + self.poll_interval
                 self._publish_events(self.runs.tick(self.clock()))
+                self._publish_events(self._retention.turn(mono))
             if mono >= next_heartbeat:
                 # Webs learn of a (re)started broker from its heartbeat. The first ones go
                 # out before a web's SUB has reconnected (ZeroMQ's slow joiner) and are lost,
@@ -456,6 +469,7 @@ class BrokerServer:
             self.webhooks.close()
         except Exception:
             log.exception("closing the alert webhooks failed")
+        self._retention.close()
         if self._journal is not None:
             try:
                 self._journal.close()
@@ -548,6 +562,7 @@ class BrokerServer:
         if self._journal is not None:
             jc = self._journal.counters()
             journal = {k: int(jc[k]) for k in feed.JOURNAL_COUNTERS if k in jc}
+            journal.update(self._retention.counters())
         pub.send_multipart(feed.encode_heartbeat(
             self.instance, self.clock(), c["accepted"], c["rejected"], c["runs"], c["late_metrics"],
             c["late_steps"], c["steps_closed"], webhooks_sent=hooks["sent"],

@@ -202,6 +202,12 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
         """True while the run has ended (status complete or failed)."""
         return self.status in ENDED
 
+    def quiet(self) -> bool:
+        """True when no rank is ``ok`` (each finished, failed or stale) and there is one:
+        with :attr:`finished`, PROTOCOL 8.4's "ended" for a run in memory."""
+        ranks = self._ranks
+        return bool(ranks) and not any(st.status == "ok" for st in ranks.values())
+
     def apply(self, frame: Frame, now: float) -> List[Event]:
         """Apply one decoded frame received at ``now``; returns the events it caused (the
         ``resources`` frames a batch held back come in through :meth:`apply_held`).

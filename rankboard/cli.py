@@ -85,6 +85,15 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _size(text: str) -> int:
+    from broker.retention import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _int_range(lo: int, hi: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
@@ -158,8 +167,12 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-runs", type=_int_range(1), default=1000,
                    help="runs held in memory; the oldest finished is evicted (default 1000)")
     p.add_argument("--retention-days", type=_positive_float, default=None,
-                   help="at start, delete finished runs whose last frame is older than this "
-                        "many days (default: keep forever)")
+                   help="delete ended runs whose last frame is older than this many days, "
+                        "at start and every 30 s (fractions allowed; default: keep forever)")
+    p.add_argument("--retain-bytes", type=_size, default=None, metavar="SIZE",
+                   help="bound the runs' files in the data dir: ended runs are deleted, least "
+                        "recently updated first, until they fit (e.g. 500G; K, M, G, T are "
+                        "powers of 1,024; default: no bound; up --shards N: SIZE / N each)")
     p.add_argument("--curve-secret-key", type=Path, default=None,
                    help="broker CURVE secret key file (from `rankboard keys`); "
                         "needs --curve-authorized")

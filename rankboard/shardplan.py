@@ -15,7 +15,8 @@ from typing import Callable
 
 from broker.config import BrokerConfig
 
-__all__ = ["shard_configs", "shift_port", "broker_line", "unsharded_runs_note", "MAX_SHARDS"]
+__all__ = ["shard_configs", "shift_port", "broker_line", "unsharded_runs_note", "MAX_SHARDS",
+           "split_bytes"]
 
 #: ``--shards`` at most (a head node's cores, generously; ports + 3 × K stay in range).
 MAX_SHARDS = 64
@@ -48,8 +49,15 @@ def shard_configs(cfg: BrokerConfig, shards: int) -> list[BrokerConfig]:
         out.append(replace(
             cfg, ingest=shift_port(cfg.ingest, 3 * k), publish=shift_port(cfg.publish, 3 * k),
             snapshot=shift_port(cfg.snapshot, 3 * k), shard=(k, shards),
-            data_dir=cfg.data_dir / f"shard-{k}" if cfg.data_dir is not None else None))
+            data_dir=cfg.data_dir / f"shard-{k}" if cfg.data_dir is not None else None,
+            retain_bytes=split_bytes(cfg.retain_bytes, shards)))
     return out
+
+
+def split_bytes(total: int | None, shards: int) -> int | None:
+    """PROTOCOL 8.4: each of ``shards`` brokers bounds its own data dir by ``total`` ÷ N
+    (whole bytes, at least 1; None: no bound)."""
+    return None if total is None else max(1, total // shards)
 
 
 def broker_line(ingests: list[str], hostname: Callable[[], str] = socket.gethostname) -> str:

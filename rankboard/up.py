@@ -268,6 +268,9 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
         note = unsharded_runs_note(bcfg.data_dir, len(brokers))
         if note:
             say(note)
+        if len(brokers) > 1 and bcfg.retain_bytes is not None:  # PROTOCOL 8.4
+            say(f"--retain-bytes {bcfg.retain_bytes} split evenly: "
+                f"{bcfgs[0].retain_bytes} bytes for each shard's data dir")
         if all("ingest" in child.endpoints for child in brokers):
             say(broker_line([child.endpoints["ingest"] for child in brokers]))
         wcfg = replace(cfg.web, publish=",".join(b.endpoints["publish"] for b in brokers),

@@ -52,3 +52,15 @@ def test_unsharded_runs_are_named_only_when_sharding_hides_them(tmp_path: Path) 
     assert unsharded_runs_note(tmp_path, 1) is None  # one broker serves them
     note = unsharded_runs_note(tmp_path, 3)
     assert note is not None and "holds 1 run(s)" in note and "--shards 3" in note
+
+
+def test_n_shards_split_retain_bytes_evenly() -> None:
+    """PROTOCOL 8.4: each shard's broker bounds its own data dir by SIZE ÷ N."""
+    cfg = BrokerConfig(data_dir=Path("/d"), retain_bytes=3 * 1024 ** 3 + 2)
+    plan = shard_configs(cfg, 3)
+    assert [c.retain_bytes for c in plan] == [1024 ** 3] * 3
+    argv = plan[1].argv()
+    assert argv[argv.index("--retain-bytes") + 1] == str(1024 ** 3)
+    assert [c.retain_bytes for c in shard_configs(BrokerConfig(data_dir=Path("/d")), 2)] == [
+        None, None]
+    assert shard_configs(cfg, 1)[0].retain_bytes == 3 * 1024 ** 3 + 2

@@ -52,7 +52,7 @@ from web.report import render as render_report
 from web.report import shell as report_shell
 from web.runstate import RunState
 from web.scrape import ScrapeRegistry
-from web.shards import AnyHub, shard_states
+from web.shards import AnyHub, journal_states, shard_states
 from web.stacksapi import (
     BadBody,
     RequestGate,
@@ -381,7 +381,12 @@ def index() -> str:
 def healthz() -> Response:
     shards = shard_states(_board().hub)  # PROTOCOL 7.3: by shard, one for one broker
     ok = any(shard["connected"] for shard in shards)
-    return json_response({"ok": ok, "shards": shards}, 200 if ok else 503)
+    # PROTOCOL 8.4: failing while any connected shard's journal is
+    for shard, state in zip(shards, journal_states(_board().hub)):
+        shard["journal"] = state
+    failing = any(s["connected"] and s["journal"] == "failing" for s in shards)
+    return json_response({"ok": ok, "shards": shards, "journal": "failing" if failing else "ok"},
+                         200 if ok else 503)
 
 
 @bp.get("/api/runs/<run>")

@@ -9,7 +9,7 @@ series bounded: :mod:`web.scrape`, :mod:`web.metricsranks` (issue 32, finding 4)
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -17,6 +17,42 @@ from prometheus_client.registry import Collector
 from web.metricsranks import RankCollector, select
 from web.scrape import FrozenRun, HubView, ScrapeRegistry
 from web.shards import AnyHub
+
+#: PROTOCOL 8.4's heartbeat ``journal`` keys that are families of their own, not kinds of
+#: ``rankboard_journal_total`` (``failing`` is /healthz's, not a counter)
+DATA_DIR_KEYS = frozenset({"data_dir_bytes", "runs_deleted_bytes", "runs_deleted_days",
+                           "failing", "retain_bytes"})
+
+
+def _data_dir_families(hb: Any) -> Iterator[Metric]:
+    """PROTOCOL 8.4: ``rankboard_data_dir_bytes``, ``rankboard_journal_write_errors_total``,
+    ``rankboard_runs_deleted_total{reason}`` (a web over shards: summed, as every broker
+    counter is)."""
+    size = GaugeMetricFamily(
+        "rankboard_data_dir_bytes", "The runs' files in the broker's data dir, bytes on disk, "
+        "as of its latest retention pass (--retain-bytes bounds it).")
+    errors = CounterMetricFamily(
+        "rankboard_journal_write_errors", "Journal writes that failed (a full disk, an I/O "
+        "error) since the broker started; each is retried.")
+    deleted = CounterMetricFamily(
+        "rankboard_runs_deleted", "Ended runs deleted from the data dir since the broker "
+        "started, by reason: bytes (--retain-bytes) or days (--retention-days).",
+        labels=["reason"])
+    bound = GaugeMetricFamily(
+        "rankboard_data_dir_retain_bytes", "The broker's --retain-bytes (over shards: the "
+        "sum); no series without one.")
+    if hb is not None:
+        j = hb.journal
+        if "retain_bytes" in j:
+            bound.add_metric([], j["retain_bytes"])
+        size.add_metric([], j.get("data_dir_bytes", 0))
+        errors.add_metric([], j.get("write_failures", 0))
+        deleted.add_metric(["bytes"], j.get("runs_deleted_bytes", 0))
+        deleted.add_metric(["days"], j.get("runs_deleted_days", 0))
+    yield size
+    yield bound
+    yield errors
+    yield deleted
 
 
 class HubCollector(Collector):
@@ -59,7 +95,8 @@ class HubCollector(Collector):
             hooks["failed"].add_metric([], hb.webhooks_failed)
             hooks["dropped"].add_metric([], hb.webhooks_dropped)
             for kind, count in sorted(hb.journal.items()):
-                journal.add_metric([kind], count)
+                if kind not in DATA_DIR_KEYS:
+                    journal.add_metric([kind], count)
             accepted.add_metric([], hb.accepted)
             for reason, count in sorted(hb.rejected.items()):
                 rejected.add_metric([reason], count)
@@ -73,6 +110,7 @@ class HubCollector(Collector):
         yield closed
         yield from hooks.values()
         yield journal
+        yield from _data_dir_families(hb)
 
         steps_done = GaugeMetricFamily(
             "rankboard_run_steps_done", "The last closed step of each run that has one.",

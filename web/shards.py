@@ -282,6 +282,18 @@ def shard_states(hub: AnyHub) -> list[dict[str, Any]]:
     return [{"shard": 0, "connected": hub.connected}]
 
 
+def journal_states(hub: AnyHub) -> list[str]:
+    """PROTOCOL 8.4: each shard's journal, ``"ok"`` or ``"failing"`` (by shard; from its
+    broker's latest heartbeat, which carries ``failing`` while a journal write fails; a
+    broker that has not said, or an older one, is ``"ok"``)."""
+    hubs = hub.hubs if isinstance(hub, ShardedHub) else [hub]
+    out = []
+    for one in hubs:
+        hb = one.heartbeat
+        out.append("failing" if hb is not None and hb.journal.get("failing") else "ok")
+    return out
+
+
 def run_live(hub: AnyHub) -> Optional[Callable[[str], bool]]:
     """The "is this run's shard connected" test of ``POST …/stacks`` (None: one broker,
     where the request itself finds out)."""

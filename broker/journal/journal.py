@@ -60,8 +60,9 @@ import os
 import tempfile
 import time
 from operator import itemgetter
-from typing import Union
+from typing import Iterable, Union
 
+from broker.journal import writer as _writer
 from broker.journal.codec import (
     ENTRY_HEAD,
     FORMAT_VERSION,
@@ -90,6 +91,7 @@ from broker.journal.datadir import (
     take_lock,
 )
 from broker.journal.replay import replay
+from broker.journal.seqfloor import SeqFloor
 from broker.journal.stepblocks import wire_block
 from broker.journal.writer import Handles, RunFile
 from broker.sink import RunSink
@@ -111,6 +113,9 @@ WRITE_BUFFER_BYTES = 16 * 1024 * 1024
 #: kept in memory only (a restart lists the ones journaled before), counted in
 #: ``counters()["stacks_unjournaled"]``.
 MAX_STACKS_BYTES = 64 * 1024 * 1024
+#: While writes fail (PROTOCOL 8.4: a full disk), they are retried at most this often
+#: (seconds), not on every batch, unless WRITE_BUFFER_BYTES are waiting.
+RETRY_S = 1.0
 _time_of = itemgetter(0)  # the receive time of a held sample, ``(now, frame)``
 
 
@@ -173,6 +178,18 @@ class Journal:
         #: runs with a STATE part that changed too soon after its last entry
         #: (``broker/journal/statenotes.py``): written at a later flush, or when they go
         self._state_due: dict[str, tuple[RunFile, RunSink]] = {}
+        #: finished runs deleted at :meth:`load` by ``retention_days`` (PROTOCOL 8.4 counts
+        #: them in rankboard_runs_deleted_total{reason="days"})
+        self.deleted_at_load = 0
+        #: while writes fail, :meth:`flush` tries them again at most once per this many
+        #: seconds (0: on every call; the server sets RETRY_S: a full disk is not retried
+        #: on every batch of its receive loop, PROTOCOL 8.4)
+        self.retry_interval = 0.0
+        self._retry_at = 0.0
+        #: ids issued while writes fail stay below what a restart starts from (SEQFLOOR)
+        self._floor = SeqFloor(self.data_dir)
+        self._floor_due = 0
+        self._floor_all = False
 
     # -- start -------------------------------------------------------------------------
 
@@ -204,6 +221,8 @@ class Journal:
             os.close(self._lock_fd)
             self._lock_fd = None
             raise
+        if self._floor._fd is None:
+            self._floor.open()
         wall = time.time() if now is None else now
         horizon = None if self.retention_days is None else wall - self.retention_days * 86400.0
         sinks: dict[str, RunSink] = {}
@@ -257,6 +276,7 @@ class Journal:
                 os.unlink(path)
         except OSError as exc:
             self._handles.write_failures += 1
+            self._handles.probe_failed = True
             log.error("journal: cannot write run files in %s (%s): runs are kept in memory "
                       "only until it is writable; counted as "
                       "rankboard_journal_total{kind=\"write_failures\"}", self.runs_dir,
@@ -334,6 +354,7 @@ class Journal:
             self._write_pending(st)
             st.started = True
             append_frame(st.buf, now, data)
+            st.buf_frames += 1
             self._dirty[st.run] = st
             return
         elif not st.unchanged.keep(frame, st.started):
@@ -345,6 +366,7 @@ class Journal:
             self._write_pending(st)
         st.started = True
         append_frame(st.buf, now, protocol.encoder.encode(frame))
+        st.buf_frames += 1
         self._dirty[st.run] = st
 
     def note_seq(self, sink: RunSink) -> None:
@@ -379,10 +401,38 @@ class Journal:
             "runs_not_loaded": self.runs_not_loaded,
             "dropped_bytes": self._handles.dropped_bytes,
             "write_failures": self._handles.write_failures,
+            "failing": int(self.failing),
             "step_series_visited": self._visited_gone + sum(
                 st.flight.visited for st in self._files.values()),
             "unreplayable_entries": self.unreplayable_entries,
         }
+
+    @property
+    def failing(self) -> bool:
+        """PROTOCOL 8.4: True while the latest write of some run failed (or, before any
+        write, the start's probe did): ``/healthz`` ``journal: "failing"``."""
+        return bool(self._handles.failing) or self._handles.probe_failed
+
+    def delete_run(self, run: str, paths: Iterable[str]) -> None:
+        """PROTOCOL 8.4: the run is deleted (it left memory first, if it was there): drop
+        what is held for it unwritten, close its handle, and unlink ``paths`` (its journal
+        and the files set aside beside it) and its journal."""
+        st = self._files.pop(run, None)
+        self._dirty.pop(run, None)
+        if st is not None:
+            self._visited_gone += st.flight.visited
+            st.buf.clear()
+            st.pending.clear()
+            self._handles.failing.discard(run)
+            self._handles.close(st, sync=False)
+        journal = self._path(run)
+        for path in {journal, *paths}:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("journal: cannot delete %s: %s", path, exc)
 
     def _grew(self, n: int) -> None:
         """``n`` more bytes are buffered: write everything at once when the buffers pass
@@ -459,6 +509,14 @@ class Journal:
                     del self._state_due[run]
                 if len(st.buf) != n:
                     self._dirty[run] = st
+        if (self.retry_interval and self._dirty and self.failing
+                and self._buffered <= _writer._MAX_BUFFER):
+            mono = time.monotonic()
+            if mono < self._retry_at:  # PROTOCOL 8.4: retried, not on every batch
+                self._flush_at = self._buffered + WRITE_BUFFER_BYTES
+                self._note_floor()
+                return
+            self._retry_at = mono + self.retry_interval
         if self._dirty:
             dirty, self._dirty = self._dirty, {}
             for st in dirty.values():
@@ -468,7 +526,21 @@ class Journal:
                         self._dirty[st.run] = st
         self._buffered = sum(len(st.buf) for st in self._dirty.values())
         self._flush_at = self._buffered + WRITE_BUFFER_BYTES
+        self._note_floor()
         self._handles.sync_due()
+
+    def _note_floor(self) -> None:
+        """While writes fail, the highest reservation of any run goes to SEQFLOOR (written
+        in place, before the ids it covers are published): see broker/journal/seqfloor.py."""
+        if not self._handles.failing:
+            self._floor_all = False
+            return
+        if not self._floor_all:  # writes just began to fail: every run's reservation
+            self._floor_all = True
+            for st in self._files.values():
+                if st.seq_hi > self._floor_due:
+                    self._floor_due = st.seq_hi
+        self._floor.raise_to(self._floor_due)
 
     def forget(self, run: str) -> None:
         """The run left memory: write what is held for it and close its handle (the file
@@ -485,8 +557,9 @@ class Journal:
         if st.buf:
             self._handles.write(st)
             if st.buf:
-                log.error("journal: run %r left memory with %d bytes unwritten", run,
-                          len(st.buf))
+                log.error("journal: run %r left memory with %d bytes (%d frames) unwritten",
+                          run, len(st.buf), st.buf_frames)
+        self._handles.failing.discard(run)
         self._handles.close(st)
 
     def close(self) -> None:
@@ -501,8 +574,14 @@ class Journal:
             self._write_pending(st)
             if st.buf:
                 self._dirty[st.run] = st
+        self.retry_interval = 0.0  # the last chance: tried now, whenever the last try was
         self.flush()
+        for st in self._files.values():  # PROTOCOL 8.4: what a restart will not find
+            if st.buf_frames or st.missing_frames:
+                log.error("journal: %d frames of run %r could not be written and are missing "
+                          "from disk", st.buf_frames + st.missing_frames, st.run)
         self._handles.close_all()
+        self._floor.close()
         self._files.clear()
         self._dirty.clear()
         if self._lock_fd is not None:
@@ -546,6 +625,7 @@ class Journal:
         encode = protocol.encoder.encode
         for t, frame in held:
             append_frame(st.buf, t, encode(frame))
+        st.buf_frames += len(held)
         st.started = True
         self._dirty[st.run] = st
 
@@ -553,6 +633,8 @@ class Journal:
         st.seq_hi = seq + self.seq_block
         st.buf += entry(SEQ.pack(KIND_SEQ_HI, st.seq_hi))
         self._dirty[st.run] = st
+        if st.seq_hi > self._floor_due and self._handles.failing:
+            self._floor_due = st.seq_hi  # (SEQFLOOR: written by the flush before any use)
 
     # -- internals: loading ------------------------------------------------------------
 
@@ -635,6 +717,7 @@ class Journal:
             log.info("journal: deleting finished run %r (last frame %.0f s ago)", run,
                      time.time() - got.last_time)
             remove(path)
+            self.deleted_at_load += 1
             return None
 
         st = RunFile(run, path)
@@ -647,6 +730,8 @@ class Journal:
         st.stacks_bytes = got.stacks_bytes
         st.flight.published = sink.steps_published
         st.state.loaded(sink)
+        if sink.seq < self._floor.value:  # ids issued while writes failed (SEQFLOOR)
+            sink.seq = self._floor.value
         if problem is not None:
             self._handles.truncate(st)
         self._files[run] = st

@@ -13,7 +13,7 @@ import os
 import time
 from collections import OrderedDict
 
-from broker.journal.codec import HEADER
+from broker.journal.codec import HEADER, KIND_SEQ_HI, SEQ, entry
 from broker.journal.datadir import write_all
 from broker.journal.noops import Unchanged
 from broker.journal.statenotes import StateNotes
@@ -27,6 +27,9 @@ log = logging.getLogger("broker.journal.journal")
 #: While writes fail, a run's buffer is dropped (logged) once it, or all runs' buffers
 #: together, hold more than this (bounded memory on a full or read-only disk).
 _MAX_BUFFER = 64 * 1024 * 1024
+#: Failed writes are logged at most once per this many seconds (PROTOCOL 8.4), with the
+#: count since the last line: a full disk fails every run's write on every retry.
+FAIL_LOG_S = 60.0
 
 
 class RunFile:
@@ -35,7 +38,8 @@ class RunFile:
     __slots__ = (
         "run", "path", "fd", "buf", "size", "pending", "started", "seq_hi",
         "noted_records", "noted_complete", "noted_seq", "track_records", "write_failed",
-        "noted_steps", "unchanged", "flight", "stacks_bytes", "state",
+        "noted_steps", "unchanged", "flight", "stacks_bytes", "state", "buf_frames",
+        "missing_frames",
     )
 
     def __init__(self, run: str, path: str) -> None:
@@ -62,6 +66,10 @@ class RunFile:
         self.flight = StepBlocks()  # what its STEPS blocks were written from
         self.stacks_bytes = 0  # bytes of ``stacks`` frames in the file (MAX_STACKS_BYTES)
         self.state = StateNotes()  # what the file holds of the run's STATE parts (8.5)
+        #: frames in ``buf`` (PROTOCOL 8.4: what a dropped buffer cost is said in frames)
+        self.buf_frames = 0
+        #: frames of this run dropped unwritten while writes failed (logged when they work)
+        self.missing_frames = 0
 
 
 class Handles:
@@ -80,6 +88,13 @@ class Handles:
         #: writes (of one run's buffer) that failed: a read-only or full data dir shows on
         #: /metrics, not only in the log
         self.write_failures = 0
+        #: PROTOCOL 8.4: runs whose latest write failed (the journal is "failing" while any
+        #: is, or while ``probe_failed``), and the failures not yet logged (once a minute)
+        self.failing: set[str] = set()
+        self.probe_failed = False
+        self._fail_log_at = -FAIL_LOG_S
+        self._ok_log_at = -FAIL_LOG_S
+        self._fail_unlogged = 0
 
     def fd(self, st: RunFile) -> int:
         if st.fd is not None:
@@ -119,26 +134,61 @@ class Handles:
             assert st.size is not None
             write_all(fd, st.buf, st.size)
         except OSError as exc:
-            self.write_failures += 1
-            if not st.write_failed:
-                log.error("journal: cannot write %s: %s (will retry)", st.path, exc)
-            st.write_failed = True
-            if st.fd is not None and st.size is not None:
-                try:
-                    os.ftruncate(st.fd, st.size)
-                except OSError:
-                    pass
-            if len(st.buf) > _MAX_BUFFER or total_buffered > _MAX_BUFFER:
-                log.error("journal: dropping %d buffered bytes of run %r", len(st.buf), st.run)
-                self.dropped_bytes += len(st.buf)
-                st.buf.clear()
+            self._failed(st, exc, total_buffered)
             return
         if st.write_failed:
-            log.warning("journal: writing %s works again", st.path)
-            st.write_failed = False
+            self._works_again(st)
         st.size += len(st.buf)
         st.buf.clear()
+        st.buf_frames = 0
+        self.probe_failed = False
         self._unsynced[st.run] = st
+
+    def _failed(self, st: RunFile, exc: OSError, total_buffered: int) -> None:
+        """A write of ``st``'s buffer failed: counted, logged at most once a minute, cut back
+        to the last entry boundary, the buffer kept for the next try (dropped, and its
+        frames counted as missing, beyond :data:`_MAX_BUFFER`)."""
+        self.write_failures += 1
+        self._fail_unlogged += 1
+        st.write_failed = True
+        self.failing.add(st.run)
+        mono = time.monotonic()
+        if mono - self._fail_log_at >= FAIL_LOG_S:
+            log.error("journal: cannot write %s: %s (%d failed writes since the last line, "
+                      "%d runs failing; runs stay in memory and on every stream; retrying)",
+                      st.path, exc.strerror or exc, self._fail_unlogged, len(self.failing))
+            self._fail_log_at = mono
+            self._fail_unlogged = 0
+        if st.fd is not None and st.size is not None:
+            try:
+                os.ftruncate(st.fd, st.size)
+            except OSError:
+                pass
+        if len(st.buf) > _MAX_BUFFER or total_buffered > _MAX_BUFFER:
+            log.error("journal: dropping %d buffered bytes (%d frames) of run %r: the disk "
+                      "has refused them too long", len(st.buf), st.buf_frames, st.run)
+            self.dropped_bytes += len(st.buf)
+            st.missing_frames += st.buf_frames
+            st.buf_frames = 0
+            st.buf.clear()
+            if st.seq_hi:
+                # the reservation is kept (PROTOCOL 8.5): ids issued while writes failed
+                # stay below what a restart starts from, once this is written
+                st.buf += entry(SEQ.pack(KIND_SEQ_HI, st.seq_hi))
+
+    def _works_again(self, st: RunFile) -> None:
+        st.write_failed = False
+        self.failing.discard(st.run)
+        if st.missing_frames:
+            log.warning("journal: writing %s works again; %d frames of run %r are missing "
+                        "from disk (dropped while writes failed)", st.path, st.missing_frames,
+                        st.run)
+            st.missing_frames = 0
+        if not self.failing:
+            mono = time.monotonic()
+            if mono - self._ok_log_at >= FAIL_LOG_S:  # (a flapping disk: once a minute)
+                self._ok_log_at = mono
+                log.warning("journal: writing works again (%s)", st.path)
 
     def close(self, st: RunFile, *, sync: bool | None = None) -> None:
         """Close the run's handle; ``sync`` None: fsync if fsyncs are on and it has unsynced

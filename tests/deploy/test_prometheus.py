@@ -41,6 +41,7 @@ def test_example_config_check(tmp_path: Path) -> None:
         config.replace("/etc/prometheus/rankboard.token", str(token)))
     shutil.copy(PROM / "rankboard.rules.yml", tmp_path)
     shutil.copy(PROM / "rankboard-gpu.rules.yml", tmp_path)
+    shutil.copy(PROM / "rankboard-datadir.rules.yml", tmp_path)
     out = run(promtool, "check", "config", "prometheus.yml", cwd=tmp_path)
     assert "SUCCESS" in out
 

@@ -69,7 +69,8 @@ def test_three_shards_a_wrong_rank_a_sigkill_and_a_return(
     stream: SSEClient | None = None
     try:
         wait_for(lambda: fetch(port, "/healthz").json() == {"ok": True, "shards": [
-            {"shard": k, "connected": True} for k in range(N)]}, what="every shard connected")
+            {"shard": k, "connected": True, "journal": "ok"} for k in range(N)],
+            "journal": "ok"}, what="every shard connected")
         # the ranks are given the list: each reaches its run's own shard
         broker_list = ",".join(e.ingest for _, e in brokers)
         # the control channels follow the shard too: the same position of the publish list
@@ -115,7 +116,7 @@ def test_three_shards_a_wrong_rank_a_sigkill_and_a_return(
         killed, eps1 = brokers[1]
         killed.stop(signal.SIGKILL)
         wait_for(lambda: fetch(port, "/healthz").json()["shards"][1] == {
-            "shard": 1, "connected": False}, what="shard 1 seen gone")
+            "shard": 1, "connected": False, "journal": "ok"}, what="shard 1 seen gone")
         assert fetch(port, "/healthz").status == 200
         assert _metric(port, "rankboard_shard_connected") == {
             '{shard="0"}': 1.0, '{shard="1"}': 0.0, '{shard="2"}': 1.0}
@@ -164,16 +165,21 @@ def test_up_shards_starts_n_brokers_and_one_web(spawn: Callable[..., Proc],
                                                tmp_path: Path) -> None:
     up = spawn("up", "--shards", "2", "--ingest", "tcp://127.0.0.1:*", "--publish",
                "tcp://127.0.0.1:*", "--snapshot", "tcp://127.0.0.1:*",
-               "--data-dir", str(tmp_path), "--port", "0", "--host", "127.0.0.1")
+               "--data-dir", str(tmp_path), "--port", "0", "--host", "127.0.0.1",
+               "--retain-bytes", "1G")
     try:
         up.wait_line(r"^shard 0/2$")
         up.wait_line(r"^shard 1/2$")
+        # PROTOCOL 8.4: each shard bounds its own data dir by SIZE / N, and up says so
+        up.wait_line(r"^--retain-bytes 1073741824 split evenly: 536870912 bytes for each "
+                     r"shard's data dir$")
         line = up.wait_line(r"^RANKBOARD_BROKER=(\S+)$").group(1)
         ingests = line.split(",")
         assert len(ingests) == 2 and ingests[0] != ingests[1]
         port = up.wait_dashboard()
         wait_for(lambda: fetch(port, "/healthz").json() == {"ok": True, "shards": [
-            {"shard": 0, "connected": True}, {"shard": 1, "connected": True}]},
+            {"shard": 0, "connected": True, "journal": "ok"},
+            {"shard": 1, "connected": True, "journal": "ok"}], "journal": "ok"},
             what="both shards connected")
         runs = [next(r for r in (f"up-{i}" for i in range(64)) if shard_of(r, 2) == k)
                 for k in range(2)]
@@ -223,7 +229,8 @@ def test_a_worker_pool_follows_every_shard(spawn: Callable[..., Proc], tmp_path:
                 "--host", "127.0.0.1", "--port", "0", "--workers", "2")
     try:
         port = web.wait_dashboard(timeout=60)
-        both = [{"shard": 0, "connected": True}, {"shard": 1, "connected": True}]
+        both = [{"shard": 0, "connected": True, "journal": "ok"},
+                {"shard": 1, "connected": True, "journal": "ok"}]
         for _ in range(4):  # the kernel spreads the connections over the workers
             wait_for(lambda: fetch(port, "/healthz").json()["shards"] == both,
                      what="a worker connected to both shards")

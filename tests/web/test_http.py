@@ -136,7 +136,8 @@ def test_page_and_static(web: Any) -> None:
 
 def test_healthz_and_metrics(web: Any, pusher: Pusher) -> None:
     r = fetch(web.port, "/healthz")
-    assert r.status == 200 and r.json() == {"ok": True, "shards": [{"shard": 0, "connected": True}]}
+    assert r.status == 200 and r.json() == {"ok": True, "shards": [
+        {"shard": 0, "connected": True, "journal": "ok"}], "journal": "ok"}
     pusher.sock.send(b"\xc1 not msgpack")
     pusher.register("m", 0, 1, host="h0")
     pusher.send(protocol.Resources(run="m", rank=0, sample=protocol.ResourceSample(
@@ -169,7 +170,8 @@ def test_healthz_503_until_a_late_broker_comes_up(spawn: Any, tmp_path: Any) -> 
 
     web = start_web(spawn, Nowhere(), healthy=False)
     r = fetch(web.port, "/healthz")
-    assert r.status == 503 and r.json() == {"ok": False, "shards": [{"shard": 0, "connected": False}]}
+    assert r.status == 503 and r.json() == {"ok": False, "shards": [
+        {"shard": 0, "connected": False, "journal": "ok"}], "journal": "ok"}
     assert fetch(web.port, "/api/runs").json() == []
 
     late = Broker(tmp_path / "data", {"ingest": "tcp://127.0.0.1:*", "publish": Nowhere.publish,
