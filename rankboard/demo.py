@@ -10,7 +10,11 @@ each ``--ranks`` processes spread over ``--hosts`` simulated hosts (``node-a``, 
   reading a simulated GPU (:mod:`rankboard.demogpu`: one throttles thermally for a while,
   another reports an XID, so the GPU health panels and alerts have something to show),
   and logs plausible loss/accuracy curves with noise per epoch (the last rank is a bit
-  slower, as real clusters have a straggler);
+  slower, as real clusters have a straggler); at its next-to-last epoch rank 1 runs out of
+  GPU memory (a ``torch.OutOfMemoryError``) and the others fail after it in the gradients'
+  all-reduce (``torch.distributed.DistBackendError``), each sending its exception with its
+  ``finish`` as a real job's agent does, so the board leads with the rank that failed first
+  (PROTOCOL 8.2);
 * the **step job** (``--mode steps``): one epoch of optimizer steps at about 10 steps/s
   (registered with ``total_steps``, so the page counts "step s/total" with an ETA),
   each logged with the real :meth:`RankAgent.log_step` (loss, lr, grad_norm, samples and
@@ -29,6 +33,10 @@ each ``--ranks`` processes spread over ``--hosts`` simulated hosts (``node-a``, 
   synchronous, as under DDP: a rank's step ends when the slowest rank's does (a shared
   counter file, :mod:`rankboard.democlock`), so the ranks step together, their step times
   are alike and the slow rank shows as slow in its data wait, as a real input-bound rank does.
+  Its ranks carry a simulated Flight Recorder (:mod:`rankboard.demofr`), so the hang is also
+  named from the same wire a real job uses ("rank 1 has not entered nccl:all_reduce #k"), and
+  they mark ``grad_norm`` replicated: from 70 % of the steps on, the rank whose GPU reports
+  an XID computes a gradient norm 3 % off the others' (silent data corruption, PROTOCOL 8.3).
 
 This module imports nothing heavy at import time: rank processes load only rank_agent. It
 sits in ``rankboard/`` beside ``up`` because it drives the whole stack (agents, broker, web).
@@ -52,7 +60,7 @@ from typing import Any, Sequence
 from rankboard.democlock import StepClock
 from rankboard.democlock import create as create_clock
 from rankboard.demofr import SimulatedRecorder, use_simulated_recorder
-from rankboard.demogpu import use_simulated_gpu
+from rankboard.demogpu import roles, use_simulated_gpu
 from rankboard.process import child_command, terminate
 
 log = logging.getLogger(__name__)
@@ -136,6 +144,61 @@ def curves(epoch: int, epochs: int, rank: int, rng: random.Random) -> tuple[floa
     return max(0.0, loss), accuracy
 
 
+class OutOfMemoryError(RuntimeError):
+    """The demo's simulated CUDA out-of-memory error, named as torch names its own
+    (``torch.OutOfMemoryError``) so the board reads as it does for a real job."""
+
+
+class DistBackendError(RuntimeError):
+    """What the other ranks of a real NCCL job raise once a peer died mid-collective,
+    named as torch names it (``torch.distributed.DistBackendError``)."""
+
+
+OutOfMemoryError.__module__ = "torch"
+DistBackendError.__module__ = "torch.distributed"
+
+#: The epoch job's failure: how long the surviving ranks wait in the collective the failed
+#: rank never joins before their communicator gives up (a real NCCL watchdog waits minutes).
+PEER_TIMEOUT = 1.5
+
+
+def failure_plan(world_size: int, epochs: int) -> tuple[int, int]:
+    """(the rank that runs out of memory, the epoch it does so at) in the epoch job: rank 1
+    (rank 0 on one rank), at the next-to-last epoch (the last on one or two epochs), so the
+    run has curves before it dies."""
+    return (1 if world_size > 1 else 0), min(epochs - 1, max(1, epochs - 2))
+
+
+def allocate_activations(epoch: int, rank: int) -> None:
+    """Rank ``rank``'s activations of a batch too large for its GPU (simulated)."""
+    raise OutOfMemoryError(
+        f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU {rank % 8} has a total capacity "
+        f"of 79.10 GiB of which 1.21 GiB is free. Of the allocated memory 75.32 GiB is "
+        f"allocated by PyTorch, and 1.87 GiB is reserved by PyTorch but unallocated "
+        f"(epoch {epoch}; simulated by rankboard demo)")
+
+
+def forward(epoch: int, rank: int) -> None:
+    allocate_activations(epoch, rank)
+
+
+def all_reduce_gradients(rank: int, failed: int) -> None:
+    """The surviving ranks' collective: the failed rank never joins it, and after
+    :data:`PEER_TIMEOUT` the communicator is aborted (simulated)."""
+    time.sleep(PEER_TIMEOUT)
+    raise DistBackendError(
+        f"[Rank {rank}] NCCL communicator was aborted: rank {failed} closed its connection "
+        f"(ncclRemoteError: Connection closed by remote peer; simulated by rankboard demo)")
+
+
+def failing_epoch(rank: int, failed: int, epoch: int) -> None:
+    """The epoch job's failing epoch (PROTOCOL 8.2): ``failed`` runs out of memory in its
+    forward pass; the others then fail in the gradients' all-reduce, later."""
+    if rank == failed:
+        forward(epoch, rank)
+    all_reduce_gradients(rank, failed)
+
+
 # ----------------------------------------------------------------- one rank process
 def run_rank(ns: argparse.Namespace) -> int:
     from rank_agent import RankAgent
@@ -158,9 +221,18 @@ def run_rank(ns: argparse.Namespace) -> int:
         use_simulated_gpu(agent, ns.world_size, seed=f"{ns.run}:{ns.rank}", hosts=ns.hosts)
         agent.set_hardware()
         agent.start_sampling(interval=max(0.5, min(2.0, ns.epoch_seconds / 2)))
+        failed, fail_at = failure_plan(ns.world_size, ns.epochs)
         for epoch in range(ns.epochs):
             started = time.monotonic()
             time.sleep(ns.epoch_seconds * slow * (1.0 + rng.uniform(-0.05, 0.05)))
+            if epoch == fail_at:
+                try:
+                    failing_epoch(ns.rank, failed, epoch)
+                except (OutOfMemoryError, DistBackendError) as exc:
+                    # the board names the first failure from this (8.2); no traceback on
+                    # the demo's console, whose output is the dashboard's URL and its log
+                    agent.finish(error=exc)
+                    return 1
             ms = (time.monotonic() - started) * 1000.0
             loss, accuracy = curves(epoch, ns.epochs, ns.rank, rng)
             lr = 3e-4 * 0.5 * (1.0 + math.cos(math.pi * epoch / ns.epochs))
@@ -173,16 +245,30 @@ def run_rank(ns: argparse.Namespace) -> int:
     return 0
 
 
-def step_curves(step: int, steps: int, rank: int, rng: random.Random) -> dict[str, float]:
+#: The step job's replica that disagrees (PROTOCOL 8.3): from this share of its steps on,
+#: the rank whose GPU reports an XID computes a gradient norm off by this much (silent data
+#: corruption on a failing GPU).
+DIVERGE_AT = 0.7
+DIVERGE_BY = 0.03
+
+
+def step_curves(step: int, steps: int, rank: int, rng: random.Random,
+                run: str = "", diverging: int = -1) -> dict[str, float]:
     """loss, lr and grad_norm of one rank at one optimizer step: warmup then cosine decay of
-    the learning rate, a loss that falls fast then slowly, noisy gradient norms."""
+    the learning rate, a loss that falls fast then slowly (each rank's own: its local loss),
+    and a gradient norm after the all-reduce, the same on every rank (seeded by the run and
+    the step: the replicated metric), except on ``diverging`` from :data:`DIVERGE_AT` of the
+    steps on."""
     progress = step / max(1, steps - 1)
     warm = max(1, steps // 20)
     lr = 3e-4 * (step + 1) / warm if step < warm else \
         3e-4 * 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
     loss = 2.4 * math.exp(-3.0 * progress) + 0.35 + 0.02 * math.sin(rank * 1.3)
     loss *= 1.0 + rng.gauss(0.0, 0.04)
-    grad_norm = abs(1.2 * math.exp(-1.5 * progress) + 0.3 + rng.gauss(0.0, 0.12))
+    shared = random.Random(f"{run}:grad_norm:{step}")  # the all-reduced gradients' norm
+    grad_norm = abs(1.2 * math.exp(-1.5 * progress) + 0.3 + shared.gauss(0.0, 0.12))
+    if rank == diverging and step >= DIVERGE_AT * steps:
+        grad_norm *= 1.0 + DIVERGE_BY
     return {"loss": max(0.0, loss), "lr": lr, "grad_norm": grad_norm}
 
 
@@ -237,12 +323,15 @@ def run_steps(ns: argparse.Namespace) -> int:
     agent = RankAgent(broker=ns.broker, run=ns.run, rank=ns.rank, world_size=ns.world_size,
                       local_rank=ns.local_rank, host=ns.host, label=ns.label,
                       stall_after=STALL_AFTER if ns.barrier else None,
-                      total_steps=ns.steps)  # "step s/total" and the ETA (8.5)
+                      total_steps=ns.steps,  # "step s/total" and the ETA (8.5)
+                      replicated=["grad_norm"])  # the same on every rank: checked (8.3)
     loader = DataLoader(ns.stall_seconds, ns.barrier) if ns.barrier else None
     clock = StepClock(ns.clock, ns.rank, ns.world_size) if ns.clock else None
     # what a real DDP job's Flight Recorder holds: one gradient all-reduce a step (7.2)
     recorder = SimulatedRecorder(ns.world_size)
     use_simulated_recorder(recorder)
+    # the replica that disagrees: the rank whose GPU reports an XID (a failing GPU)
+    diverging = roles(ns.world_size, ns.hosts)[1] if ns.world_size > 2 else -1
     try:
         agent.register(port=ns.port, total_epochs=1)
         if ns.rank == 0:
@@ -275,7 +364,7 @@ def run_steps(ns: argparse.Namespace) -> int:
             recorder.complete(step + 1)
             if clock is not None or step == ns.stall_at:
                 next_at = time.monotonic()
-            values = step_curves(step, ns.steps, ns.rank, rng)
+            values = step_curves(step, ns.steps, ns.rank, rng, ns.run, diverging)
             losses.append(values["loss"])
             agent.log_step(step, values, samples=STEP_BATCH, tokens=STEP_BATCH * SEQ_LEN)
         ms = (time.monotonic() - started) * 1000.0

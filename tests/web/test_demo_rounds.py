@@ -1,6 +1,6 @@
 """``rankboard demo --rounds 1 --data-dir DIR``: one round of each job, each run labelled,
 then no new run while the dashboard stays up; the runs stay in DIR, so ``rankboard export``
-finds them after the demo."""
+finds them after the demo. The epoch job's run fails, its first failure named (8.2)."""
 from __future__ import annotations
 
 import signal
@@ -25,7 +25,16 @@ def test_one_round_then_no_new_run_and_the_runs_export(spawn: Any, tmp_path: Pat
     wait_for(both_done, timeout=90, what="both jobs' one round")
     runs = get_json(port, "/api/runs")
     assert sorted(r["label"] for r in runs) == ["demo steps · round 1", "demo-cnn · demo epochs · round 1"]
-    assert all(r["status"] == "complete" for r in runs)
+    by_label = {r["label"]: r for r in runs}
+    # the epoch job fails every round: rank 1 runs out of memory first, rank 0 after it in
+    # the collective (8.2); the step job completes
+    assert by_label["demo steps · round 1"]["status"] == "complete"
+    epoch_run = by_label["demo-cnn · demo epochs · round 1"]
+    assert epoch_run["status"] == "failed"
+    failure = get_json(port, f"/api/runs/{epoch_run['run']}")["failure"]
+    assert (failure["first"]["rank"], failure["first"]["type"]) == (1, "torch.OutOfMemoryError")
+    assert [(g["type"], g["ranks"]) for g in failure["groups"]] == [
+        ("torch.OutOfMemoryError", [1]), ("torch.distributed.DistBackendError", [0])]
     assert demo.stop(signal.SIGINT, timeout=20) == 0
     assert "Traceback" not in demo.output()
     for r in runs:

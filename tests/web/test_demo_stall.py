@@ -77,6 +77,15 @@ def test_demo_step_run_stalls_groups_answers_and_recovers(spawn: Any) -> None:
         return all(r["status"] in ("ok", "finished") for r in ranks) and not stall
 
     wait_for(recovered, timeout=40, what="the demo ranks to recover")
+
+    # later in the run, rank 2 (its GPU reports an XID) computes a grad_norm 3 % off the
+    # others': a replica that disagrees, named as silent data corruption is (8.3)
+    def diverged() -> Any:
+        found = get_json(port, f"/api/runs/{run}")["replica_divergence"]
+        return found or None
+    [entry] = wait_for(diverged, timeout=60, what="the demo's replica divergence")
+    assert (entry["metric"], entry["ranks"]) == ("grad_norm", [2])
+    assert entry["majority"] is not None
     assert fetch(port, "/healthz").status == 200
     assert demo.stop(signal.SIGINT, timeout=20) == 0
     assert "Traceback" not in demo.output()
