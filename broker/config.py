@@ -54,6 +54,8 @@ class BrokerConfig:
     public_url: str | None = None
     #: ``--shard K/N`` (PROTOCOL 7.3): this broker owns the runs whose id hashes to K of N
     shard: tuple[int, int] = (0, 1)
+    #: ``--control-secret-file`` (rank_agent/controlauth.py): None = ``<data dir>/control.secret``
+    control_secret_file: Path | None = None
 
     def argv(self) -> list[str]:
         """``broker --ingest ...``: the arguments that make a child process this broker."""
@@ -77,6 +79,8 @@ class BrokerConfig:
             cmd += ["--public-url", self.public_url]
         if self.shard != (0, 1):
             cmd += ["--shard", f"{self.shard[0]}/{self.shard[1]}"]
+        if self.control_secret_file is not None:
+            cmd += ["--control-secret-file", str(self.control_secret_file)]
         # never the webhook URLs: see child_env()
         return cmd + ["--log-level", self.log_level]
 
@@ -104,4 +108,5 @@ class BrokerConfig:
             alert_repeat=self.alert_repeat,
             public_url=self.public_url,
             shard=self.shard,
+            control_secret_file=self.control_secret_file,
         )

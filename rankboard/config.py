@@ -71,7 +71,8 @@ def _broker(args: argparse.Namespace) -> BrokerConfig:
         curve_authorized=args.curve_authorized,
         curve_web_authorized=args.curve_web_authorized, log_level=log_level(args),
         alert_webhooks=tuple(args.alert_webhook), alert_repeat=args.alert_repeat,
-        public_url=args.public_url, shard=getattr(args, "shard", (0, 1)))
+        public_url=args.public_url, shard=getattr(args, "shard", (0, 1)),
+        control_secret_file=getattr(args, "control_secret_file", None))
 
 
 def _web(args: argparse.Namespace, *, with_broker: bool) -> WebConfig:
