@@ -285,7 +285,7 @@ class BrokerServer:
         dumps (issue 38 finding 6, :mod:`rank_agent.controlauth`), and say the control
         channel's trust model in one line. :class:`StartError` for a file that cannot be
         used: the agents may already read it, so it is never replaced."""
-        from rank_agent.controlauth import SecretError, broker_secret
+        from rank_agent.controlauth import SecretError, broker_secret, trust_summary
 
         path = self.control_secret_file
         if path is None and self.data_dir is not None:
@@ -301,10 +301,8 @@ class BrokerServer:
         except SecretError as exc:
             raise StartError(errno.EINVAL, str(exc)) from None
         self._requests.control_key = key
-        log.info("control channel: requests for dumps signed with %s%s; ranks that read it "
-                 "(RANKBOARD_CONTROL_SECRET_FILE, default ~/.local/state/rankboard/"
-                 "control.secret) obey only this broker, others anyone on this host who binds "
-                 "%s", path, " (created)" if created else "", publish)
+        log.info("control channel: requests for dumps signed with %s%s: %s", path,
+                 " (created)" if created else "", trust_summary(path, publish))
 
     def _bind_sockets(self) -> None:
         if self._own_context:

@@ -64,6 +64,7 @@ __all__ = [
     "agent_secret",
     "broker_secret",
     "sign_request",
+    "trust_summary",
     "Verifier",
 ]
 
@@ -196,6 +197,17 @@ def broker_secret(path: Path) -> Tuple[bytes, bool]:
             except OSError:
                 pass
     return read_secret(path), created
+
+
+def trust_summary(path: Path, publish: str, env: Optional[Mapping[str, str]] = None) -> str:
+    """Who obeys whom, for the broker's and ``rankboard up``'s line at start: the ranks that
+    read the secret at ``path`` (by default, when it is the default data dir's) and the
+    others (``publish``: the endpoints a squatter would bind)."""
+    own = path.expanduser().absolute() == default_secret_file(env).absolute()
+    who = (f"ranks of this user on this host read {path} by default and" if own
+           else f"ranks given {SECRET_FILE_ENV}={path}")
+    return (f"{who} obey only this broker; any other rank obeys whatever process on this "
+            f"host binds {publish} (CURVE aside)")
 
 
 def _mac(key: bytes, topic: bytes, signed: bytes) -> bytes:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import BrokerConfig, default_data_dir
-from rank_agent.controlauth import SECRET_FILE_ENV, SECRET_FILE_NAME, default_secret_file
+from rank_agent.controlauth import SECRET_FILE_NAME, trust_summary
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
 from rankboard.config import DemoConfig, UpConfig
 from rankboard.process import PARENT_ENV, child_command, terminate
@@ -327,11 +327,7 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
 def control_line(secret_file: Path, publishes: list[str]) -> str:
     """The control channel's trust model in one line (issue 38 finding 6): which ranks obey
     only this broker, and what the others obey."""
-    own = secret_file.expanduser().absolute() == default_secret_file().absolute()
-    reads = "by default, as this user on this host" if own else "when given it"
-    return (f"control channel: {SECRET_FILE_ENV}={secret_file} (ranks read it {reads}): ranks "
-            "that have it obey only this broker; any other rank obeys whatever process on "
-            f"this host binds {','.join(publishes)}")
+    return f"control channel: {trust_summary(secret_file, ','.join(publishes))}"
 
 
 def _exited(brokers: list[BrokerChild]) -> BrokerChild | None:
