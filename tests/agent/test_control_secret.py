@@ -97,7 +97,7 @@ def test_without_a_secret_or_curve_it_says_anyone_here_is_obeyed_once(
         for _ in range(2):  # the second joins late (the XPUB saw this topic already): ask again
             c = started(publisher, sent, lambda: (None, "no secret here"))
             n = len(sent)
-            wait_for(lambda: publisher.request(RUN, "plain") and len(sent) > n, timeout=10.0,
+            wait_for(lambda n=n: publisher.request(RUN, "plain") and len(sent) > n, timeout=10.0,
                      what="a plain request obeyed")
             c.close()
     warned = [r.getMessage() for r in caplog.records if "not authenticated" in r.getMessage()]
