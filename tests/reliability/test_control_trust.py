@@ -29,7 +29,12 @@ import zmq
 
 from broker import feed
 from rank_agent.controlauth import SECRET_FILE_ENV, sign_request
-from rank_agent.controlwire import CONTROL_PREFIX, ControlRequest, encode_request
+from rank_agent.controlwire import (
+    CONTROL_PREFIX,
+    ControlRequest,
+    decode_request,
+    encode_request,
+)
 from rank_agent.protocol import Stacks, decode
 from tests.support import REPO
 from tests.support.polling import wait_for
@@ -135,28 +140,34 @@ def _try_bind(sock: zmq.Socket, endpoint: str) -> bool:
 
 
 def ask_broker(ctx: zmq.Context, snapshot: str, rank: Rank, sub: zmq.Socket) -> list[bytes]:
-    """Requests through the broker (a DEALER on its snapshot socket, as a web sends them)
-    until the rank has answered one; returns a forwarded control message as the feed carried
-    it (the one a local process can capture)."""
+    """Requests through the broker (a DEALER on its snapshot socket, as a web sends them),
+    one at a time, until the rank answers one; returns that request as the feed carried it
+    (what any local process can capture). One at a time, each given seconds to be answered,
+    so the answer counted is that request's and nothing is still in flight afterwards."""
     dealer = ctx.socket(zmq.DEALER)
     dealer.linger = 0
     dealer.connect(snapshot)
-    captured: list[list[bytes]] = []
     try:
-        def answered() -> bool:
+        deadline = time.monotonic() + 60.0
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            request_id = f"ok-{n}"
+            base = rank.state()["answered"]
             dealer.send_multipart(feed.encode_stacks_request(ControlRequest(
-                run=RUN, request_id=f"ok-{time.monotonic_ns()}", kind="stacks")))
-            deadline = time.monotonic() + 1.2  # past the broker's one-a-second gate
-            while time.monotonic() < deadline:
+                run=RUN, request_id=request_id, kind="stacks")))
+            seen: Optional[list[bytes]] = None
+            wait_until = time.monotonic() + 5.0  # the broker's gate: one a second a run
+            while time.monotonic() < wait_until:
                 if sub.poll(100):
-                    captured.append(sub.recv_multipart())
-            return bool(rank.state()["answered"])
-
-        wait_for(answered, timeout=60.0, what="a request through the broker answered")
+                    parts = sub.recv_multipart()
+                    if decode_request(parts).request_id == request_id:
+                        seen = parts
+                if seen is not None and rank.state()["answered"] > base:
+                    return seen
+        raise AssertionError("no request through the broker was answered within 60 s")
     finally:
         dealer.close(linger=0)
-    assert captured, "the broker forwarded nothing on its publish socket"
-    return captured[-1]
 
 
 def test_a_squatter_of_the_publish_port_is_not_obeyed_by_a_rank_with_the_secret(
