@@ -56,6 +56,8 @@ class BrokerConfig:
     shard: tuple[int, int] = (0, 1)
     #: ``--retain-bytes`` (PROTOCOL 8.4): the runs' bytes on disk at most (None: no bound)
     retain_bytes: int | None = None
+    #: ``--control-secret-file`` (rank_agent/controlauth.py): None = ``<data dir>/control.secret``
+    control_secret_file: Path | None = None
 
     def argv(self) -> list[str]:
         """``broker --ingest ...``: the arguments that make a child process this broker."""
@@ -81,6 +83,8 @@ class BrokerConfig:
             cmd += ["--shard", f"{self.shard[0]}/{self.shard[1]}"]
         if self.retain_bytes is not None:
             cmd += ["--retain-bytes", str(self.retain_bytes)]
+        if self.control_secret_file is not None:
+            cmd += ["--control-secret-file", str(self.control_secret_file)]
         # never the webhook URLs: see child_env()
         return cmd + ["--log-level", self.log_level]
 
@@ -109,4 +113,5 @@ class BrokerConfig:
             public_url=self.public_url,
             shard=self.shard,
             retain_bytes=self.retain_bytes,
+            control_secret_file=self.control_secret_file,
         )

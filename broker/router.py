@@ -18,6 +18,7 @@ from broker import feed
 from broker.runs import Runs
 from broker.snapshots import SnapshotCache
 from broker.stacks.requests import ForwardGate
+from rank_agent.controlauth import sign_request
 from rank_agent.controlwire import control_topic
 from rank_agent.ratelimit import RateLimitedLog
 
@@ -36,6 +37,9 @@ class RouterRequests:
         self.gate = gate
         self._rlog = rlog
         self.instance = instance
+        #: the control secret (rank_agent/controlauth.py): requests for dumps are forwarded
+        #: signed with it (set by the server at bind); None: forwarded as the web encoded them
+        self.control_key: bytes | None = None
 
     def forward_stacks_request(self, pub: zmq.Socket, body: list[bytes],
                                user_id: str | None) -> None:
@@ -55,7 +59,9 @@ class RouterRequests:
             self._rlog.warning(("stacks_refused", refused), "stacks request for run %r refused "
                                "(%s)", req.run, refused)
             return
-        pub.send_multipart([control_topic(req.run), raw])
+        key = self.control_key
+        pub.send_multipart([control_topic(req.run), raw] if key is None
+                           else sign_request(key, req, time.time()))
         self._rlog.log(("stacks_forwarded", req.run), logging.INFO,
                        "stacks request %s (%s) forwarded to run %r, ranks %s", req.request_id,
                        req.kind, req.run, "all" if req.ranks is None else len(req.ranks))

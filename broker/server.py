@@ -173,6 +173,7 @@ class BrokerServer:
         shard: tuple[int, int] = (0, 1),
         retain_bytes: int | None = None,
         retention_interval: float | None = None,
+        control_secret_file: Union[str, Path, None] = None,
     ) -> None:
         if (curve_secret_key is None) != (curve_authorized is None):
             raise ValueError("CURVE needs both a secret key file and an authorized-keys directory")
@@ -218,6 +219,10 @@ class BrokerServer:
         self.runs.shard = shard[0]
         if shard[1] > 1:
             self.runs.owns = ShardGate(*shard)
+        #: the control secret's file (rank_agent/controlauth.py): None = ``<data_dir>/
+        #: control.secret`` when there is a data dir, else requests for dumps go unsigned
+        self.control_secret_file = (Path(control_secret_file) if control_secret_file is not None
+                                    else None)
         self.endpoints: dict[str, str] = {}
         self._context = context
         self._own_context = context is None
@@ -277,8 +282,37 @@ class BrokerServer:
             except BaseException:
                 self._close_sockets()
                 raise
+        try:
+            self._load_control_secret()
+        except BaseException:
+            self.close()
+            raise
         self.webhooks.start()  # after the replay: nothing replayed is handed to it
         return dict(self.endpoints)
+
+    def _load_control_secret(self) -> None:
+        """Read (or create, at a data dir's first start) the secret that signs requests for
+        dumps (issue 38 finding 6, :mod:`rank_agent.controlauth`), and say the control
+        channel's trust model in one line. :class:`StartError` for a file that cannot be
+        used: the agents may already read it, so it is never replaced."""
+        from rank_agent.controlauth import SecretError, broker_secret, trust_summary
+
+        path = self.control_secret_file
+        if path is None and self.data_dir is not None:
+            path = self.data_dir / "control.secret"
+        publish = self.endpoints.get("publish", self.publish_endpoint)
+        if path is None:
+            log.info("control channel: requests for dumps go unsigned: any process on this "
+                     "host that binds %s can ask ranks for stacks (give the broker a data dir "
+                     "or a control secret file to sign them)", publish)
+            return
+        try:
+            key, created = broker_secret(path)
+        except SecretError as exc:
+            raise StartError(errno.EINVAL, str(exc)) from None
+        self._requests.control_key = key
+        log.info("control channel: requests for dumps signed with %s%s: %s", path,
+                 " (created)" if created else "", trust_summary(path, publish))
 
     def _bind_sockets(self) -> None:
         if self._own_context:
@@ -301,9 +335,9 @@ class BrokerServer:
         if self.curve_secret_key is not None:
             self._setup_curve(pull, pub, router)
         self.endpoints = {
-            "ingest": self._bind_one(pull, self.ingest_endpoint),
-            "publish": self._bind_one(pub, self.publish_endpoint),
-            "snapshot": self._bind_one(router, self.snapshot_endpoint),
+            "ingest": self._bind_named(pull, "ingest", self.ingest_endpoint),
+            "publish": self._bind_named(pub, "publish", self.publish_endpoint),
+            "snapshot": self._bind_named(router, "snapshot", self.snapshot_endpoint),
         }
         if self._auth is None:
             for name in ("publish", "snapshot"):
@@ -312,6 +346,24 @@ class BrokerServer:
                         "%s %s is reachable from other hosts without CURVE: anyone who can "
                         "reach it reads every run (see `rankboard keys`)", name,
                         self.endpoints[name])
+
+    @classmethod
+    def _bind_named(cls, sock: zmq.Socket, name: str, endpoint: str) -> str:
+        """:meth:`_bind_one`, and a port in use said as such, naming the port (issue 38
+        finding 6: a process that took the publish port during a restart may be what the
+        ranks without the control secret now obey)."""
+        try:
+            return cls._bind_one(sock, endpoint)
+        except BindError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            port = endpoint.rpartition(":")[2]
+            who = ("another broker, or a local process squatting it (ranks without the control "
+                   "secret obey whatever holds it)" if name == "publish" else "another broker?")
+            raise BindError(exc.errno, f"cannot bind {endpoint}: the {name} port {port} is "
+                                       f"already in use ({who}); see `ss -ltnp 'sport = "
+                                       f":{port}'`, or pick other ports with --ingest/--publish/"
+                                       "--snapshot") from None
 
     @staticmethod
     def _bind_one(sock: zmq.Socket, endpoint: str) -> str:

@@ -112,7 +112,9 @@ class RankAgent:
     ``log_step``/``log_epoch`` have been silent that long; ``control`` (``True`` the
     default endpoint or ``RANKBOARD_CONTROL``, ``False`` none, or an endpoint) the SUB
     socket on which the broker forwards requests for dumps and profiles, with the CURVE keys
-    ingest uses. Both start with the first ``register``/``log_step``/``log_epoch``/
+    ingest uses; with the broker's control secret (``RANKBOARD_CONTROL_SECRET``,
+    ``RANKBOARD_CONTROL_SECRET_FILE``, or the default data dir's ``control.secret``:
+    :mod:`rank_agent.controlauth`) it obeys only requests the broker signed. Both start with the first ``register``/``log_step``/``log_epoch``/
     ``start_sampling`` (never in the constructor), again in a forked child, and stop at
     ``finish``/``close``; the training thread pays one timestamp per call.
 

@@ -31,6 +31,15 @@ and stops when :meth:`Control.close` is called, so a flood cannot keep the threa
 ``close()``. Without CURVE nothing proves who publishes at the endpoint: when it is not the
 broker's own (ingest port + 1), anyone who binds it first (a local squatter) is obeyed, so
 that is said once per endpoint (:func:`squatter_warning`).
+
+Trust (issue 38, finding 6; :mod:`rank_agent.controlauth`): when the agent has the broker's
+control secret (``RANKBOARD_CONTROL_SECRET``, ``RANKBOARD_CONTROL_SECRET_FILE``, or the
+default data dir's ``control.secret`` that ``rankboard up`` creates), the thread obeys only
+requests the broker signed with it, each once and within 10 s of this host's clock; the rest
+are dropped, counted by reason in :attr:`Control.refused` and logged once a minute per
+reason. The secret is read by the thread (the constructor does no I/O); a secret configured
+but unusable leaves the channel closed. Without a secret nor CURVE the thread says once, at
+start, that anyone on this host who binds the endpoint is obeyed.
 """
 from __future__ import annotations
 
@@ -41,11 +50,11 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Union
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple, Union
 
 import zmq
 
-from . import curve
+from . import controlauth, curve
 from .controlwire import ControlError, ControlRequest, control_topic, decode_request
 from .digits import is_ascii_digits
 from .flightrec import send_collectives
@@ -71,6 +80,8 @@ MAX_READ = 256
 _rlog = RateLimitedLog(log, WARN_INTERVAL_S)
 #: endpoints already warned about (a process says it once per endpoint)
 _WARNED: set[str] = set()
+#: endpoints whose trust model was already said (once per process and endpoint)
+_TRUST_SAID: set[str] = set()
 
 _CONTROLS: weakref.WeakSet[Control] = weakref.WeakSet()
 #: zmq contexts inherited across fork(): referenced forever in the child, never touched.
@@ -122,6 +133,20 @@ def control_endpoint(control: Union[bool, str, None], broker: str,
     return f"{host}:{number}"
 
 
+def trust_line(endpoint: str, plain: bool, where: Optional[str], why: str) -> str:
+    """The one line an agent says at start about who it obeys on ``endpoint``: ``where``
+    names the secret it checks (None: it has none, ``why``), ``plain``: no CURVE."""
+    if where is not None:
+        return (f"rankboard: control channel {endpoint}: only requests signed with the "
+                f"broker's secret ({where}) are obeyed")
+    if not plain:
+        return f"rankboard: control channel {endpoint}: CURVE authenticates the broker"
+    return (f"rankboard: control channel {endpoint} is not authenticated ({why}): any process "
+            "on this host that binds it can ask this rank for stacks and profiles; set "
+            f"{controlauth.SECRET_FILE_ENV} to the broker's {controlauth.SECRET_FILE_NAME}, "
+            "or use CURVE")
+
+
 def squatter_warning(endpoint: str, broker: str, plain: bool) -> Optional[str]:
     """The warning for a control ``endpoint`` obeyed without CURVE (``plain``) that is not
     ``broker``'s publish socket (its ingest port + 1), or None."""
@@ -146,7 +171,9 @@ class Control:
                  training_thread: Callable[[], Optional[int]] = main_thread_ident,
                  idle_s: Callable[[], float] = lambda: 0.0,
                  socket_options: Callable[[], Optional[Dict[int, bytes]]] = curve.socket_options,
-                 broker: Optional[str] = None) -> None:
+                 broker: Optional[str] = None,
+                 secret: Callable[[], Tuple[Optional[bytes], str]] = controlauth.agent_secret,
+                 ) -> None:
         self.endpoint = endpoint
         #: the ingest endpoint (for :func:`squatter_warning`; None: not checked)
         self.broker = broker
@@ -158,6 +185,9 @@ class Control:
         self.socket_options = socket_options
         #: requests this rank answered (for tests and the owner's counters)
         self.answered = 0
+        #: (the control secret, where it came from) or (None, why none); read by the thread
+        self.secret = secret
+        self._verifier: Optional[controlauth.Verifier] = None
         _CONTROLS.add(self)
         self._init_state()
 
@@ -168,6 +198,15 @@ class Control:
         self._stop = threading.Event()
         self._closed = False
         self._subscribed = threading.Event()
+
+    @property
+    def refused(self) -> Dict[str, int]:
+        """Control messages refused under the secret, by reason (``unsigned``, ``bad_mac``,
+        ``stale``, ``replayed``); all 0 without a secret (a copy)."""
+        verifier = self._verifier
+        if verifier is None:
+            return dict.fromkeys(controlauth.REFUSALS, 0)
+        return dict(verifier.refused)
 
     @property
     def running(self) -> bool:
@@ -243,13 +282,26 @@ class Control:
             options = self.socket_options()
             for option, value in (options or {}).items():
                 sock.setsockopt(option, value)
-            if self.broker is not None and self.endpoint not in _WARNED:
+            key, where = self.secret()
+            if key is not None:  # a squatter is then harmless: not warned about
+                self._verifier = controlauth.Verifier(key)
+            elif self.broker is not None and self.endpoint not in _WARNED:
                 warning = squatter_warning(self.endpoint, self.broker, not options)
                 if warning is not None:
                     _WARNED.add(self.endpoint)
                     log.warning("%s", warning)
+            if self.endpoint not in _TRUST_SAID:
+                _TRUST_SAID.add(self.endpoint)
+                line = trust_line(self.endpoint, not options, where if key else None, where)
+                log.log(logging.WARNING if key is None and not options else logging.INFO,
+                        "%s", line)
             sock.setsockopt(zmq.SUBSCRIBE, control_topic(self.run))
             sock.connect(self.endpoint)
+        except controlauth.SecretError as exc:  # configured but unusable: closed, not open
+            log.error("rankboard: %s; this rank will not answer requests for stacks", exc)
+            if sock is not None:
+                sock.close(linger=0)
+            return None
         except Exception as exc:
             log.error("rankboard: control channel %r unusable (%r); this rank will not "
                       "answer requests for stacks", self.endpoint, exc)
@@ -286,6 +338,15 @@ class Control:
                 parts = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            verifier = self._verifier
+            if verifier is not None:
+                refused = verifier.check(parts, time.time())
+                if refused is not None:
+                    _rlog.warning(("refused", refused), "rankboard: control message refused "
+                                  "(%s): not signed by the broker with this rank's control "
+                                  "secret, or replayed; %d refused so far", refused,
+                                  sum(verifier.refused.values()))
+                    continue
             try:
                 req = decode_request(parts)
             except ControlError as exc:

@@ -23,6 +23,7 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from broker.config import BrokerConfig, default_data_dir
 from broker.webhooks import DEFAULT_REPEAT, ENV_VAR, redact, webhook_urls
+from rank_agent.controlauth import SECRET_FILE_ENV
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
 from rank_agent.shards import ShardError, parse_shard
 from rankboard.argfix import subcommand_parser, unknown_flags_message
@@ -193,6 +194,12 @@ def _broker_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--public-url", type=_public_url, default=None, metavar="URL",
                    help="the dashboard's address as people reach it, for the run links in "
                         "alert webhooks (e.g. https://board.example.org)")
+    secret_file = os.environ.get(SECRET_FILE_ENV, "").strip()
+    p.add_argument("--control-secret-file", type=Path, metavar="FILE",
+                   default=Path(secret_file) if secret_file else None,
+                   help="the secret that signs requests for dumps to the ranks (created 0600 "
+                        "if missing; ranks that read it obey only this broker; also "
+                        f"${SECRET_FILE_ENV}; default <data-dir>/control.secret)")
 
 
 def _web_flags(p: argparse.ArgumentParser, *, port_default: int | None) -> None:

@@ -72,7 +72,8 @@ def _broker(args: argparse.Namespace) -> BrokerConfig:
         curve_web_authorized=args.curve_web_authorized, log_level=log_level(args),
         alert_webhooks=tuple(args.alert_webhook), alert_repeat=args.alert_repeat,
         public_url=args.public_url, shard=getattr(args, "shard", (0, 1)),
-        retain_bytes=args.retain_bytes)
+        retain_bytes=args.retain_bytes,
+        control_secret_file=getattr(args, "control_secret_file", None))
 
 
 def _web(args: argparse.Namespace, *, with_broker: bool) -> WebConfig:

@@ -446,8 +446,12 @@ class Cluster:
 
     def __init__(self, ingest: str, *, ranks: int, hosts: int, epochs: int,
                  epoch_seconds: float, port: int, step_job: bool = True,
-                 control: str | None = None, rounds: int = 0) -> None:
+                 control: str | None = None, rounds: int = 0,
+                 control_secret_file: str | None = None) -> None:
         self.ingest = ingest
+        #: the broker's control secret (``RANKBOARD_CONTROL_SECRET_FILE``): the demo's data
+        #: dir is not the default one the ranks would read
+        self.control_secret_file = control_secret_file
         #: runs of each job before the demo stops starting new ones (0: until stopped)
         self.rounds = rounds
         #: the broker's publish endpoint, the ranks' control channel (``RANKBOARD_CONTROL``):
@@ -520,6 +524,8 @@ class Cluster:
             base = dict(os.environ)
             if self.control:
                 base["RANKBOARD_CONTROL"] = self.control
+            if self.control_secret_file:
+                base["RANKBOARD_CONTROL_SECRET_FILE"] = self.control_secret_file
             cmd, env = child_command("rankboard.demo", args, base)
             self.procs[job].append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env))
         return run

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import BrokerConfig, default_data_dir
+from rank_agent.controlauth import SECRET_FILE_NAME, trust_summary
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
 from rankboard.config import DemoConfig, UpConfig
 from rankboard.process import PARENT_ENV, child_command, terminate
@@ -244,6 +245,9 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
         else:
             bcfg = replace(bcfg, data_dir=default_data_dir())
 
+    if bcfg.control_secret_file is None and bcfg.data_dir is not None:
+        # one secret for every shard (a rank reads one), in the top data dir
+        bcfg = replace(bcfg, control_secret_file=bcfg.data_dir / SECRET_FILE_NAME)
     try:  # --shards N (PROTOCOL 7.3): N brokers, ports + 3 x K, <data-dir>/shard-K
         bcfgs = shard_configs(bcfg, cfg.shards)
     except ValueError as exc:
@@ -273,6 +277,9 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
                 f"{bcfgs[0].retain_bytes} bytes for each shard's data dir")
         if all("ingest" in child.endpoints for child in brokers):
             say(broker_line([child.endpoints["ingest"] for child in brokers]))
+        if bcfg.control_secret_file is not None:
+            say(control_line(bcfg.control_secret_file,
+                             [child.endpoints.get("publish", "?") for child in brokers]))
         wcfg = replace(cfg.web, publish=",".join(b.endpoints["publish"] for b in brokers),
                        snapshot=",".join(b.endpoints["snapshot"] for b in brokers))
         if wcfg.workers > 1:
@@ -299,7 +306,8 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
                 ",".join(b.endpoints["ingest"] for b in brokers), ranks=demo.ranks,
                 hosts=demo.hosts, epochs=demo.epochs, epoch_seconds=demo.epoch_seconds,
                 port=web.port, control=",".join(b.endpoints["publish"] for b in brokers),
-                rounds=demo.rounds,
+                rounds=demo.rounds, control_secret_file=(
+                    None if bcfg.control_secret_file is None else str(bcfg.control_secret_file)),
             )
             cluster.start()
             if not demo.no_browser:
@@ -326,6 +334,12 @@ def _up(cfg: UpConfig, prog: str, *, demo: DemoConfig | None = None) -> int:
                       "`rankboard demo --data-dir DIR` keeps them for "
                       "`rankboard export RUN --data-dir DIR`", file=sys.stderr)
         log.info("%s stopped", prog)
+
+
+def control_line(secret_file: Path, publishes: list[str]) -> str:
+    """The control channel's trust model in one line (issue 38 finding 6): which ranks obey
+    only this broker, and what the others obey."""
+    return f"control channel: {trust_summary(secret_file, ','.join(publishes))}"
 
 
 def _exited(brokers: list[BrokerChild]) -> BrokerChild | None:

@@ -134,8 +134,9 @@ def test_address_in_use_is_one_line_and_exit_1(tmp_path: Path) -> None:
         taken.close(linger=0)
         ctx.term()
     assert result.returncode == 1
-    assert _one_line_error(result) == (
-        f"rankboard broker: cannot bind tcp://127.0.0.1:{port}: Address already in use")
+    assert _one_line_error(result).startswith(
+        f"rankboard broker: cannot bind tcp://127.0.0.1:{port}: the ingest port {port} is "
+        "already in use")
 
 
 def test_unusable_data_dir_is_one_line_and_exit_2(tmp_path: Path) -> None:
