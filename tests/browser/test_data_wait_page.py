@@ -67,6 +67,20 @@ def test_the_whole_job_waiting_is_named(stack: Stack, page: Any) -> None:
     page.errors.check()
 
 
+def test_a_wait_longer_than_its_step_reads_as_such(stack: Stack, page: Any) -> None:
+    """Issue 38: a data_ms of 1e307 beside a step_ms of 1 made a share whose percentage read
+    "Infinity %"; a share past 1 (waits longer than their steps) is said as that."""
+    run = "data-absurd"
+    register(stack, run, world=2, per_host=2)
+    for r in range(2):
+        stack.send(data_steps(run, r, range(0, 10), 1e307, step_ms=1.0))
+    wait_steps(stack, run, 9)
+    open_run(page, stack, run)
+    expect(page.locator("#data-cause")).to_have_text(
+        "the whole job waits for data: more than its whole step (check the ranks' data_ms)")
+    page.errors.check()
+
+
 def test_no_cause_no_line(stack: Stack, page: Any) -> None:
     run = "data-fine"
     register(stack, run, world=4, per_host=4)

@@ -32,6 +32,9 @@ export function dataCause(header, ranks) {
     }
   }
   const share = header ? header.data_share : null;
+  // a share past 1 means waits longer than the steps they are part of (a rank's clock or
+  // its data_ms is wrong, issue 38: 1e307 read "Infinity %"): said as more than the step
+  if (isNum(share) && share > 1) return "the whole job waits for data: more than its whole step (check the ranks' data_ms)";
   if (isNum(share) && share >= 0.25) return `the whole job waits for data: ${Math.round(share * 100)} % of each step`;
   return null;
 }
