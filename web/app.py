@@ -478,9 +478,10 @@ def stacks(run: str) -> Response:
 
 @bp.get("/api/runs/<run>/collectives")
 def collectives(run: str) -> Response:
-    """Section 7.2: the broker's collective verdict and the ranks' latest frames."""
-    view = _board().hub.collectives_view(run)
-    return unknown_run(run) if view is None else json_response(view)
+    """Section 7.2: the broker's collective verdict and the ranks' latest frames, cached per
+    state of the run's frames (web/collectivesview.py), as ``/stacks`` is."""
+    data = _board().hub.collectives_view_json(run)
+    return unknown_run(run) if data is None else Response(data, mimetype="application/json")
 
 
 def _body() -> bytes:

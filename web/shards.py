@@ -209,6 +209,10 @@ class ShardedHub:
         hub = self._hub_of(run)
         return None if hub is None else hub.collectives_view(run)
 
+    def collectives_view_json(self, run: str) -> bytes | None:
+        hub = self._hub_of(run)
+        return None if hub is None else hub.collectives_view_json(run)
+
     def subscribe(self, run: str, position: int) -> tuple[Subscriber, list[bytes], int] | None:
         hub = self._hub_of(run)
         return None if hub is None else hub.subscribe(run, position)

@@ -93,6 +93,7 @@ class RunDumps:
         """The run left this web: every byte goes back to the budget."""
         self._drop_json()
         self.store.close()
+        self.collectives.close()
 
     @classmethod
     def from_snapshot(cls, items: Any, collectives: Any = None) -> RunDumps:

@@ -1,0 +1,122 @@
+"""Issue 38, items 2, 3 and 7 without sockets: the hub hands a big message's work to its
+``offload`` (the pump's thread pool) only where its state is whole, the work is done in
+pieces (``web/piecewise.py``), a run's collectives are held encoded and charged to the byte
+budget at what they hold, and ``GET /collectives`` is built once per state."""
+from __future__ import annotations
+
+import json
+import tracemalloc
+from typing import Any, Callable
+
+import msgspec
+import pytest
+
+from broker import budget as _budget
+from broker import feed
+from tests.web.test_hub_collectives import RUN, VERDICT, coll, connected_hub, ev
+from web import hub as hubmod
+from web import piecewise
+from web.collectivesview import RunCollectiveView
+from web.hub import Hub
+
+
+def big_ranks(n: int) -> list[dict[str, Any]]:
+    return [{"rank": r, "host": f"h{r % 97}", "status": "ok", "loss": 1.5, "gpu_xids": [],
+             "resources": {"cpu": r % 100, "gpus": [{"util": 3.5, "mem": float(r)}]}}
+            for r in range(n)]
+
+
+def test_piecewise_decode_and_encode_equal_a_whole_one() -> None:
+    value = {"seq": 3, "kind": "ranks", "data": big_ranks(5000),
+             "nested": [[{"x": [1, 2.5, None, "é"]} for _ in range(300)] for _ in range(40)]}
+    packed = msgspec.msgpack.encode(value)
+    assert len(packed) > 4 * piecewise.PIECE_BYTES
+    assert piecewise.decode(packed) == msgspec.msgpack.decode(packed)
+    for payload in (value["data"], {"dumps": [], "collectives": value["data"]},
+                    [float("nan")] * 3000, {1: [0] * 3000}):
+        assert piecewise.encode_json(payload) == msgspec.json.encode(payload)
+    with pytest.raises(msgspec.DecodeError):
+        piecewise.decode(packed[:-1])
+
+
+def test_a_big_message_is_worked_off_the_loop_while_the_hub_is_whole() -> None:
+    hub = connected_hub()
+    sub, _, _ = hub.subscribe(RUN, 0)  # type: ignore[misc]
+    seen: list[tuple[str, int, int]] = []
+
+    def offload(fn: Callable[..., Any], *args: Any) -> Any:
+        state = hub.runs[RUN]
+        seen.append((fn.__name__, state.seq, len(state.ranks)))  # what another greenlet reads
+        return fn(*args)
+
+    hub.offload = offload
+    n = 2 * hubmod.OFFLOAD_ITEMS
+    message = ev(2, "ranks", big_ranks(n))
+    assert len(message[1]) > hubmod.OFFLOAD_BYTES
+    hub.handle_pub(message)
+    # decoded and made public before any change (seq 1, no ranks), encoded after the last
+    assert seen == [("decode_big_update", 1, 0), ("public_ranks", 1, 0), ("ranks_event", 2, n)]
+    assert hub.runs[RUN].ranks[5] == {k: v for k, v in big_ranks(6)[5].items()
+                                      if k not in ("loss", "gpu_xids")}
+    seq, chunk = sub.queue.get_nowait()
+    assert seq == 2 and len(json.loads(chunk.split(b"data: ", 1)[1])) == n
+    seen.clear()
+    hub.handle_pub(ev(3, "stacks", {"dumps": [], "collectives": [coll(r, 12) for r in range(n)],
+                                    "verdict": VERDICT}))
+    assert [s[0] for s in seen] == ["decode_big_update", "prepare", "json_event"]
+    assert len(hub.collectives_view(RUN)["ranks"]) == n  # type: ignore[index]
+    seen.clear()
+    hub.handle_pub(ev(4, "ranks", big_ranks(3)))  # small: on the loop, nothing handed over
+    assert seen == []
+
+
+def test_collectives_are_held_encoded_and_charged_at_what_they_hold(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 3: the held frames' memory is about what the budget is charged (they were
+    decoded dicts ~7 times the bytes the broker charged, and the web charged nothing)."""
+    budget = _budget.ByteBudget(1 << 40)
+    monkeypatch.setattr(_budget, "PROCESS_BUDGET", budget)
+    frames = [coll(r, 12) for r in range(4000)]
+    for frame in frames:  # 64 entries each, as a real hang's
+        frame["entries"] = frame["entries"] * 64
+    data = {"dumps": [], "collectives": frames, "verdict": VERDICT}
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        view = RunCollectiveView()
+        view.apply_event(data)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    charged = budget.used
+    assert charged >= sum(len(msgspec.json.encode(f)) for f in frames)
+    assert held < 1.5 * charged, (held, charged)
+    view.close()
+    assert budget.used == 0 and len(budget) == 0
+
+
+def test_the_budget_drops_the_oldest_frames_and_the_answer_follows() -> None:
+    budget = _budget.ByteBudget(10_000)
+    view = RunCollectiveView(budget)
+    view.apply_event({"collectives": [coll(r, 12) for r in range(100)], "verdict": VERDICT})
+    assert budget.used <= 10_000 and 0 < len(view) < 100 and view.over_budget == 100 - len(view)
+    ranks = [f["rank"] for f in view.view()["ranks"]]
+    assert ranks and ranks == list(range(100 - len(ranks), 100))  # the newest kept
+    assert view.view()["groups"] == VERDICT
+
+
+def test_get_collectives_is_built_once_per_state() -> None:
+    hub = connected_hub()
+    hub.handle_pub(ev(2, "stacks", {"dumps": [], "collectives": [coll(0, 12), coll(1, 11)],
+                                    "verdict": VERDICT}))
+    first = hub.collectives_view_json(RUN)
+    assert first is not None and hub.collectives_view_json(RUN) is first  # cached bytes
+    assert json.loads(first) == {"groups": VERDICT, "ranks": [coll(0, 12), coll(1, 11)]}
+    hub.handle_pub(ev(3, "stacks", {"dumps": [], "collectives_gone": [[0, "stall"]]}))
+    second = hub.collectives_view_json(RUN)
+    assert second is not None and second is not first and [f["rank"] for f in json.loads(second)["ranks"]] == [1]
+    assert hub.collectives_view_json("nope") is None
+    empty = Hub()
+    empty.next_request()
+    empty.handle_snapshot(feed.encode_snapshot_end("i1", 0))
+    assert empty.collectives_view_json(RUN) is None
