@@ -470,7 +470,8 @@ def report(run: str) -> Response:
 
 @bp.get("/api/runs/<run>/stacks")
 def stacks(run: str) -> Response:
-    data = _board().hub.stacks_view_json(run, _json.encode)  # cached per run state
+    # cached per run state, built in the thread pool (web/stacksview.py)
+    data = _board().hub.stacks_view_json(run, _json.encode, _threadpool)
     if data is None:  # the run went between the lookup and here
         return unknown_run(run)
     return Response(data, mimetype="application/json")
@@ -482,6 +483,11 @@ def collectives(run: str) -> Response:
     state of the run's frames (web/collectivesview.py), as ``/stacks`` is."""
     data = _board().hub.collectives_view_json(run)
     return unknown_run(run) if data is None else Response(data, mimetype="application/json")
+
+
+def _threadpool(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in gevent's thread pool, this greenlet waiting (the loop serves on)."""
+    return gevent.get_hub().threadpool.apply(fn, args)
 
 
 def _body() -> bytes:

@@ -616,16 +616,18 @@ class Hub:
         dumps = self.stacks.get(run)
         return dumps.collectives.view_json() if dumps is not None else b'{"groups":[],"ranks":[]}'
 
-    def stacks_view_json(self, run: str, encode: Callable[[Any], bytes]) -> bytes | None:
+    def stacks_view_json(self, run: str, encode: Callable[[Any], bytes],
+                         offload: Callable[..., Any] = inline) -> bytes | None:
         """:meth:`stacks_view` encoded, cached per state of the run's dumps and ranks
-        (:meth:`web.stacksview.RunDumps.view_json`); None for an unknown run."""
+        (:meth:`web.stacksview.RunDumps.view_json`, built by ``offload``: the app's thread
+        pool); None for an unknown run."""
         state = self.runs.get(run)
         if state is None:
             return None
         dumps = self.stacks.get(run)
         if dumps is None:
             return encode({"dumps": [], "groups": []})
-        return dumps.view_json(state.ranks, state.ranks_seq, encode)
+        return dumps.view_json(state.ranks, state.ranks_seq, encode, offload)
 
     # ---------------------------------------------------------------- reads
     def runs_newest_first(self) -> list[RunState]:

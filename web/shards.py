@@ -201,9 +201,13 @@ class ShardedHub:
         hub = self._hub_of(run)
         return None if hub is None else hub.stacks_view(run)
 
-    def stacks_view_json(self, run: str, encode: Callable[[Any], bytes]) -> bytes | None:
+    def stacks_view_json(self, run: str, encode: Callable[[Any], bytes],
+                         offload: Callable[..., Any] | None = None) -> bytes | None:
         hub = self._hub_of(run)
-        return None if hub is None else hub.stacks_view_json(run, encode)
+        if hub is None:
+            return None
+        return (hub.stacks_view_json(run, encode) if offload is None
+                else hub.stacks_view_json(run, encode, offload))
 
     def collectives_view(self, run: str) -> dict[str, Any] | None:
         hub = self._hub_of(run)

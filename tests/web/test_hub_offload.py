@@ -120,3 +120,37 @@ def test_get_collectives_is_built_once_per_state() -> None:
     empty.next_request()
     empty.handle_snapshot(feed.encode_snapshot_end("i1", 0))
     assert empty.collectives_view_json(RUN) is None
+
+
+def test_the_stacks_answer_holds_no_decoded_copy_of_the_dumps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 3: after ``GET /stacks`` the run holds the store's bytes and the cached answer,
+    both charged; a cache of decoded thread blobs beside them held several times more."""
+    from tests.web.test_hub_stacks import dump
+    from web.stacksview import RunDumps
+
+    budget = _budget.ByteBudget(1 << 40)
+    monkeypatch.setattr(_budget, "PROCESS_BUDGET", budget)
+    items = [dump(r, *(f"fn_{r}_{i}" for i in range(64))) for r in range(200)]
+    ranks = [{"rank": r, "host": f"n{r}", "status": "stalled"} for r in range(200)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        dumps = RunDumps()
+        dumps.apply_event(1, {"dumps": items})
+        built: list[str] = []
+
+        def offload(fn: Callable[..., Any], *args: Any) -> Any:
+            built.append(fn.__name__)
+            return fn(*args)
+
+        data = dumps.view_json(ranks, 1, msgspec.json.encode, offload)
+        assert dumps.view_json(ranks, 1, msgspec.json.encode, offload) is data
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert built == ["_view_json"]  # built once, by the offload
+    assert len(msgspec.json.decode(data)["dumps"]) == 200
+    assert held < 1.5 * budget.used, (held, budget.used)
+    dumps.close()
+    assert budget.used == 0
