@@ -16,11 +16,11 @@ Pure: no sockets, no clock.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Hashable, List, Optional, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Protocol, Tuple
 
 import msgspec
 
-from broker import budget as _budget
+from broker.stacks.store import RunStacks
 
 __all__ = ["RunCollectiveView"]
 
@@ -37,6 +37,17 @@ def _key(item: Any) -> Tuple[int, str] | None:
             and isinstance(item.get("groups"), list) and isinstance(item.get("entries"), list)):
         return (item["rank"], item["reason"])
     return None
+
+
+class ByteBudget(Protocol):
+    """What the view uses of :class:`broker.budget.ByteBudget` (the web reaches the budget
+    through the stacks store: ``broker.stacks.store`` is the broker module it may import)."""
+
+    def charge(self, holder: Any, key: Hashable, nbytes: int) -> None: ...
+
+    def adjust(self, nbytes: int) -> None: ...
+
+    def forget(self, holder: Any, key: Hashable) -> None: ...
 
 
 #: What one held frame costs beyond its JSON bytes (the bytes object, its key tuple and the
@@ -77,8 +88,11 @@ class RunCollectiveView:
     verdict (issue 38, item 7: it was rebuilt per request, 115 MiB each) and charged too.
     """
 
-    def __init__(self, budget: _budget.ByteBudget | None = None) -> None:
-        self.budget = budget if budget is not None else _budget.PROCESS_BUDGET
+    def __init__(self, budget: ByteBudget | None = None) -> None:
+        #: the process's byte budget, shared with the run's dumps (``RunDumps`` passes its
+        #: store's; by default the one a store gets: the web reaches the budget through the
+        #: stacks store, the broker module it may import)
+        self.budget = budget if budget is not None else RunStacks().budget
         self._frames: Dict[Tuple[int, str], bytes] = {}
         self._groups = b"[]"
         self._groups_charged = 0
@@ -104,9 +118,9 @@ class RunCollectiveView:
         return sum(map(len, self._frames.values())) + len(self._groups) + cached
 
     @classmethod
-    def from_snapshot(cls, body: Any) -> RunCollectiveView:
+    def from_snapshot(cls, body: Any, budget: ByteBudget | None = None) -> RunCollectiveView:
         """The ``collectives`` of a run snapshot (malformed parts skipped)."""
-        view = cls()
+        view = cls(budget)
         if isinstance(body, dict):
             groups = body.get("groups")
             view.apply_prepared(([], _frames(body.get("ranks")),

@@ -57,7 +57,7 @@ class RunDumps:
         self._requested: Optional[str] = None  # the latest request this web sent
         self._answered: Optional[tuple[float, str]] = None  # (taken_at, id) newest answer
         #: the run's ``collectives`` frames and verdict (section 7.2), from the same events
-        self.collectives = RunCollectiveView()
+        self.collectives = RunCollectiveView(self.store.budget)
         #: (key, JSON) of the last ``GET /stacks`` answer (:meth:`view_json`)
         self._json: Optional[tuple[Any, bytes]] = None
 
@@ -109,7 +109,7 @@ class RunDumps:
         and its ``collectives``."""
         dumps = cls()
         dumps._apply(items if isinstance(items, list) else [], 0)
-        dumps.collectives = RunCollectiveView.from_snapshot(collectives)
+        dumps.collectives = RunCollectiveView.from_snapshot(collectives, dumps.store.budget)
         return dumps
 
     def apply_event(self, seq: int, data: Any) -> List[Dict[str, Any]]:
