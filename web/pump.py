@@ -44,9 +44,11 @@ class FeedPump:
     #: seconds between two log lines about refused handshakes
     REFUSAL_LOG_INTERVAL = 60.0
     #: seconds of feed work after which the pump lets the loop's other greenlets run (issue
-    #: 38, item 2: it used to yield every 100 messages, and 100 big ones held ``/healthz``
+    #: 38, item 2: it yielded only every 100 messages, and 100 big ones held ``/healthz``
     #: for seconds); one message's big work runs off the loop (:meth:`offload`)
     TURN_S = 0.02
+    #: messages after which the pump yields even within :attr:`TURN_S` (as it always did)
+    TURN_MESSAGES = 100
     #: seconds after start with no heartbeat before the pump says so, once (libzmq does not
     #: retry a connection whose handshake failed, so a refusal it reported while the
     #: monitor's event was lost, or none it reported at all, would otherwise leave the web
@@ -256,10 +258,12 @@ class FeedPump:
 
     def _drain(self, sock: Any, handler: Callable[[list[bytes]], None], zmq: Any) -> None:
         """Handle what is queued on ``sock`` now, yielding to other greenlets whenever
-        :attr:`TURN_S` of work has passed since the last yield (bounded by time, not by a
-        count of messages whose sizes vary from bytes to megabytes)."""
+        :attr:`TURN_S` of work has passed since the last yield (messages vary from bytes
+        to megabytes, so a count alone bounds nothing) or :attr:`TURN_MESSAGES` messages
+        were handled (so SSE writers drain their queues, bounded in events, between turns
+        of small messages as before)."""
         turn = time.monotonic()
-        for _ in range(100_000):
+        for n in range(1, 100_000):
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -268,7 +272,6 @@ class FeedPump:
                 handler(parts)
             except Exception:  # one bad message never kills the pump
                 log.exception("feed message handling failed")
-            now = time.monotonic()
-            if now - turn >= self.TURN_S:
+            if n % self.TURN_MESSAGES == 0 or time.monotonic() - turn >= self.TURN_S:
                 gevent.sleep(0)
                 turn = time.monotonic()
