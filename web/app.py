@@ -453,8 +453,14 @@ def report(run: str) -> Response:
     """The run as one self-contained HTML file (PROTOCOL 4; ``web/report.py``), streamed
     as it is made: one series at a time straight from the run's step store."""
     state = _run()
-    rep = report_of_state(state, _board().hub.stacks_view(run),
-                          _board().hub.collectives_view(run))
+    hub = _board().hub
+    # the run's dumps and verdict from their cached answers, built and decoded in the thread
+    # pool (issue 38, item 2: a 65,536-rank hang's were megabytes decoded on the loop)
+    stacks = hub.stacks_view_json(run, _json.encode, _threadpool)
+    verdict = hub.collectives_view_json(run)
+    rep = report_of_state(
+        state, None if stacks is None else _threadpool(_json_decode, stacks),
+        None if verdict is None else _threadpool(_verdict_decode, verdict))
 
     def body() -> Iterator[str]:
         for chunk in render_report(rep):
@@ -483,6 +489,20 @@ def collectives(run: str) -> Response:
     state of the run's frames (web/collectivesview.py), as ``/stacks`` is."""
     data = _board().hub.collectives_view_json(run)
     return unknown_run(run) if data is None else Response(data, mimetype="application/json")
+
+
+class _Verdict(msgspec.Struct):
+    """What a report reads of ``GET /collectives``: its listed groups (the frames skipped)."""
+
+    groups: list[Any] = []
+
+
+_json_decode = msgspec.json.Decoder().decode
+_verdict_only = msgspec.json.Decoder(_Verdict).decode
+
+
+def _verdict_decode(data: bytes) -> dict[str, Any]:
+    return {"groups": _verdict_only(data).groups}
 
 
 def _threadpool(fn: Callable[..., Any], *args: Any) -> Any:
