@@ -120,11 +120,22 @@ class RunCollectiveView:
     @classmethod
     def from_snapshot(cls, body: Any, budget: ByteBudget | None = None) -> RunCollectiveView:
         """The ``collectives`` of a run snapshot (malformed parts skipped)."""
+        return cls.from_prepared(cls.prepare_snapshot(body), budget)
+
+    @staticmethod
+    def prepare_snapshot(body: Any) -> Prepared:
+        """A run snapshot's ``collectives`` checked and encoded: pure (:meth:`prepare`)."""
+        if not isinstance(body, dict):
+            return [], [], None
+        groups = body.get("groups")
+        return [], _frames(body.get("ranks")), _json(groups) if isinstance(groups, list) else None
+
+    @classmethod
+    def from_prepared(cls, prepared: Prepared, budget: ByteBudget | None = None
+                      ) -> RunCollectiveView:
+        """A view holding what :meth:`prepare_snapshot` made."""
         view = cls(budget)
-        if isinstance(body, dict):
-            groups = body.get("groups")
-            view.apply_prepared(([], _frames(body.get("ranks")),
-                                 _json(groups) if isinstance(groups, list) else None))
+        view.apply_prepared(prepared)
         return view
 
     @staticmethod

@@ -375,9 +375,12 @@ class Hub:
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning("malformed run snapshot skipped: %r", exc)
                 return
+            coll = body.get("collectives")  # checked and encoded off the loop when big
+            prepared = (RunCollectiveView.prepare_snapshot(coll) if len(parts[-1]) <= OFFLOAD_BYTES
+                        else self.offload(RunCollectiveView.prepare_snapshot, coll))
             self._snap_runs[state.run] = state
             self._snap_stacks[state.run] = RunDumps.from_snapshot(body.get("stacks"),
-                                                                  body.get("collectives"))
+                                                                  prepared=prepared)
             self._outstanding = (self._outstanding[0], self.clock())  # progress: not timed out
             return
         target = self._outstanding[0]

@@ -18,15 +18,11 @@ from __future__ import annotations
 import re
 from typing import Any, Union
 
-import msgspec
-
 from web import piecewise
 
 #: Line terminators of the event-stream grammar.
 _LINE_SPLIT = re.compile(r"\r\n|\r|\n")
 _SINGLE_LINE = str.maketrans("", "", "\r\n")
-
-_json = msgspec.json.Encoder()
 
 #: A keep-alive comment; browsers ignore it, proxies see traffic, and a write to a dead
 #: client fails (pywsgi only notices a gone client on a failed write).

@@ -104,12 +104,16 @@ class RunDumps:
         self.collectives.close()
 
     @classmethod
-    def from_snapshot(cls, items: Any, collectives: Any = None) -> RunDumps:
+    def from_snapshot(cls, items: Any, collectives: Any = None,
+                      prepared: Any = None) -> RunDumps:
         """The dumps of a run snapshot (``items``: its ``stacks``; malformed ones skipped),
-        and its ``collectives``."""
+        and its ``collectives`` (or what :meth:`RunCollectiveView.prepare_snapshot` made of
+        them, off the loop: ``prepared``)."""
         dumps = cls()
         dumps._apply(items if isinstance(items, list) else [], 0)
-        dumps.collectives = RunCollectiveView.from_snapshot(collectives, dumps.store.budget)
+        dumps.collectives = (
+            RunCollectiveView.from_snapshot(collectives, dumps.store.budget) if prepared is None
+            else RunCollectiveView.from_prepared(prepared, dumps.store.budget))
         return dumps
 
     def apply_event(self, seq: int, data: Any) -> List[Dict[str, Any]]:

@@ -154,3 +154,25 @@ def test_the_stacks_answer_holds_no_decoded_copy_of_the_dumps(
     assert held < 1.5 * budget.used, (held, budget.used)
     dumps.close()
     assert budget.used == 0
+
+
+def test_a_big_run_snapshot_is_built_off_the_loop() -> None:
+    hub = Hub()
+    handed: list[str] = []
+
+    def offload(fn: Callable[..., Any], *args: Any) -> Any:
+        handed.append(fn.__name__)
+        return fn(*args)
+
+    hub.offload = offload
+    hub.next_request()
+    n = 2 * hubmod.OFFLOAD_ITEMS
+    body = {"run": RUN, "seq": 5, "header": {"run": RUN}, "ranks": big_ranks(n), "records": [],
+            "complete": None, "svg": None, "stacks": [],
+            "collectives": {"groups": VERDICT, "ranks": [coll(r, 12) for r in range(n)]}}
+    hub.handle_snapshot(feed.encode_run_snapshot(body))
+    hub.handle_snapshot(feed.encode_snapshot_end("i1", 1))
+    assert handed == ["decode_big_snapshot_reply", "from_snapshot", "prepare_snapshot"]
+    assert len(hub.runs[RUN].ranks) == n and "loss" not in hub.runs[RUN].ranks[0]
+    view = hub.collectives_view(RUN)
+    assert view is not None and view["groups"] == VERDICT and len(view["ranks"]) == n
