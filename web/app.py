@@ -466,8 +466,14 @@ def report(run: str) -> Response:
     """The run as one self-contained HTML file (PROTOCOL 4; ``web/report.py``), streamed
     as it is made: one series at a time straight from the run's step store."""
     state = _run()
-    rep = report_of_state(state, _board().hub.stacks_view(run),
-                          _board().hub.collectives_view(run))
+    hub = _board().hub
+    # the run's dumps and verdict from their cached answers, built and decoded in the thread
+    # pool (issue 38, item 2: a 65,536-rank hang's were megabytes decoded on the loop)
+    stacks = hub.stacks_view_json(run, _json.encode, _threadpool)
+    verdict = hub.collectives_view_json(run)
+    rep = report_of_state(
+        state, None if stacks is None else _threadpool(_json_decode, stacks),
+        None if verdict is None else _threadpool(_verdict_decode, verdict))
 
     def body() -> Iterator[str]:
         for chunk in render_report(rep):
@@ -483,7 +489,8 @@ def report(run: str) -> Response:
 
 @bp.get("/api/runs/<run>/stacks")
 def stacks(run: str) -> Response:
-    data = _board().hub.stacks_view_json(run, _json.encode)  # cached per run state
+    # cached per run state, built in the thread pool (web/stacksview.py)
+    data = _board().hub.stacks_view_json(run, _json.encode, _threadpool)
     if data is None:  # the run went between the lookup and here
         return unknown_run(run)
     return Response(data, mimetype="application/json")
@@ -491,9 +498,29 @@ def stacks(run: str) -> Response:
 
 @bp.get("/api/runs/<run>/collectives")
 def collectives(run: str) -> Response:
-    """Section 7.2: the broker's collective verdict and the ranks' latest frames."""
-    view = _board().hub.collectives_view(run)
-    return unknown_run(run) if view is None else json_response(view)
+    """Section 7.2: the broker's collective verdict and the ranks' latest frames, cached per
+    state of the run's frames (web/collectivesview.py), as ``/stacks`` is."""
+    data = _board().hub.collectives_view_json(run)
+    return unknown_run(run) if data is None else Response(data, mimetype="application/json")
+
+
+class _Verdict(msgspec.Struct):
+    """What a report reads of ``GET /collectives``: its listed groups (the frames skipped)."""
+
+    groups: list[Any] = []
+
+
+_json_decode = msgspec.json.Decoder().decode
+_verdict_only = msgspec.json.Decoder(_Verdict).decode
+
+
+def _verdict_decode(data: bytes) -> dict[str, Any]:
+    return {"groups": _verdict_only(data).groups}
+
+
+def _threadpool(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in gevent's thread pool, this greenlet waiting (the loop serves on)."""
+    return gevent.get_hub().threadpool.apply(fn, args)
 
 
 def _body() -> bytes:

@@ -8,12 +8,13 @@ parses the query and encodes the answer.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import msgspec
 from flask import Blueprint, Response, current_app, request
 
 from web.cluster import BadFilter, parse_runs_filter
+from web.hostsanswer import HostsAnswer
 
 if TYPE_CHECKING:
     from web.hub import Hub
@@ -48,4 +49,14 @@ def runs() -> Response:
 def hosts() -> Response:
     """Every host of the runs the web holds, suspects first (PROTOCOL 7.4)."""
     hub = _hub()
-    return _answer(hub.cluster.hosts(hub))
+    answers = current_app.extensions.setdefault("rankboard_hosts", HostsAnswer())
+    # built off the loop, cached per state of the runs' headers (web/hostsanswer.py)
+    data = answers.get(hub, hub.cluster, _json.encode, _offload)
+    return Response(data, mimetype="application/json")
+
+
+def _offload(fn: Callable[[], Any]) -> Any:
+    """``fn()`` in gevent's thread pool, this greenlet waiting (the loop serves meanwhile)."""
+    import gevent
+
+    return gevent.get_hub().threadpool.apply(fn)

@@ -29,12 +29,14 @@ from collections import deque
 from typing import Any, Callable, Iterable
 
 import gevent
+import msgspec
 
 from broker import feed
-from web import sse
+from web import piecewise, sse
 from web.cluster import ClusterIndex
+from web.collectivesview import RunCollectiveView
 from web.parking import ParkedStreams
-from web.runstate import MAX_QUEUED_BYTES, RunState, Subscriber, finite
+from web.runstate import MAX_QUEUED_BYTES, RunState, Subscriber, finite, public_ranks
 from web.stacksview import RunDumps
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,18 @@ HEARTBEAT_TIMEOUT = 3.0
 SNAPSHOT_TIMEOUT = 5.0
 #: Buffered updates beyond this are dropped; the gap that causes is healed by a snapshot.
 MAX_BUFFERED = 100_000
+#: A feed message (or snapshot reply) of more bytes than this is decoded by :attr:`Hub.offload`
+#: (issue 38, item 2: a 9 MiB ``ranks`` message of a 65,536-rank run took ~50 ms to decode
+#: and ~0.4 s to apply and encode, all on the web's one event loop).
+OFFLOAD_BYTES = 256 * 1024
+#: A ``ranks`` array of more entries than this is made public, and its SSE event encoded, by
+#: :attr:`Hub.offload`; a ``stacks`` event of more dumps and frames than this is encoded there.
+OFFLOAD_ITEMS = 2048
+
+
+def inline(fn: Callable[..., Any], *args: Any) -> Any:
+    """The default :attr:`Hub.offload`: the work runs here (unit tests, no event loop)."""
+    return fn(*args)
 
 ENDED = ("complete", "failed")
 
@@ -110,6 +124,14 @@ class Hub:
         self._parked = ParkedStreams()
         #: the cluster view's per-run figures, cached (:mod:`web.cluster`)
         self.cluster = ClusterIndex()
+        #: runs ``fn(*args)`` and returns its result: the pump sets it to gevent's thread
+        #: pool (:meth:`web.pump.FeedPump.offload`), so the big pure work of one feed
+        #: message (decoding it, a big run's public ranks and SSE bytes) runs off the event
+        #: loop while the pump's greenlet waits (issue 38, item 2). The hub calls it only
+        #: where its state is whole (before a message's first change, or after its last),
+        #: so the greenlets that run meanwhile read a consistent hub; the work it is given
+        #: reads nothing that another greenlet changes.
+        self.offload: Callable[..., Any] = inline
 
     # ----------------------------------------------------------------- status
     @property
@@ -178,9 +200,13 @@ class Hub:
 
     # ------------------------------------------------------------- PUB input
     def handle_pub(self, parts: list[bytes]) -> None:
-        """One PUB message. A malformed one is logged and skipped, never raised."""
+        """One PUB message. A malformed one is logged and skipped, never raised. A big one
+        is decoded by :attr:`offload` (the hub is whole meanwhile: nothing changed yet)."""
         try:
-            update = feed.decode_update(parts)
+            if sum(map(len, parts)) > OFFLOAD_BYTES:
+                update = self.offload(decode_big_update, parts)
+            else:
+                update = feed.decode_update(parts)
         except feed.FeedError as exc:
             log.warning("bad feed message skipped: %s", exc)
             return
@@ -241,10 +267,16 @@ class Hub:
             self._resnapshot(update.run)
             self._run_buffers[update.run].append(update)
             return
+        data = update.data
+        public = prepared = None
+        if update.kind == "ranks" and isinstance(data, list) and len(data) > OFFLOAD_ITEMS:
+            public = self.offload(public_ranks, data)  # before any change: the hub is whole
+        elif update.kind == "stacks":  # its collectives frames checked and encoded, off the
+            prepared = (RunCollectiveView.prepare(data) if _items(data) <= OFFLOAD_ITEMS
+                        else self.offload(RunCollectiveView.prepare, data))  # loop when big
         if state is None:
             state = self.runs[update.run] = RunState(update.run)
         state.seq = update.seq
-        data = update.data
         if update.kind == "epoch":
             state.records.append((update.seq, data))
             if state.subscribers:  # else encoded when a replay first needs it
@@ -258,15 +290,19 @@ class Hub:
                 self._resnapshot(state.run)  # the SVG itself travels only in run snapshots
             payload: Any = state.public_header()
         elif update.kind == "ranks":
-            state.set_ranks(data, update.seq)
+            state.set_ranks(data, update.seq, public=public)
             if state.subscribers:  # bounded in bytes: hardware and samples (web/ranksbound.py)
-                self._broadcast(state, update.seq, state.ranks_event(update.seq))
+                # a big one is encoded off the loop, after every change of this message: a
+                # client that subscribes meanwhile has the new seq in its replay and skips it
+                event = (state.ranks_event(update.seq) if public is None
+                         else self.offload(state.ranks_event, update.seq))
+                self._broadcast(state, update.seq, event)
             return
         elif update.kind == "stacks":
             # live only (never replayed): the dumps received, the page then reads /stacks
             dumps = self._dumps(update.run)  # (and the collectives of section 7.2)
             payload = {"dumps": dumps.apply_event(update.seq, data)}
-            if coll := dumps.collectives.apply_event(data):
+            if coll := dumps.collectives.apply_prepared(prepared or ([], [], None)):
                 payload["collectives"] = coll
         elif update.kind == "complete":
             status = data.get("status") if isinstance(data, dict) else None
@@ -283,7 +319,12 @@ class Hub:
             return
         if state.subscribers:  # nobody to send it to: nothing encoded (a 1 MiB metadata
             # header, a 65,536-rank ranks array: milliseconds each, on the web's one thread)
-            self._broadcast(state, update.seq, sse.json_event(update.kind, update.seq, payload))
+            if update.kind == "stacks" and _items(payload) > OFFLOAD_ITEMS:  # after every
+                # change of this message, like a big ranks event
+                chunk = self.offload(sse.json_event, update.kind, update.seq, payload)
+            else:
+                chunk = sse.json_event(update.kind, update.seq, payload)
+            self._broadcast(state, update.seq, chunk)
 
     @staticmethod
     def _append_steps(state: RunState, data: Any) -> int | None:
@@ -321,19 +362,25 @@ class Hub:
             log.debug("snapshot reply with no request outstanding ignored")
             return
         try:
-            verb, body = feed.decode_snapshot_reply(parts)
+            verb, body = (feed.decode_snapshot_reply(parts) if sum(map(len, parts)) <= OFFLOAD_BYTES
+                          else self.offload(decode_big_snapshot_reply, parts))
         except feed.FeedError as exc:
             log.warning("bad snapshot reply skipped: %s", exc)
             return
         if verb == "RUN":
             try:
-                state = RunState.from_snapshot(body)
+                # a new state, installed only at the END reply: built off the loop when big
+                state = (RunState.from_snapshot(body) if len(parts[-1]) <= OFFLOAD_BYTES
+                         else self.offload(RunState.from_snapshot, body))
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning("malformed run snapshot skipped: %r", exc)
                 return
+            coll = body.get("collectives")  # checked and encoded off the loop when big
+            prepared = (RunCollectiveView.prepare_snapshot(coll) if len(parts[-1]) <= OFFLOAD_BYTES
+                        else self.offload(RunCollectiveView.prepare_snapshot, coll))
             self._snap_runs[state.run] = state
             self._snap_stacks[state.run] = RunDumps.from_snapshot(body.get("stacks"),
-                                                                  body.get("collectives"))
+                                                                  prepared=prepared)
             self._outstanding = (self._outstanding[0], self.clock())  # progress: not timed out
             return
         target = self._outstanding[0]
@@ -564,16 +611,26 @@ class Hub:
         dumps = self.stacks.get(run)
         return dumps.collectives.view() if dumps is not None else {"groups": [], "ranks": []}
 
-    def stacks_view_json(self, run: str, encode: Callable[[Any], bytes]) -> bytes | None:
+    def collectives_view_json(self, run: str) -> bytes | None:
+        """:meth:`collectives_view` as JSON, cached per state of the run's frames and verdict
+        (:meth:`web.collectivesview.RunCollectiveView.view_json`); None for an unknown run."""
+        if run not in self.runs:
+            return None
+        dumps = self.stacks.get(run)
+        return dumps.collectives.view_json() if dumps is not None else b'{"groups":[],"ranks":[]}'
+
+    def stacks_view_json(self, run: str, encode: Callable[[Any], bytes],
+                         offload: Callable[..., Any] = inline) -> bytes | None:
         """:meth:`stacks_view` encoded, cached per state of the run's dumps and ranks
-        (:meth:`web.stacksview.RunDumps.view_json`); None for an unknown run."""
+        (:meth:`web.stacksview.RunDumps.view_json`, built by ``offload``: the app's thread
+        pool); None for an unknown run."""
         state = self.runs.get(run)
         if state is None:
             return None
         dumps = self.stacks.get(run)
         if dumps is None:
             return encode({"dumps": [], "groups": []})
-        return dumps.view_json(state.ranks, state.ranks_seq, encode)
+        return dumps.view_json(state.ranks, state.ranks_seq, encode, offload)
 
     # ---------------------------------------------------------------- reads
     def runs_newest_first(self) -> list[RunState]:
@@ -582,6 +639,44 @@ class Hub:
             return (started if started is not None else 0.0, state.run)
 
         return sorted(self.runs.values(), key=key, reverse=True)
+
+
+def _unpack_big(payload: bytes, what: str) -> Any:
+    try:
+        return piecewise.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise feed.FeedError(f"{what}: not MessagePack: {exc}") from None
+
+
+def decode_big_update(parts: list[bytes]) -> feed.Update | None:
+    """:func:`broker.feed.decode_update` of a big message, a run event decoded in pieces
+    (:func:`web.piecewise.decode`: the thread running it lets the GIL go between them)."""
+    if len(parts) != 2 or not parts[0].startswith(feed.RUN_PREFIX):
+        return feed.decode_update(parts)
+    topic, payload = parts
+    body = _unpack_big(payload, "event")
+    try:
+        return feed.EventUpdate(topic[len(feed.RUN_PREFIX):].decode(), int(body["seq"]),
+                                str(body["kind"]), body["data"])
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+        raise feed.FeedError(f"malformed event: {exc!r}") from None
+
+
+def decode_big_snapshot_reply(parts: list[bytes]) -> tuple[str, dict[str, Any]]:
+    """:func:`broker.feed.decode_snapshot_reply` of a big reply, decoded in pieces."""
+    if len(parts) != 2 or parts[0] not in (feed.RUN, feed.END):
+        return feed.decode_snapshot_reply(parts)
+    body = _unpack_big(parts[1], parts[0].decode())
+    if not isinstance(body, dict):
+        raise feed.FeedError("snapshot reply body is not a map")
+    return parts[0].decode(), body
+
+
+def _items(payload: Any) -> int:
+    """Dumps and collectives frames in a ``stacks`` event's payload."""
+    if not isinstance(payload, dict):
+        return 0
+    return sum(len(v) for v in payload.values() if isinstance(v, list))
 
 
 def parse_position(values: Iterable[str | None]) -> int:

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from web.hostsanswer import suspect_series
 from web.metricsranks import RankCollector, select
 from web.scrape import FrozenRun, HubView, ScrapeRegistry
 from web.shards import AnyHub
@@ -140,9 +141,21 @@ class HubCollector(Collector):
             "rankboard_host_suspect", "1 while the host is suspect (a GPU XID, ECC or row-remap "
             "incident, or incidents in 2 or more runs; see /api/hosts), else 0.",
             labels=["host"])
-        for host, is_suspect in sorted(hub.suspects.items()):
+        series, left_out = suspect_series(hub.suspects)  # capped (web/hostsanswer.py)
+        for host, is_suspect in series:
             suspect.add_metric([host], 1.0 if is_suspect else 0.0)
         yield suspect
+        per_run = GaugeMetricFamily(
+            "rankboard_run_suspect_hosts", "Hosts of the run that are suspect (exported for "
+            "every run, whatever the cap on rankboard_host_suspect).", labels=["run"])
+        for run, n in sorted(hub.run_suspect_hosts.items()):
+            per_run.add_metric([run], n)
+        yield per_run
+        omitted = GaugeMetricFamily(
+            "rankboard_host_suspect_omitted", "Hosts this scrape left out of "
+            "rankboard_host_suspect (past its cap, only suspect hosts have a series).")
+        omitted.add_metric([], left_out)
+        yield omitted
 
         runs = GaugeMetricFamily("rankboard_runs", "Runs known to the web, by status.",
                                  labels=["status"])
@@ -203,10 +216,16 @@ def numbers_families(states: Iterable[FrozenRun]) -> Iterator[GaugeMetricFamily]
     yield diverged
 
 
+def _prepare(view: HubView) -> None:
+    """In the build, before the collectors: the per-rank selection and the host verdicts."""
+    select(view)
+    view.derive_hosts()
+
+
 def make_registry(hub: AnyHub) -> ScrapeRegistry:
     """A fresh registry over a view of ``hub``: the hub's own families and the bounded
     per-rank and per-GPU ones (:mod:`web.metricsranks`); ``latest()`` builds it off the loop."""
-    registry = ScrapeRegistry(hub, prepare=select)
+    registry = ScrapeRegistry(hub, prepare=_prepare)
     registry.register(HubCollector(registry.view))  # type: ignore[arg-type]
     registry.register(RankCollector(registry.view))
     return registry

@@ -43,6 +43,12 @@ class FeedPump:
 
     #: seconds between two log lines about refused handshakes
     REFUSAL_LOG_INTERVAL = 60.0
+    #: seconds of feed work after which the pump lets the loop's other greenlets run (issue
+    #: 38, item 2: it yielded only every 100 messages, and 100 big ones held ``/healthz``
+    #: for seconds); one message's big work runs off the loop (:meth:`offload`)
+    TURN_S = 0.02
+    #: messages after which the pump yields even within :attr:`TURN_S` (as it always did)
+    TURN_MESSAGES = 100
     #: seconds after start with no heartbeat before the pump says so, once (libzmq does not
     #: retry a connection whose handshake failed, so a refusal it reported while the
     #: monitor's event was lost, or none it reported at all, would otherwise leave the web
@@ -70,6 +76,18 @@ class FeedPump:
         self._dealer: Any = None  # the snapshot socket in use (requests for dumps go on it)
         #: requests for dumps handed to the broker
         self.stacks_requests = 0
+        #: work the hub handed to :meth:`offload` (tests and the bench read it)
+        self.offloaded = 0
+        hub.offload = self.offload
+
+    def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in gevent's thread pool (a native thread), this greenlet waiting:
+        the loop serves every other greenlet meanwhile, the GIL switching between the two
+        threads every few milliseconds (``/metrics`` is built the same way,
+        ``web/scrape.py``). Only the pump's greenlet calls it (through the hub), so one
+        message's work at a time, in order."""
+        self.offloaded += 1
+        return gevent.get_hub().threadpool.apply(fn, args)
 
     def request_stacks(self, req: ControlRequest) -> str:
         """Hand ``req`` (checked by ``web/stacksapi.py``) to the broker, which forwards it to
@@ -238,9 +256,13 @@ class FeedPump:
                       "with --curve-secret-key needs --curve-server-key and "
                       "--curve-client-key%s", self.publish, value, more)
 
-    @staticmethod
-    def _drain(sock: Any, handler: Callable[[list[bytes]], None], zmq: Any) -> None:
-        """Handle what is queued on ``sock`` now, yielding to other greenlets now and then."""
+    def _drain(self, sock: Any, handler: Callable[[list[bytes]], None], zmq: Any) -> None:
+        """Handle what is queued on ``sock`` now, yielding to other greenlets whenever
+        :attr:`TURN_S` of work has passed since the last yield (messages vary from bytes
+        to megabytes, so a count alone bounds nothing) or :attr:`TURN_MESSAGES` messages
+        were handled (so SSE writers drain their queues, bounded in events, between turns
+        of small messages as before)."""
+        turn = time.monotonic()
         for n in range(1, 100_000):
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK)
@@ -250,5 +272,6 @@ class FeedPump:
                 handler(parts)
             except Exception:  # one bad message never kills the pump
                 log.exception("feed message handling failed")
-            if n % 100 == 0:
+            if n % self.TURN_MESSAGES == 0 or time.monotonic() - turn >= self.TURN_S:
                 gevent.sleep(0)
+                turn = time.monotonic()

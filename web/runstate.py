@@ -187,12 +187,14 @@ class RunState:
         (:func:`ranks_payload`) and samples (:mod:`web.ranksbound`)."""
         return self.samples_sent.event(ranks_payload(self.hardware_sent, self.ranks), seq)
 
-    def set_ranks(self, ranks: Any, seq: int, now: float | None = None) -> None:
+    def set_ranks(self, ranks: Any, seq: int, now: float | None = None,
+                  public: list[Any] | None = None) -> None:
         """The ranks as of ``seq``, received at ``now`` (default: the clock), which is when
-        the cluster's resources point from their samples is (:mod:`web.resourcetimeline`)."""
+        the cluster's resources point from their samples is (:mod:`web.resourcetimeline`).
+        ``public``: :func:`public_ranks` of ``ranks`` when already made (off the loop)."""
         self.ranks_seq = seq
         self.ranks_full = ranks if isinstance(ranks, list) else []
-        self.ranks = [public_rank(r) for r in self.ranks_full]
+        self.ranks = public_ranks(self.ranks_full) if public is None else public
         self.resources.add(time.time() if now is None else now, self.ranks_full)
 
     @classmethod
@@ -260,6 +262,11 @@ def public_rank(entry: Any) -> Any:
     if isinstance(entry, dict) and not FEED_ONLY_RANK_KEYS.isdisjoint(entry):
         return {k: v for k, v in entry.items() if k not in FEED_ONLY_RANK_KEYS}
     return entry
+
+
+def public_ranks(ranks: list[Any]) -> list[Any]:
+    """Every entry of a feed ranks array without the feed-only keys (:func:`public_rank`)."""
+    return [public_rank(r) for r in ranks]
 
 
 def finite(value: Any) -> float | None:

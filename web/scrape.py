@@ -29,6 +29,7 @@ import gevent.event
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
+from web.hostsanswer import FrozenRuns, suspects_by_run, worker
 from web.shards import shard_states
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,10 @@ class HubView:
         #: ``[{"shard", "connected"}]`` (PROTOCOL 7.3) and host -> suspect (7.4)
         self.shards: list[dict[str, Any]] = []
         self.suspects: dict[str, bool] = {}
+        #: run -> how many of its hosts are suspect (always exported: the host series are
+        #: capped, :func:`web.hostsanswer.suspect_series`)
+        self.run_suspect_hosts: dict[str, int] = {}
+        self._hosts: tuple[Any, Any] | None = None  # (frozen runs, worker index): freeze
 
     def freeze(self, hub: Any) -> None:
         """Take the hub's state now (on the loop)."""
@@ -82,8 +87,16 @@ class HubView:
         self.gaps = hub.gaps
         self.limited = dict(hub.limited)
         self.shards = shard_states(hub)
-        # the cluster index is cached per run (web/cluster.py): O(runs) on the loop
-        self.suspects = hub.cluster.suspects(hub)
+        # what the host verdicts read, O(runs) on the loop; the verdicts themselves are made
+        # in the build (derive_hosts, issue 38 item 5: 96,000 hosts held the loop)
+        frozen = FrozenRuns(hub)
+        self._hosts = (frozen, worker(hub.cluster, frozen))
+
+    def derive_hosts(self) -> None:
+        """The host verdicts and per-run suspect counts of the frozen runs (in the build)."""
+        if self._hosts is not None:
+            frozen, work = self._hosts
+            self.suspects, self.run_suspect_hosts = suspects_by_run(work, frozen)
 
 
 class ScrapeRegistry(CollectorRegistry):

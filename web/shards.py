@@ -220,13 +220,21 @@ class ShardedHub:
         hub = self._hub_of(run)
         return None if hub is None else hub.stacks_view(run)
 
-    def stacks_view_json(self, run: str, encode: Callable[[Any], bytes]) -> bytes | None:
+    def stacks_view_json(self, run: str, encode: Callable[[Any], bytes],
+                         offload: Callable[..., Any] | None = None) -> bytes | None:
         hub = self._hub_of(run)
-        return None if hub is None else hub.stacks_view_json(run, encode)
+        if hub is None:
+            return None
+        return (hub.stacks_view_json(run, encode) if offload is None
+                else hub.stacks_view_json(run, encode, offload))
 
     def collectives_view(self, run: str) -> dict[str, Any] | None:
         hub = self._hub_of(run)
         return None if hub is None else hub.collectives_view(run)
+
+    def collectives_view_json(self, run: str) -> bytes | None:
+        hub = self._hub_of(run)
+        return None if hub is None else hub.collectives_view_json(run)
 
     def subscribe(self, run: str, position: int) -> tuple[Subscriber, list[bytes], int] | None:
         hub = self._hub_of(run)

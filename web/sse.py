@@ -18,13 +18,11 @@ from __future__ import annotations
 import re
 from typing import Any, Union
 
-import msgspec
+from web import piecewise
 
 #: Line terminators of the event-stream grammar.
 _LINE_SPLIT = re.compile(r"\r\n|\r|\n")
 _SINGLE_LINE = str.maketrans("", "", "\r\n")
-
-_json = msgspec.json.Encoder()
 
 #: A keep-alive comment; browsers ignore it, proxies see traffic, and a write to a dead
 #: client fails (pywsgi only notices a gone client on a failed write).
@@ -80,8 +78,10 @@ def json_event(kind: str, seq: int, payload: Any) -> bytes:
     output as they are, exactly what :func:`event` writes for it, without decoding,
     splitting and re-encoding a payload that may be megabytes (a 65,536-rank ``ranks``
     event). ``kind`` is one of the hub's own event names; it is still made single-line.
+    A big list is encoded in pieces (:func:`web.piecewise.encode_json`, the same bytes), so
+    a thread encoding it off the loop lets the GIL go between them.
     """
-    body = _json.encode(payload)
+    body = piecewise.encode_json(payload)
     if b"\r" in body or b"\n" in body:  # cannot happen with msgspec; kept exact if it did
         return event(body.decode("utf-8"), event=kind, id=seq)
     return b"".join((b"id: %d\nevent: " % int(seq), _single_line(kind).encode("utf-8"),

@@ -15,7 +15,9 @@ broker holds in about the same bytes. :class:`RunDumps` adds what ``GET /stacks`
   (:meth:`RunDumps.note_request`), or else the request id of the newest answer received, so
   another web's request is grouped too;
 * the answer itself, :meth:`RunDumps.view`, grouped by :func:`broker.stacks.groups.stack_groups`.
-  Blobs are decoded once and shared between views (read-only). Its JSON is cached
+  Blobs are decoded once per answer and let go with it (what is held is the store's bytes).
+  The answer is built off the loop (gevent's thread pool) from the dumps' wire tuples, and
+  its JSON is cached
   (:meth:`RunDumps.view_json`) until the dumps, the ranks array or the latest request change:
   six tabs reading ``/stacks`` once a second took the web to 86 % CPU (issue 32); the cached
   bytes are charged to the process's byte budget (:mod:`broker.budget`) like the dumps.
@@ -54,22 +56,28 @@ class RunDumps:
         self._stall_seq: Dict[int, int] = {}
         self._requested: Optional[str] = None  # the latest request this web sent
         self._answered: Optional[tuple[float, str]] = None  # (taken_at, id) newest answer
-        self._decoded: Dict[bytes, Any] = {}
         #: the run's ``collectives`` frames and verdict (section 7.2), from the same events
-        self.collectives = RunCollectiveView()
+        self.collectives = RunCollectiveView(self.store.budget)
         #: (key, JSON) of the last ``GET /stacks`` answer (:meth:`view_json`)
         self._json: Optional[tuple[Any, bytes]] = None
 
     def view_json(self, ranks: List[Dict[str, Any]], ranks_seq: int,
-                  encode: Callable[[Any], bytes]) -> bytes:
+                  encode: Callable[[Any], bytes],
+                  offload: Callable[..., Any] = lambda fn, *a: fn(*a)) -> bytes:
         """:meth:`view` encoded by ``encode``, built once per state of the dumps, the ranks
-        array and the latest request (then served from the cache, charged to the budget)."""
+        array and the latest request (then served from the cache, charged to the budget).
+        The build runs in ``offload`` (the web: gevent's thread pool, issue 38 item 2) over
+        what is taken here: the kept dumps' wire tuples and the ranks array, neither ever
+        changed in place, so the loop may change the store meanwhile."""
         key = (self.store.version, ranks_seq, self.latest_request)
         cached = self._json
         if cached is not None and cached[0] == key:
             return cached[1]
         self._drop_json()
-        data = encode(self.view(ranks, ranks_seq))
+        items = list(self.store.wire())
+        data = offload(_view_json, items, ranks, self.stalled(ranks, ranks_seq), key[2], encode)
+        if self._json is not None:  # another reader's build finished first: keep the newest
+            self._drop_json()
         self._json = (key, data)
         self.store.budget.charge(self, "view", len(data))
         if self.store.version != key[0] and self._json is not None:
@@ -93,14 +101,19 @@ class RunDumps:
         """The run left this web: every byte goes back to the budget."""
         self._drop_json()
         self.store.close()
+        self.collectives.close()
 
     @classmethod
-    def from_snapshot(cls, items: Any, collectives: Any = None) -> RunDumps:
+    def from_snapshot(cls, items: Any, collectives: Any = None,
+                      prepared: Any = None) -> RunDumps:
         """The dumps of a run snapshot (``items``: its ``stacks``; malformed ones skipped),
-        and its ``collectives``."""
+        and its ``collectives`` (or what :meth:`RunCollectiveView.prepare_snapshot` made of
+        them, off the loop: ``prepared``)."""
         dumps = cls()
         dumps._apply(items if isinstance(items, list) else [], 0)
-        dumps.collectives = RunCollectiveView.from_snapshot(collectives)
+        dumps.collectives = (
+            RunCollectiveView.from_snapshot(collectives, dumps.store.budget) if prepared is None
+            else RunCollectiveView.from_prepared(prepared, dumps.store.budget))
         return dumps
 
     def apply_event(self, seq: int, data: Any) -> List[Dict[str, Any]]:
@@ -143,8 +156,6 @@ class RunDumps:
                 if answered is None or item[3] >= answered[0]:
                     self._answered = (item[3], item[2])
             out.append(summary(item))
-        if len(self._decoded) > 4 * len(self.store) + 64:
-            self._decoded.clear()  # blobs no longer held: decoded anew on demand
         return out
 
     def note_request(self, request_id: str) -> None:
@@ -165,27 +176,40 @@ class RunDumps:
         now.update(rank for rank, seq in self._stall_seq.items() if seq > ranks_seq)
         return {r for r in now if isinstance(r, int)}
 
-    def _dict(self, item: Wire, host: Any) -> Dict[str, Any]:
-        decoded = self._decoded
-        threads = []
-        for blob in item[7]:
-            thread = decoded.get(blob)
-            if thread is None:
-                thread = decoded[blob] = _decode(blob)
-            threads.append(thread)
-        return {"rank": item[0], "host": host, "reason": item[1], "request_id": item[2],
-                "taken_at": item[3], "idle_s": item[4], "threads": threads,
-                "profile": _decode(item[8]) if item[8] else [], "samples": item[5],
-                "seconds": item[6]}
-
     def view(self, ranks: List[Dict[str, Any]], ranks_seq: int) -> Dict[str, Any]:
         """The ``GET /stacks`` JSON: every kept dump by rank then reason, with its host
         (from ``ranks``, the run's ranks array as of ``ranks_seq``), and the groups of
         section 2.5."""
-        hosts = {r.get("rank"): r.get("host") for r in ranks}
-        dumps = [self._dict(item, hosts.get(item[0])) for item in self.store.wire()]
-        stall = {d["rank"]: d for d in dumps if d["reason"] == "stall"}
-        answers = {d["rank"]: d for d in dumps if d["reason"] == "request"}
-        groups = stack_groups(stall, self.stalled(ranks, ranks_seq), answers,
-                              self.latest_request)
-        return {"dumps": dumps, "groups": groups}
+        return _view(list(self.store.wire()), ranks, self.stalled(ranks, ranks_seq),
+                     self.latest_request)
+
+
+def _dict(item: Wire, host: Any, decoded: Dict[bytes, Any]) -> Dict[str, Any]:
+    threads = []
+    for blob in item[7]:
+        thread = decoded.get(blob)
+        if thread is None:
+            thread = decoded[blob] = _decode(blob)
+        threads.append(thread)
+    return {"rank": item[0], "host": host, "reason": item[1], "request_id": item[2],
+            "taken_at": item[3], "idle_s": item[4], "threads": threads,
+            "profile": _decode(item[8]) if item[8] else [], "samples": item[5],
+            "seconds": item[6]}
+
+
+def _view(items: List[Wire], ranks: List[Dict[str, Any]], stalled: set[int],
+          latest: Optional[str]) -> Dict[str, Any]:
+    """:meth:`RunDumps.view` of the dumps ``items``. Each distinct thread blob is decoded
+    once for this answer and let go with it (issue 38, item 3: a cache of decoded blobs
+    kept beside the store held several times the bytes the budget was charged for them)."""
+    hosts = {r.get("rank"): r.get("host") for r in ranks}
+    decoded: Dict[bytes, Any] = {}
+    dumps = [_dict(item, hosts.get(item[0]), decoded) for item in items]
+    stall = {d["rank"]: d for d in dumps if d["reason"] == "stall"}
+    answers = {d["rank"]: d for d in dumps if d["reason"] == "request"}
+    return {"dumps": dumps, "groups": stack_groups(stall, stalled, answers, latest)}
+
+
+def _view_json(items: List[Wire], ranks: List[Dict[str, Any]], stalled: set[int],
+               latest: Optional[str], encode: Callable[[Any], bytes]) -> bytes:
+    return encode(_view(items, ranks, stalled, latest))

@@ -5,12 +5,12 @@
 
 import { api, enc } from "./api.js";
 import { compareHash, parseCompareHash } from "./compare.js";
-import { $, h, setText } from "./dom.js";
+import { $, bidi, h, setText } from "./dom.js";
 import { isNum } from "./fmt.js";
 
 function runLabel(r) {
   const total = isNum(r.total_epochs) && r.total_epochs > 0 ? r.total_epochs : "?";
-  const name = r.label ? `${r.label} (${r.run})` : r.run;
+  const name = r.label ? `${bidi(r.label)} (${r.run})` : r.run;
   return `${name} · ${r.status} · ${r.epochs_done ?? 0}/${total}`;
 }
 

@@ -4,13 +4,19 @@
 // The dashboard's stall view and the saved report both use it. Strings from ranks (op names,
 // group ids) are returned as text; callers put them in the DOM through textContent only.
 
-/** [0, 1, 2, 5] -> "0–2, 5". */
+/** Ranges a rank list names before it says how many more ranks it leaves out. */
+const RANGES_SHOWN = 16;
+
+/** [0, 1, 2, 5] -> "0–2, 5"; past RANGES_SHOWN ranges, "… and N more ranks". */
 export function rankRanges(ranks) {
   const sorted = (ranks || []).filter((r) => Number.isInteger(r)).sort((a, b) => a - b);
   const parts = [];
   for (let i = 0; i < sorted.length; i++) {
     let j = i;
     while (j + 1 < sorted.length && sorted[j + 1] === sorted[j] + 1) j++;
+    if (parts.length === RANGES_SHOWN) {
+      return `${parts.join(", ")} … and ${(sorted.length - i).toLocaleString("en-US")} more`;
+    }
     parts.push(j > i ? `${sorted[i]}–${sorted[j]}` : String(sorted[i]));
     i = j;
   }
@@ -35,8 +41,17 @@ export function verdictLines(group) {
     const [w, one] = who(behind);
     lines.push(`${w} ${one ? "has" : "have"} not entered ${what}${where}`);
   }
+  // ranks in the same other collective share one sentence (a 1,000-rank mismatch drew one
+  // line a rank); the first of them keeps the sentence's place
+  const others = new Map();
   for (const m of Array.isArray(g.mismatched) ? g.mismatched : []) {
-    lines.push(`rank ${m.rank} is in ${m.op || "?"} ${JSON.stringify(m.input_sizes ?? [])}, not ${what}${where}`);
+    const key = `${m.op || "?"} ${JSON.stringify(m.input_sizes ?? [])}`;
+    if (!others.has(key)) others.set(key, []);
+    others.get(key).push(m.rank);
+  }
+  for (const [key, ranks] of others) {
+    const [w, one] = who(ranks);
+    lines.push(`${w} ${one ? "is" : "are"} in ${key}, not ${what}${where}`);
   }
   const absent = Array.isArray(g.absent) ? g.absent : [];
   if (absent.length) {
@@ -47,9 +62,18 @@ export function verdictLines(group) {
   return lines;
 }
 
-/** Every listed group's sentences, in the broker's order (group 0 first). */
+/** The most sentences a verdict shows: about a screen (issue 38, item 7: a 1,000-rank
+ * mismatch with every rank's sizes its own drew 7,992 lines). */
+export const VERDICT_LINES = 12;
+
+/** Every listed group's sentences, in the broker's order (group 0 first); past
+ * VERDICT_LINES the first ones and a last line saying how many more there are. */
 export function verdictText(groups) {
-  return (Array.isArray(groups) ? groups : []).flatMap(verdictLines);
+  const lines = (Array.isArray(groups) ? groups : []).flatMap(verdictLines);
+  if (lines.length <= VERDICT_LINES) return lines;
+  const rest = lines.length - (VERDICT_LINES - 1);
+  return [...lines.slice(0, VERDICT_LINES - 1),
+    `… and ${rest.toLocaleString("en-US")} more sentences like these (all of them: GET /api/runs/<run>/collectives)`];
 }
 
 /** "2026-12-06 03:12:45" (local time) for a unix time in seconds. */

@@ -4,7 +4,7 @@
 // graph only ever as an <img>.
 
 import { enc, serverNow } from "./api.js";
-import { $, h, setText } from "./dom.js";
+import { $, bidi, h, setText } from "./dom.js";
 import { DASH, fmtAgo, fmtDur, fmtInt, isNum } from "./fmt.js";
 
 const STATUS_TEXT = { waiting: "waiting", training: "training", complete: "complete", failed: "failed" };
@@ -112,7 +112,7 @@ export class HeaderView {
       return;
     }
     const img = h("img");
-    img.alt = `model graph${hd.label ? ` of ${hd.label}` : ""}`;
+    img.alt = `model graph${hd.label ? ` of ${bidi(hd.label)}` : ""}`;
     img.decoding = "async";
     img.src = src;
     box.replaceChildren(img);

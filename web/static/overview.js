@@ -4,7 +4,7 @@
 // textContent.
 
 import { colorAt } from "./axes.js";
-import { $, button, h, setText } from "./dom.js";
+import { $, bidi, button, h, setText } from "./dom.js";
 import {
   DASH, fmtBytes, fmtDur, fmtInt, fmtLoss, fmtMs, fmtPct, formatNumber, isNum, pct,
 } from "./fmt.js";
@@ -245,7 +245,7 @@ export class Overview {
       t.dataset.rank = String(x.rank);
       t.dataset.health = x.health.level;
       const name = rankGpu(rankInfo(store, x.rank) || { rank: x.rank }).name;
-      t.title = `rank ${x.rank}${x.host ? ` on ${x.host}` : ""}${name ? ` · ${name}` : ""}${health ? `\n${x.health.title}` : ""}`;
+      t.title = `rank ${x.rank}${x.host ? ` on ${bidi(x.host)}` : ""}${name ? ` · ${name}` : ""}${health ? `\n${x.health.title}` : ""}`;
       const fill = h("span", "gpu-tile-fill");
       fill.style.height = health ? "100%" : `${isNum(x.util) ? Math.max(0, Math.min(100, x.util)) : 0}%`;
       const val = health ? (x.health.tags.length ? x.health.tags[0].text : x.health.level === "ok" ? "ok" : DASH) : fmtPct(x.util);

@@ -6,7 +6,7 @@
 import { alertMessage, alertState, resolvedText } from "./alertstate.js";
 import { serverNow } from "./api.js";
 import { SLOW_AT } from "./slowness.js";
-import { button, h, statusDot } from "./dom.js";
+import { bidi, button, h, statusDot } from "./dom.js";
 import {
   DASH, fmtAgo, fmtBytes, fmtInt, fmtMs, fmtPct, fmtThroughput, isNum, numOrNull, pct,
 } from "./fmt.js";
@@ -432,7 +432,7 @@ function groupLine(kind, list, states) {
   }
   if (kind === "rank_error") return `${fmtInt(n)} ranks failed`;
   if (kind === "nonfinite_loss") return `${fmtInt(n)} non-finite losses`;
-  if (kind in GPU_ALERT_TEXT) return `${fmtInt(n)} ranks: ${GPU_ALERT_TEXT[kind]}${tail} (latest: ${list[0].message ?? ""})`;
+  if (kind in GPU_ALERT_TEXT) return `${fmtInt(n)} ranks: ${GPU_ALERT_TEXT[kind]}${tail} (latest: ${bidi(list[0].message ?? "")})`;
   return `${fmtInt(n)} alerts${tail}`;
 }
 

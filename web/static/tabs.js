@@ -1,7 +1,7 @@
 // rankboard navigation between the overview and one rank's panel: rank tabs for a small
 // run, the searchable rank picker for a big one.
 
-import { $, button, h } from "./dom.js";
+import { $, bidi, button, h } from "./dom.js";
 import { RankPicker } from "./ranks.js";
 
 export class Tabs {
@@ -42,7 +42,7 @@ export class Tabs {
         else box.prepend(b);
       }
       b.firstChild.dataset.status = row.status || "unknown";
-      b.title = row.host ? `rank ${rank} on ${row.host}` : `rank ${rank}`;
+      b.title = row.host ? `rank ${rank} on ${bidi(row.host)}` : `rank ${rank}`;
       prev = b;
     }
   }
