@@ -50,6 +50,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from functools import partial
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple, Union
 
 import zmq
@@ -172,7 +173,7 @@ class Control:
                  idle_s: Callable[[], float] = lambda: 0.0,
                  socket_options: Callable[[], Optional[Dict[int, bytes]]] = curve.socket_options,
                  broker: Optional[str] = None,
-                 secret: Callable[[], Tuple[Optional[bytes], str]] = controlauth.agent_secret,
+                 secret: Optional[Callable[[], Tuple[Optional[bytes], str]]] = None,
                  ) -> None:
         self.endpoint = endpoint
         #: the ingest endpoint (for :func:`squatter_warning`; None: not checked)
@@ -186,7 +187,8 @@ class Control:
         #: requests this rank answered (for tests and the owner's counters)
         self.answered = 0
         #: (the control secret, where it came from) or (None, why none); read by the thread
-        self.secret = secret
+        self.secret = secret if secret is not None else partial(
+            controlauth.agent_secret, endpoint=endpoint)
         self._verifier: Optional[controlauth.Verifier] = None
         _CONTROLS.add(self)
         self._init_state()

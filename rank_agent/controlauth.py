@@ -12,11 +12,14 @@ read, and an agent that holds the secret obeys nothing else:
   (mode ``0600``, 32 random bytes as hex, under a ``0077`` umask so it is never readable by
   others even briefly) and reads at every later one, so it survives restarts. The broker
   takes ``--control-secret-file``/``RANKBOARD_CONTROL_SECRET_FILE`` instead. An agent reads
-  ``RANKBOARD_CONTROL_SECRET`` (the text), else ``RANKBOARD_CONTROL_SECRET_FILE``, else the
-  default data dir's file (``$XDG_STATE_HOME/rankboard`` or ``~/.local/state/rankboard``:
-  the same rule as ``broker.config.default_data_dir``, which a test keeps equal) when it
-  exists: a rank on the broker's host, as its user, with ``rankboard up``'s defaults needs
-  no configuration at all.
+  ``RANKBOARD_CONTROL_SECRET`` (the text), else ``RANKBOARD_CONTROL_SECRET_FILE``, else,
+  when its control endpoint is the default one (``rankboard up``'s publish endpoint,
+  ``tcp://127.0.0.1:5586``), the default data dir's file (``$XDG_STATE_HOME/rankboard`` or
+  ``~/.local/state/rankboard``: the same rule as ``broker.config.default_data_dir``, which a
+  test keeps equal) when it exists: a rank on the broker's host, as its user, with ``rankboard
+  up``'s defaults needs no configuration at all. A rank of another broker (another endpoint:
+  a second broker with its own ``--data-dir``, a test's) never reads the default broker's
+  secret, so it is not made to refuse its own broker's requests.
 * **The signature**: the broker re-encodes the request with two keys more, ``t`` (its unix
   time) and ``mac`` (last; 32 bytes): HMAC-SHA256 over :data:`DOMAIN`, the topic, a zero
   byte and the body up to the MAC's 32 bytes. The MAC is the body's tail, so the agent
@@ -48,6 +51,7 @@ from typing import Dict, Mapping, Optional, Tuple
 import msgspec
 
 from .controlwire import ControlRequest, control_topic
+from .protocol import DEFAULT_PUBLISH
 
 __all__ = [
     "SECRET_ENV",
@@ -142,11 +146,14 @@ def read_secret(path: Path) -> bytes:
     return _key(data.decode("utf-8", "surrogateescape"), f"control secret {path}")
 
 
-def agent_secret(env: Optional[Mapping[str, str]] = None) -> Tuple[Optional[bytes], str]:
-    """(the key, where it came from) for an agent; (None, why none) without one.
+def agent_secret(env: Optional[Mapping[str, str]] = None, endpoint: Optional[str] = None
+                 ) -> Tuple[Optional[bytes], str]:
+    """(the key, where it came from) for an agent whose control channel connects to
+    ``endpoint``; (None, why none) without one.
 
     :class:`SecretError` when one is configured (either variable) but unusable; the default
-    file is used only when it exists and can be read (another user's broker: none)."""
+    file is used only for the default endpoint (None: any), and only when it exists and can
+    be read (another user's broker: none)."""
     env = os.environ if env is None else env
     text = env.get(SECRET_ENV, "")
     if text.strip():
@@ -156,6 +163,9 @@ def agent_secret(env: Optional[Mapping[str, str]] = None) -> Tuple[Optional[byte
         path = Path(named.strip()).expanduser()
         return read_secret(path), str(path)
     path = default_secret_file(env)
+    if endpoint is not None and not is_default_endpoint(endpoint):
+        return None, f"no {SECRET_ENV} or {SECRET_FILE_ENV} (the default secret is the " \
+                     f"default broker's, {DEFAULT_PUBLISH})"
     try:
         return read_secret(path), str(path)
     except SecretError as exc:
@@ -199,11 +209,18 @@ def broker_secret(path: Path) -> Tuple[bytes, bool]:
     return read_secret(path), created
 
 
+def is_default_endpoint(endpoint: str) -> bool:
+    """Whether ``endpoint`` is ``rankboard up``'s default publish endpoint (the control
+    channel of a rank whose broker runs with the defaults), ``localhost`` spelled either way."""
+    return endpoint.strip().replace("//localhost:", "//127.0.0.1:") == DEFAULT_PUBLISH
+
+
 def trust_summary(path: Path, publish: str, env: Optional[Mapping[str, str]] = None) -> str:
     """Who obeys whom, for the broker's and ``rankboard up``'s line at start: the ranks that
     read the secret at ``path`` (by default, when it is the default data dir's) and the
     others (``publish``: the endpoints a squatter would bind)."""
-    own = path.expanduser().absolute() == default_secret_file(env).absolute()
+    own = (path.expanduser().absolute() == default_secret_file(env).absolute()
+           and is_default_endpoint(publish))
     who = (f"ranks of this user on this host read {path} by default and" if own
            else f"ranks given {SECRET_FILE_ENV}={path}")
     return (f"{who} obey only this broker; any other rank obeys whatever process on this "

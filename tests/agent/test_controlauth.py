@@ -120,3 +120,22 @@ def test_the_broker_never_replaces_a_secret_it_cannot_use(tmp_path: Path) -> Non
     with pytest.raises(SecretError, match="at least"):
         broker_secret(path)
     assert path.read_text() == "short\n"
+
+
+def test_only_the_default_endpoints_ranks_read_the_default_secret(tmp_path: Path) -> None:
+    """A rank of a second broker (its own --data-dir and ports, as every test broker is) must
+    not read the default broker's secret: it would refuse its own broker's requests as
+    ``bad_mac``. The default file is the default endpoint's (``rankboard up``'s defaults)."""
+    from rank_agent.controlauth import broker_secret, default_secret_file
+
+    env = {"XDG_STATE_HOME": str(tmp_path)}
+    default_secret_file(env).parent.mkdir(parents=True)
+    key, _ = broker_secret(default_secret_file(env))
+    assert agent_secret(env, endpoint="tcp://127.0.0.1:5586")[0] == key
+    assert agent_secret(env, endpoint="tcp://localhost:5586")[0] == key
+    other, why = agent_secret(env, endpoint="tcp://127.0.0.1:40001")
+    assert other is None and "default broker's" in why
+    named = tmp_path / "mine.secret"
+    named.write_text("y" * 40)
+    assert agent_secret(dict(env, RANKBOARD_CONTROL_SECRET_FILE=str(named)),
+                        endpoint="tcp://127.0.0.1:40001")[0] == b"y" * 40
