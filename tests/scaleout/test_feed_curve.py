@@ -72,7 +72,8 @@ def test_only_a_web_with_an_authorized_key_gets_the_feed(
     for web in (stranger, plain):
         assert web.port is not None
         r = fetch(web.port, "/healthz")
-        assert (r.status, r.json()) == (503, {"ok": False, "shards": [{"shard": 0, "connected": False}]})
+        assert (r.status, r.json()) == (503, {"ok": False, "journal": "ok", "shards": [
+            {"shard": 0, "connected": False, "journal": "ok"}]})
         assert get_json(web.port, "/api/runs") == []
         assert fetch(web.port, "/api/runs/secret-run").status == 404
         assert "Traceback" not in web.output()
