@@ -142,6 +142,7 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
         self._metadata_raw: str | None = None
 
         self.topology = Topology()
+        self._steps.numbers.host_of = lambda rank: self.topology.place.get(rank)  # 8.3 hosts
         self._ranks: Dict[int, RankState] = {}
         # Latest sample per rank and the relabelled GPU entries (built lazily, at a close).
         self._samples = RankSamples(self.topology.place)

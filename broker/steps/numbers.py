@@ -27,7 +27,7 @@ rules afresh while keeping the entries already listed.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -109,6 +109,10 @@ class RunNumbers:
     """One run's 8.3 state: see the module docstring."""
 
     def __init__(self) -> None:
+        #: ``host_of(rank) -> (host, local_rank) | None``: the run's topology, set by the
+        #: sink; an entry takes its rank's host when it is decided (as an alert keeps the
+        #: host of when it was raised, 8.5), so the journal keeps it and a replay is the same
+        self.host_of: Callable[[int], Any] = lambda rank: None
         #: the current attempt (8.1; 0 until attempts exist)
         self.attempt = 0
         #: the run's replicated names, in the order first declared (at most 64)
@@ -202,7 +206,7 @@ class RunNumbers:
             count = len(bad_ranks)
             word = nonfinite_word(float(bad_values[0]))
             self.nonfinite.append({
-                "metric": name, "step": step, "rank": rank, "host": None,
+                "metric": name, "step": step, "rank": rank, "host": _host(self.host_of, rank),
                 "ranks": bad_ranks[:MAX_LISTED_RANKS].tolist(), "attempt": attempt,
             })
             noun = "rank" if count == 1 else "ranks"
@@ -280,14 +284,11 @@ class RunNumbers:
 
     # ---------------------------------------------------------------- header, journal
 
-    def header(self, host_of: Any) -> Dict[str, Any]:
+    def header(self, host_of: Any = None) -> Dict[str, Any]:
         """The header's ``nonfinite``, ``nonfinite_more`` and ``replica_divergence`` (new
-        lists; an entry's ``host`` filled from ``host_of(rank)`` when it has none yet)."""
-        for entry in self.nonfinite:
-            if entry["host"] is None:
-                place = host_of(entry["rank"])
-                if place is not None:
-                    entry["host"] = place[0]
+        lists). An entry's ``host`` is its rank's when the entry was decided (:attr:`host_of`
+        then), null when the rank had none yet: never a later host, so a restart's replay
+        shows the same entry (``host_of`` is accepted for callers and not used)."""
         return {
             "nonfinite": [dict(e) for e in self.nonfinite],
             "nonfinite_more": self.nonfinite_more,
@@ -329,3 +330,9 @@ class RunNumbers:
         except (TypeError, ValueError, KeyError, AttributeError):
             pass
         self.version += 1
+
+
+def _host(host_of: Callable[[int], Any], rank: int) -> Any:
+    """``rank``'s host as ``host_of`` places it now, or None (not placed yet)."""
+    place = host_of(rank)
+    return place[0] if place is not None else None
