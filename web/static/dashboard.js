@@ -129,7 +129,12 @@ function build() {
     onStacks: (d) => page.stall.onStacks(d),
     onMissing: () => app.runMissing(),
   });
-  store.hooks.header = (hd, first) => page.steps.onHeader(hd, first);
+  store.hooks.header = (hd, first) => {
+    page.steps.onHeader(hd, first);
+    // stacks events are live only: what came before this connection is read once it is up
+    // (a read at open, before the stream, could miss frames that arrived in between)
+    if (first) page.stall.refresh();
+  };
   store.subscribe((...parts) => {
     if (parts.includes("ranks")) page.stall.onRanks();
     if (parts.includes("ranks") || parts.includes("header")) page.resources.refresh();
