@@ -295,8 +295,10 @@ class Control:
             if self.endpoint not in _TRUST_SAID:
                 _TRUST_SAID.add(self.endpoint)
                 line = trust_line(self.endpoint, not options, where if key else None, where)
-                log.log(logging.WARNING if key is None and not options else logging.INFO,
-                        "%s", line)
+                # at INFO: the broker and `rankboard up` say the trust model where a user
+                # reads it; a WARNING from every rank of every job (1,024 lines for 1,024
+                # ranks, on every run's stderr) would be noise, not news
+                log.info("%s", line)
             sock.setsockopt(zmq.SUBSCRIBE, control_topic(self.run))
             sock.connect(self.endpoint)
         except controlauth.SecretError as exc:  # configured but unusable: closed, not open
