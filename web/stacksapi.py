@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import msgspec
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from broker.stacks.gate import MIN_INTERVAL_S, RunGate
 from rank_agent.controlwire import (
     DEFAULT_HZ,
     DEFAULT_SECONDS,
@@ -43,8 +44,6 @@ from rank_agent.protocol import MAX_WORLD_SIZE
 __all__ = ["BadBody", "MIN_INTERVAL_S", "RequestGate", "StacksCollector", "check_media_type",
            "parse_body"]
 
-#: A web process accepts at most one request per run this often (PROTOCOL 4: 429).
-MIN_INTERVAL_S = 1.0
 KINDS = ("stacks", "profile")
 #: The outcomes counted in ``rankboard_stacks_requests_total{result}``.
 RESULTS = ("accepted", "read_only", "unsupported_media_type", "bad_request", "rate_limited",
@@ -145,10 +144,12 @@ def _ranks(value: Any, world_size: Optional[int]) -> Optional[List[int]]:
 class RequestGate:
     """Per run, when this web process last accepted a request (the 429 rule), and how
     every ``POST /stacks`` ended (``/metrics``). One per app; the gevent server runs one
-    greenlet at a time, so no lock is needed."""
+    greenlet at a time, so no lock is needed. The interval and the bounded table are the
+    broker's forwarding rule's (:class:`~broker.stacks.gate.RunGate`): one rule, two
+    places it is applied (a web answers 429 before the broker would refuse)."""
 
     clock: Callable[[], float] = time.monotonic
-    last: Dict[str, float] = field(default_factory=dict)
+    runs: RunGate = field(default_factory=RunGate)
     results: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESULTS, 0))
 
     def count(self, result: str) -> None:
@@ -156,17 +157,11 @@ class RequestGate:
 
     def wait_left(self, run: str) -> float:
         """Seconds until ``run`` may be asked again (0: now)."""
-        at = self.last.get(run)
-        if at is None:
-            return 0.0
-        return max(0.0, MIN_INTERVAL_S - (self.clock() - at))
+        return self.runs.wait_left(run, self.clock())
 
     def accepted(self, run: str) -> None:
-        self.last[run] = self.clock()
+        self.runs.let_through(run, self.clock())
         self.count("accepted")
-        if len(self.last) > 4096:  # forget runs asked long ago: bounded by runs asked a second
-            now = self.clock()
-            self.last = {r: t for r, t in self.last.items() if now - t < MIN_INTERVAL_S}
 
 
 class StacksCollector:
