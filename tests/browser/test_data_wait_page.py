@@ -101,3 +101,20 @@ def test_the_report_carries_the_cause_and_the_column(page: Any, tmp_path: Path) 
     expect(page.locator('#rank-table tr[data-rank="3"]')).to_contain_text("250")
     assert attempted == []
     page.errors.check()
+
+
+def test_the_cause_line_reads_the_brokers_median(stack: Stack, page: Any) -> None:
+    """Issue 44 item 5: the median in the cause line is the header entry's ``median_ms``
+    (what the broker compared the rank with), not one the page works out again from the
+    ranks array: a header whose entry says 12 reads 12 whatever the ranks hold, and an
+    entry without one (no median: nothing to say of the rank) falls to the share line."""
+    page.goto(f"{stack.url}/")
+    got = page.evaluate("""async () => {
+      const { dataCause } = await import("/static/datawait.js");
+      const entry = { rank: 5, host: "h", data_ms: 310, step_ms: 400, median_ms: 12.4 };
+      return [dataCause({ data_stragglers: [entry], data_share: 0.1 }),
+              dataCause({ data_stragglers: [{ ...entry, median_ms: null }], data_share: 0.3 })];
+    }""")
+    assert got == ["rank 5 waits 310 ms a step for data, median 12 ms: input-bound on that rank",
+                   "the whole job waits for data: 30 % of each step"]
+    page.errors.check()
