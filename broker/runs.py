@@ -250,11 +250,6 @@ class Runs:
             out += self._release(run, frames, arrived, now)
         return out
 
-    @property
-    def samples_replaced(self) -> int:
-        """``resources`` frames replaced by a newer one of their rank within a batch."""
-        return self._held.replaced if self._held is not None else 0
-
     def _release(self, run: str, frames: list[tuple[Resources, Raw]],
                  arrived: list[Resources], now: float) -> list[tuple[str, Event]]:
         """Apply one run's held ``resources`` frames: every one that arrived (the replaced
