@@ -328,7 +328,7 @@ def test_grid_close_of_data_ms_equals_the_general_close(seed: int) -> None:
     nulls, odd values, and frames that leave the list out among frames that send it."""
     import random
 
-    from tests.broker.test_stepclose_fast import VALUES, both, grid_frame, may_decline, same
+    from tests.broker.test_step_columns import VALUES, both, grid_frame, may_decline, same
 
     rng = random.Random(7000 + seed)
     ranks = rng.choice((1, 2, 3, 33, 256))
