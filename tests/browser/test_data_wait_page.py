@@ -118,3 +118,18 @@ def test_the_cause_line_reads_the_brokers_median(stack: Stack, page: Any) -> Non
     assert got == ["rank 5 waits 310 ms a step for data, median 12 ms: input-bound on that rank",
                    "the whole job waits for data: 30 % of each step"]
     page.errors.check()
+
+
+def test_a_ranks_data_wait_reads_as_the_rank_tables_column(stack: Stack, page: Any) -> None:
+    """Issue 44 item 5: the straggler chip's data wait is ``fmt.js``'s ``fmtMs``, the format
+    of the rank table's "data wait" column, not a second format of its own."""
+    page.goto(f"{stack.url}/")
+    got = page.evaluate("""async () => {
+      const { dataFig } = await import("/static/datawait.js");
+      const { fmtMs } = await import("/static/fmt.js");
+      return [310, 4.5, 12.34, 1234].map((v) => [dataFig(v), `data ${fmtMs(v)}`])
+        .concat([[dataFig(null), null]]);
+    }""")
+    assert got == [["data 310 ms"] * 2, ["data 4.5 ms"] * 2, ["data 12.3 ms"] * 2,
+                   ["data 1.23 s"] * 2, [None, None]]
+    page.errors.check()

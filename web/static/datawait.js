@@ -3,7 +3,7 @@
 // data_ms as the board and the rank table show it. Pure text (textContent only): rank
 // numbers and figures come from the header (the median too: the broker's, issue 44).
 
-import { isNum } from "./fmt.js";
+import { fmtMs, isNum } from "./fmt.js";
 
 /** Whole ms, halves up (as the broker's alert message rounds). */
 export function roundMs(x) {
@@ -33,7 +33,8 @@ export function renderDataCause(el, header) {
   if (el.textContent !== (text || "")) el.textContent = text || "";
 }
 
-/** A rank's data_ms as a short figure ("data 310 ms"), or null when it has none. */
+/** A rank's data_ms as a short figure ("data 310 ms"), or null when it has none: fmtMs, as
+ * the rank table's "data wait" column shows it (one format for one figure, issue 44). */
 export function dataFig(dataMs) {
-  return isNum(dataMs) ? `data ${dataMs < 10 ? dataMs.toFixed(1) : roundMs(dataMs)} ms` : null;
+  return isNum(dataMs) ? `data ${fmtMs(dataMs)}` : null;
 }
