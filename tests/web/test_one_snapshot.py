@@ -17,12 +17,13 @@ clock and the reads poll against a deadline.
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable
 
 from rank_agent import protocol as wire
 from tests.support.brokers import Broker, Pusher
-from tests.support.http import fetch, get_json
+from tests.support.http import SSEClient, fetch, get_json
 from tests.support.polling import wait_for
 from tests.support.procs import Proc, start_web
 
@@ -66,7 +67,10 @@ def hang_and_read(port: int, pusher: Pusher, run: str, gap: float
     every send; returns (answers read, the torn ones as (answer index, ranks))."""
     for rank in range(WORLD):
         pusher.register(run, rank, WORLD)
-    get_ok = lambda: get_json(port, f"/api/runs/{run}")  # noqa: E731
+
+    def get_ok() -> Any:
+        return get_json(port, f"/api/runs/{run}")
+
     wait_for(lambda: fetch(port, f"/api/runs/{run}").status == 200
              and len(get_ok()["ranks"]) == WORLD, timeout=30.0, what=f"{run} at the web")
     start = time.monotonic() + QUIET  # (read while waiting, as after)
@@ -90,6 +94,51 @@ def hang_and_read(port: int, pusher: Pusher, run: str, gap: float
             all_seen_at = now
         if all_seen_at is not None and now - all_seen_at > 1.5:
             return reads, bad  # every rank stalled, and read for a while after
+
+
+def stream_tears(events: list[dict[str, Any]]) -> list[tuple[str, list[int]]]:
+    """In stream order: each ``ranks`` event (by id) showing ranks ``stalled`` whose alert no
+    ``run`` event before it listed."""
+    alerted: set[int] = set()
+    bad = []
+    for ev in events:
+        if ev["event"] == "run":
+            alerted = {a.get("rank") for a in ev["data"].get("alerts") or []
+                       if a.get("kind") == "stalled"}
+        elif ev["event"] == "ranks":
+            gone = [r["rank"] for r in ev["data"]
+                    if r.get("status") == "stalled" and r["rank"] not in alerted]
+            if gone:
+                bad.append((ev["id"], gone))
+    return bad
+
+
+def test_the_stream_never_sends_a_status_before_its_alert(
+        spawn: Callable[..., Proc], broker: Broker, pusher: Pusher) -> None:
+    """The same hang on the SSE stream: every ``ranks`` event that shows a rank ``stalled``
+    comes after a ``run`` event that lists its alert."""
+    port = start_web(spawn, broker).wait_dashboard()
+    run = "hang-sse"
+    pusher.register(run, 0, WORLD)  # the run exists, so its stream opens at once
+    wait_for(lambda: fetch(port, f"/api/runs/{run}").status == 200, timeout=30.0,
+             what=f"{run} at the web")
+    events: list[dict[str, Any]] = []
+    with SSEClient(port, f"/api/runs/{run}/events") as client:
+        def read() -> None:
+            try:
+                while (ev := client.next_event()) is not None:
+                    events.append(ev)
+            except OSError:
+                pass  # closed under us at the end
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        hang_and_read(port, pusher, run, DUMP_GAPS[0])
+        wait_for(lambda: any(e["event"] == "ranks" and sum(
+            r.get("status") == "stalled" for r in e["data"]) == WORLD for e in events),
+            timeout=15.0, what="the whole hang on the stream")
+    reader.join(10)
+    assert stream_tears(events) == [], stream_tears(events)[:3]
 
 
 def test_a_status_never_reaches_the_api_without_its_alert(
