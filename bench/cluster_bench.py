@@ -35,6 +35,7 @@ from common import Proc, http_get, percentile, push_socket, result, wait_for
 
 from rank_agent import protocol
 from rank_agent.protocol import Finish, GpuSample, Register, Resources, ResourceSample, Steps
+from web.children import terminate_all
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -298,9 +299,7 @@ def page_figures(quick: bool) -> list[dict[str, Any]]:
         finally:
             if feed is not None:
                 feed.close()
-            for proc in reversed(procs):
-                proc.proc.terminate()
-                proc.proc.wait(10)
+            terminate_all([proc.proc for proc in reversed(procs)], 10)
 
 
 def run(quick: bool) -> list[dict[str, Any]]:

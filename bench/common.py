@@ -26,6 +26,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests.support.polling import wait_for  # noqa: E402  (the one poll-with-deadline)
+from web.children import terminate  # noqa: E402  (the one terminate-then-kill)
 
 EPHEMERAL = "tcp://127.0.0.1:*"
 T = TypeVar("T")
@@ -143,13 +144,7 @@ class Proc:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, 10)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._reader.join(2)

@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -22,24 +23,34 @@ from common import percentile, result  # noqa: E402
 from tests.support import scrapeprobe  # noqa: E402
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--ranks", type=int, default=65536)
-    parser.add_argument("--gpus", type=int, default=1)
-    args = parser.parse_args()
-    proc, port = scrapeprobe.start(args.ranks, args.gpus)
+def measure(ranks: int, gpus: int) -> list[dict[str, Any]]:
+    """One scrape of ``ranks`` ranks (``gpus`` health-reporting GPUs each), after a warm one."""
+    proc, port = scrapeprobe.start(ranks, gpus)
     try:
         scrapeprobe.probe(port)  # warm: imports, first thread-pool thread
         out = scrapeprobe.probe(port)
     finally:
         scrapeprobe.stop(proc)
     probes = out["healthz_s"]
-    for line in (
-        result(f"metrics_{args.ranks}_ranks_s", round(out["scrape_s"], 3), "s",
-               bytes=len(out["text"]), gpus_per_rank=args.gpus),
+    return [
+        result(f"metrics_{ranks}_ranks_s", round(out["scrape_s"], 3), "s",
+               bytes=len(out["text"]), gpus_per_rank=gpus),
         result("healthz_p99_during_scrape_ms", round(percentile(probes, 99) * 1000, 1), "ms",
                probes=len(probes), max_ms=round(max(probes, default=0) * 1000, 1)),
-    ):
+    ]
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    """For ``run_all.py``: 65,536 ranks in both runs (a few seconds; the figure's name)."""
+    return measure(65536, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ranks", type=int, default=65536)
+    parser.add_argument("--gpus", type=int, default=1)
+    args = parser.parse_args()
+    for line in measure(args.ranks, args.gpus):
         print(json.dumps(line))
 
 

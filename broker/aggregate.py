@@ -261,22 +261,6 @@ def gpu_metrics(ranks: Sequence[int], reports: Sequence[Metrics]) -> List[Dict[s
     return gathered.gpu_metrics(list(ranks))
 
 
-def gpu_entries(
-    samples: Mapping[int, ResourceSample], placement: Mapping[int, Placement]
-) -> Dict[int, Dict[str, Any]]:
-    """rank -> its relabelled first GPU, for every rank whose sample has a GPU.
-
-    The sink keeps this map up to date as samples and registers arrive (so a close does
-    not format thousands of names); this builds it from scratch, for tests and callers
-    without such a cache.
-    """
-    return {
-        rank: rank_gpu(rank, placement.get(rank), s.gpus[0])
-        for rank, s in samples.items()
-        if s.gpus
-    }
-
-
 def cluster_resources(
     samples: Mapping[int, ResourceSample],
     hosts: Sequence[Sequence[int]],
@@ -287,8 +271,8 @@ def cluster_resources(
     ``hosts`` lists, in topology order, each host's ranks in local-rank order; ranks with
     no host are in no list, so they are left out of CPU and RAM (which are per host: ranks
     on one host read the same /proc, so adding them up would double-count). GPU figures
-    are per rank. A sum of 0 and a mean over nothing are None. ``gpus`` is the map of
-    :func:`gpu_entries`; the record shares its dicts (event data is read-only), in rank
+    are per rank. A sum of 0 and a mean over nothing are None. ``gpus`` is rank -> its
+    :func:`rank_gpu` (the sink's cache of them); the record shares its dicts (event data is read-only), in rank
     order.
     """
     cpus: List[float] = []
@@ -358,7 +342,7 @@ def epoch_record(
     ``reports`` maps rank -> that rank's last ``metrics`` frame for ``epoch`` (or is the
     :class:`EpochReports` the sink gathered them in);
     ``past_durations`` are the ``duration_secs`` of the records already closed; ``gpus``
-    is the map of :func:`gpu_entries` over ``samples``.
+    is rank -> :func:`rank_gpu` of each rank of ``samples`` with a GPU (the sink's cache).
     """
     if isinstance(reports, EpochReports):
         gathered = reports

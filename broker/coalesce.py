@@ -29,7 +29,7 @@ import msgspec
 
 __all__ = ["COALESCE_MIN_BYTES", "Coalescer", "HeldSamples", "peek_metadata", "peek_metadata_run"]
 
-#: What a received message may be: bytes, or a zero-copy buffer of one (server.py).
+#: What a received message may be: bytes, or a zero-copy buffer of one (ingest.py).
 Buffer = Union[bytes, memoryview]
 
 #: Messages this large or larger are looked at for coalescing; smaller ones are applied as
@@ -81,13 +81,14 @@ class Coalescer:
     must not apply it now), ``freed`` the byte size of the frame it superseded (0 if none),
     which the caller's byte budget gets back. ``take()`` returns the kept frames (oldest
     first) and empties the batch; ``superseded`` counts frames dropped unapplied since the
-    last ``take``'s caller read it (the server hands the count to :class:`broker.runs.Runs`).
+    last ``take``'s caller read it (the ingest loop, :mod:`broker.ingest`, hands the count to
+    :class:`broker.runs.Runs`).
     """
 
     __slots__ = ("held", "superseded")
 
     def __init__(self) -> None:
-        #: run -> its newest frame aside; read-only outside, where the server tests "is
+        #: run -> its newest frame aside; read-only outside, where the ingest loop tests "is
         #: anything aside?" per message by this dict's truth (a C slot; ``len(self)`` would
         #: be a Python call per message)
         self.held: Dict[str, Buffer] = {}
@@ -132,7 +133,7 @@ class HeldSamples:
     within the run, at the batch's time, as without holding (issue 17: fed one by one as
     they arrived, the two calls a sample cost ~1.1 k of a frame's ~24 k instructions).
     Each frame is counted as accepted as it arrives. Holding the replaced frames until the
-    batch's end is bounded by the batch itself (the server's ``batch_limit`` messages and
+    batch's end is bounded by the batch itself (the ingest loop's ``batch_limit`` messages and
     ``INGEST_BATCH_BYTES``), as holding the newest of each rank already was. Every frame is
     decoded and validated as it arrives, and a rank out of the run's range is never held (it
     is rejected as before), so nothing is lost unchecked.

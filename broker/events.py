@@ -19,7 +19,9 @@ class Event(NamedTuple):
     seq: int  # the run's sequence number; strictly increasing per run, never reused
     kind: str  # "run" | "epoch" | "ranks" | "steps" | "stacks" | "complete" | "evicted" (by Runs)
     data: Any  # run header | epoch record | ranks list | StepStore.to_wire block
-    #            | {"dumps", "gone"} (stacks) | {"status": ...}
+    #            | {"dumps", "gone"[, "collectives", "collectives_gone", "verdict"]}
+    #              (stacks: the collectives keys when a frame or the verdict changed,
+    #              broker/stacks/feed.py) | {"status": ...}
     #            | {"run": run} (the run left the broker's memory: --max-runs)
 
 

@@ -58,9 +58,6 @@ MAX_GPUS_PER_RANK = 64
 #: persisting condition, are raised again with every sample and change nothing it keeps)
 _COUNTED = frozenset(("gpu_xid", "gpu_ecc", "gpu_nvlink"))
 
-GPU_KINDS = ("gpu_xid", "gpu_throttle", "gpu_ecc", "gpu_row_remap", "gpu_pcie", "gpu_nvlink")
-
-
 class GpuAlert(NamedTuple):
     """One alert a sample raised: what the sink's ``_raise(kind, rank, message, now)`` takes."""
 

@@ -33,7 +33,7 @@ _MAX_FRAME_BYTES = protocol.MAX_FRAME_BYTES
 #: after-decode check (it has none: then its frames skip the lookup), else None
 _UNCHECKED = Resources if _check_of(Resources) is None else None
 
-#: A received message: bytes, or a zero-copy buffer of a large one (broker/server.py).
+#: A received message: bytes, or a zero-copy buffer of a large one (broker/ingest.py).
 Raw = Union[bytes, memoryview]
 
 #: Called with (run, raw, frame, now) for every accepted frame, after the sink applied it
@@ -71,7 +71,7 @@ class Runs:
     ``loader``, or given to :meth:`restore`) is made ``live`` first: a journal replay happens before
     that, so what it replays is never handed to these two (PROTOCOL 3.1).
 
-    ``hold_samples`` (the server's): each rank's newest ``resources`` frame of a batch is held
+    ``hold_samples`` (the ingest loop's, :class:`broker.ingest.IngestLoop`): each rank's newest ``resources`` frame of a batch is held
     back and applied by :meth:`release_samples` at the batch's end, or before another frame
     of its run (:class:`broker.coalesce.HeldSamples`: why, and why the state is the same).
     """
@@ -117,7 +117,7 @@ class Runs:
         self.sample_recorder: Callable[[RunSink, list[Resources], float], None] | None = None
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
-        #: with ``hold_samples`` (the server's batches): each rank's newest ``resources``
+        #: with ``hold_samples`` (the ingest loop's batches): each rank's newest ``resources``
         #: frame is held until :meth:`release_samples` or another frame of its run
         #: (:class:`broker.coalesce.HeldSamples`: why, and what it keeps)
         self._held: HeldSamples | None = HeldSamples() if hold_samples else None
@@ -239,8 +239,8 @@ class Runs:
         return self.apply(frame, now, raw)
 
     def release_samples(self, now: float) -> list[tuple[str, Event]]:
-        """Apply every held ``resources`` frame (the server calls it at the end of each
-        batch, before anything else reads the sinks); returns the events they caused."""
+        """Apply every held ``resources`` frame (the ingest loop calls it at the end of
+        each batch, before anything else reads the sinks); returns the events they caused."""
         held = self._held
         if not held:
             return []
@@ -249,11 +249,6 @@ class Runs:
         for run, frames, arrived in held.take_all():
             out += self._release(run, frames, arrived, now)
         return out
-
-    @property
-    def samples_replaced(self) -> int:
-        """``resources`` frames replaced by a newer one of their rank within a batch."""
-        return self._held.replaced if self._held is not None else 0
 
     def _release(self, run: str, frames: list[tuple[Resources, Raw]],
                  arrived: list[Resources], now: float) -> list[tuple[str, Event]]:

@@ -23,7 +23,9 @@ Rules worth knowing before reading the code:
   frame count, quadratically for a growing alert list). What happens once per run (the
   first frame, svg, the first epoch or step, completion) is emitted by ``apply``; any
   ``run`` event carries the whole header and clears the pending change, and a pending
-  change is flushed right before any ``epoch`` event.
+  change is flushed right before any ``epoch`` event. When ``tick`` sends either the
+  coalesced header or the ``ranks`` array, the other goes with it (header first), so a
+  status and the alert it raised are one snapshot (:meth:`RunSink._flush_snapshot`).
 
 Cost: the work per frame is O(1), plus O(hosts) for a register that changes the topology
 or O(ranks on the host) for a hardware report, and an epoch close is O(world size); headers
@@ -360,18 +362,36 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
         if (self._stack_feed.pending or self._stack_feed.collectives.latest
                 or self._stack_feed.collectives.has_gone):
             self._stacks_due(now)  # (with the collective verdict: broker/collectiverules.py)
-        if self._header_changed or (self._header_pending and (
+        header_due = self._header_changed or (self._header_pending and (
             self._header_sent_at is None or now - self._header_sent_at >= self.ranks_interval
-        )):
+        ))
+        ranks_due = self._ranks_dirty and (
+            self._ranks_sent_at is None or now - self._ranks_sent_at >= self.ranks_interval
+        )
+        if header_due or ranks_due:
+            self._flush_snapshot(now)
+        return self._take_events()
+
+    def _flush_snapshot(self, now: float) -> None:
+        """One snapshot (issue 44 item 6): when either the coalesced header or the ``ranks``
+        array goes out, the other goes with it if it has changed, header first, and both
+        timers restart together.
+
+        Why: a stall dump makes its rank ``stalled`` (the ranks array) and raises its alert
+        (the header) in one frame, but the two were coalesced on timers of their own; a
+        sampling run keeps the ranks dirty, so the timers drift apart and a ``ranks`` event
+        showed ranks ``stalled`` up to a second before a ``run`` event listed their alerts
+        (a 3-rank hang read over HTTP: 4 of 7 tries). Header first: a reader between the two
+        events sees at most an alert whose status is on its way, never a status without its
+        alert. Rates stay as they were: each goes out at most once per ``ranks_interval``
+        (plus the header's immediate changes), and in phase from then on."""
+        if self._header_changed or self._header_pending:
             self._header_sent_at = now
             self._emit_header()
-        if self._ranks_dirty and (
-            self._ranks_sent_at is None or now - self._ranks_sent_at >= self.ranks_interval
-        ):
+        if self._ranks_dirty:
             self._ranks_dirty = False
             self._ranks_sent_at = now
             self._emit("ranks", self.ranks())
-        return self._take_events()
 
     def header(self) -> Dict[str, Any]:
         """The run header of PROTOCOL 4 as a JSON-ready dict.

@@ -215,11 +215,6 @@ class Control:
         thread = self._thread
         return thread is not None and thread.is_alive()
 
-    def wait_connected(self, timeout: float) -> bool:
-        """True once the socket is connected and subscribed (it may still take the broker
-        a moment to learn the subscription, as with any ZeroMQ SUB)."""
-        return self._subscribed.wait(timeout)
-
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:

@@ -4,7 +4,7 @@ This module is the single source of truth for the frames a training rank sends. 
 imports only msgspec so that both the agent (inside a training process) and the broker
 can share it. Limits that msgspec can express as constraints are declared on the types,
 so a frame over them fails decoding; the byte-size limits of ``svg`` and metadata
-``json`` (UTF-8 bytes, not characters) are checked by :func:`check_limits` after decoding.
+``json`` (UTF-8 bytes, not characters) are checked by :func:`decode` after decoding (:data:`check_of`).
 
 Encoders and decoders are built once here and reused: building them is the expensive part.
 Every Struct is ``gc=False`` (msgspec: never tracked by the cycle collector): frames are
@@ -202,7 +202,7 @@ class Steps(_Frame, tag="steps"):
     """Columnar per-step points: entry ``i`` of every list describes ``steps[i]``.
 
     Lists of equal length and strictly increasing steps are checked by
-    :func:`check_limits` (msgspec constraints cannot relate two fields). ``samples`` and
+    :func:`decode` (msgspec constraints cannot relate two fields). ``samples`` and
     ``tokens`` may be ``[]`` (not sent); a metric's ``None`` means "not logged at that step".
     """
 
@@ -455,13 +455,6 @@ _decode = decoder.decode
 #: The after-decode check of a frame type, or None: ``decode`` is ``decoder.decode`` then
 #: this (the broker's receive path inlines the two, one call fewer per frame).
 check_of = _check_of = _CHECKS.get
-
-
-def check_limits(frame: Frame) -> None:
-    """Raise :class:`LimitExceeded` for the limits msgspec constraints cannot express."""
-    check = _check_of(type(frame))
-    if check is not None:
-        check(frame)
 
 
 def decode(data: bytes | memoryview) -> Frame:

@@ -61,7 +61,7 @@ from rankboard.democlock import StepClock
 from rankboard.democlock import create as create_clock
 from rankboard.demofr import SimulatedRecorder, use_simulated_recorder
 from rankboard.demogpu import roles, use_simulated_gpu
-from rankboard.process import child_command, terminate
+from rankboard.process import child_command, terminate_all
 
 log = logging.getLogger(__name__)
 
@@ -580,11 +580,7 @@ class Cluster:
         self._stopping = True
         procs = [p for job in self.jobs for p in self.procs[job]]
         self.procs = {job: [] for job in self.jobs}
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            terminate(proc, timeout=5.0)
+        terminate_all(procs, timeout=5.0)
         for g in self._greenlets:
             g.kill(block=True, timeout=2.0)
         self._drop_barrier()

@@ -3,9 +3,9 @@
 PROTOCOL 6: it works with or without a broker running on the data dir, so it reads and never
 writes. It does not take the dir's ``LOCK`` (a live broker holds it), writes no ``VERSION``,
 sets no damaged bytes aside and cuts no torn tail: it reads the run's file once and replays
-its entries in memory exactly as a restart would (``broker/journal_codec.scan_entries``
+its entries in memory exactly as a restart would (:func:`broker.journal.codec.scan_entries`
 reading past damage in the middle and stopping before a torn tail, then
-``broker/journal_rebuild.replay``), which is what ``Journal.load`` does before it starts
+:func:`broker.journal.replay.replay`), which is what ``Journal.load`` does before it starts
 writing. A broker appending while we read is harmless: we see a prefix of its entries, with
 at worst a torn last one, read like a restart reads it.
 

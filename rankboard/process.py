@@ -16,11 +16,13 @@ import os
 import site
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from rank_agent.digits import is_ascii_digits
+from web.children import terminate, terminate_all
 
-__all__ = ["ROOT", "PARENT_ENV", "child_command", "die_with_parent", "terminate"]
+__all__ = ["ROOT", "PARENT_ENV", "child_command", "die_with_parent", "terminate",
+           "terminate_all"]
 
 #: Set by a parent that owns its child (``up``'s broker) to its own pid: the child ends when
 #: that parent ends, however it ends (:func:`die_with_parent`). Read once and removed, so a
@@ -69,19 +71,6 @@ def child_command(module: str, args: Sequence[str], env: Mapping[str, str] | Non
     if os.path.realpath(root) not in _site_dirs() and root not in paths:
         child_env["PYTHONPATH"] = os.pathsep.join([root, *paths])
     return cmd, child_env
-
-
-def terminate(proc: Any, timeout: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL after ``timeout``; reaps the child (a ``subprocess.Popen``,
-    gevent's or the standard one)."""
-    if proc.poll() is None:
-        try:
-            proc.terminate()
-            proc.wait(timeout=timeout)
-        except Exception:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
 
 
 def die_with_parent(env: dict[str, str] | os._Environ[str] | None = None) -> bool:

@@ -20,31 +20,20 @@ Pure apart from the injected clock: no Flask, no sockets.
 """
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import msgspec
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from rank_agent.controlwire import (
-    DEFAULT_HZ,
-    DEFAULT_SECONDS,
-    MAX_HZ,
-    MAX_SECONDS,
-    MIN_HZ,
-    MIN_SECONDS,
-    ControlRequest,
-)
-from rank_agent.protocol import MAX_WORLD_SIZE
+from broker.stacks.gate import MIN_INTERVAL_S, RunGate
+from rank_agent.controlwire import DEFAULT_HZ, DEFAULT_SECONDS, ControlRequest
 
 __all__ = ["BadBody", "MIN_INTERVAL_S", "RequestGate", "StacksCollector", "check_media_type",
            "parse_body"]
 
-#: A web process accepts at most one request per run this often (PROTOCOL 4: 429).
-MIN_INTERVAL_S = 1.0
 KINDS = ("stacks", "profile")
 #: The outcomes counted in ``rankboard_stacks_requests_total{result}``.
 RESULTS = ("accepted", "read_only", "unsupported_media_type", "bad_request", "rate_limited",
@@ -73,14 +62,6 @@ class BadBody(ValueError):
         self.status = status
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
-
-
 def check_media_type(content_type: Optional[str]) -> None:
     """415 unless ``content_type`` (the mimetype without parameters) is JSON's: checked
     before the body is read (module docstring: why)."""
@@ -91,7 +72,12 @@ def check_media_type(content_type: Optional[str]) -> None:
 def parse_body(run: str, body: bytes, world_size: Optional[int]) -> ControlRequest:
     """The request a JSON body asks of ``run``'s ranks (the 400 rules), with a new
     ``request_id``; :class:`BadBody` otherwise. ``world_size``: the run's, or None while
-    unknown (then any rank >= 0 is allowed)."""
+    unknown (then any rank the protocol allows).
+
+    The bounds are :class:`ControlRequest`'s own constraints, checked by converting to it
+    (issue 44 item 5: they were written here a second time); the 400 message quotes them
+    from the type (:func:`_rule`). What is the web's alone: the body is an object, ``null``
+    means the default, an integral float is an ``hz``, the world size of the run."""
     try:
         data = msgspec.json.decode(body)
     except msgspec.DecodeError:
@@ -101,54 +87,86 @@ def parse_body(run: str, body: bytes, world_size: Optional[int]) -> ControlReque
     kind = data.get("kind")
     if kind not in KINDS:
         raise BadBody(400, 'kind must be "stacks" or "profile"')
-    ranks = _ranks(data.get("ranks"), world_size)
-    request_id = uuid.uuid4().hex[:16]
-    if kind == "stacks":  # seconds and hz mean nothing to a dump: ignored, whatever they are
-        return ControlRequest(run=run, request_id=request_id, kind=kind, ranks=ranks)
-    seconds = data.get("seconds", DEFAULT_SECONDS)
-    if seconds is None:
-        seconds = DEFAULT_SECONDS
-    if not _is_number(seconds) or not MIN_SECONDS <= seconds <= MAX_SECONDS:
-        raise BadBody(400, f"seconds must be a number from {MIN_SECONDS:g} to {MAX_SECONDS:g}")
-    hz = data.get("hz", DEFAULT_HZ)
-    if hz is None:
-        hz = DEFAULT_HZ
-    if isinstance(hz, float) and hz.is_integer():
-        hz = int(hz)
-    if not _is_int(hz) or not MIN_HZ <= hz <= MAX_HZ:
-        raise BadBody(400, f"hz must be an integer from {MIN_HZ} to {MAX_HZ}")
-    return ControlRequest(run=run, request_id=request_id, kind=kind, ranks=ranks,
-                          seconds=float(seconds), hz=hz)
-
-
-def _ranks(value: Any, world_size: Optional[int]) -> Optional[List[int]]:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise BadBody(400, "ranks must be a list of rank numbers, or null for every rank")
-    if not value:
-        raise BadBody(400, "ranks must not be empty (null asks every rank)")
-    for rank in value:
-        if not _is_int(rank):
+    ranks = data.get("ranks")
+    if ranks is not None:  # the shape in the web's words; the bounds are the type's
+        if not isinstance(ranks, list):
+            raise BadBody(400, "ranks must be a list of rank numbers, or null for every rank")
+        if not ranks:
+            raise BadBody(400, "ranks must not be empty (null asks every rank)")
+        if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
             raise BadBody(400, "ranks must hold integers only")
-        if rank < 0:
-            raise BadBody(400, f"rank {rank} is negative")
-        if world_size is not None and rank >= world_size:
-            raise BadBody(400, f"rank {rank} is not below the world size {world_size}")
-        if rank >= MAX_WORLD_SIZE:
-            raise BadBody(400, f"rank {rank} is not below the largest world size "
-                               f"{MAX_WORLD_SIZE}")
-    return sorted(set(value))
+    asked: Dict[str, Any] = {"run": run, "request_id": uuid.uuid4().hex[:16], "kind": kind,
+                             "ranks": ranks}
+    if kind == "profile":  # seconds and hz mean nothing to a dump: ignored, whatever they are
+        for name, default in (("seconds", DEFAULT_SECONDS), ("hz", DEFAULT_HZ)):
+            value = data.get(name)
+            asked[name] = default if value is None else value
+        hz = asked["hz"]
+        if isinstance(hz, float) and hz.is_integer():
+            asked["hz"] = int(hz)
+    try:
+        req = msgspec.convert(asked, ControlRequest)
+    except msgspec.ValidationError as exc:
+        raise BadBody(400, _rule(str(exc), asked)) from None
+    if req.ranks is None:
+        return req
+    if world_size is not None and max(req.ranks) >= world_size:
+        raise BadBody(400, f"rank {max(req.ranks)} is not below the world size {world_size}")
+    return msgspec.structs.replace(req, ranks=sorted(set(req.ranks)))
+
+
+def _bounds(t: Any) -> str:
+    """``from A to B`` (or ``>= A``) of a msgspec number type's constraints."""
+    lo = t.ge if t.ge is not None else t.gt
+    hi = t.le if t.le is not None else (t.lt - 1 if isinstance(t, msgspec.inspect.IntType)
+                                        and t.lt is not None else t.lt)
+    if hi is None:
+        return f">= {lo:g}"
+    return f"from {lo:g} to {hi:g}"
+
+
+def _field_rules() -> Dict[str, str]:
+    """What each field a body may give must be, read from :class:`ControlRequest`'s
+    constraints (the only copy of the bounds)."""
+    info = msgspec.inspect.type_info(ControlRequest)
+    assert isinstance(info, msgspec.inspect.StructType)
+    types: Dict[str, Any] = {f.name: f.type for f in info.fields}
+    listed = next(t for t in types["ranks"].types if isinstance(t, msgspec.inspect.ListType))
+    return {
+        "hz": f"hz must be an integer {_bounds(types['hz'])}",
+        "seconds": f"seconds must be a number {_bounds(types['seconds'])}",
+        "ranks": (f"ranks must hold {listed.min_length} to {listed.max_length} rank numbers, "
+                  f"each {_bounds(listed.item_type)}"),
+    }
+
+
+_RULES = _field_rules()
+
+
+def _rule(error: str, asked: Dict[str, Any]) -> str:
+    """The one-line 400 reason for msgspec's ``error`` (``... - at `$.hz```) on ``asked``:
+    the rule of the field it names (a rank out of bounds named, and whether negative)."""
+    where = error.rpartition("`$.")[2].rstrip("`")
+    name, _, index = where.partition("[")
+    rule = _RULES.get(name)
+    if rule is None:
+        return error
+    if name == "ranks" and index.rstrip("]").isdigit():
+        rank = asked["ranks"][int(index.rstrip("]"))]
+        return f"rank {rank} is {'negative' if rank < 0 else 'out of bounds'}: {rule}"
+    return f"{rule} ({error})"
 
 
 @dataclass
 class RequestGate:
     """Per run, when this web process last accepted a request (the 429 rule), and how
     every ``POST /stacks`` ended (``/metrics``). One per app; the gevent server runs one
-    greenlet at a time, so no lock is needed."""
+    greenlet at a time, so no lock is needed. The interval and the bounded table are the
+    broker's forwarding rule's (:class:`~broker.stacks.gate.RunGate`): one rule, two
+    places it is applied (a web answers 429 before the broker would refuse)."""
 
     clock: Callable[[], float] = time.monotonic
-    last: Dict[str, float] = field(default_factory=dict)
+    runs: RunGate = field(default_factory=RunGate)
     results: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESULTS, 0))
 
     def count(self, result: str) -> None:
@@ -156,17 +174,11 @@ class RequestGate:
 
     def wait_left(self, run: str) -> float:
         """Seconds until ``run`` may be asked again (0: now)."""
-        at = self.last.get(run)
-        if at is None:
-            return 0.0
-        return max(0.0, MIN_INTERVAL_S - (self.clock() - at))
+        return self.runs.wait_left(run, self.clock())
 
     def accepted(self, run: str) -> None:
-        self.last[run] = self.clock()
+        self.runs.let_through(run, self.clock())
         self.count("accepted")
-        if len(self.last) > 4096:  # forget runs asked long ago: bounded by runs asked a second
-            now = self.clock()
-            self.last = {r: t for r, t in self.last.items() if now - t < MIN_INTERVAL_S}
 
 
 class StacksCollector:

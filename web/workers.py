@@ -24,6 +24,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
+from web.children import terminate_all
 from web.config import WebConfig
 from web.serve import (
     Stopper,
@@ -254,21 +255,7 @@ class WorkerPool:
         """SIGTERM every worker at once, SIGKILL what is left after ``timeout``; release
         the port."""
         self._stopping = True
-        procs = [w.proc for w in self.workers if w.proc is not None]
-        for proc in procs:
-            if proc.poll() is None:
-                try:
-                    proc.terminate()
-                except OSError:
-                    pass
-        deadline = time.monotonic() + timeout
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except Exception:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+        terminate_all([w.proc for w in self.workers if w.proc is not None], timeout)
         for sock in (self._reservation, self._guard):
             if sock is not None:
                 sock.close()

@@ -13,7 +13,8 @@ requests from a peer of that socket slowed a training loop's step 12.8 -> 22.9 m
   trusted as a web (it is on loopback by default; SECURITY.md);
 * **what run**: one the broker holds (a request for any other would reach no one, and
   keeping a clock per invented run name would let a flood grow memory);
-* **how often**: at most one request a run per :data:`MIN_INTERVAL_S`. A request identical to
+* **how often**: at most one request a run per :data:`MIN_INTERVAL_S` (the rule is
+  :class:`~broker.stacks.gate.RunGate`, the web's 429 too). A request identical to
   the last one forwarded (same kind, ranks, rate and length) within that second is
   ``coalesced`` (the answers to the first are on their way); a different one is
   ``rate_limited``. Both are refusals, counted like the others.
@@ -24,17 +25,13 @@ from __future__ import annotations
 
 from typing import Dict, FrozenSet, Optional, Tuple
 
+from broker.stacks.gate import MIN_INTERVAL_S, RunGate
 from rank_agent.controlwire import ControlRequest
 
 __all__ = ["MIN_INTERVAL_S", "REFUSALS", "ForwardGate"]
 
-#: Seconds between two requests forwarded to one run.
-MIN_INTERVAL_S = 1.0
 #: Why a request was not forwarded (the keys of :attr:`ForwardGate.refused`).
 REFUSALS = ("malformed", "unauthorized", "unknown_run", "rate_limited", "coalesced")
-#: Runs whose last forward is remembered before the table is pruned to the last second's.
-_PRUNE_AT = 4096
-
 _Shape = Tuple[str, Optional[Tuple[int, ...]], int, float]
 
 
@@ -44,13 +41,16 @@ class ForwardGate:
     ``web_keys``: the z85 public keys allowed to ask (CURVE), or None when the broker runs
     without CURVE (then the snapshot socket's peers are the webs)."""
 
-    def __init__(self, web_keys: Optional[FrozenSet[str]] = None) -> None:
+    def __init__(self, web_keys: Optional[FrozenSet[str]] = None,
+                 runs: Optional[RunGate] = None) -> None:
         self.web_keys = web_keys
         #: requests forwarded to ranks since start
         self.forwarded = 0
         #: reason -> requests refused since start
         self.refused: Dict[str, int] = dict.fromkeys(REFUSALS, 0)
-        self._last: Dict[str, Tuple[float, _Shape]] = {}
+        #: when each run was last forwarded to, and what was asked (the web's 429 is the
+        #: same rule: :mod:`broker.stacks.gate`)
+        self.runs = RunGate() if runs is None else runs
 
     def refuse(self, reason: str) -> str:
         """Count a refusal; returns ``reason``."""
@@ -68,12 +68,9 @@ class ForwardGate:
             return self.refuse("unknown_run")
         shape: _Shape = (req.kind, None if req.ranks is None else tuple(req.ranks), req.hz,
                          req.seconds)
-        last = self._last.get(req.run)
-        if last is not None and now - last[0] < MIN_INTERVAL_S:
-            return self.refuse("coalesced" if last[1] == shape else "rate_limited")
-        self._last[req.run] = (now, shape)
-        if len(self._last) > _PRUNE_AT:
-            self._last = {run: seen for run, seen in self._last.items()
-                          if now - seen[0] < MIN_INTERVAL_S}
+        last = self.runs.blocking(req.run, now)
+        if last is not None:
+            return self.refuse("coalesced" if last == shape else "rate_limited")
+        self.runs.let_through(req.run, now, shape)
         self.forwarded += 1
         return None

@@ -144,8 +144,10 @@ def data_stragglers(figures: Sequence[Tuple[int, float, Optional[float]]], place
     for i in hit.tolist():
         rank = int(ranks[i])
         p = place(rank)
+        # median_ms last (issue 44): the median the rank was compared with, so the page's
+        # cause line reads it instead of working it out again from the ranks array
         entries.append({"rank": rank, "host": p[0] if p else None, "data_ms": float(data[i]),
-                        "step_ms": figures[i][2]})
+                        "step_ms": figures[i][2], "median_ms": float(med[i])})
         medians.append(float(med[i]))
     return entries, medians
 

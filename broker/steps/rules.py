@@ -151,7 +151,7 @@ class StepRules:
     def _publish_steps(self, now: float, final: bool = False) -> None:
         """One ``steps`` event with every step closed since the last one (at most one per
         STEPS_INTERVAL, or at once when the run ends). Its data is the store's wire block
-        of those rows (:meth:`RunSteps.take`; records: ``stepstore.wire_records``)."""
+        of those rows (:meth:`RunSteps.take`; records: :func:`broker.steps.store.wire_records`)."""
         before = self.steps.rows
         self._emit("steps", self._steps.take(now))
         if self.status == "waiting":

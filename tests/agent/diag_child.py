@@ -29,6 +29,7 @@ import zmq
 from rank_agent.control import Control
 from rank_agent.protocol import encoder
 from rank_agent.stallwatch import StallWatch
+from tests.support.agent import control_connected
 
 
 class Push:
@@ -95,7 +96,7 @@ def main() -> None:
         control = Control(args.control, args.run, args.rank, push,
                           training_thread=watch.training_thread, idle_s=watch.idle_s)
         control.start()
-        if not control.wait_connected(10):
+        if not control_connected(control, 10):
             raise SystemExit("control socket did not connect")
 
     def loop() -> None:

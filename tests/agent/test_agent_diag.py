@@ -14,7 +14,7 @@ import zmq
 from rank_agent import RankAgent
 from rank_agent.controlwire import ControlRequest, encode_request
 from rank_agent.protocol import Stacks
-from tests.support.agent import Receiver
+from tests.support.agent import Receiver, control_connected
 from tests.support.polling import wait_for
 
 
@@ -88,7 +88,7 @@ def test_close_leaves_no_thread_or_socket(receiver: Receiver) -> None:
                           control=f"tcp://127.0.0.1:{port}")
         agent.log_step(0)
         wait_for(lambda: len(_diag_threads()) == 2, timeout=5)
-        assert agent._control is not None and agent._control.wait_connected(5)
+        assert agent._control is not None and control_connected(agent._control, 5)
         # the channel works through the agent: a request is answered with the agent's run
         deadline = time.monotonic() + 10
         while not receiver.of_type(Stacks) or all(s.reason != "request"

@@ -27,7 +27,7 @@ from rank_agent.controlwire import (
 from rank_agent.curve import CurveError
 from rank_agent.protocol import Stacks
 from tests.support import REPO
-from tests.support.agent import Publisher, Receiver, expect_line, reap, spawn
+from tests.support.agent import Publisher, Receiver, control_connected, expect_line, reap, spawn
 from tests.support.polling import wait_for
 
 
@@ -135,7 +135,7 @@ def test_close_leaves_no_thread_socket_or_context(publisher: Publisher) -> None:
     control = Control(publisher.endpoint, "inproc-run", 4, got.append,
                       socket_options=lambda: None)
     control.start()
-    assert control.wait_connected(5)
+    assert control_connected(control, 5)
     publisher.wait_subscriptions([control_topic("inproc-run")])
     publisher.request("inproc-run", "x-1", ranks=[4])
     wait_for(lambda: got, 5, "the answer")
@@ -159,7 +159,7 @@ def test_an_unusable_endpoint_or_curve_key_opens_nothing(caplog: pytest.LogCaptu
                     Control("nonsense://x", "r", 0, print, socket_options=lambda: None)):
         control.start()
         wait_for(lambda c=control: not c.running, 5, "the thread to give up")
-        assert not control.wait_connected(0)
+        assert not control_connected(control, 0)
         control.close()
     assert "will not answer requests" in caplog.text
 
@@ -254,19 +254,20 @@ def test_a_forked_child_opens_its_own_channel(receiver: Receiver, publisher: Pub
     script = textwrap.dedent(f"""
         import os, sys
         from tests.agent.diag_child import Push
+        from tests.support.agent import control_connected
         from rank_agent.control import Control
         control = Control({publisher.endpoint!r}, "forked", 0, lambda f: push(f),
                           socket_options=lambda: None)
         push = Push({receiver.endpoint!r})
         control.start()
-        assert control.wait_connected(10)
+        assert control_connected(control, 10)
         pid = os.fork()
         if pid == 0:
             push = Push({receiver.endpoint!r})
             assert not control.running  # the parent's thread does not exist here
             control.rank = 1
             control.start()
-            assert control.wait_connected(10)
+            assert control_connected(control, 10)
             print("child ready", flush=True)
             sys.stdin.readline()
             control.close(); push.close()

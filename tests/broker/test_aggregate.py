@@ -7,6 +7,7 @@ import pytest
 
 from broker import aggregate as agg
 from rank_agent.protocol import GpuSample, Metrics, ResourceSample
+from tests.support.aggregate import gpu_entries
 
 RUN = "run-1"
 
@@ -120,7 +121,7 @@ def test_epoch_ms_is_max() -> None:
 
 def resources(samples, hosts, placement=None):
     placement = placement or {}
-    return agg.cluster_resources(samples, hosts, agg.gpu_entries(samples, placement))
+    return agg.cluster_resources(samples, hosts, gpu_entries(samples, placement))
 
 
 def test_cpu_per_host_first_rank_with_reading_then_mean_over_hosts() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from broker.journal import codec as jmod
+from broker.journal import codec
 from broker.journal.journal import HEADER, Journal, JournalError
 from broker.sink import RunSink
 from rank_agent import protocol
@@ -139,9 +139,9 @@ def test_damage_in_the_middle_costs_only_the_damaged_entry(
     path = journal_path(data_dir, "r")
     data = bytearray(path.read_bytes())
     at = sizes[5]  # the 7th frame's entry starts here
-    (length,) = jmod.ENTRY_HEAD.unpack_from(data, at)[:1]
+    (length,) = codec.ENTRY_HEAD.unpack_from(data, at)[:1]
     data[at + 12] ^= 0xFF  # inside its body: the CRC no longer matches
-    damaged = bytes(data[at:at + jmod.ENTRY_HEAD.size + length])
+    damaged = bytes(data[at:at + codec.ENTRY_HEAD.size + length])
     path.write_bytes(bytes(data))
 
     caplog.set_level(logging.WARNING, logger="broker.journal.journal")

@@ -17,7 +17,7 @@ import pytest
 
 from broker.journal.journal import WRITE_BUFFER_BYTES, Journal
 from broker.runs import Runs
-from broker.steps import store as stepstore
+from broker.steps.store import Series
 from rank_agent import protocol
 from rank_agent.protocol import Finish, Frame, Hardware, Metadata, Metrics, Register, Steps, Svg
 
@@ -173,7 +173,7 @@ def test_metrics_frames_are_all_kept(tmp_path: Path) -> None:
 # -- STEPS blocks cost what they hold ----------------------------------------------------
 
 
-class CountingSeries(stepstore.Series):
+class CountingSeries(Series):
     """A Series that counts how often its point count is read: every visit of a series
     (``to_wire``'s filter, ``span``, ``extend``) reads it, so the count is the work."""
 
@@ -223,7 +223,7 @@ def test_a_steps_block_visits_what_it_holds_not_every_series(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 19 finding 3: writing a STEPS block visited every series of the run (blocks x
     names). The work per block must not grow with the run's series count."""
-    monkeypatch.setattr(stepstore, "Series", CountingSeries)
+    monkeypatch.setattr("broker.steps.store.Series", CountingSeries)
     small, few = _wide_then_narrow(tmp_path / "small", names=64, blocks=40)
     small.close()
     # 1,023 names + loss: the most a run may hold (MAX_RUN_STEP_METRICS)

@@ -20,7 +20,7 @@ from typing import Any, Optional
 import msgspec
 import pytest
 
-from broker.journal import codec as jmod
+from broker.journal import codec
 from broker.journal.journal import HEADER, Journal, read_entries
 from broker.sink import Event, Rejected, RunSink
 from broker.steps.closer import RunSteps
@@ -185,8 +185,8 @@ def test_closed_steps_survive_close_and_reload(tmp_path: Path) -> None:
     issued = b.issued["r"]
     header, ranks = sink.header(), sink.ranks()
     kinds = [k for k, _ in entries(journal_path(tmp_path / "d", "r"))]
-    assert kinds.count(jmod.KIND_STEPS) >= 3  # several blocks, one per steps event
-    assert not any(k == jmod.KIND_FRAME and isinstance(protocol.decode(p[8:]), Steps)
+    assert kinds.count(codec.KIND_STEPS) >= 3  # several blocks, one per steps event
+    assert not any(k == codec.KIND_FRAME and isinstance(protocol.decode(p[8:]), Steps)
                    for k, p in entries(journal_path(tmp_path / "d", "r")))
     b.close()
 
@@ -277,14 +277,14 @@ def test_torn_steps_block_is_cut_and_the_steps_before_it_are_kept(
     b.close()
     path = journal_path(crashed, "r")
     ends = entry_ends(path)
-    steps_blocks = [i for i, (k, _) in enumerate(ends) if k == jmod.KIND_STEPS]
+    steps_blocks = [i for i, (k, _) in enumerate(ends) if k == codec.KIND_STEPS]
     last = steps_blocks[-1]
     start_of_last = ends[last - 1][1]
     os.truncate(path, start_of_last + (ends[last][1] - start_of_last) // 2)  # torn mid-entry
     # what the kept blocks hold: decode them
     kept = StepStore()
     for k, p in entries_prefix(path, start_of_last):
-        if k == jmod.KIND_STEPS:
+        if k == codec.KIND_STEPS:
             kept.extend_wire(msgspec.msgpack.decode(p))
     assert 0 < len(kept) < len(published)
 
@@ -350,7 +350,7 @@ def test_many_steps_closed_at_once_go_in_several_blocks_and_a_torn_one_leaves_no
     b.close()
     path = journal_path(crashed, "big")
     ends = entry_ends(path)
-    blocks = [i for i, (k, _) in enumerate(ends) if k == jmod.KIND_STEPS]
+    blocks = [i for i, (k, _) in enumerate(ends) if k == codec.KIND_STEPS]
     assert len(blocks) >= 2 and all(blocks[j + 1] == blocks[j] + 1 for j in range(len(blocks) - 1))
 
     b2 = Broker(crashed)
@@ -428,7 +428,7 @@ def test_run_whose_first_frame_is_steps_restores_like_the_live_run(tmp_path: Pat
     b.close()
     # no steps frame (or its points) in the journal: the first frame is a stand-in
     frames = [protocol.decode(p[8:]) for k, p in entries(journal_path(crashed, "f"))
-              if k == jmod.KIND_FRAME]
+              if k == codec.KIND_FRAME]
     assert not any(isinstance(f, Steps) for f in frames)
 
     b2 = Broker(crashed, now=b.now)
@@ -492,10 +492,10 @@ def test_a_steps_block_that_does_not_follow_is_skipped_with_one_warning(
     published = b.published("r")
     b.close()
     path = journal_path(data, "r")
-    (first_block,) = [p for k, p in entries(path) if k == jmod.KIND_STEPS][:1]
+    (first_block,) = [p for k, p in entries(path) if k == codec.KIND_STEPS][:1]
     with open(path, "ab") as f:
-        f.write(jmod.entry(bytes((jmod.KIND_STEPS,)), first_block))
-        f.write(jmod.entry(bytes((jmod.KIND_STEPS,)), first_block))
+        f.write(codec.entry(bytes((codec.KIND_STEPS,)), first_block))
+        f.write(codec.entry(bytes((codec.KIND_STEPS,)), first_block))
     caplog.set_level(logging.WARNING, logger="broker.journal.journal")
     b2 = Broker(data, now=b.now)
     try:

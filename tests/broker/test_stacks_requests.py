@@ -57,7 +57,7 @@ def test_the_table_of_runs_is_pruned() -> None:
     gate = ForwardGate()
     for n in range(5000):
         assert gate.admit(req(run=f"r{n}"), None, True, float(n)) is None
-    assert len(gate._last) <= 4097
+    assert len(gate.runs) <= 4097
 
 
 # ------------------------------------------------------------------ a real broker, flooded

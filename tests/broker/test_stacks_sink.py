@@ -10,7 +10,7 @@ from typing import Any
 import zmq
 
 from broker import feed
-from broker.journal import journal as jmod
+from broker.journal import journal
 from broker.journal.journal import Journal
 from broker.server import BrokerServer
 from broker.sink import RunSink
@@ -152,7 +152,7 @@ def test_a_replay_keeps_the_dumps_but_not_the_stalled_status(tmp_path: Path) -> 
 
 def test_the_journal_keeps_a_bounded_number_of_dump_bytes(tmp_path: Path,
                                                            monkeypatch: Any) -> None:
-    monkeypatch.setattr(jmod, "MAX_STACKS_BYTES", 50_000)
+    monkeypatch.setattr(journal, "MAX_STACKS_BYTES", 50_000)
     j = Journal(tmp_path / "d")
     j.load()
     sink = registered()

@@ -115,3 +115,35 @@ def test_the_report_carries_the_cause_and_the_column(page: Any, tmp_path: Path) 
     expect(page.locator('#rank-table tr[data-rank="3"]')).to_contain_text("250")
     assert attempted == []
     page.errors.check()
+
+
+def test_the_cause_line_reads_the_brokers_median(stack: Stack, page: Any) -> None:
+    """Issue 44 item 5: the median in the cause line is the header entry's ``median_ms``
+    (what the broker compared the rank with), not one the page works out again from the
+    ranks array: a header whose entry says 12 reads 12 whatever the ranks hold, and an
+    entry without one (no median: nothing to say of the rank) falls to the share line."""
+    page.goto(f"{stack.url}/")
+    got = page.evaluate("""async () => {
+      const { dataCause } = await import("/static/datawait.js");
+      const entry = { rank: 5, host: "h", data_ms: 310, step_ms: 400, median_ms: 12.4 };
+      return [dataCause({ data_stragglers: [entry], data_share: 0.1 }),
+              dataCause({ data_stragglers: [{ ...entry, median_ms: null }], data_share: 0.3 })];
+    }""")
+    assert got == ["rank 5 waits 310 ms a step for data, median 12 ms: input-bound on that rank",
+                   "the whole job waits for data: 30 % of each step"]
+    page.errors.check()
+
+
+def test_a_ranks_data_wait_reads_as_the_rank_tables_column(stack: Stack, page: Any) -> None:
+    """Issue 44 item 5: the straggler chip's data wait is ``fmt.js``'s ``fmtMs``, the format
+    of the rank table's "data wait" column, not a second format of its own."""
+    page.goto(f"{stack.url}/")
+    got = page.evaluate("""async () => {
+      const { dataFig } = await import("/static/datawait.js");
+      const { fmtMs } = await import("/static/fmt.js");
+      return [310, 4.5, 12.34, 1234].map((v) => [dataFig(v), `data ${fmtMs(v)}`])
+        .concat([[dataFig(null), null]]);
+    }""")
+    assert got == [["data 310 ms"] * 2, ["data 4.5 ms"] * 2, ["data 12.3 ms"] * 2,
+                   ["data 1.23 s"] * 2, [None, None]]
+    page.errors.check()

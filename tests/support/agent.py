@@ -74,6 +74,13 @@ class Receiver:
         self.ctx.term()
 
 
+def control_connected(control: Any, timeout: float) -> bool:
+    """True once ``control`` (a :class:`rank_agent.control.Control`) has made its socket and
+    subscribed (the broker may still take a moment to learn it, as with any ZeroMQ SUB).
+    Only tests wait for this: the agent itself never does (issue 44: a dead name there)."""
+    return bool(control._subscribed.wait(timeout))
+
+
 def spawn(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "tests.agent.diag_child", *args], cwd=REPO,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -24,6 +24,7 @@ from rank_agent import protocol as wire
 from tests.support import REPO
 from tests.support.polling import wait_for
 from tests.support.procs import CLI_MODULE
+from web.children import terminate
 
 #: where browser tests leave screenshots
 ARTIFACTS = REPO / "artifacts"
@@ -186,13 +187,7 @@ class Stack:
     def close(self) -> None:
         self.push.close(linger=0)
         self.ctx.term()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc, 10)
         for t in self._readers:
             t.join(timeout=5)
         assert self.proc.stdout is not None and self.proc.stderr is not None

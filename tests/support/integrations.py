@@ -20,6 +20,7 @@ import zmq
 from broker import feed
 from broker.server import BrokerServer
 from tests.support import polling
+from web.children import terminate
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -212,13 +213,7 @@ class Web:
         return polling.wait_for(ended, timeout, f"the web to show run {run!r} ended")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        terminate(self.proc, 10)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._reader.join(5)

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from broker.journal import codec as jmod
+from broker.journal import codec
 from broker.journal.journal import HEADER, Journal, read_entries
 from broker.sink import Rejected, RunSink
 from rank_agent import protocol
@@ -124,7 +124,7 @@ def frame_entries(path: Path) -> list[protocol.Frame]:
     assert data.startswith(HEADER)
     entries, _, problem = read_entries(data[len(HEADER):])
     assert problem is None
-    return [protocol.decode(bytes(p[8:])) for kind, p in entries if kind == jmod.KIND_FRAME]
+    return [protocol.decode(bytes(p[8:])) for kind, p in entries if kind == codec.KIND_FRAME]
 
 
 def journal_path(data_dir: Path, run: str) -> Path:
@@ -136,7 +136,7 @@ def state_parts(data_dir: Path, run: str) -> dict[str, Any]:
     restart will restore (a test waits for it instead of sleeping)."""
     raw = journal_path(data_dir, run).read_bytes()
     out: dict[str, Any] = {}
-    for kind, payload in jmod.scan_entries(raw[len(HEADER):]).entries:
-        if kind == jmod.KIND_STATE:
-            out[jmod.STATE_PARTS[payload[0]]] = msgspec.msgpack.decode(bytes(payload[1:]))
+    for kind, payload in codec.scan_entries(raw[len(HEADER):]).entries:
+        if kind == codec.KIND_STATE:
+            out[codec.STATE_PARTS[payload[0]]] = msgspec.msgpack.decode(bytes(payload[1:]))
     return out

@@ -20,29 +20,19 @@ patch()
 from gevent.pywsgi import WSGIServer  # noqa: E402
 
 from broker import feed  # noqa: E402
+from tests.support.gpuentry import health_gpu  # noqa: E402
 from web.app import create_app  # noqa: E402
 from web.hub import Hub  # noqa: E402
 
 RUN = "big"
 
 
-def gpu(index: int, **fields: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "device_index": index, "name": "H100", "util_percent": 99.0, "sm_clock_mhz": 1980.0,
-        "throttle_reasons": [], "xid_errors": [], "ecc_uncorrected": 0,
-        "remapped_rows_pending": False, "remapped_rows_failed": False, "pcie_link_gen": 5,
-        "pcie_link_gen_max": 5, "pcie_link_width": 16, "pcie_link_width_max": 16,
-        "nvlink_errors": 0}
-    out.update(fields)
-    return out
-
-
 def ranks(n: int, per_rank: int) -> list[dict[str, Any]]:
     out = []
     for r in range(n):
-        gpus = [gpu(i) for i in range(per_rank)]
+        gpus = [health_gpu(i) for i in range(per_rank)]
         if r == 7 and gpus:
-            gpus[0] = gpu(0, ecc_uncorrected=3)
+            gpus[0] = health_gpu(0, ecc_uncorrected=3)
         out.append({
             "rank": r, "host": f"node-{r // 8:05d}", "local_rank": r % 8, "status": "ok",
             "last_seen": 1e9, "epoch": 3, "hardware": None, "loss": 0.5, "gpu_xids": None,

@@ -1,5 +1,5 @@
 """Random closed step records and the stores fed them, for the step store's tests
-(:mod:`tests.broker.test_stepstore`, :mod:`tests.broker.test_stepstore_wire`): sparse metrics,
+(:mod:`tests.broker.test_step_store`, :mod:`tests.broker.test_step_store_wire`): sparse metrics,
 NaN/inf values, null step times, zero counts, gaps in the steps."""
 from __future__ import annotations
 

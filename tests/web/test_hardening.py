@@ -3,8 +3,8 @@
 neutralising, ambiguous request framing, the dashboard URL of another loopback address,
 ``--token-file``, ``--allowed-host`` and a child that dies with its parent.
 
-The socket-level ones (request heads over a real connection, ``up`` SIGKILLed) are in
-``tests/web/test_http_hostile.py``."""
+The socket-level ones are in ``tests/reliability/test_web_hostile.py`` (request heads
+over a real connection) and ``tests/web/test_up_owns_broker.py`` (``up`` SIGKILLed)."""
 from __future__ import annotations
 
 import csv

@@ -10,6 +10,7 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from broker import feed
+from tests.support.gpuentry import health_gpu
 from web.hub import Hub
 from web.metrics import make_registry
 
@@ -34,17 +35,6 @@ def ready_hub() -> Hub:
     hub.handle_snapshot(feed.encode_snapshot_end("i1", 1))
     hub.handle_pub(feed.encode_heartbeat("i1", 0.0, 1, {}, 1))
     return hub
-
-
-def health_gpu(index: int, **fields: Any) -> dict[str, Any]:
-    gpu: dict[str, Any] = {
-        "device_index": index, "name": "H100", "util_percent": 99.0, "sm_clock_mhz": 1980.0,
-        "throttle_reasons": [], "xid_errors": [], "ecc_uncorrected": 0,
-        "remapped_rows_pending": False, "remapped_rows_failed": False, "pcie_link_gen": 5,
-        "pcie_link_gen_max": 5, "pcie_link_width": 16, "pcie_link_width_max": 16,
-        "nvlink_errors": 0}
-    gpu.update(fields)
-    return gpu
 
 
 def scrape(ranks: list[dict[str, Any]], heartbeat: list[bytes] | None = None) -> str:

@@ -96,7 +96,7 @@ def test_gate_forgets_runs_asked_long_ago() -> None:
     for i in range(5000):
         now[0] += 0.01
         gate.accepted(f"run-{i}")
-    assert len(gate.last) <= 4097
+    assert len(gate.runs) <= 4097
     assert gate.wait_left("run-4999") > 0
 
 

@@ -1,6 +1,8 @@
-// rankboard's number and time formatting: the one place a value becomes text (charts,
-// tables, KPIs and tooltips all format through here, so "1.2k" means the same everywhere).
-// No DOM.
+// rankboard's shared number and time formats: what more than one view shows (charts,
+// tables, KPIs and tooltips format a loss, a percentage, bytes, a duration or a time through
+// here, so "1.2k" means the same everywhere). A figure only one view shows is formatted in
+// that view's module (a data wait in datawait.js, a profile's share in profileview.js,
+// axis ticks in chartkit.js). No DOM.
 
 export const DASH = "—";
 export const isNum = (v) => typeof v === "number" && Number.isFinite(v);

@@ -66,7 +66,7 @@ export class Stragglers {
     if (marked.length > 6) chips.push(h("span", "muted", `and ${fmtInt(marked.length - 6)} more marked`));
     if (!marked.length) chips.unshift(h("span", "muted straggler-none", "no straggler: the slowest rank changes from step to step"));
     $("straggler-marks").replaceChildren(...chips);
-    renderDataCause($("data-cause"), store.header, store.ranks); // 7.1: the cause, above the board
+    renderDataCause($("data-cause"), store.header); // 7.1: the cause, above the board
     const groups = hostGroups(store, rows);
     const perRank = rows.length <= 48;
     const stripRows = perRank

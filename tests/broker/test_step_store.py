@@ -2,7 +2,7 @@
 ``series`` (PROTOCOL 4 "Step series": exact lo/hi, every step in exactly one bucket, at most
 N buckets, one per step when they fit), the rate series, ``csv_rows``/``csv_header``
 (PROTOCOL 4 ``/steps.csv``); the wire blocks the journal and snapshots carry are
-:mod:`tests.broker.test_stepstore_wire`'s."""
+:mod:`tests.broker.test_step_store_wire`'s."""
 from __future__ import annotations
 
 import csv

@@ -16,8 +16,7 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
-from broker.steps import columns as stepclose
-from broker.steps import reduce as stepreduce
+from broker.steps import columns, reduce
 from broker.steps.closer import StepCloser
 from broker.steps.columns import ClosedSteps, FrameBuffer, close_columns
 from rank_agent.protocol import Steps
@@ -294,7 +293,7 @@ def test_the_closer_takes_the_fast_path_for_a_grid(monkeypatch: pytest.MonkeyPat
 def test_list_floats_reads_what_chain_gives(n: int, k: int) -> None:
     rng = random.Random(n * 31 + k)
     lists = [[rng.choice((rng.random(), *VALUES)) for _ in range(k)] for _ in range(n)]
-    got = stepclose._list_floats(lists, k)
+    got = columns._list_floats(lists, k)
     want = np.fromiter(chain.from_iterable(lists), np.float64, n * k)
     assert got is not None and got.tobytes() == want.tobytes()
 
@@ -303,10 +302,10 @@ def test_list_floats_reads_what_chain_gives(n: int, k: int) -> None:
 def test_list_floats_of_a_flat_list(n: int) -> None:
     rng = random.Random(n)
     values = [rng.choice((rng.random(), *VALUES)) for _ in range(n)]
-    got = stepclose._list_floats(values, 0)
+    got = columns._list_floats(values, 0)
     assert got is not None and got.tobytes() == np.array(values).tobytes()
-    assert stepclose._list_floats(values[:-1] + [None], 0) is None
-    assert stepclose._list_floats(values[:-1] + [7], 0) is None
+    assert columns._list_floats(values[:-1] + [None], 0) is None
+    assert columns._list_floats(values[:-1] + [7], 0) is None
 
 
 @pytest.mark.parametrize("odd", [None, 1, 2**40, 2**70, True])
@@ -318,16 +317,16 @@ def test_list_floats_declines_anything_but_floats(odd: Any, k: int) -> None:
         for at in range(k):
             lists = [[0.5] * k for _ in range(n)]
             lists[n // 2][at] = odd
-            assert stepclose._list_floats(lists, k) is None
+            assert columns._list_floats(lists, k) is None
             flat = [0.5] * n
             flat[n // 3] = odd
-            assert stepclose._list_floats(flat, 0) is None
-    assert stepclose._list_floats([[1.0, 2.0], [3.0]], 2) is None  # not all k long
+            assert columns._list_floats(flat, 0) is None
+    assert columns._list_floats([[1.0, 2.0], [3.0]], 2) is None  # not all k long
     # a list of two and an empty one are two records' length, and a value whose first
     # byte is 0xcb sits where the second tag would be: only the header bytes tell
     tagged = struct.unpack(">d", b"\xcb" + bytes(7))[0]
-    assert stepclose._list_floats([[0.5, tagged], []], 1) is None
-    assert stepclose._list_floats([[1.0] * 16], 16) is None  # k past 15: not handled
+    assert columns._list_floats([[0.5, tagged], []], 1) is None
+    assert columns._list_floats([[1.0] * 16], 16) is None  # k past 15: not handled
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -339,8 +338,8 @@ def test_reduce_rows_equals_reduce(seed: int) -> None:
                      for _ in range(n)] for _ in range(c)])
     if seed % 5 == 0 and n >= 3:
         mat[0, :3] = [1e308, 1e308, -1e308]  # an intermediate overflow of finite values
-    got = stepreduce.reduce_rows(mat)
-    want = stepreduce.reduce_groups(mat.ravel(), np.arange(c) * n)
+    got = reduce.reduce_rows(mat)
+    want = reduce.reduce_groups(mat.ravel(), np.arange(c) * n)
     if got is None:  # only where fsum could overflow in one order and not another
         with np.errstate(over="ignore"):
             fin = np.where(np.isfinite(mat), np.abs(mat), 0.0).sum(axis=1)
@@ -348,7 +347,7 @@ def test_reduce_rows_equals_reduce(seed: int) -> None:
         return
     for g, w in zip(got, want):
         assert g.tobytes() == w.tobytes()
-    again = stepreduce.reduce_rows(mat[:, rng.sample(range(n), n)])
+    again = reduce.reduce_rows(mat[:, rng.sample(range(n), n)])
     assert again is not None
     for g, w in zip(again, want):  # the order of a row's values does not matter (but for
         assert np.array_equal(g, w, equal_nan=True)  # which zero: -0.0 == 0.0 here)
@@ -364,11 +363,11 @@ def test_reduce_rows_of_huge_values_on_either_side_of_the_quiet_bound(scale: flo
     mat[2, :2] = (scale, scale)  # a row whose magnitudes sum past float64 at 1e308
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got = stepreduce.reduce_rows(mat)
+        got = reduce.reduce_rows(mat)
     if scale >= 1e308:
         assert got is None  # fsum could overflow in one order: left to rank order
         return
-    want = stepreduce.reduce_groups(mat.ravel(), np.arange(3) * 1024)
+    want = reduce.reduce_groups(mat.ravel(), np.arange(3) * 1024)
     assert got is not None
     for g, w in zip(got, want):
         assert g.tobytes() == w.tobytes()
@@ -376,7 +375,7 @@ def test_reduce_rows_of_huge_values_on_either_side_of_the_quiet_bound(scale: flo
 
 def test_a_sum_that_fsum_may_overflow_in_one_order_is_left_to_rank_order() -> None:
     row = np.array([[1e308, 1e308, -1e308, -1e308, 1e16, 3.0]])
-    assert stepreduce.reduce_rows(row) is None
+    assert reduce.reduce_rows(row) is None
     frames = [frame(r, 0, ms=v, metrics={}) for r, v in enumerate(row[0].tolist())]
     buf = FrameBuffer()
     for f in reversed(frames):
