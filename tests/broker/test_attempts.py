@@ -233,3 +233,17 @@ def test_rewinds_across_three_attempts_keep_each_attempts_own_records() -> None:
     assert sink.line.of_attempt(2).column("step").tolist() == list(range(15, 25))
     assert sink.line.n_superseded == 15 + 20
     assert [a["superseded_steps"] for a in sink.header()["attempts"]] == [15, 20, 0]
+
+
+def test_attempts_past_the_1000th_are_counted_the_first_and_latest_999_listed() -> None:
+    sink = RunSink(RUN)
+    sink.apply(reg(0, 1, "p0"), 0.0)
+    for k in range(1, 1201):
+        sink.apply(reg(0, 1, f"p{k}"), 7.0 * k)  # (7 s apart: within attempt_rate)
+    h = sink.header()
+    assert h["attempt"] == 1200
+    listed = [a["attempt"] for a in h["attempts"]]
+    assert listed == [0] + list(range(202, 1201)) and len(listed) == 1000
+    assert sink.attempts.entry(201) is None and sink.attempts.entry(202) is not None
+    msgs = [a["message"] for a in h["alerts"] if a["kind"] == "restart"]
+    assert msgs == ["restart 1200: the previous attempt closed nothing"]
