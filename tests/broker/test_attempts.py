@@ -247,3 +247,20 @@ def test_attempts_past_the_1000th_are_counted_the_first_and_latest_999_listed() 
     assert sink.attempts.entry(201) is None and sink.attempts.entry(202) is not None
     msgs = [a["message"] for a in h["alerts"] if a["kind"] == "restart"]
     assert msgs == ["restart 1200: the previous attempt closed nothing"]
+
+
+def test_the_failure_is_the_current_attempts_and_the_cause_the_previous_ones() -> None:
+    from rank_agent.protocol import ErrorInfo
+
+    sink = RunSink(RUN)
+    attempt0(sink, ws=2, upto=20)
+    sink.apply(Finish(run=RUN, rank=1, status="error",
+                      error=ErrorInfo(type="RuntimeError", message="boom\nmore", at=150.0)), 150.0)
+    assert sink.header()["failure"]["first"]["rank"] == 1
+    sink.apply(reg(0, 2, "b0"), 200.0)
+    h = sink.header()
+    assert h["failure"] is None  # the new attempt's ranks: nothing failed (yet)
+    cause = h["attempts"][0]["cause"]
+    # rank 0 never finished: counted silent at its last frame (101.0), before rank 1's error
+    assert (cause["rank"], cause["kind"]) == (0, "silent") and "frames" not in cause
+    assert h["attempts"][1]["cause"] is None
