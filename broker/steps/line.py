@@ -103,6 +103,15 @@ class StepLine:
                 return starts[i], starts[i + 1] if i + 1 < len(starts) else n
         return 0, 0
 
+    def first_row(self, attempt: int) -> int:
+        """The line's first row closed by ``attempt`` when it is the line's latest part (the
+        rows since are its own: 8.1's "the current attempt's" figures); the line's length
+        while it closed none."""
+        if attempt == 0:
+            return 0
+        b = self.bounds
+        return b[-1][0] if b and b[-1][1] == attempt else self.store.rows
+
     def figures(self, attempt: int) -> Dict[str, Any]:
         """The ``attempts`` entry's step figures (8.1)."""
         c = self.closed.get(attempt)
