@@ -15,7 +15,7 @@ import gevent
 import gevent.queue
 
 from broker.steps.eta import step_eta
-from broker.steps.line import EpochLine, StepLine
+from broker.steps.line import MAX_SUPERSEDED, EpochLine, StepLine
 from broker.steps.store import StepStore
 from web import sse
 from web.ranksbound import SampleRotation
@@ -240,10 +240,14 @@ class RunState:
             while cut and isinstance(ep, int) and self.records[cut - 1][1].get("epoch", -1) >= ep \
                     and self.records[cut - 1][1].get("attempt", 0) < att:
                 cut -= 1
+            sup = self.epoch_line.superseded
             for s, rec in self.records[cut:]:
-                self.epoch_line.superseded.append(rec)
+                sup.append(rec)
                 self._record_bytes.pop(s, None)
             del self.records[cut:]
+            if len(sup) > MAX_SUPERSEDED:  # (the oldest attempt's first, as the broker)
+                sup.sort(key=lambda r: r.get("attempt", 0))
+                del sup[: len(sup) - MAX_SUPERSEDED]
         self.records.append((seq, record))
 
 

@@ -99,3 +99,13 @@ def test_a_restart_over_the_wire(web: Any, pusher: Pusher) -> None:
     assert fetch(port, f"/api/runs/{RUN}/history?attempt=2").status == 404
     metrics = fetch(port, "/metrics").body.decode()
     assert f'rankboard_run_attempt{{run="{RUN}"}} 1.0' in metrics
+
+    # attempt 2 (rank 0's new process) has closed nothing: empty answers, a CSV header alone
+    pusher.send(reg(0, 2, "c0"))
+    wait_for(lambda: header(port)["attempt"] == 2, what="attempt 2", timeout=60)
+    assert get_json(port, f"/api/runs/{RUN}/steps?metric=loss&attempt=2")["buckets"] == []
+    assert get_json(port, f"/api/runs/{RUN}/history?attempt=2") == []
+    only = fetch(port, f"/api/runs/{RUN}/steps.csv?attempt=2").body.decode()
+    assert only.count("\r\n") == 1 and only.rstrip().endswith(",attempt")
+    hist = fetch(port, f"/api/runs/{RUN}/history.csv?attempt=2")
+    assert hist.status == 200 and hist.body.decode().count("\n") <= 1
