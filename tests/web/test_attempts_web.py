@@ -25,8 +25,9 @@ def steps(rank: int, lo: int, hi: int, loss: float) -> protocol.Steps:
                           step_ms=[10.0] * len(s), metrics={"loss": [loss] * len(s)})
 
 
-def epoch(rank: int, e: int, loss: float) -> protocol.Metrics:
-    return protocol.Metrics(run=RUN, rank=rank, epoch=e, avg_loss=loss, batches=1)
+def epoch(rank: int, e: int, loss: float, scalars: Any = None) -> protocol.Metrics:
+    return protocol.Metrics(run=RUN, rank=rank, epoch=e, avg_loss=loss, batches=1,
+                            scalars=scalars or {})
 
 
 def header(port: int) -> dict[str, Any]:
@@ -37,7 +38,8 @@ def test_a_restart_over_the_wire(web: Any, pusher: Pusher) -> None:
     port = web.port
     pusher.send(reg(0, 2, "a0"), reg(1, 2, "a1"))
     pusher.send(steps(0, 0, 20, 1.0), steps(1, 0, 20, 1.0))
-    pusher.send(epoch(0, 0, 1.0), epoch(1, 0, 1.0), epoch(0, 1, 1.0), epoch(1, 1, 1.0))
+    old = {"old_acc": (0.5, 1)}  # a metric only the superseded epoch has
+    pusher.send(epoch(0, 0, 1.0), epoch(1, 0, 1.0), epoch(0, 1, 1.0, old), epoch(1, 1, 1.0, old))
     pusher.send(protocol.Finish(run=RUN, rank=0), protocol.Finish(run=RUN, rank=1))
     wait_for(lambda: (h := fetch(port, f"/api/runs/{RUN}")).status == 200
              and h.json()["steps_done"] == 19 and h.json()["status"] == "complete",
@@ -92,6 +94,8 @@ def test_a_restart_over_the_wire(web: Any, pusher: Pusher) -> None:
     assert get_json(port, f"/api/runs/{RUN}/steps?metric=loss&attempt=")["buckets"] == b
     assert [r["epoch"] for r in get_json(port, f"/api/runs/{RUN}/history?attempt=0")] == [0, 1]
     assert [r["epoch"] for r in get_json(port, f"/api/runs/{RUN}/history")] == [0, 1]
+    hist = list(csv.reader(io.StringIO(fetch(port, f"/api/runs/{RUN}/history.csv").body.decode())))
+    assert "old_acc" in hist[0] and len(hist) == 3  # the line's 2 epochs, all metric names
     for bad in ("x", "-1", "1.0", "%D9%A1"):  # (the last: an Arabic-Indic 1)
         assert fetch(port, f"/api/runs/{RUN}/steps?attempt={bad}").status == 400, bad
         assert fetch(port, f"/api/runs/{RUN}/history.csv?attempt={bad}").status == 400, bad
