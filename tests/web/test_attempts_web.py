@@ -104,6 +104,12 @@ def test_a_restart_over_the_wire(web: Any, pusher: Pusher) -> None:
     metrics = fetch(port, "/metrics").body.decode()
     assert f'rankboard_run_attempt{{run="{RUN}"}} 1.0' in metrics
 
+    # an old process's frames: counted, nothing else (rank 1's attempt-0 process)
+    pusher.send(reg(1, 2, "a1"))
+    wait_for(lambda: 'rankboard_frames_rejected_total{reason="old_proc"} 1.0'
+             in fetch(port, "/metrics").body.decode(), what="old_proc counted", timeout=60)
+    assert header(port)["steps_done"] == 14
+
     # attempt 2 (rank 0's new process) has closed nothing: empty answers, a CSV header alone
     pusher.send(reg(0, 2, "c0"))
     wait_for(lambda: header(port)["attempt"] == 2, what="attempt 2", timeout=60)
