@@ -278,3 +278,21 @@ def test_data_share_is_the_current_attempts() -> None:
     sink.tick(12.0)
     assert sink.steps.last_step == 20
     assert sink.header()["data_share"] is None  # attempt 1 has no data wait (yet)
+
+
+def test_epoch_ids_after_a_rewind_survive_a_restart(tmp_path: Path) -> None:
+    """The record that replaced a superseded one keeps its event id across a restart (the
+    journal notes the ids from the cut on again), so a client's Last-Event-ID stays valid."""
+    b = Broker(tmp_path / "d")
+    for f in (reg(0, 1, "a"), epoch(0, 0, 1.0), epoch(0, 1, 1.0), reg(0, 1, "b"),
+              epoch(0, 1, 2.0)):
+        assert b.send(f)
+    seqs = list(b.sinks[RUN].record_seqs)
+    assert [r["attempt"] for r in b.sinks[RUN].records] == [0, 1]
+    b.journal.close()
+    b2 = Broker(tmp_path / "d", now=b.now)
+    try:
+        assert b2.sinks[RUN].record_seqs == seqs
+        assert [(r["epoch"], r["attempt"]) for r in b2.sinks[RUN].records] == [(0, 0), (1, 1)]
+    finally:
+        b2.close()
