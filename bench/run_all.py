@@ -31,6 +31,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import agent_send  # noqa: E402
+import attempts_bench  # noqa: E402
 import cluster_bench  # noqa: E402
 import collectives_bench  # noqa: E402
 import common  # noqa: E402
@@ -101,6 +102,7 @@ GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
     ("cluster", cluster_bench.run),
     ("shards", shards_bench.run),
     ("lightning", _lightning),
+    ("attempts", attempts_bench.run),
 ]
 
 #: Groups only the full run measures (each a minute or more on 2 cores, or hundreds of MiB
@@ -200,6 +202,9 @@ TARGETS: dict[str, tuple[float, str] | None] = {
     "dump_budget_rss_broker_mib": (512.0, "<="),
     "dump_budget_rss_web_mib": (512.0, "<="),
     "lightning_step_overhead_us": (50.0, "<="),
+    # issue 39 (8.1): attempts; a restart's rewind and /steps over a rewound line
+    "rewind_1m_steps_ms": (50.0, "<="),
+    "steps_query_1m_rewound_p99_ms": (20.0, "<="),
 }
 NAMES = list(TARGETS)
 

@@ -32,6 +32,7 @@ from .label import resolve_label
 from .launcher import DEFAULT_BROKER, generated_run_id, launch_args, sanitize_run_id
 from .lifecycle import AGENTS as _AGENTS
 from .lifecycle import watch_uncaught
+from .procid import proc_id
 from .protocol import (
     MAX_METADATA_BYTES,
     MAX_SHORT,
@@ -295,7 +296,7 @@ class RankAgent:
         return encoder.encode(Register(
             run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
             local_rank=self.local_rank, pid=os.getpid(), label=self.label,
-            total_steps=self.total_steps, replicated=self.replicated))
+            total_steps=self.total_steps, replicated=self.replicated, proc=proc_id()))
 
     # -- counters ----------------------------------------------------------------------------
 
@@ -365,7 +366,7 @@ class RankAgent:
                 run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
                 local_rank=self.local_rank, port=port, total_epochs=max(0, total_epochs), pid=os.getpid(),
                 label=self.label, total_steps=self.total_steps,
-                replicated=self.replicated)
+                replicated=self.replicated, proc=proc_id())
         except Exception as exc:
             return self._lose("register", "rankboard: bad register arguments: %r", exc)
         self._start_diag()

@@ -222,7 +222,8 @@ FAMILIES = ("broker.journal", "broker.steps", "broker.stacks")
 #: the one-request-a-run-a-second rule both apply, issue 44)
 WEB_MAY_IMPORT = {"broker.feed", "broker.steps.store", "broker.steps.encodings",
                   "broker.stacks.groups", "broker.stacks.store", "broker.steps.eta",
-                  "broker.stacks.gate"}
+                  "broker.stacks.gate",
+                  "broker.steps.line"}  # (8.1: the line and superseded records)
 
 
 def test_the_broker_families_are_folders_not_prefixes() -> None:

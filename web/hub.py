@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable
 
 import gevent
 import msgspec
+import numpy as np
 
 from broker import feed
 from web import piecewise, sse
@@ -278,7 +279,7 @@ class Hub:
             state = self.runs[update.run] = RunState(update.run)
         state.seq = update.seq
         if update.kind == "epoch":
-            state.records.append((update.seq, data))
+            state.add_epoch(update.seq, data)  # (8.1: a newer attempt's rewind)
             if state.subscribers:  # else encoded when a replay first needs it
                 self._broadcast(state, update.seq, state.record_event(update.seq, data))
             return
@@ -313,7 +314,7 @@ class Hub:
             if r0 is None or not state.subscribers:
                 return  # nobody to show them to: stored, nothing encoded (issue 17)
             # the contract's {"steps": [records]}, from the rows just stored
-            payload = {"steps": state.steps.records(r0)}
+            payload = {"steps": state.steps_records(r0)}  # (8.1: with their attempts)
         else:
             log.debug("unknown event kind %r in run %s ignored", update.kind, update.run)
             return
@@ -337,12 +338,16 @@ class Hub:
             log.warning("malformed steps event of run %s skipped", state.run)
             return None
         store = state.steps
-        r0 = store.rows
         try:
+            attempt = int(data.get("attempt") or 0)  # 8.1: a newer attempt rewinds the line
+            if attempt and int(data["rows"]) > 0:
+                state.line.rewind(attempt, int(np.frombuffer(data["step"], np.int64, 1)[0]))
+            r0 = store.rows
             store.extend_wire(data, rebase=True)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             log.warning("steps event of run %s skipped: %r", state.run, exc)
             return None
+        state.line.appended(r0, attempt)
         if store.rows == r0:
             log.warning("empty steps event of run %s skipped", state.run)
             return None
@@ -498,8 +503,13 @@ class Hub:
         # one queue item (a reader skips a second item with the same id).
         chunk = b""
         r0 = 0 if old_last is None else new.steps.row_range(old_last + 1, None)[0]
+        old_attempt = old_header.get("attempt", 0) if isinstance(old_header, dict) else 0
+        for row, att in new.line.bounds:  # 8.1: a rewind missed: from the newer attempt on
+            if isinstance(old_attempt, int) and att > old_attempt:
+                r0 = min(r0, row)
+                break
         if r0 < new.steps.rows and new.seq > last:
-            chunk = sse.json_event("steps", new.seq, {"steps": new.steps.records(r0)})
+            chunk = sse.json_event("steps", new.seq, {"steps": new.steps_records(r0)})
         if new.seq > last and new.header != old_header:
             chunk += sse.json_event("run", new.seq, new.public_header())
         if chunk:

@@ -15,6 +15,7 @@ import gevent
 import gevent.queue
 
 from broker.steps.eta import step_eta
+from broker.steps.line import MAX_SUPERSEDED, EpochLine, StepLine
 from broker.steps.store import StepStore
 from web import sse
 from web.ranksbound import SampleRotation
@@ -95,7 +96,7 @@ class RunState:
 
     __slots__ = ("run", "seq", "header", "ranks", "ranks_seq", "ranks_full", "records",
                  "complete", "svg", "steps", "subscribers", "_record_bytes", "_header_event",
-                 "hardware_sent", "samples_sent", "resources")
+                 "hardware_sent", "samples_sent", "resources", "line", "epoch_line")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -117,6 +118,9 @@ class RunState:
         self.svg: str | None = None
         #: closed steps, as published (``steps`` events; snapshots carry them columnar)
         self.steps = StepStore()
+        #: (8.1) the attempts along the line of closed steps and the superseded records
+        self.line = StepLine(self.steps)
+        self.epoch_line = EpochLine()
         self.subscribers: set[Subscriber] = set()
         #: rank -> the hardware string this run's SSE stream last carried (big runs only:
         #: :func:`ranks_payload`)
@@ -147,16 +151,49 @@ class RunState:
             "collectives_last": None,  # 8.5
             "failure": None,  # 8.2
             "nonfinite": [], "nonfinite_more": 0, "replica_divergence": [],  # 8.3
+            "attempt": 0, "attempts": [], "alert_attempts": {},  # 8.1
         }
         header.update(self.header)
+        header["attempts"] = self._attempt_figures(header["attempts"])
         header["steps_done"] = self.steps.last_step
-        header["step_metrics"] = self.steps.metric_names()
+        header["step_metrics"] = self.line.metric_names()  # (8.1: superseded ones' too)
         # 8.5: against this web's own closed steps too, as steps_done (null when unknown)
         total = header.get("total_steps")
         header["total_steps"] = (total if isinstance(total, int) and not isinstance(total, bool)
                                  and total > 0 else None)
         header["eta_secs"] = step_eta(header["total_steps"], self.steps)
         return header
+
+    def _attempt_figures(self, attempts: Any) -> Any:
+        """The header's ``attempts`` with each entry's step and epoch figures from this web's
+        own line, superseded records and epoch records (as ``steps_done``: the broker's
+        header is only as fresh as its last ``run`` event, and steps and epochs close
+        between two of them). Entries are copied, the broker's header left as it came."""
+        if not isinstance(attempts, list) or not attempts:
+            return attempts
+        epochs: dict[int, list[int]] = {}
+        superseded: dict[int, int] = {}
+        for rec in [r for _, r in self.records] + self.epoch_line.superseded:
+            a, e = rec.get("attempt", 0), rec.get("epoch")
+            if isinstance(a, int) and isinstance(e, int):
+                c = epochs.setdefault(a, [e, e])
+                c[0], c[1] = min(c[0], e), max(c[1], e)
+        for rec in self.epoch_line.superseded:
+            a = rec.get("attempt", 0)
+            superseded[a] = superseded.get(a, 0) + 1
+        out = []
+        for entry in attempts:
+            if not isinstance(entry, dict) or not isinstance(entry.get("attempt"), int):
+                out.append(entry)
+                continue
+            k = entry["attempt"]
+            span = epochs.get(k)
+            out.append({**entry, **self.line.figures(k),
+                        "first_epoch": span[0] if span else None,
+                        "last_epoch": span[1] if span else None,
+                        "superseded_epochs": max(superseded.get(k, 0),
+                                                 entry.get("superseded_epochs") or 0)})
+        return out
 
     def record_event(self, seq: int, record: dict[str, Any]) -> bytes:
         data = self._record_bytes.get(seq)
@@ -213,7 +250,40 @@ class RunState:
         steps = snap.get("steps")
         if steps:
             state.steps.extend_wire(steps)
+        line = snap.get("line")  # 8.1 (absent from an older broker's snapshot)
+        if isinstance(line, dict):
+            state.line.load_wire(line)
+        sup = snap.get("epochs_superseded")
+        if isinstance(sup, list):
+            state.epoch_line.superseded = [r for r in sup if isinstance(r, dict)]
         return state
+
+    def steps_records(self, r0: int) -> list[dict[str, Any]]:
+        """The line's closed step records from row ``r0`` on, each with its ``attempt``
+        (8.1: SSE ``steps`` records carry it)."""
+        records = self.steps.records(r0)
+        for rec, att in zip(records, self.line.attempts_of(r0, self.steps.rows).tolist()):
+            rec["attempt"] = att
+        return records
+
+    def add_epoch(self, seq: int, record: Any) -> None:
+        """An ``epoch`` event: a record of a newer attempt at or below the last held epoch
+        supersedes the held ones from its epoch on (8.1), then it is appended."""
+        if isinstance(record, dict) and self.records:
+            att, ep = record.get("attempt", 0), record.get("epoch")
+            cut = len(self.records)
+            while cut and isinstance(ep, int) and self.records[cut - 1][1].get("epoch", -1) >= ep \
+                    and self.records[cut - 1][1].get("attempt", 0) < att:
+                cut -= 1
+            sup = self.epoch_line.superseded
+            for s, rec in self.records[cut:]:
+                sup.append(rec)
+                self._record_bytes.pop(s, None)
+            del self.records[cut:]
+            if len(sup) > MAX_SUPERSEDED:  # (the oldest attempt's first, as the broker)
+                sup.sort(key=lambda r: r.get("attempt", 0))
+                del sup[: len(sup) - MAX_SUPERSEDED]
+        self.records.append((seq, record))
 
 
 #: Hardware characters in one SSE ``ranks`` event past which an entry carries its
