@@ -16,7 +16,7 @@ from rank_agent.control import Control
 from rank_agent.controlauth import SecretError, sign_request
 from rank_agent.controlwire import ControlRequest, control_topic, encode_request
 from rank_agent.ratelimit import RateLimitedLog
-from tests.support.agent import Publisher
+from tests.support.agent import Publisher, control_connected
 from tests.support.polling import wait_for
 
 RUN = "guarded"
@@ -83,7 +83,7 @@ def test_a_secret_that_cannot_be_used_leaves_the_channel_closed(
         c.start()
         wait_for(lambda: not c.running, timeout=10.0, what="the channel closing")
     c.close()
-    assert not c.wait_connected(0)  # it never subscribed: no request can reach it
+    assert not control_connected(c, 0)  # it never subscribed: no request can reach it
     assert [r.getMessage() for r in caplog.records] == [
         "rankboard: cannot read control secret /nope: No such file or directory; this rank "
         "will not answer requests for stacks"]

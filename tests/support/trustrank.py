@@ -15,6 +15,7 @@ import json
 import sys
 
 from rank_agent import RankAgent
+from tests.support.agent import control_connected
 
 
 def main(ingest: str, control: str, run: str) -> None:
@@ -22,7 +23,7 @@ def main(ingest: str, control: str, run: str) -> None:
     agent.log_step(0, {"loss": 1.0})
     channel = agent._control
     assert channel is not None
-    if not channel.wait_connected(30):
+    if not control_connected(channel, 30):
         raise SystemExit("control channel did not connect")
     print(json.dumps({"ready": True}), flush=True)
     for _ in sys.stdin:
