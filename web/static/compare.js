@@ -140,6 +140,7 @@ export class CompareView {
   }
 
   renderRuns() {
+    this._relabel();
     const runs = this.hooks.runs();
     const q = this.filter.value.trim().toLowerCase();
     const chosen = new Set(this.sel.runs);
@@ -250,6 +251,15 @@ export class CompareView {
     if (!label) return run;
     const twins = this.sel.runs.filter((id) => id !== run && labelOf(id) === label);
     return twins.length ? `${label} (${run})` : label;
+  }
+
+  /** The run list arrived (or changed) after the chart was drawn: a link opened directly
+   * draws before the page knows the runs' labels; the legend then takes them. */
+  _relabel() {
+    const series = this.chart && this.chart.series;
+    if (!Array.isArray(series) || !series.length) return;
+    if (series.every((s) => (s.label || s.name) === this._label(s.name))) return;
+    this.chart.setSeries(series.map((s) => ({ ...s, label: this._label(s.name) })));
   }
 
   /** Whether `run` logs steps and has fewer than two epoch records (one dot on x=epoch). */
