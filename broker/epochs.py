@@ -17,6 +17,8 @@ from broker.events import Rejected
 from rank_agent.protocol import Metrics
 
 if TYPE_CHECKING:
+    from broker.attempts import Attempts
+    from broker.steps.line import EpochLine
     from broker.rankstate import RankSamples, RankState
     from broker.topology import Topology
     from rank_agent.protocol import ResourceSample
@@ -125,6 +127,8 @@ class EpochRules:
         _n_finished: int
         _header_changed: bool
         _header_pending: bool
+        attempts: Attempts
+        epoch_line: EpochLine
 
         def gpu_health(self, rank: int, sample: ResourceSample, now: float) -> None: ...
         def _raise(self, kind: str, rank: int | None, message: str, now: float,
@@ -181,6 +185,10 @@ class EpochRules:
         )
         self._durations.append(record["duration_secs"])
         del self._durations[: -aggregate.ETA_WINDOW]
+        record["attempt"] = self.attempts.current  # 8.1: the attempt that closed it
+        if self.records and self.records[-1]["epoch"] >= epoch:  # a new attempt rewinds
+            self.epoch_line.rewind(self.records, self.record_seqs, epoch)
+        self.epoch_line.closed_one(record)
         self.records.append(record)
         if self._header_pending:
             # The web must never show a record under a stale header: a coalesced header

@@ -17,6 +17,7 @@ from rank_agent.protocol import Finish, Register
 
 if TYPE_CHECKING:
     from broker.alerts import RunAlerts
+    from broker.attempts import Attempts
     from broker.epochs import PendingEpochs
     from broker.failure import ErrorStore, FailureIndex
     from broker.gpualerts import GpuAlertRules
@@ -64,6 +65,7 @@ class MembershipRules:
         _errors: ErrorStore
         _failures: FailureIndex
         _failure_dirty: bool
+        attempts: Attempts
 
         @property
         def finished(self) -> bool: ...
@@ -74,6 +76,7 @@ class MembershipRules:
 
     def _on_register(self, frame: Register, st: RankState, now: float) -> None:
         # Header changes from registers (and hardware) are coalesced: see _header_pending.
+        self.attempts.registered_now(frame)  # 8.1: the rank's process in this attempt
         if self.world_size is None:
             self.world_size = frame.world_size
             self._header_pending = True

@@ -279,7 +279,8 @@ class Runs:
             return self._internal(run, frames[0][0])
         if rejected:
             for frame, why in rejected:
-                self._reject("rank_out_of_range", "run %r rank %d: %s", run, frame.rank, why)
+                self._reject("old_proc" if why.startswith("old_proc") else "rank_out_of_range",
+                             "run %r rank %d: %s", run, frame.rank, why)
             gone = {id(frame) for frame, _ in rejected}
             frames = [item for item in frames if id(item[0]) not in gone]
             applied = [frame for frame, _ in frames]

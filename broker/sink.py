@@ -49,6 +49,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import msgspec
 
 from broker.alerts import OnAlert, RunAlerts
+from broker.attempts import AttemptRules, Attempts
 from broker.collectivelast import LastVerdict
 from broker.collectiverules import CollectiveRules
 from broker.epochs import EpochRules, PendingEpochs
@@ -63,6 +64,7 @@ from broker.stacks.store import RunStacks
 from broker.steps.closer import RunSteps
 from broker.steps.datawait import DataWait
 from broker.steps.eta import step_eta
+from broker.steps.line import EpochLine
 from broker.steps.rules import StepRules
 from broker.steps.store import StepStore
 from broker.topology import HardwareString, Topology
@@ -96,7 +98,7 @@ STEPS_INTERVAL = 0.25
 OnEnd = Callable[[str, str, float], None]
 
 
-class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
+class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRules):
     """The broker's state of one run; see the module docstring for the rules."""
 
     shard = 0  #: the broker's shard index (PROTOCOL 7.3), set by broker.runs.Runs
@@ -188,6 +190,11 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
         self._failures = FailureIndex()
         self._failure: Dict[str, Any] | None = None
         self._failure_dirty = False
+        #: The run's attempts (8.1, broker/attempts.py), the line of closed steps and the
+        #: superseded epoch records (broker/steps/line.py)
+        self.attempts = Attempts()
+        self.line = self._steps.line
+        self.epoch_line = EpochLine()
 
     # ------------------------------------------------------------------ public API
 
@@ -225,6 +232,8 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
             ws = self.world_size
             if ws is not None and rank >= ws:
                 raise Rejected("rank_out_of_range", f"rank {rank} >= world_size {ws}")
+            if self.attempts.current and rank not in self.attempts.registered:
+                self._attempt_gate(frame)  # (8.1: an old process's frame)
             if tp is Metrics:
                 self._pending.admit(frame.epoch)  # type: ignore[union-attr]
             elif tp is Steps:
@@ -233,6 +242,12 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
                 if metrics and not self._steps.names.issuperset(metrics):
                     self._steps.admit(frame)  # type: ignore[arg-type]
             parsed = None
+        elif tp is Register and self.attempts.decide(frame, self.world_size, now):  # type: ignore[arg-type]
+            if frame.rank >= frame.world_size:  # type: ignore[union-attr]
+                raise Rejected("rank_out_of_range",
+                               f"rank {rank} >= world_size {frame.world_size}")  # type: ignore[union-attr]
+            parsed = None
+            self._start_attempt(frame, now)  # type: ignore[arg-type]  (8.1)
         else:
             parsed = self._check(frame)
         if self.started_at is None:
@@ -303,10 +318,15 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
         ws = self.world_size
         seen, put = self._seen, self._samples.put
         rejected: List[Tuple[Resources, str]] = []
+        att = self.attempts
         for frame in frames:
             rank = frame.rank
             if ws is not None and rank >= ws:
                 rejected.append((frame, f"rank {rank} >= world_size {ws}"))
+                continue
+            if att.current and rank not in att.registered:  # (8.1)
+                rejected.append((frame, f"old_proc: rank {rank} has not registered in "
+                                        f"attempt {att.current}"))
                 continue
             put(rank, frame.sample)
             seen(rank, now).sample_json = None
@@ -396,7 +416,7 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
             "started_at": self.started_at,
             "updated_at": self.updated_at,
             "steps_done": self.steps.last_step,
-            "step_metrics": self.steps.metric_names(),
+            "step_metrics": self.line.metric_names(),  # (8.1: superseded records' too)
             "data_share": self.data_wait.share,
             "data_stragglers": self.data_wait.stragglers,
             "collectives_last": self.collectives_last.value,
@@ -404,6 +424,7 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
             "eta_secs": step_eta(self.total_steps, self.steps),
             "alert_ranks": self.alerts.ranks_raised(),  # 8.5: whose the alerts are
             "failure": self.failure,  # 8.2
+            **self._attempts_header(),  # 8.1: attempt, attempts
             # 8.3: nonfinite, nonfinite_more, replica_divergence
             **self._steps.numbers.header(self.topology.place.get),
         }
@@ -447,7 +468,65 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
             "steps": self.steps.to_wire(),
             "stacks": self.stacks.wire(),
             "collectives": self.collectives_view(),
+            "line": self.line.wire(),  # 8.1: attempts along the line, superseded steps
+            "epochs_superseded": list(self.epoch_line.superseded),
         }
+
+    def _attempts_header(self) -> Dict[str, Any]:
+        """The header's ``attempt`` and ``attempts`` (8.1); the entries' figures are the
+        line's (broker/steps/line.py) as of now."""
+        att = self.attempts
+        cur = att.now
+        if cur["world_size"] is None:
+            cur["world_size"] = self.world_size
+        att.first["started_at"] = self.started_at
+        self._fill_attempt_figures()
+        return {"attempt": att.current, "attempts": att.listed()}
+
+    def _fill_attempt_figures(self) -> None:
+        """Each listed entry's first/last step and epoch and superseded counts (8.1)."""
+        line = self.line
+        for entry in self.attempts.listed_entries():
+            k = entry["attempt"]
+            entry.update(line.figures(k))
+            entry.update(self.epoch_line.figures(k))
+
+    def host_of(self, rank: int) -> str | None:
+        """The host of ``rank`` as the topology places it (None: unknown)."""
+        placed = self.topology.place.get(rank)
+        return placed[0] if placed else None
+
+    def _reset_processes(self, now: float) -> None:
+        """A new attempt (8.1): what belongs to processes begins as for a new run (rank
+        states, stall dumps, collectives, data waits, the step and epoch closing with its
+        start-up grace, the topology and hardware string); the run's id, label, svg,
+        metadata, alerts, records, steps, port and totals are kept. Attempt k's steps
+        closed and went out before this (AttemptRules._start_attempt); its incomplete epochs
+        are dropped here."""
+        for st in self._ranks.values():
+            self._errors.release(st.error)
+        self._ranks = {}
+        self._n_finished = self._n_error = 0
+        self.topology = Topology()
+        self._samples = RankSamples(self.topology.place)
+        self._hw = HardwareString(self.topology, self._summary_of)
+        last_epoch = self._pending.last_closed
+        self._pending = PendingEpochs()
+        self._pending.last_closed = -1  # each attempt closes its own epochs (8.1 rewind)
+        self.epoch_line.new_attempt(self.attempts.current, last_epoch)
+        self._durations = []
+        self.data_wait = DataWait()
+        self.stacks = RunStacks()
+        self._stack_feed = StackFeed(self.stacks, self._emit)
+        self._steps.new_attempt(self.attempts.current)
+        self._closer = self._steps.closer
+        self._errors = ErrorStore()
+        self._failures = FailureIndex()
+        self._failure = None
+        self._failure_dirty = True
+        self.complete = None
+        self._ranks_dirty = True
+        self._header_changed = True
 
     # ------------------------------------------------------------------ validation
 
@@ -469,6 +548,7 @@ class RunSink(MembershipRules, EpochRules, StepRules, CollectiveRules):
             return None
         if ws is not None and frame.rank >= ws:
             raise Rejected("rank_out_of_range", f"rank {frame.rank} >= world_size {ws}")
+        self._attempt_gate(frame)  # (8.1: an old process's frame)
         if isinstance(frame, Metadata) and frame.json != self._metadata_raw:
             # Every rank often sends the same blob: the text already accepted needs no parse.
             return parse_metadata(frame.json)

@@ -51,6 +51,7 @@ from .protocol import (
     utf8_over,
 )
 from .pusher import Pusher
+from .procid import proc_id
 from .ratelimit import RateLimitedLog
 from .replicated import replicated_names
 from .shards import pick_endpoint
@@ -293,7 +294,7 @@ class RankAgent:
         return encoder.encode(Register(
             run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
             local_rank=self.local_rank, pid=os.getpid(), label=self.label,
-            total_steps=self.total_steps, replicated=self.replicated))
+            total_steps=self.total_steps, replicated=self.replicated, proc=proc_id()))
 
     # -- counters ----------------------------------------------------------------------------
 
@@ -363,7 +364,7 @@ class RankAgent:
                 run=self.run, rank=self.rank, world_size=self.world_size, host=self.host or "unknown",
                 local_rank=self.local_rank, port=port, total_epochs=max(0, total_epochs), pid=os.getpid(),
                 label=self.label, total_steps=self.total_steps,
-                replicated=self.replicated)
+                replicated=self.replicated, proc=proc_id())
         except Exception as exc:
             return self._lose("register", "rankboard: bad register arguments: %r", exc)
         self._start_diag()

@@ -53,6 +53,8 @@ MAX_STEP_METRICS = 64
 #: (8.3) replicated step metric names a register may list (and a run holds)
 MAX_REPLICATED = 64
 MAX_STEP_METRIC_NAME = 128
+#: (v5, 8.1) a register's ``proc`` (the sending process's id): a longer one is ``schema``
+MAX_PROC = 64
 #: Largest step number (steps are stored as signed 64-bit integers) and largest per-point
 #: ``samples``/``tokens`` (so a sum over 65,536 ranks still fits in 64 bits).
 MAX_STEP = 2**63 - 1
@@ -154,6 +156,9 @@ class Register(_Frame, tag="register"):
     #: gradient norm after the all-reduce): the broker checks them for replicas that disagree.
     replicated: Annotated[list[Annotated[str, Meta(max_length=MAX_STEP_METRIC_NAME)]],
                           Meta(max_length=MAX_REPLICATED)] = []
+    #: (v5, 8.1) an id of the sending process, different in every process ("" = unknown):
+    #: a rank's new process starts a new attempt of the run.
+    proc: Annotated[str, Meta(max_length=MAX_PROC)] = ""
 
 
 class Svg(_Frame, tag="svg"):

@@ -42,6 +42,7 @@ import numpy as np
 
 from broker.events import Rejected
 from broker.steps.columns import ClosedSteps, Columns, FrameBuffer, close_columns, slice_frame
+from broker.steps.line import StepLine
 from broker.steps.numbers import RunNumbers
 from broker.steps.store import StepStore
 from rank_agent.protocol import Steps
@@ -448,6 +449,17 @@ class RunSteps:
         #: (8.3) the first non-finite values and replicas that disagree: every batch is
         #: shown to it as it closes (:meth:`_closed`)
         self.numbers = RunNumbers()
+        #: (8.1) the attempt whose steps close now, and the attempts along the line
+        self.attempt = 0
+        self.line = StepLine(self.store)
+
+    def new_attempt(self, attempt: int) -> None:
+        """Attempt ``attempt`` begins (8.1): its steps close by their own rules, from the
+        start (a fresh closer: start-up grace, watermark, late against its own steps); the
+        previous attempt's closed steps went out before (the sink's ``_start_attempt``)."""
+        self.attempt = attempt
+        self.closer = StepCloser(close_after=self.closer.close_after)
+        self.numbers.new_attempt(attempt)
 
     def admit(self, frame: Steps) -> None:
         """Take note of the frame's metric names, or raise :class:`Rejected`
@@ -518,6 +530,8 @@ class RunSteps:
         needs them)."""
         out, self._out = self._out, []
         store = self.store
+        if out and self.attempt and len(out[0].step):  # (8.1: a new attempt's first close)
+            self.line.rewind(self.attempt, int(out[0].step[0]))
         before = store.rows
         names: set[str] = set()
         for batch in out:
@@ -533,7 +547,11 @@ class RunSteps:
         for name in names:  # (moved to the end: the latest takes' names are last)
             taken.pop(name, None)
             taken[name] = rows
-        return store.to_wire(before, rows, sorted(names))
+        self.line.appended(before, self.attempt)
+        block = store.to_wire(before, rows, sorted(names))
+        if self.attempt:  # (8.1; absent = attempt 0, so a run that never restarts is as before)
+            block["attempt"] = self.attempt
+        return block
 
     def named_since(self, row: int) -> List[str]:
         """The metric names that may have a point in the store's rows from ``row`` on, of
@@ -552,12 +570,19 @@ class RunSteps:
         (None: the block added nothing). The closer forgets what closed before the restart
         and takes back the straggler window."""
         store = self.store
+        attempt = int(block.get("attempt") or 0)  # (8.1: blocks of older journals: 0)
+        k = int(block["rows"])
+        if attempt and k:
+            first = int(np.frombuffer(block["step"], np.int64, 1)[0])
+            self.line.rewind(attempt, first)
         before = store.rows
         store.extend_wire(block)
         if store.rows == before:
             return None
+        self.line.appended(before, attempt)
         self.names.update(store.metrics)
-        self.closer.forget_through(store.last_step)  # type: ignore[arg-type]
+        if attempt == self.attempt:  # (8.1: late only against the current attempt's steps)
+            self.closer.forget_through(store.last_step)  # type: ignore[arg-type]
         # Only the last SHARE_WINDOW matter (a million restored steps must not mean a
         # million window updates).
         self.closer.restore_slowest(store.slowest_ranks(since=before)[-SHARE_WINDOW:])

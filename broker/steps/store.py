@@ -421,6 +421,22 @@ class StepStore:
             target.extend(rows, mean, lo, hi)
         self.rows += k
 
+    def truncate(self, rows: int) -> None:
+        """Keep rows ``[0, rows)`` only (PROTOCOL 8.1: a rewind takes the later rows off the
+        run's line; they were copied out first). O(series): each series' cut is a binary
+        search; metric names stay (``step_metrics`` names superseded records' metrics)."""
+        if rows >= self.rows:
+            return
+        rows = max(0, rows)
+        for s in (self.step_ms, self.data_ms, *self.metrics.values()):
+            if not s.n or s.row[s.n - 1] < rows:
+                continue
+            p = int(s.row[: s.n].searchsorted(rows))
+            if s.nonfinite:
+                s.nonfinite -= int(np.count_nonzero(~np.isfinite(s.mean[p: s.n])))
+            s.n = p
+        self.rows = rows
+
     # ----------------------------------------------------------------- queries
 
     def row_range(self, start: Optional[int], end: Optional[int]) -> tuple[int, int]:
