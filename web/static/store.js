@@ -54,6 +54,7 @@ export class Store {
     this.rows = null; // the rank row models last rendered (model.rankRows)
     this.stacks = null; // the last GET /stacks answer ({dumps, groups}); null: none yet
     this.epochRewinds = []; // (8.1) [{attempt, start}]: epochs a newer attempt superseded here
+    this.attempt = null; // (8.1) the header's current attempt, once one said it
   }
 
   /** `fn(...parts)` after every update. */
@@ -89,6 +90,12 @@ export class Store {
     const out = {};
     for (const k of HEADER_KEYS) out[k] = hd[k];
     this.header = out;
+    // (8.1) a new attempt's ranks are those of its processes: an elastic job that came back
+    // smaller leaves no row behind (the ranks array and the hosts name the new ones again)
+    if (Number.isInteger(hd.attempt)) {
+      if (this.attempt !== null && hd.attempt > this.attempt) this.knownRanks = new Set();
+      this.attempt = hd.attempt;
+    }
     this.hostOfRank = new Map();
     for (const host of Array.isArray(hd.hosts) ? hd.hosts : []) {
       for (const r of host.ranks || []) {
