@@ -99,11 +99,10 @@ def check_restart_drawn(page: Any) -> None:
     wait_page(page, "attempt 1's steps 50–99 faint", faint_ok)
     # the marker at the new attempt's first step, on every step chart, with its hover
     for name in ("loss", "step_ms"):
-        wait_page(page, f"the restart marker on {name}", lambda n=name: [
-            (m["step"], m["text"], m["hover"]) for m in step_chart(page, n)["markers"]
-        ] == [(50, "restart 1", HOVER)])
-    snap = step_chart(page)
-    marker = snap["markers"][0]
+        def marked(n: str = name) -> bool:
+            return [(m["step"], m["text"], m["hover"]) for m in step_chart(page, n)["markers"]
+                    ] == [(50, "restart 1", HOVER)]
+        wait_page(page, f"the restart marker on {name}", marked)
     canvas = page.locator('canvas[data-chart="step-metric"][data-metric="loss"]')
     canvas.scroll_into_view_if_needed()
     box = canvas.bounding_box()
