@@ -424,9 +424,9 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
             "eta_secs": step_eta(self.total_steps, self.steps),
             "alert_ranks": self.alerts.ranks_raised(),  # 8.5: whose the alerts are
             "failure": self.failure,  # 8.2
-            **self._attempts_header(),  # 8.1: attempt, attempts
             # 8.3: nonfinite, nonfinite_more, replica_divergence
             **self._steps.numbers.header(self.topology.place.get),
+            **self._attempts_header(),  # 8.1: attempt, attempts
         }
 
     @property

@@ -402,9 +402,37 @@ def run_detail(run: str) -> Response:
     return response
 
 
+def attempt_arg(state: RunState) -> int | Response | None:
+    """The ``?attempt=K`` of ``/steps``, ``/steps.csv``, ``/history`` and ``/history.csv``
+    (8.1): None when absent or empty, else K, or the error to answer: 400 when K is not
+    ASCII digits, 404 when the run does not have attempt K or no longer lists it."""
+    raw = request.args.get("attempt", "")
+    if raw == "":
+        return None
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        return error(400, "attempt must be a whole number of ASCII digits")
+    k = int(raw)
+    listed = state.header.get("attempts")
+    if not isinstance(listed, list) or not any(
+            isinstance(a, dict) and a.get("attempt") == k for a in listed):
+        if not (k == 0 and not isinstance(listed, list)):  # (an older broker: attempt 0 only)
+            return error(404, f"this run has no attempt {k}")
+    return k
+
+
+def _history_records(state: RunState) -> list[dict[str, Any]] | Response:
+    """The line's epoch records, or attempt K's own (8.1), or the error to answer."""
+    k = attempt_arg(state)
+    if isinstance(k, Response):
+        return k
+    line = [record for _, record in state.records]
+    return line if k is None else state.epoch_line.of_attempt(line, k)
+
+
 @bp.get("/api/runs/<run>/history")
 def history(run: str) -> Response:
-    return json_response([record for _, record in _run().records])
+    records = _history_records(_run())
+    return records if isinstance(records, Response) else json_response(records)
 
 
 @bp.get("/api/runs/<run>/resources")
@@ -416,7 +444,10 @@ def resources(run: str) -> Response:
 
 @bp.get("/api/runs/<run>/history.csv")
 def history_export(run: str) -> Response:
-    body = history_csv([record for _, record in _run().records])
+    records = _history_records(_run())
+    if isinstance(records, Response):
+        return records
+    body = history_csv(records)
     response = Response(body, mimetype="text/csv")
     response.headers["Content-Disposition"] = f'attachment; filename="{run}-history.csv"'
     return response
@@ -429,20 +460,33 @@ def steps(run: str) -> Response:
         metric, start, end, points = steps_query(request.args)
     except BadQuery as exc:
         return error(400, str(exc))
-    buckets = state.steps.series(metric, start, end, points)
+    k = attempt_arg(state)  # 8.1: attempt K's own closed steps, superseded or not
+    if isinstance(k, Response):
+        return k
+    store = state.steps if k is None else state.line.of_attempt(k)
+    buckets = store.series(metric, start, end, points)
     return json_response({"metric": metric, "start": start, "end": end,
                           "buckets": buckets})
 
 
 @bp.get("/api/runs/<run>/steps.csv")
 def steps_export(run: str) -> Response:
-    store = _run().steps
+    state = _run()
+    k = attempt_arg(state)  # 8.1: attempt K's own closed steps, superseded or not
+    if isinstance(k, Response):
+        return k
+    store = state.steps if k is None else state.line.of_attempt(k)
+    names = state.line.metric_names()  # (8.1: superseded records' metrics too)
+    line = state.line
+
+    def attempts(r0: int, r1: int) -> Any:
+        return line.attempts_of(r0, r1) if k is None else [k] * (r1 - r0)
 
     def body() -> Iterator[str]:
         # Streamed a few thousand rows at a time: a million-row export is never built
         # in memory, and the server's other greenlets run between chunks.
-        yield steps_csv_header(store.metric_names())
-        for chunk in store.csv_rows():
+        yield steps_csv_header(names)[:-2] + ",attempt\r\n"  # 8.1: the last column
+        for chunk in store.csv_rows(names=names, attempts=attempts):
             yield chunk
             gevent.sleep(0)
 

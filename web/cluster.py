@@ -273,6 +273,7 @@ class ClusterIndex:
             "shard": shard_of(header), "ranks_stalled": stalled, "ranks_stale": stale,
             "alerts": len(alerts) if isinstance(alerts, list) else 0,
             "steps_done": state.steps.last_step,
+            "attempt": header.get("attempt", 0),  # 8.1
         }
 
     def runs(self, held: HeldRuns, filt: RunsFilter) -> list[dict[str, Any]]:

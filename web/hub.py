@@ -29,6 +29,7 @@ from collections import deque
 from typing import Any, Callable, Iterable
 
 import gevent
+import numpy as np
 
 from broker import feed
 from web import sse
@@ -246,7 +247,7 @@ class Hub:
         state.seq = update.seq
         data = update.data
         if update.kind == "epoch":
-            state.records.append((update.seq, data))
+            state.add_epoch(update.seq, data)  # (8.1: a newer attempt's rewind)
             if state.subscribers:  # else encoded when a replay first needs it
                 self._broadcast(state, update.seq, state.record_event(update.seq, data))
             return
@@ -277,7 +278,11 @@ class Hub:
             if r0 is None or not state.subscribers:
                 return  # nobody to show them to: stored, nothing encoded (issue 17)
             # the contract's {"steps": [records]}, from the rows just stored
-            payload = {"steps": state.steps.records(r0)}
+            records = state.steps.records(r0)
+            attempt = data.get("attempt") or 0
+            for rec in records:  # (8.1: every record carries its attempt)
+                rec["attempt"] = attempt
+            payload = {"steps": records}
         else:
             log.debug("unknown event kind %r in run %s ignored", update.kind, update.run)
             return
@@ -296,12 +301,16 @@ class Hub:
             log.warning("malformed steps event of run %s skipped", state.run)
             return None
         store = state.steps
-        r0 = store.rows
         try:
+            attempt = int(data.get("attempt") or 0)  # 8.1: a newer attempt rewinds the line
+            if attempt and int(data["rows"]) > 0:
+                state.line.rewind(attempt, int(np.frombuffer(data["step"], np.int64, 1)[0]))
+            r0 = store.rows
             store.extend_wire(data, rebase=True)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             log.warning("steps event of run %s skipped: %r", state.run, exc)
             return None
+        state.line.appended(r0, attempt)
         if store.rows == r0:
             log.warning("empty steps event of run %s skipped", state.run)
             return None

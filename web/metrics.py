@@ -124,6 +124,14 @@ class HubCollector(Collector):
                 step_rows.add_metric([state.run], float(state.steps_rows))
         yield steps_done
         yield step_rows
+        attempt = GaugeMetricFamily(  # 8.1
+            "rankboard_run_attempt", "The current attempt of each run (0-based).",
+            labels=["run"])
+        for state in hub.runs.values():
+            header = getattr(state, "header", None)
+            k = header.get("attempt", 0) if isinstance(header, dict) else 0
+            attempt.add_metric([state.run], float(k if isinstance(k, int) else 0))
+        yield attempt
         yield from numbers_families(hub.runs.values())  # 8.3
 
         connected = GaugeMetricFamily(

@@ -15,6 +15,7 @@ import gevent
 import gevent.queue
 
 from broker.steps.eta import step_eta
+from broker.steps.line import EpochLine, StepLine
 from broker.steps.store import StepStore
 from web import sse
 from web.ranksbound import SampleRotation
@@ -95,7 +96,7 @@ class RunState:
 
     __slots__ = ("run", "seq", "header", "ranks", "ranks_seq", "ranks_full", "records",
                  "complete", "svg", "steps", "subscribers", "_record_bytes", "_header_event",
-                 "hardware_sent", "samples_sent", "resources")
+                 "hardware_sent", "samples_sent", "resources", "line", "epoch_line")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -117,6 +118,9 @@ class RunState:
         self.svg: str | None = None
         #: closed steps, as published (``steps`` events; snapshots carry them columnar)
         self.steps = StepStore()
+        #: (8.1) the attempts along the line of closed steps and the superseded records
+        self.line = StepLine(self.steps)
+        self.epoch_line = EpochLine()
         self.subscribers: set[Subscriber] = set()
         #: rank -> the hardware string this run's SSE stream last carried (big runs only:
         #: :func:`ranks_payload`)
@@ -150,7 +154,7 @@ class RunState:
         }
         header.update(self.header)
         header["steps_done"] = self.steps.last_step
-        header["step_metrics"] = self.steps.metric_names()
+        header["step_metrics"] = self.line.metric_names()  # (8.1: superseded ones' too)
         # 8.5: against this web's own closed steps too, as steps_done (null when unknown)
         total = header.get("total_steps")
         header["total_steps"] = (total if isinstance(total, int) and not isinstance(total, bool)
@@ -211,7 +215,28 @@ class RunState:
         steps = snap.get("steps")
         if steps:
             state.steps.extend_wire(steps)
+        line = snap.get("line")  # 8.1 (absent from an older broker's snapshot)
+        if isinstance(line, dict):
+            state.line.load_wire(line)
+        sup = snap.get("epochs_superseded")
+        if isinstance(sup, list):
+            state.epoch_line.superseded = [r for r in sup if isinstance(r, dict)]
         return state
+
+    def add_epoch(self, seq: int, record: Any) -> None:
+        """An ``epoch`` event: a record of a newer attempt at or below the last held epoch
+        supersedes the held ones from its epoch on (8.1), then it is appended."""
+        if isinstance(record, dict) and self.records:
+            att, ep = record.get("attempt", 0), record.get("epoch")
+            cut = len(self.records)
+            while cut and isinstance(ep, int) and self.records[cut - 1][1].get("epoch", -1) >= ep \
+                    and self.records[cut - 1][1].get("attempt", 0) < att:
+                cut -= 1
+            for s, rec in self.records[cut:]:
+                self.epoch_line.superseded.append(rec)
+                self._record_bytes.pop(s, None)
+            del self.records[cut:]
+        self.records.append((seq, record))
 
 
 #: Hardware characters in one SSE ``ranks`` event past which an entry carries its

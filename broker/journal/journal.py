@@ -460,7 +460,7 @@ class Journal:
                 st.buf += entry(SEQ.pack(KIND_COMPLETE_SEQ, cseq))
                 st.noted_complete = cseq
                 self._dirty[st.run] = st
-            if sink.steps.rows > st.noted_steps:
+            if sink.steps.rows > st.noted_steps or sink.line.cut is not None:  # (8.1 rewind)
                 self._note_steps(st, sink)
         if sink.seq > st.seq_hi - self.seq_block // 2:
             self._reserve(st, sink.seq)
@@ -479,14 +479,25 @@ class Journal:
         flight = st.flight
         own = sink.steps_published - flight.published  # rows the sink published itself
         flight.published = sink.steps_published
+        line = sink.line
+        cut = line.take_cut()  # 8.1: a rewind took rows off the line since the last block
+        if cut is not None and cut < st.noted_steps:
+            st.noted_steps = cut
+            own = -1  # (every series: the takes' names are of rows that are gone)
         if own >= store.rows - st.noted_steps:
             names = store.in_order(sink.steps_named_since(st.noted_steps))
         else:  # rows with no frames behind them (restored, appended directly): every series
             names = list(store.metrics)
         per_row = 40 + 28 * (len(names) + 1)
         chunk = max(1, STEP_BLOCK_BYTES // per_row)
-        for start in range(st.noted_steps, store.rows, chunk):
-            block = wire_block(store, start, start + chunk, names, flight)
+        # a block holds one attempt's rows (8.1: its "attempt", absent for attempt 0)
+        bounds = [r for r, _ in line.bounds if st.noted_steps < r < store.rows]
+        for start in _block_starts(st.noted_steps, store.rows, chunk, bounds):
+            end = min(start + chunk, next((r for r in bounds if r > start), store.rows))
+            block = wire_block(store, start, end, names, flight)
+            attempt = line.attempt_of(start) if line.bounds else 0
+            if attempt:
+                block["attempt"] = attempt
             # when they were published and the run's updated_at then: a restored header
             # (and a non-finite loss alert's time) is what it was live
             block["published_at"] = sink.steps_published_at
@@ -740,3 +751,16 @@ class Journal:
         self._reserve(st, sink.seq)
         self._note_seq(st, sink)  # notes any fresh ids above
         return sink
+
+
+def _block_starts(start: int, end: int, chunk: int, bounds: list[int]) -> list[int]:
+    """First rows of the STEPS blocks over rows ``[start, end)``: every ``chunk`` rows, and
+    anew at each attempt's first row (``bounds``, 8.1), so a block is one attempt's."""
+    out: list[int] = []
+    cuts = sorted(set(bounds)) + [end]
+    pos = start
+    for stop in cuts:
+        while pos < stop:
+            out.append(pos)
+            pos = min(pos + chunk, stop)
+    return out

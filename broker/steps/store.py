@@ -26,7 +26,7 @@ import math
 import sys
 from itertools import compress, repeat
 from operator import is_not, itemgetter
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -534,9 +534,14 @@ class StepStore:
                                      none_where(hi, np.isnan(hi)))))
         return spread(r1 - r0, s.row[p0:p1].astype(np.int64) - r0, triples)
 
-    def csv_rows(self, chunk: int = 4096) -> Iterator[str]:
-        """``/steps.csv`` body lines after the header, ``chunk`` rows per string (CRLF)."""
-        names = list(self.metric_names())
+    def csv_rows(self, chunk: int = 4096, names: Optional[List[str]] = None,
+                 attempts: Optional[Callable[[int, int], np.ndarray]] = None) -> Iterator[str]:
+        """``/steps.csv`` body lines after the header, ``chunk`` rows per string (CRLF).
+        ``names``: the metric columns (8.1: superseded records' metrics too; a name with no
+        series here has empty cells); ``attempts(r0, r1)``: each row's attempt, written as
+        the last column (8.1)."""
+        names = list(self.metric_names()) if names is None else names
+        empty = Series()
         for r0 in range(0, self.rows, chunk):
             r1 = min(self.rows, r0 + chunk)
             columns: List[List[str]] = [
@@ -544,7 +549,7 @@ class StepStore:
                 int_cells(self._cols["n"][r0:r1]),
             ]
             for name in names:
-                columns.extend(self._dense_cells(self.metrics[name], r0, r1))
+                columns.extend(self._dense_cells(self.metrics.get(name, empty), r0, r1))
             columns.extend(self._dense_cells(self.step_ms, r0, r1))
             columns.extend(self._dense_cells(self.data_ms, r0, r1))
             slowest = self._cols["slowest"][r0:r1]
@@ -556,6 +561,10 @@ class StepStore:
                 dense = np.full(r1 - r0, _NAN)
                 dense[rows - r0] = rates
                 columns.append(float_cells(dense))
+            if attempts is not None:
+                att = attempts(r0, r1)
+                columns.append([str(v) for v in (att.tolist() if isinstance(att, np.ndarray)
+                                                 else att)])
             yield "".join(",".join(cells) + "\r\n" for cells in zip(*columns))
 
     @staticmethod

@@ -58,6 +58,10 @@ def test_header_defaults() -> None:
         "shard": 0, "collectives_last": None, "total_steps": None, "eta_secs": None, "alert_ranks": {},
         "failure": None,
         "nonfinite": [], "nonfinite_more": 0, "replica_divergence": [],  # v5, 8.3
+        "attempt": 0, "attempts": [{  # v5, 8.1
+            "attempt": 0, "started_at": 1.0, "ended_at": None, "world_size": None,
+            "first_step": None, "last_step": None, "first_epoch": None, "last_epoch": None,
+            "superseded_steps": 0, "superseded_epochs": 0, "cause": None}],
     }
 
 

@@ -192,7 +192,7 @@ def test_snapshot_shape() -> None:
     sink.apply(met(0, 0), 2.0)
     snap = sink.snapshot()
     assert list(snap) == ["run", "seq", "header", "ranks", "records", "complete", "svg",
-                          "steps", "stacks", "collectives"]
+                          "steps", "stacks", "collectives", "line", "epochs_superseded"]
     assert snap["seq"] == sink.seq and snap["complete"] is None and snap["svg"] == "<svg/>"
     assert snap["records"] == [[sink.record_seqs[0], sink.records[0]]]
     msgspec.msgpack.encode(snap)  # plain values only

@@ -16,12 +16,13 @@ HEADER_KEYS = {"run", "status", "world_size", "total_epochs", "label", "shard", 
                "steps_done", "step_metrics", "data_share", "data_stragglers",
                "collectives_last", "total_steps", "eta_secs", "alert_ranks", "failure"}
 HEADER_KEYS |= {"nonfinite", "nonfinite_more", "replica_divergence"}  # v5, 8.3
+HEADER_KEYS |= {"attempt", "attempts"}  # v5, 8.1
 RANK_KEYS = {"rank", "host", "local_rank", "status", "last_seen", "epoch", "hardware", "resources",
              "step", "step_ms", "data_ms", "slowest_share"} | {"error"}
 RECORD_KEYS = {"epoch", "total_epochs", "duration_secs", "elapsed_secs", "eta_secs", "metrics",
-               "resources", "gpu_metrics", "missing_ranks"}
+               "resources", "gpu_metrics", "missing_ranks", "attempt"}
 LIST_KEYS = {"run", "status", "world_size", "total_epochs", "epochs_done", "label", "started_at",
-             "updated_at", "shard", "ranks_stalled", "ranks_stale", "alerts", "steps_done"}
+             "updated_at", "shard", "ranks_stalled", "ranks_stale", "alerts", "steps_done", "attempt"}
 PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
             "connect-src 'self'; frame-ancestors 'none'; object-src 'none'; base-uri 'none'")
 SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><rect width="5" height="5"/></svg>'
