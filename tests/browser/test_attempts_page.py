@@ -5,7 +5,7 @@ step 50 and epoch 2. A page open across the restart keeps drawing without a relo
 drops what the new attempt supersedes and re-appends, the superseded records appear faint, a
 "restart 1" marker at the new attempt's first step says on hover why the previous attempt
 ended, and the header says what the restart cost. A page opened after the restart shows the
-same. The rules themselves (attempts.js) are checked through the page's module.
+same, and so does the run's saved ``report.html`` opened offline. The rules themselves (attempts.js) are checked through the page's module.
 
 What the page shows is read back from the page (``window.__rankboard``: the charts' drawn
 columns, series and markers; the DOM), never from the API.
@@ -13,11 +13,14 @@ columns, series and markers; the DOM), never from the API.
 from __future__ import annotations
 
 import time
+import urllib.request
+from pathlib import Path
 from typing import Any, Callable, Dict, List
 
 import pytest
 from playwright.sync_api import expect
 
+from tests.browser.test_report import open_offline
 from tests.support import restartrun as rr
 from tests.support.browser import Stack, wait_js
 from tests.support.polling import wait_for
@@ -157,6 +160,23 @@ def test_a_page_opened_after_the_restart(stack: Stack, page: Any) -> None:
     page.goto(f"{stack.url}/#run={run}")
     check_restart_drawn(page)
     assert page.evaluate("() => window.__rankboard.stepRewinds()") == 0  # all of it fetched
+    page.errors.check()
+
+
+def test_the_report_draws_the_restart(stack: Stack, page: Any, tmp_path: Path) -> None:
+    """The web's report.html of the restarted run, opened from a file with no network: the
+    line, the superseded records faint (embedded), the markers with their hover, the cost."""
+    run = "restart-report"
+    first_attempt(stack, run)
+    restart(stack, run)
+    wait_for(lambda: header(stack, run).get("steps_done") == 79
+             and len(header(stack, run).get("records") or []) == 3, 30.0, "attempt 1 closed")
+    path = tmp_path / "restart.html"
+    with urllib.request.urlopen(f"{stack.url}/api/runs/{run}/report.html", timeout=30) as resp:
+        path.write_bytes(resp.read())
+    attempted = open_offline(page, path)
+    check_restart_drawn(page)
+    assert attempted == []
     page.errors.check()
 
 

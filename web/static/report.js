@@ -5,6 +5,7 @@
 // the web's routes are hidden). Text from the run only ever goes in through textContent.
 
 import { freezeClock } from "./api.js";
+import { AttemptView } from "./attemptview.js";
 import { lastVerdictText, verdictText } from "./collectives.js";
 import { $, h, setText } from "./dom.js";
 import { FailureView } from "./failureview.js";
@@ -69,6 +70,29 @@ function mergeBuckets(rows, points) {
     out.push([part[0][0], part[part.length - 1][1], weight ? sum / weight : null, l, u, rmin, rmax, count]);
   }
   return out;
+}
+
+// ---------------------------------------------------------------- attempts (8.1)
+
+/** The embedded superseded records of attempt `attempt` (web/report.py: the latest 8
+ * attempts that have any), or null when the file holds none of it. */
+function embeddedAttempt(data, attempt) {
+  const all = data && data.attempts && typeof data.attempts === "object" ? data.attempts : null;
+  const one = all ? all[String(attempt)] : null;
+  return one && typeof one === "object" ? one : null;
+}
+
+/** `/steps?...&attempt=K` answered from the embedded series (from step `start` on). */
+export function embeddedAttemptSeries(data, metric, attempt, start, points) {
+  const one = embeddedAttempt(data, attempt);
+  if (!one) return { metric, start, end: null, buckets: [] };
+  return embeddedSeries({ series: one.series || {} }, metric, start, null, points);
+}
+
+/** `/history?attempt=K` answered from the embedded records. */
+export function embeddedAttemptRecords(data, attempt) {
+  const one = embeddedAttempt(data, attempt);
+  return one && Array.isArray(one.records) ? unpackRecords(one.records) : [];
 }
 
 // ---------------------------------------------------------------- packed records
@@ -199,6 +223,7 @@ function boot() {
         page.header.layout();
         page.overview.kpis();
       }
+      if (parts.has("records") || parts.has("header") || parts.has("steps")) page.attempts.render(); // 8.1
       if (parts.has("records") || parts.has("ranks") || parts.has("header")) page.ranks.render();
       if (parts.has("records") || parts.has("ranks") || parts.has("tab")) page.rankPanel.render();
       page.header.tick();
@@ -212,6 +237,7 @@ function boot() {
     straggler: () => page.stragglers.text(),
     onChange: () => page.invalidate("steps"),
     series: (metric, start, end, points) => Promise.resolve(embeddedSeries(data, metric, start, end, points)),
+    attemptSeries: (metric, attempt, start, points) => Promise.resolve(embeddedAttemptSeries(data, metric, attempt, start, points)),
     csvHref: () => null,
   });
   page.header = new HeaderView(page);
@@ -222,6 +248,8 @@ function boot() {
   page.stragglers = new Stragglers(page);
   page.ranks = new RanksView(page);
   page.failure = new FailureView(page);
+  // 8.1: the cost line, and the epoch chart's restarts and superseded epochs (embedded)
+  page.attempts = new AttemptView(page, { history: (k) => Promise.resolve(embeddedAttemptRecords(data, k)) });
 
   const run = String(data.run ?? "");
   const snap = data.snapshot || {};
@@ -276,6 +304,7 @@ function boot() {
     report: true,
     stepChart: (name) => page.steps.snapshot(name),
     stepData: (name) => page.steps.data(name),
+    epochChart: () => page.overview.metrics.snapshot(), // 8.1
     zoom: (range) => page.steps.zoom(range),
     heatmapCells: () => page.overview.heatmap.drawnCells || 0,
     charts: () => [...document.querySelectorAll("canvas")].filter((c) => c.width > 0 && c.offsetParent !== null).length,
