@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List
 import pytest
 from playwright.sync_api import expect
 
+from rank_agent import protocol as wire
 from tests.browser.test_report import open_offline
 from tests.support import restartrun as rr
 from tests.support.browser import Stack, wait_js
@@ -141,9 +142,15 @@ def test_the_page_across_a_restart_keeps_drawing(stack: Stack, page: Any) -> Non
     expect(page.get_by_test_id("attempt-line")).to_be_hidden()
     assert step_chart(page)["markers"] == [] and series(step_chart(page), True) == []
     page.evaluate("() => { window.__sameDocument = 1; }")
+    for r in range(rr.WORLD):  # a `ranks` event: a strip column of the old processes
+        stack.send(wire.Resources(run=run, rank=r, sample=wire.ResourceSample(cpu_percent=5.0)))
+    wait_js(page, "window.__rankboard.stripTimes().length > 0")
 
+    old_columns = set(page.evaluate("() => window.__rankboard.stripTimes()"))
     restart(stack, run)
     check_restart_drawn(page)
+    # the straggler strip started afresh with the new attempt: no column of the old processes
+    assert old_columns.isdisjoint(page.evaluate("() => window.__rankboard.stripTimes()"))
     # live: the page dropped and re-appended (a rewind), and never reloaded
     assert page.evaluate("() => window.__sameDocument") == 1
     assert page.evaluate("() => window.__rankboard.stepRewinds()") >= 1

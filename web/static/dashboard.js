@@ -169,6 +169,7 @@ function exposeHooks() {
     epochChart: () => overview.metrics.snapshot(), // 8.1: faint epochs, restart markers
     attemptFetches: () => page.attempts.fetches.slice(),
     stepRewinds: () => steps.rewinds,
+    stripTimes: () => stragglers.strip.cols.map((c) => c.t),
     applyRanksNow: (ranks) => {
       store.applyRanks(ranks, true, serverNow());
       renderNow();
