@@ -278,11 +278,7 @@ class Hub:
             if r0 is None or not state.subscribers:
                 return  # nobody to show them to: stored, nothing encoded (issue 17)
             # the contract's {"steps": [records]}, from the rows just stored
-            records = state.steps.records(r0)
-            attempt = data.get("attempt") or 0
-            for rec in records:  # (8.1: every record carries its attempt)
-                rec["attempt"] = attempt
-            payload = {"steps": records}
+            payload = {"steps": state.steps_records(r0)}  # (8.1: with their attempts)
         else:
             log.debug("unknown event kind %r in run %s ignored", update.kind, update.run)
             return
@@ -460,8 +456,13 @@ class Hub:
         # one queue item (a reader skips a second item with the same id).
         chunk = b""
         r0 = 0 if old_last is None else new.steps.row_range(old_last + 1, None)[0]
+        old_attempt = old_header.get("attempt", 0) if isinstance(old_header, dict) else 0
+        for row, att in new.line.bounds:  # 8.1: a rewind missed: from the newer attempt on
+            if isinstance(old_attempt, int) and att > old_attempt:
+                r0 = min(r0, row)
+                break
         if r0 < new.steps.rows and new.seq > last:
-            chunk = sse.json_event("steps", new.seq, {"steps": new.steps.records(r0)})
+            chunk = sse.json_event("steps", new.seq, {"steps": new.steps_records(r0)})
         if new.seq > last and new.header != old_header:
             chunk += sse.json_event("run", new.seq, new.public_header())
         if chunk:

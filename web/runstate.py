@@ -223,6 +223,14 @@ class RunState:
             state.epoch_line.superseded = [r for r in sup if isinstance(r, dict)]
         return state
 
+    def steps_records(self, r0: int) -> list[dict[str, Any]]:
+        """The line's closed step records from row ``r0`` on, each with its ``attempt``
+        (8.1: SSE ``steps`` records carry it)."""
+        records = self.steps.records(r0)
+        for rec, att in zip(records, self.line.attempts_of(r0, self.steps.rows).tolist()):
+            rec["attempt"] = att
+        return records
+
     def add_epoch(self, seq: int, record: Any) -> None:
         """An ``epoch`` event: a record of a newer attempt at or below the last held epoch
         supersedes the held ones from its epoch on (8.1), then it is appended."""

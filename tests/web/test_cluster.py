@@ -107,7 +107,7 @@ def test_run_entries_carry_the_counts_and_the_shard(hub: Hub) -> None:
     assert a == {"run": "a", "status": "training", "world_size": 4, "total_epochs": None,
                  "epochs_done": 0, "label": None, "started_at": 1.0, "updated_at": 2.0,
                  "shard": 2, "ranks_stalled": 2, "ranks_stale": 1, "alerts": 2,
-                 "steps_done": 8}
+                 "steps_done": 8, "attempt": 0}  # (8.1)
     assert (b["shard"], b["ranks_stalled"], b["ranks_stale"], b["alerts"], b["steps_done"]) == (
         0, 0, 0, 0, None)
     # a new ranks array is counted afresh (the cache keys on the array, not the run)

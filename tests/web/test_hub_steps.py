@@ -110,8 +110,9 @@ def test_the_sse_steps_event_is_byte_identical_to_one_of_the_old_records() -> No
     for parts in on_the_wire(events):
         hub.handle_pub(parts)
     (item,) = steps_items(sub)
-    assert item == (steps[0].seq, sse.json_event("steps", steps[0].seq,
-                                                 {"steps": old_records()}))
+    # (v5, 8.1: each record carries the attempt that closed it)
+    assert item == (steps[0].seq, sse.json_event(
+        "steps", steps[0].seq, {"steps": [dict(r, attempt=0) for r in old_records()]}))
 
 
 def test_wire_records_are_the_old_records() -> None:
@@ -272,7 +273,8 @@ def test_the_catch_up_after_a_resnapshot_still_sends_the_missed_steps() -> None:
     hub.handle_snapshot(feed.encode_run_snapshot(sink.snapshot()))
     hub.handle_snapshot(feed.encode_snapshot_end("i1", 1))
     (recs,) = live_steps(steps_items(sub))
-    assert recs == msgspec.json.decode(msgspec.json.encode(old_records()))
+    assert recs == msgspec.json.decode(msgspec.json.encode(  # (8.1: with their attempt)
+        [dict(r, attempt=0) for r in old_records()]))
     events = sink.apply(Steps(run=RUN, rank=0, steps=[5], times=[9.0], step_ms=[1.0]), 1.0)
     events += sink.apply(Steps(run=RUN, rank=1, steps=[5], times=[9.0], step_ms=[2.0]), 1.0)
     for parts in on_the_wire(events):

@@ -129,12 +129,13 @@ def test_steps_csv_streamed_full_resolution(web: Proc, pusher: Pusher) -> None:
     assert rows[0] == ["step", "time", "n", "acc,1_mean", "acc,1_min", "acc,1_max", "loss_mean",
                        "loss_min", "loss_max", "step_ms_mean", "step_ms_min", "step_ms_max",
                        "data_ms_mean", "data_ms_min", "data_ms_max",
-                       "slowest_rank", "samples", "tokens", "samples_per_s", "tokens_per_s"]
+                       "slowest_rank", "samples", "tokens", "samples_per_s", "tokens_per_s",
+                       "attempt"]  # (v5, 8.1: the last column)
     assert rows[1] == ["0", "10.0", "2", "", "", "", "", "", "", "", "", "", "", "", "", "",
-                       "16", "0", "", ""]
+                       "16", "0", "", "", "0"]
     assert rows[2][:12] == ["1", "11.0", "2", "0.5", "0.5", "0.5", "2.0", "2.0", "2.0", "20.5",
                             "20.0", "21.0"]
-    assert rows[2][12:] == ["", "", "", "1", "16", "0", repr(16 / 0.021), ""]
+    assert rows[2][12:] == ["", "", "", "1", "16", "0", repr(16 / 0.021), "", "0"]
     assert len(rows) == 4
 
 
