@@ -183,6 +183,13 @@ def test_the_report_draws_the_restart(stack: Stack, page: Any, tmp_path: Path) -
         path.write_bytes(resp.read())
     attempted = open_offline(page, path)
     check_restart_drawn(page)
+    # zoomed: the faint series is taken again for the view
+    page.evaluate("() => window.__rankboard.zoom([60, 70])")
+
+    def zoomed() -> bool:
+        ghosts = series(step_chart(page), True)
+        return len(ghosts) == 1 and [c[0] for c in ghosts[0]["columns"]] == list(range(60, 71))
+    wait_page(page, "the faint series within the zoom", zoomed)
     assert attempted == []
     page.errors.check()
 

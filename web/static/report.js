@@ -82,11 +82,11 @@ function embeddedAttempt(data, attempt) {
   return one && typeof one === "object" ? one : null;
 }
 
-/** `/steps?...&attempt=K` answered from the embedded series (from step `start` on). */
-export function embeddedAttemptSeries(data, metric, attempt, start, points) {
+/** `/steps?...&attempt=K` answered from the embedded series (steps in [start, end]). */
+export function embeddedAttemptSeries(data, metric, attempt, start, end, points) {
   const one = embeddedAttempt(data, attempt);
-  if (!one) return { metric, start, end: null, buckets: [] };
-  return embeddedSeries({ series: one.series || {} }, metric, start, null, points);
+  if (!one) return { metric, start, end, buckets: [] };
+  return embeddedSeries({ series: one.series || {} }, metric, start, end, points);
 }
 
 /** `/history?attempt=K` answered from the embedded records. */
@@ -237,7 +237,7 @@ function boot() {
     straggler: () => page.stragglers.text(),
     onChange: () => page.invalidate("steps"),
     series: (metric, start, end, points) => Promise.resolve(embeddedSeries(data, metric, start, end, points)),
-    attemptSeries: (metric, attempt, start, points) => Promise.resolve(embeddedAttemptSeries(data, metric, attempt, start, points)),
+    attemptSeries: (metric, attempt, start, end, points) => Promise.resolve(embeddedAttemptSeries(data, metric, attempt, start, end, points)),
     csvHref: () => null,
   });
   page.header = new HeaderView(page);

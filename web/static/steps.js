@@ -331,7 +331,8 @@ export class StepView {
   }
 
   /** One chart's superseded series (GET /steps?...&attempt=K from the first step a later
-   * attempt closed), drawn faint. An attempt the run no longer lists (404) draws nothing. */
+   * attempt closed; within the zoomed range when zoomed, at its full resolution), drawn
+   * faint. An attempt the run no longer lists (404) draws nothing. */
   async _fetchGhosts(e) {
     const gen = this.gen;
     e.ghostGen = (e.ghostGen || 0) + 1;
@@ -345,9 +346,12 @@ export class StepView {
       return;
     }
     const points = e.chart.plotColumns();
+    const [lo, hi] = this.view || [null, null];
     const out = await Promise.all(ranges.map(async (r) => {
+      const start = r.start === null ? lo : lo === null ? r.start : Math.max(r.start, lo);
+      if (start !== null && hi !== null && start > hi) return null;
       try {
-        const d = await this._attemptSeries(e.metric, r.attempt, r.start, points);
+        const d = await this._attemptSeries(e.metric, r.attempt, start, hi, points);
         return { attempt: r.attempt, data: Buckets.fromApi(Array.isArray(d && d.buckets) ? d.buckets : []) };
       } catch {
         return null; // an attempt no longer listed, or a busy web: the line is what matters
@@ -358,13 +362,14 @@ export class StepView {
     this._redraw(e);
   }
 
-  /** Attempt K's own closed records of one series from step `start` on (PROTOCOL 8.1
-   * `/steps?...&attempt=K`), or a saved report's embedded ones (the `attemptSeries` hook). */
-  _attemptSeries(metric, attempt, start, points) {
-    if (this.hooks.attemptSeries) return this.hooks.attemptSeries(metric, attempt, start, points);
+  /** Attempt K's own closed records of one series in [start, end] (null: unbounded)
+   * (PROTOCOL 8.1 `/steps?...&attempt=K`), or a saved report's embedded ones (the
+   * `attemptSeries` hook). */
+  _attemptSeries(metric, attempt, start, end, points) {
+    if (this.hooks.attemptSeries) return this.hooks.attemptSeries(metric, attempt, start, end, points);
     if (this.hooks.series) return Promise.resolve({ buckets: [] }); // a source without attempts
-    const from = start === null ? "" : `&start=${start}`;
-    return api(`/api/runs/${enc(this.run)}/steps?metric=${enc(metric)}${from}&points=${points}&attempt=${attempt}`);
+    const range = `${start === null ? "" : `&start=${start}`}${end === null ? "" : `&end=${end}`}`;
+    return api(`/api/runs/${enc(this.run)}/steps?metric=${enc(metric)}${range}&points=${points}&attempt=${attempt}`);
   }
 
   /** The last step the page holds (live, else the connection's cut), or null. */
@@ -595,6 +600,7 @@ export class StepView {
       e.chart.setView(range);
       if (range) this._fetchZoom(e, range);
       else this._redraw(e);
+      this._fetchGhosts(e); // (8.1) at the view's resolution
     }
     if (this.hooks.onChange) this.hooks.onChange(this);
   }
