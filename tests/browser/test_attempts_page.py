@@ -23,7 +23,7 @@ from playwright.sync_api import expect
 from rank_agent import protocol as wire
 from tests.browser.test_report import open_offline
 from tests.support import restartrun as rr
-from tests.support.browser import Stack, wait_js
+from tests.support.browser import ARTIFACTS, Stack, wait_js
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.browser
@@ -149,6 +149,7 @@ def test_the_page_across_a_restart_keeps_drawing(stack: Stack, page: Any) -> Non
     old_columns = set(page.evaluate("() => window.__rankboard.stripTimes()"))
     restart(stack, run)
     check_restart_drawn(page)
+    page.screenshot(path=str(ARTIFACTS / "restart-live.png"))
     # the straggler strip started afresh with the new attempt: no column of the old processes
     assert old_columns.isdisjoint(page.evaluate("() => window.__rankboard.stripTimes()"))
     # live: the page dropped and re-appended (a rewind), and never reloaded
