@@ -127,6 +127,15 @@ def check_restart_drawn(page: Any) -> None:
                 and [(m["step"], m["text"], m["hover"]) for m in e["markers"]]
                 == [(2, "restart 1", HOVER)])
     wait_page(page, "the epoch chart across the restart", epochs_ok)
+    e = epoch_chart(page)
+    canvas = page.locator("#metrics-card canvas")
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    e = epoch_chart(page)
+    page.mouse.move(box["x"] + e["markers"][0]["x"], box["y"] + e["plot"]["top"] + 20)
+    tip = page.locator("#metrics-card .tip-marker")
+    expect(tip).to_have_text(f"restart 1: {HOVER}")
+    expect(page.locator("#metrics-card .chart-tip")).to_contain_text("loss · attempt 1 (superseded)")
     expect(page.get_by_test_id("attempt-line")).to_have_text(COST)
     expect(page.get_by_test_id("epoch-progress").locator("#epoch-count")).to_have_text("3/6")
 

@@ -322,6 +322,10 @@ export class LineChart extends ChartKit {
     if (!this._draws) return null;
     const rows = [h("div", "tip-x", `${this.opts.xLabel ? `${this.opts.xLabel} ` : ""}${this._xFormat(this.x[idx])}`)];
     for (const d of this._draws) rows.push(ChartKit.tipRow(d.s.color, d.s.name, this.opts.yFormat(d.s.values[idx])));
+    for (const g of this.ghosts) { // (8.1) a superseded value at this x
+      const i = g.x.indexOf(this.x[idx]);
+      if (i >= 0 && g.values[i] !== null) rows.push(ChartKit.tipRow(g.color, g.name, this.opts.yFormat(g.values[i])));
+    }
     for (const m of this.markers) {
       if (m.hover && m.step === this.x[idx]) {
         const row = h("div", "tip-sub tip-marker", `${m.text}: ${m.hover}`);
