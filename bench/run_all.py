@@ -22,6 +22,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import agent_send  # noqa: E402
+import attempts_bench  # noqa: E402
 import collectives_bench  # noqa: E402
 import common  # noqa: E402
 import datawait_bench  # noqa: E402
@@ -63,6 +64,7 @@ GROUPS: list[tuple[str, Callable[[bool], list[dict[str, Any]]]]] = [
     ("stacks_request", stacks_request_bench.run),
     ("failure", failure_bench.run),
     ("retention", retention_bench.run),
+    ("attempts", attempts_bench.run),
 ]
 
 #: name -> (target, "<=" or ">=") as the performance issue states them; None: measured and
@@ -123,6 +125,9 @@ TARGETS: dict[str, tuple[float, str] | None] = {
     # issue 42 (8.4): the data dir bounded in bytes; a full disk
     "retention_scan_10000_runs_s": (2.0, "<="),
     "journal_full_e2e_p99_ms": (20.0, "<="),
+    # issue 39 (8.1): attempts; a restart's rewind and /steps over a rewound line
+    "rewind_1m_steps_ms": (50.0, "<="),
+    "steps_query_1m_rewound_p99_ms": (20.0, "<="),
 }
 NAMES = list(TARGETS)
 

@@ -18,8 +18,8 @@ from rank_agent.protocol import Metrics
 
 if TYPE_CHECKING:
     from broker.attempts import Attempts
-    from broker.steps.line import EpochLine
     from broker.rankstate import RankSamples, RankState
+    from broker.steps.line import EpochLine
     from broker.topology import Topology
     from rank_agent.protocol import ResourceSample
 

@@ -247,7 +247,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
                 raise Rejected("rank_out_of_range",
                                f"rank {rank} >= world_size {frame.world_size}")  # type: ignore[union-attr]
             parsed = None
-            self._start_attempt(frame, now)  # type: ignore[arg-type]  (8.1)
+            self._start_attempt(frame, now)  # type: ignore[arg-type]
         else:
             parsed = self._check(frame)
         if self.started_at is None:

@@ -32,6 +32,7 @@ from .label import resolve_label
 from .launcher import DEFAULT_BROKER, generated_run_id, launch_args, sanitize_run_id
 from .lifecycle import AGENTS as _AGENTS
 from .lifecycle import watch_uncaught
+from .procid import proc_id
 from .protocol import (
     MAX_METADATA_BYTES,
     MAX_SHORT,
@@ -51,7 +52,6 @@ from .protocol import (
     utf8_over,
 )
 from .pusher import Pusher
-from .procid import proc_id
 from .ratelimit import RateLimitedLog
 from .replicated import replicated_names
 from .shards import pick_endpoint

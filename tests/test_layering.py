@@ -220,7 +220,8 @@ FAMILIES = ("broker.journal", "broker.steps", "broker.stacks")
 #: what the web may import from the broker: the feed codec and the pure shared stores (and
 #: the step-run ETA over a store, which the web recomputes as it does steps_done: 8.5)
 WEB_MAY_IMPORT = {"broker.feed", "broker.steps.store", "broker.steps.encodings",
-                  "broker.stacks.groups", "broker.stacks.store", "broker.steps.eta"}
+                  "broker.stacks.groups", "broker.stacks.store", "broker.steps.eta",
+                  "broker.steps.line"}  # (8.1: the line and superseded records)
 
 
 def test_the_broker_families_are_folders_not_prefixes() -> None:

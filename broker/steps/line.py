@@ -126,17 +126,17 @@ class StepLine:
             self.bounds.append((0, 0))
         row = int(np.searchsorted(store.column("step"), first_step, "left"))
         n = store.rows
-        # split the cut rows by the attempt that closed them
-        for i in range(len(self.bounds) - 1, -1, -1):
-            start, att = self.bounds[i]
-            end = self.bounds[i + 1][0] if i + 1 < len(self.bounds) else n
+        # split the cut rows by the attempt that closed them (newest part first)
+        b = self.bounds
+        parts = [(start, b[i + 1][0] if i + 1 < len(b) else n, att)
+                 for i, (start, att) in enumerate(b)]
+        for start, end, att in reversed(parts):
             lo = max(start, row)
             if end > lo:
                 self.chunks.append((att, _copy(store, lo, end)))
                 self.sup_counts[att] = self.sup_counts.get(att, 0) + (end - lo)
                 self.n_superseded += end - lo
-            if start >= row:
-                del self.bounds[i]
+        self.bounds = [(start, att) for start, att in b if start < row]
         store.truncate(row)
         self._drop_oldest()
         self.cut = row if self.cut is None else min(self.cut, row)
@@ -209,7 +209,10 @@ class StepLine:
         return out
 
     def metric_names(self) -> List[str]:
-        """Sorted names of the line's and the superseded records' metrics (8.1)."""
+        """Sorted names of the line's and the superseded records' metrics (8.1); the store's
+        own cached list while nothing was superseded (the store keeps a cut series' name)."""
+        if not self.chunks:
+            return self.store.metric_names()
         names = set(self.store.metric_names())
         for _, chunk in self.chunks:
             names.update(chunk.metrics)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, List
 
+import msgspec
 import pytest
 
 from broker.attempts import MAX_ATTEMPTS_PER_MINUTE
@@ -157,7 +158,7 @@ def test_attempt_rate() -> None:
 def test_proc_longer_than_64_is_schema() -> None:
     raw = protocol.encoder.encode(Register(run=RUN, rank=0, world_size=1, host="h",
                                            proc="x" * 65))
-    with pytest.raises(Exception):
+    with pytest.raises(msgspec.ValidationError):  # counted as ``schema`` by the ingest
         protocol.decode(raw)
     ok = protocol.encoder.encode(Register(run=RUN, rank=0, world_size=1, host="h", proc="x" * 64))
     assert protocol.decode(ok).proc == "x" * 64  # type: ignore[union-attr]
@@ -210,3 +211,25 @@ def test_a_restarted_broker_serves_the_same_attempts_line_and_superseded(tmp_pat
         assert b2.send(reg(0, 2, "b0")) and b2.send(reg(1, 2, "b1"))
     finally:
         b2.close()
+
+
+def test_rewinds_across_three_attempts_keep_each_attempts_own_records() -> None:
+    """Attempt 2 rewinds below attempt 1's first step: the cut rows of both older attempts
+    are superseded, each under its own attempt, once."""
+    sink = RunSink(RUN)
+    sink.apply(reg(0, 1, "a"), 1.0)
+    sink.apply(steps(0, 0, 30, 1.0), 1.0)
+    sink.tick(3.0)
+    sink.apply(reg(0, 1, "b"), 10.0)
+    sink.apply(steps(0, 20, 40, 2.0), 10.0)
+    sink.tick(12.0)
+    sink.apply(reg(0, 1, "c"), 20.0)
+    sink.apply(steps(0, 15, 25, 3.0), 20.0)
+    sink.tick(22.0)
+    assert line_steps(sink) == list(range(25))
+    assert sink.line.attempts_of(0, 25).tolist() == [0] * 15 + [2] * 10
+    assert sink.line.of_attempt(0).column("step").tolist() == list(range(30))
+    assert sink.line.of_attempt(1).column("step").tolist() == list(range(20, 40))
+    assert sink.line.of_attempt(2).column("step").tolist() == list(range(15, 25))
+    assert sink.line.n_superseded == 15 + 20
+    assert [a["superseded_steps"] for a in sink.header()["attempts"]] == [15, 20, 0]

@@ -25,8 +25,12 @@ LAST_STEP = 29
 
 def main() -> None:
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    rank = dist.get_rank()
+    # the group's keys under a prefix of this attempt's: a restarted worker reading its peer's
+    # address of the first attempt (a dead process) from the agent's store would fail to connect
+    store, rank, world = next(dist.rendezvous("env://"))
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt-{restart}", store),
+                            rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
     agent = RankAgent.from_env(stall_after=0, control=False)
     t = torch.ones(4, 8)
     first = 0 if restart == 0 else CHECKPOINT
