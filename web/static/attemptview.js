@@ -6,7 +6,7 @@
 // The rules are attempts.js's; text from a run reaches the DOM only through textContent.
 
 import { api, enc } from "./api.js";
-import { currentAttempt, restartCost, restartMarkers, supersededRanges } from "./attempts.js";
+import { currentAttempt, GHOST_ATTEMPTS, restartCost, restartMarkers, supersededRanges } from "./attempts.js";
 import { colorAt } from "./axes.js";
 import { h, setText } from "./dom.js";
 import { isNum } from "./fmt.js";
@@ -90,7 +90,7 @@ export class AttemptView {
       const was = by.get(r.attempt);
       if (!was || (r.start !== null && (was.start === null || r.start < was.start))) by.set(r.attempt, { ...r });
     }
-    return [...by.values()].sort((a, b) => a.attempt - b.attempt).slice(-8);
+    return [...by.values()].sort((a, b) => a.attempt - b.attempt).slice(-GHOST_ATTEMPTS);
   }
 
   async _ghosts() {

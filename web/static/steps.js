@@ -28,7 +28,8 @@
 
 import { api, enc } from "./api.js";
 import {
-  causeText, heldAttempt, isRewind, medianStepMs, RESTART_COLOR, restartMarkers, supersededRanges,
+  causeText, GHOST_ATTEMPTS, heldAttempt, isRewind, medianStepMs, RESTART_COLOR, restartMarkers,
+  supersededRanges,
 } from "./attempts.js";
 import { colorAt } from "./axes.js";
 import { BandChart, STEP_AXIS } from "./bandchart.js";
@@ -314,7 +315,7 @@ export class StepView {
       const was = by.get(r.attempt);
       if (!was || (r.start !== null && (was.start === null || r.start < was.start))) by.set(r.attempt, { attempt: r.attempt, start: r.start });
     }
-    return [...by.values()].sort((a, b) => a.attempt - b.attempt).slice(-8);
+    return [...by.values()].sort((a, b) => a.attempt - b.attempt).slice(-GHOST_ATTEMPTS);
   }
 
   /** Refetch every chart's faint series when what is superseded changed. */
