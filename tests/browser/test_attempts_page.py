@@ -204,6 +204,35 @@ def test_the_report_draws_the_restart(stack: Stack, page: Any, tmp_path: Path) -
     page.errors.check()
 
 
+def test_an_elastic_job_that_came_back_smaller_leaves_no_rank_behind(stack: Stack,
+                                                                      page: Any) -> None:
+    """Three ranks, then the job comes back with two (a new attempt): the page open across it
+    lists ranks 0 and 1 only in the rank table (no row of the gone rank 2), and the step
+    re-run is charged to the three ranks that ran it."""
+    run = "restart-elastic"
+    t0 = time.time()
+    for r in range(3):
+        stack.send(wire.Register(run=run, rank=r, world_size=3, host="node-a", local_rank=r,
+                                 proc=f"old-{r}"))
+        stack.send(wire.Steps(run=run, rank=r, steps=[0, 1], times=[t0, t0 + 1.0],
+                              step_ms=[100.0, 100.0], metrics={"loss": [1.0, 0.9]}))
+    wait_for(lambda: header(stack, run).get("steps_done") == 1, 30.0, "3 ranks closed step 1")
+    page.goto(f"{stack.url}/#run={run}")
+    rows = page.locator("#rank-table tbody tr[data-rank]")
+    expect(rows).to_have_count(3)
+    for r in range(2):
+        stack.send(wire.Register(run=run, rank=r, world_size=2, host="node-a", local_rank=r,
+                                 proc=f"new-{r}"))
+        stack.send(wire.Steps(run=run, rank=r, steps=[1, 2], times=[t0 + 5, t0 + 6],
+                              step_ms=[100.0, 100.0], metrics={"loss": [0.8, 0.7]}))
+    # step 1 re-run, charged to the 3 ranks that ran it: 1 × 100 ms × 3 = 0.3 GPU-seconds
+    expect(page.get_by_test_id("attempt-line")).to_have_text(
+        "attempt 2 · 1 step re-run ≈ 0.000083 GPU-hours", timeout=30_000)
+    expect(rows).to_have_count(2, timeout=30_000)
+    assert sorted(rows.evaluate_all("(rs) => rs.map((r) => Number(r.dataset.rank))")) == [0, 1]
+    page.errors.check()
+
+
 RULES = """async () => {
   const m = await import('/static/attempts.js');
   const att = (k, o) => ({attempt: k, started_at: 1, ended_at: null, world_size: 8,
