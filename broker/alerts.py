@@ -46,6 +46,8 @@ __all__ = ["RunAlerts", "OnAlert", "MAX_ALERTS_PER_KIND", "MAX_ALERT_MESSAGE"]
 MAX_ALERTS_PER_KIND = 100
 #: Characters of one alert message (longer ones end with "…").
 MAX_ALERT_MESSAGE = 512
+#: (8.1) attempts whose per-kind rank counts are kept (the header lists as many attempts)
+MAX_COUNTED_ATTEMPTS = 1000
 
 #: ``on_alert(run, kind, rank, message, host, now)``: an alert raised live (webhooks, 3.1).
 OnAlert = Callable[[str, str, Optional[int], str, Optional[str], float], None]
@@ -57,7 +59,7 @@ class RunAlerts:
     """The alerts of one run, in first-raised order (a re-raise updates in place)."""
 
     __slots__ = ("_alerts", "on_alert", "_recent", "_raised", "version", "shape", "_ranks",
-                 "_n_ranks")
+                 "_n_ranks", "attempt", "_att_bits", "_att_counts")
 
     def __init__(self) -> None:
         self._alerts: Dict[Tuple[str, Optional[int]], Dict[str, Any]] = {}
@@ -75,6 +77,12 @@ class RunAlerts:
         self._ranks: Dict[str, bytearray] = {}
         #: kind -> how many bits of its bitmap are set
         self._n_ranks: Dict[str, int] = {}
+        #: (8.1, 8.5) the run's current attempt; per kind the ranks that raised it in this
+        #: attempt (a bitmap, anew each attempt) and the distinct ranks of each attempt in
+        #: which it was raised (attempt -> count; the header's ``alert_attempts``)
+        self.attempt = 0
+        self._att_bits: Dict[str, bytearray] = {}
+        self._att_counts: Dict[str, Dict[int, int]] = {}
 
     def raise_(self, run: str, kind: str, rank: Optional[int], message: str, now: float,
                place: Place, notify: bool) -> None:
@@ -93,6 +101,7 @@ class RunAlerts:
         host = p[0] if p else None
         if rank is not None:
             self._count_rank(kind, rank)
+            self._count_attempt(kind, rank)
         if alert is None:
             self.shape += 1
             self._alerts[key] = {"kind": kind, "rank": rank, "message": message, "at": now,
@@ -128,6 +137,36 @@ class RunAlerts:
         if not bits[byte] & bit:
             bits[byte] |= bit
             self._n_ranks[kind] = self._n_ranks.get(kind, 0) + 1
+
+    def _count_attempt(self, kind: str, rank: int) -> None:
+        """Note that ``rank`` raised ``kind`` in the current attempt (8.5: a kind is judged
+        in the attempt in which an alert was last raised)."""
+        if not 0 <= rank < MAX_WORLD_SIZE:
+            return
+        bits = self._att_bits.get(kind)
+        if bits is None:
+            bits = self._att_bits[kind] = bytearray()
+        byte, bit = rank >> 3, 1 << (rank & 7)
+        if byte >= len(bits):
+            bits.extend(bytes(byte + 1 - len(bits)))
+        if not bits[byte] & bit:
+            bits[byte] |= bit
+            counts = self._att_counts.setdefault(kind, {})
+            counts[self.attempt] = counts.get(self.attempt, 0) + 1
+            if len(counts) > MAX_COUNTED_ATTEMPTS:  # (the oldest attempt's count goes)
+                del counts[min(counts)]
+
+    def new_attempt(self, attempt: int) -> None:
+        """A new attempt (8.1): its ranks raise each kind afresh."""
+        self.attempt = attempt
+        self._att_bits = {}
+        self.version += 1
+
+    def raised_by_attempt(self) -> Dict[str, List[List[int]]]:
+        """The header's ``alert_attempts`` (8.5 with 8.1): kind -> ``[[attempt, distinct
+        ranks that raised it in that attempt], ...]``, attempts ascending."""
+        return {kind: [[a, n] for a, n in sorted(counts.items())]
+                for kind, counts in self._att_counts.items()}
 
     def ranks_raised(self) -> Dict[str, int]:
         """The header's ``alert_ranks`` (8.5): kind -> the distinct ranks that raised it,
@@ -192,6 +231,11 @@ class RunAlerts:
             "recent": {kind: [key[1] for key in recent] for kind, recent in self._recent.items()},
             "raised": dict(self._raised),
             "ranks": self.ranks_state(),  # the distinct ranks of each kind, past the cap
+            # 8.1/8.5: the current attempt's ranks per kind, and each attempt's count
+            "attempt": self.attempt,
+            "att_bits": {kind: bytes(bits) for kind, bits in self._att_bits.items()},
+            "att_counts": {kind: [[a, n] for a, n in counts.items()]
+                           for kind, counts in self._att_counts.items()},
         }
 
     def restore(self, state: Dict[str, Any]) -> None:
@@ -222,6 +266,12 @@ class RunAlerts:
         self._alerts, self._recent, self._raised = alerts, recent, raised
         if isinstance(state.get("ranks"), dict):  # absent in entries written before it
             self.restore_ranks({str(k): bytes(v) for k, v in state["ranks"].items()})
+        if isinstance(state.get("att_counts"), dict) and state.get("attempt") == self.attempt:
+            # (8.1: absent in entries written before it; a replay rebuilt the attempt first)
+            self._att_counts = {str(k): {int(a): int(n) for a, n in v}
+                                for k, v in state["att_counts"].items()}
+            self._att_bits = {str(k): bytearray(bytes(v)[:MAX_WORLD_SIZE >> 3])
+                              for k, v in (state.get("att_bits") or {}).items()}
         self.version += 1
         self.shape += 1
 

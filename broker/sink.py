@@ -481,7 +481,9 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
             cur["world_size"] = self.world_size
         att.first["started_at"] = self.started_at
         self._fill_attempt_figures()
-        return {"attempt": att.current, "attempts": att.listed()}
+        return {"attempt": att.current, "attempts": att.listed(),
+                # 8.5 with 8.1: per kind, the distinct ranks that raised it in each attempt
+                "alert_attempts": self.alerts.raised_by_attempt()}
 
     def _fill_attempt_figures(self) -> None:
         """Each listed entry's first/last step and epoch and superseded counts (8.1)."""
@@ -520,6 +522,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
         self._stack_feed = StackFeed(self.stacks, self._emit)
         self._steps.new_attempt(self.attempts.current)
         self._closer = self._steps.closer
+        self.alerts.new_attempt(self.attempts.current)
         self._errors = ErrorStore()
         self._failures = FailureIndex()
         self._failure = None

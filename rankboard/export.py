@@ -74,8 +74,11 @@ def report_of_sink(sink: RunSink) -> RunReport:
     the groups are the latest request's answers)."""
     ranks = sink.ranks()
     stacks = RunDumps.from_snapshot(sink.stacks.wire()).view(ranks, sink.seq)
-    return from_parts(sink.run, sink.header(), ranks, sink.records, sink.steps,
-                      sink.svg, stacks)
+    rep = from_parts(sink.run, sink.header(), ranks, sink.records, sink.steps,
+                     sink.svg, stacks)
+    rep.line = sink.line  # 8.1: the superseded records
+    rep.epochs_superseded = list(sink.epoch_line.superseded)
+    return rep
 
 
 def write_report(report: RunReport, out: Path) -> int:

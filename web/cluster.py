@@ -12,8 +12,10 @@ runs plus the work for the runs that changed, not a pass over every rank of ever
 """
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, TypeGuard
+from typing import Any, Callable, Mapping, Protocol, TypeGuard
 
 from web.runstate import RunState, finite
 
@@ -160,6 +162,50 @@ def runs_own_kinds(header: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(own)
 
 
+def runs_own_alert(header: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether an alert of :data:`RUN_WIDE_KINDS` is the run's, not its host's (8.5), judged
+    in the attempt in which it was last raised (8.1), against that attempt's world size:
+    the attempt is the latest of the header's ``attempts`` that began at or before the
+    alert's ``at``; its count of distinct ranks for the kind is the header's
+    ``alert_attempts``. A header without them (a broker before 8.1) is judged as before,
+    over the whole run (:func:`runs_own_kinds`)."""
+    counts = header.get("alert_attempts")
+    attempts = header.get("attempts")
+    if not isinstance(counts, dict) or not isinstance(attempts, list) or not attempts:
+        whole = runs_own_kinds(header)
+        return lambda alert: alert.get("kind") in whole
+    starts: list[float] = []
+    worlds: list[Any] = []
+    numbers: list[int] = []
+    for a in attempts:
+        if not isinstance(a, dict) or not _is_rank(a.get("attempt")):
+            continue
+        at = a.get("started_at")
+        starts.append(float(at) if isinstance(at, (int, float)) and a["attempt"] else -math.inf)
+        worlds.append(a.get("world_size"))
+        numbers.append(a["attempt"])
+    by_kind: dict[str, dict[int, int]] = {}
+    for kind, pairs in counts.items():
+        if isinstance(pairs, list):
+            by_kind[str(kind)] = {p[0]: p[1] for p in pairs if isinstance(p, list) and len(p) == 2
+                                  and _is_rank(p[0]) and _is_rank(p[1])}
+    current = header.get("world_size")
+
+    def judge(alert: Mapping[str, Any]) -> bool:
+        kind = alert.get("kind")
+        if kind not in RUN_WIDE_KINDS:
+            return False
+        at = alert.get("at")
+        i = bisect.bisect_right(starts, float(at) if isinstance(at, (int, float)) else math.inf) - 1
+        i = max(0, min(i, len(numbers) - 1))
+        world = worlds[i] if _is_rank(worlds[i]) else current
+        if not _is_rank(world) or world <= 0:
+            return False
+        return 2 * by_kind.get(str(kind), {}).get(numbers[i], 0) > world
+
+    return judge
+
+
 def alert_host(alert: Mapping[str, Any], owner: Mapping[int, str]) -> str | None:
     """The host an alert blames (8.5): the host its rank had when it was last raised (the
     broker keeps it on the alert), else, for an alert without one (an older broker's, or a
@@ -187,11 +233,11 @@ def _run_hosts(run: str, header: dict[str, Any]) -> _RunHosts:
         hosts.append((host, {"run": run, "ranks": mine}))
     incidents: dict[str, list[tuple[float, str, int, str, Any]]] = {}
     raw_alerts = header.get("alerts")
-    runs_own = runs_own_kinds(header)
+    runs_own = runs_own_alert(header)
     for alert in raw_alerts if isinstance(raw_alerts, list) else ():
         if not isinstance(alert, dict) or alert.get("kind") not in INCIDENT_KINDS:
             continue
-        if alert["kind"] in runs_own:
+        if runs_own(alert):
             continue  # raised by most of the run: the job's trouble, no host's (8.5)
         if not _blames_host(alert):
             continue

@@ -27,7 +27,9 @@ one ``<style>``; the data is a ``<script type="application/json">`` (not execute
 the last closed step}, "graph": data: URI or null, "stacks": <GET .../stacks> or null,
 "collectives": <GET .../collectives>'s listed ``groups`` or null, "resources": <GET
 .../resources> (the cluster's resources over time) or null (``rankboard export``: the journal
-keeps samples, not their series), "generated_at", "version"}``. JSON is written by msgspec (non-finite numbers as ``null``),
+keeps samples, not their series), "generated_at", "version", "superseded": (8.1) [{attempt,
+series: {name: buckets}, epochs: [records]}] for the latest 8 attempts with superseded
+records (the line itself is "series" and the snapshot's records)}``. JSON is written by msgspec (non-finite numbers as ``null``),
 then ``<``, ``>``, ``&``, U+2028 and U+2029 are escaped as ``\\uXXXX``: they can only occur
 inside JSON strings, so the text means the same to ``JSON.parse`` and no metric name (say
 ``</script><script>``) can end the element or open a comment. Every string reaches the DOM
@@ -60,6 +62,10 @@ REPORT_POINTS = 2000
 #: The series every run may have besides its metrics (PROTOCOL 4 ``/steps?metric=``).
 BUILTIN_SERIES = ("step_ms", "samples_per_s", "tokens_per_s", "data_ms")
 FORMAT = 1
+#: (8.1) the report embeds the superseded series of the latest this many attempts, in about
+#: this many bytes in all (the report stays within its 10 MiB)
+SUPERSEDED_ATTEMPTS = 8
+SUPERSEDED_BYTES = 2 * 1024 * 1024
 
 _WEB = Path(__file__).resolve().parent
 STATIC = _WEB / "static"
@@ -267,6 +273,10 @@ class RunReport:
     collectives: Any = None
     #: ``GET .../resources``: the cluster's resources over time (web/resourcetimeline.py)
     resources: Any = None
+    #: (8.1) the run's :class:`broker.steps.line.StepLine` (None: no superseded steps) and
+    #: its superseded epoch records
+    line: Any = None
+    epochs_superseded: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _graph_uri(svg: str | None) -> str | None:
@@ -403,8 +413,37 @@ def render(report: RunReport, *, now: float | None = None) -> Iterator[str]:
             one = store.series(name, last, last, 1)
             if one:
                 tail[name] = one[0]
-    yield '},"last":' + safe_json(tail) + "}"
+    yield '},"last":' + safe_json(tail)
+    yield from _superseded(report, packer)
+    yield "}"
     yield sh.tail
+
+
+def _superseded(report: RunReport, packer: Packer) -> Iterator[str]:
+    """(8.1) ``,"superseded": [{attempt, series: {name: buckets}, epochs: [records]}]``
+    for the latest :data:`SUPERSEDED_ATTEMPTS` attempts that have superseded records, oldest
+    first; each series at the points :data:`SUPERSEDED_BYTES` allows over all of them (at
+    most :data:`REPORT_POINTS`, at least 8), so the file stays within its 10 MiB."""
+    line = report.line
+    epochs = report.epochs_superseded or []
+    attempts = set(line.superseded_attempts()) if line is not None else set()
+    attempts.update(r.get("attempt", 0) for r in epochs if isinstance(r, dict))
+    chosen = sorted(attempts)[-SUPERSEDED_ATTEMPTS:]
+    stores = {k: line.superseded_of(k) for k in chosen} if line is not None else {}
+    n_series = sum(len(s.metric_names()) + len(BUILTIN_SERIES) for s in stores.values() if s.rows)
+    points = max(8, min(REPORT_POINTS, SUPERSEDED_BYTES // (64 * max(1, n_series))))
+    yield ',"superseded":['
+    for i, k in enumerate(chosen):
+        store = stores.get(k)
+        series: dict[str, Any] = {}
+        if store is not None and store.rows:
+            for name in [*store.metric_names(), *BUILTIN_SERIES]:
+                buckets = store.series(name, None, None, points)
+                if buckets:
+                    series[name] = buckets
+        recs = [packer.record(r) for r in epochs if r.get("attempt", 0) == k]
+        yield ("," if i else "") + safe_json({"attempt": k, "series": series, "epochs": recs})
+    yield "]"
 
 
 def from_parts(run: str, header: dict[str, Any], ranks: Iterable[dict[str, Any]],
@@ -427,4 +466,6 @@ def report_of_state(state: Any, stacks: Any = None, collectives: Any = None) -> 
                      [record for _, record in state.records], state.steps, state.svg, stacks)
     rep.collectives = collectives
     rep.resources = state.resources.to_json()
+    rep.line = state.line  # 8.1
+    rep.epochs_superseded = list(state.epoch_line.superseded)
     return rep

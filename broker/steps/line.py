@@ -184,14 +184,27 @@ class StepLine:
 
     # ------------------------------------------------------------------ queries
 
+    def superseded_attempts(self) -> List[int]:
+        """The attempts that have superseded records kept, oldest first."""
+        return sorted({a for a, c in self.chunks if c.rows})
+
+    def superseded_of(self, attempt: int) -> StepStore:
+        """Attempt ``attempt``'s superseded records alone, as one store (not kept)."""
+        return self._merged(attempt, line=False)
+
     def of_attempt(self, attempt: int) -> StepStore:
         """Attempt ``attempt``'s own closed records, superseded or not, as one store (built
         once per change of the line, then kept)."""
         hit = self._cache.get(attempt)
         if hit is not None and hit[0] == self.version:
             return hit[1]
+        out = self._merged(attempt, line=True)
+        self._cache[attempt] = (self.version, out)
+        return out
+
+    def _merged(self, attempt: int, line: bool) -> StepStore:
         parts: List[Tuple[int, StepStore, int, int]] = []
-        r0, r1 = self.rows_of(attempt)
+        r0, r1 = self.rows_of(attempt) if line else (0, 0)
         if r1 > r0:
             parts.append((int(self.store.column("step")[r0]), self.store, r0, r1))
         for att, chunk in self.chunks:
@@ -205,7 +218,6 @@ class StepLine:
         for _, src, a, b in parts:
             block = src.to_wire(a, b)
             out.extend_wire(block, rebase=True)
-        self._cache[attempt] = (self.version, out)
         return out
 
     def metric_names(self) -> List[str]:

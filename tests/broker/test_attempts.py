@@ -233,3 +233,34 @@ def test_rewinds_across_three_attempts_keep_each_attempts_own_records() -> None:
     assert sink.line.of_attempt(2).column("step").tolist() == list(range(15, 25))
     assert sink.line.n_superseded == 15 + 20
     assert [a["superseded_steps"] for a in sink.header()["attempts"]] == [15, 20, 0]
+
+
+def test_attempts_past_the_1000th_are_counted_the_first_and_latest_999_listed() -> None:
+    sink = RunSink(RUN)
+    sink.apply(reg(0, 1, "p0"), 0.0)
+    for k in range(1, 1201):
+        sink.apply(reg(0, 1, f"p{k}"), 7.0 * k)  # (7 s apart: within attempt_rate)
+    h = sink.header()
+    assert h["attempt"] == 1200
+    listed = [a["attempt"] for a in h["attempts"]]
+    assert listed == [0] + list(range(202, 1201)) and len(listed) == 1000
+    assert sink.attempts.entry(201) is None and sink.attempts.entry(202) is not None
+    msgs = [a["message"] for a in h["alerts"] if a["kind"] == "restart"]
+    assert msgs == ["restart 1200: the previous attempt closed nothing"]
+
+
+def test_the_failure_is_the_current_attempts_and_the_cause_the_previous_ones() -> None:
+    from rank_agent.protocol import ErrorInfo
+
+    sink = RunSink(RUN)
+    attempt0(sink, ws=2, upto=20)
+    sink.apply(Finish(run=RUN, rank=1, status="error",
+                      error=ErrorInfo(type="RuntimeError", message="boom\nmore", at=150.0)), 150.0)
+    assert sink.header()["failure"]["first"]["rank"] == 1
+    sink.apply(reg(0, 2, "b0"), 200.0)
+    h = sink.header()
+    assert h["failure"] is None  # the new attempt's ranks: nothing failed (yet)
+    cause = h["attempts"][0]["cause"]
+    # rank 0 never finished: counted silent at its last frame (101.0), before rank 1's error
+    assert (cause["rank"], cause["kind"]) == (0, "silent") and "frames" not in cause
+    assert h["attempts"][1]["cause"] is None

@@ -62,6 +62,7 @@ def test_header_defaults() -> None:
             "attempt": 0, "started_at": 1.0, "ended_at": None, "world_size": None,
             "first_step": None, "last_step": None, "first_epoch": None, "last_epoch": None,
             "superseded_steps": 0, "superseded_epochs": 0, "cause": None}],
+        "alert_attempts": {},
     }
 
 

@@ -17,7 +17,7 @@ HEADER_KEYS = [
     "collectives_last", "total_steps", "eta_secs", "alert_ranks", "failure",
 ]
 HEADER_KEYS += ["nonfinite", "nonfinite_more", "replica_divergence"]  # v5, 8.3
-HEADER_KEYS += ["attempt", "attempts"]  # v5, 8.1
+HEADER_KEYS += ["attempt", "attempts", "alert_attempts"]  # v5, 8.1
 
 
 def wire(frame):

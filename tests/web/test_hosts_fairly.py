@@ -153,3 +153,28 @@ def test_an_unknown_world_size_judges_nothing_run_wide() -> None:
     header = {"run": "r", "world_size": None, "alert_ranks": {"stalled": 5},
               "alerts": [{"kind": "stalled", "rank": r, "at": 1.0} for r in range(5)]}
     assert runs_own_kinds(header) == frozenset()
+
+
+def test_judged_in_the_attempt_the_alert_was_last_raised_against_its_world_size() -> None:
+    """(8.1 with 8.5) Attempt 0 (4 ranks): 3 ranks fail, the job's trouble. Attempt 1, an
+    elastic job of 8: one rank fails, its host's. Judged over the whole run, 4 distinct
+    ranks of 8 would blame every host; judged per attempt, attempt 0's alerts stay the
+    run's and attempt 1's one is its host's."""
+    run = "elastic"
+    sink = RunSink(run)
+    for rank in range(4):
+        sink.apply(wire(Register(run=run, rank=rank, world_size=4, host="a" if rank < 2 else "b",
+                                 proc=f"p{rank}")), 1.0)
+    for rank in (0, 1, 2):
+        sink.apply(wire(Finish(run=run, rank=rank, status="error")), 2.0)
+    for rank in range(8):
+        sink.apply(wire(Register(run=run, rank=rank, world_size=8, host=f"n{rank // 2}",
+                                 proc=f"q{rank}")), 10.0)
+    assert sink.attempt == 1
+    sink.apply(wire(Finish(run=run, rank=5, status="error")), 11.0)
+    header = sink.header()
+    assert header["alert_attempts"] == {"rank_error": [[0, 3], [1, 1]]}
+    table = _by_host(_hub_with(header))
+    blamed = {h: [(i["rank"], i["kind"]) for i in row["incidents"]] for h, row in table.items()}
+    assert blamed.get("n2") == [(5, "rank_error")]  # attempt 1: 1 of 8, its host's
+    assert not blamed.get("a") and not blamed.get("b")  # attempt 0: 3 of 4, the run's

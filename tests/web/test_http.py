@@ -16,7 +16,7 @@ HEADER_KEYS = {"run", "status", "world_size", "total_epochs", "label", "shard", 
                "steps_done", "step_metrics", "data_share", "data_stragglers",
                "collectives_last", "total_steps", "eta_secs", "alert_ranks", "failure"}
 HEADER_KEYS |= {"nonfinite", "nonfinite_more", "replica_divergence"}  # v5, 8.3
-HEADER_KEYS |= {"attempt", "attempts"}  # v5, 8.1
+HEADER_KEYS |= {"attempt", "attempts", "alert_attempts"}  # v5, 8.1
 RANK_KEYS = {"rank", "host", "local_rank", "status", "last_seen", "epoch", "hardware", "resources",
              "step", "step_ms", "data_ms", "slowest_share"} | {"error"}
 RECORD_KEYS = {"epoch", "total_epochs", "duration_secs", "elapsed_secs", "eta_secs", "metrics",
