@@ -74,12 +74,12 @@ function mergeBuckets(rows, points) {
 
 // ---------------------------------------------------------------- attempts (8.1)
 
-/** The embedded superseded records of attempt `attempt` (web/report.py: the latest 8
- * attempts that have any), or null when the file holds none of it. */
+/** The embedded superseded records of attempt `attempt` (web/report.py `"superseded"`:
+ * [{attempt, series: {name: buckets}, epochs: [records]}] for the latest 8 attempts that
+ * have any; only their superseded part), or null when the file holds none of it. */
 function embeddedAttempt(data, attempt) {
-  const all = data && data.attempts && typeof data.attempts === "object" ? data.attempts : null;
-  const one = all ? all[String(attempt)] : null;
-  return one && typeof one === "object" ? one : null;
+  const all = data && Array.isArray(data.superseded) ? data.superseded : [];
+  return all.find((a) => a && a.attempt === attempt) || null;
 }
 
 /** `/steps?...&attempt=K` answered from the embedded series (steps in [start, end]). */
@@ -89,10 +89,21 @@ export function embeddedAttemptSeries(data, metric, attempt, start, end, points)
   return embeddedSeries({ series: one.series || {} }, metric, start, end, points);
 }
 
-/** `/history?attempt=K` answered from the embedded records. */
+/** `/history?attempt=K` answered from the embedded epochs (unpacked at boot). */
 export function embeddedAttemptRecords(data, attempt) {
   const one = embeddedAttempt(data, attempt);
-  return one && Array.isArray(one.records) ? unpackRecords(one.records) : [];
+  return one && Array.isArray(one.epochs) ? one.epochs : [];
+}
+
+/** Every embedded epoch record in the order web/report.py's one Packer wrote them (the
+ * snapshot's, then each attempt's superseded ones), so a column that repeats the previous
+ * table's is read from the right one. */
+function packedInOrder(data, snap) {
+  const out = Array.isArray(snap.records) ? [...snap.records] : [];
+  for (const a of Array.isArray(data.superseded) ? data.superseded : []) {
+    if (a && Array.isArray(a.epochs)) out.push(...a.epochs);
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------- packed records
@@ -253,7 +264,7 @@ function boot() {
 
   const run = String(data.run ?? "");
   const snap = data.snapshot || {};
-  if (Array.isArray(snap.records)) unpackRecords(snap.records);
+  unpackRecords(packedInOrder(data, snap)); // (in place; 8.1: the superseded epochs too)
   store.reset(run);
   page.steps.reset(run);
   $("run-view").hidden = false;
