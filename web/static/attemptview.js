@@ -112,6 +112,7 @@ export class AttemptView {
       }));
       if (gen !== this.gen) return;
       this.ghosts = got.filter((g) => g && g.records.length);
+      this.ghostsVersion = (this.ghostsVersion || 0) + 1;
     }
     this._drawGhosts();
   }
@@ -126,6 +127,11 @@ export class AttemptView {
   /** Each metric of each attempt's superseded epochs, faint in the metric's colour. */
   _drawGhosts() {
     const names = metricNames(this.page.store);
+    // drawn again only when the fetched records or the metric names changed (this runs on
+    // every render of the header, the records and the steps)
+    const sig = `${this.ghostsVersion || 0}\u0000${names.join("\u0000")}`;
+    if (sig === this.drawnSig) return;
+    this.drawnSig = sig;
     const out = [];
     for (const g of this.ghosts) {
       const recs = g.records.slice().sort((a, b) => a.epoch - b.epoch);
@@ -135,9 +141,6 @@ export class AttemptView {
         out.push({ name: `${n} · attempt ${g.attempt + 1} (superseded)`, color: colorAt(i), x: recs.map((r) => r.epoch), values });
       });
     }
-    const sig = JSON.stringify(out);
-    if (sig === this.drawnSig) return;
-    this.drawnSig = sig;
     this.page.overview.metrics.setGhosts(out);
   }
 }
