@@ -16,7 +16,8 @@ export class AttemptView {
   /**
    * `page`: {store, steps, overview, stragglers}; `hooks.history(attempt)` (optional) ->
    * Promise<epoch records of that attempt> (a saved report's embedded ones; default GET
-   * /history?attempt=K).
+   * /history?attempt=K); `hooks.superseded()` (optional) -> [{attempt, start}] known besides
+   * the header's.
    */
   constructor(page, hooks = {}) {
     this.page = page;
@@ -83,10 +84,12 @@ export class AttemptView {
     this._ghosts();
   }
 
-  /** The superseded epochs to draw: the header's ranges and the rewinds the store saw. */
+  /** The superseded epochs to draw: the header's ranges, the rewinds the store saw, and
+   * those the `superseded` hook knows of (a saved report's embedded epochs). */
   _ranges() {
     const by = new Map();
-    for (const r of [...supersededRanges(this.page.store.header, "epoch"), ...this.page.store.epochRewinds]) {
+    const known = this.hooks.superseded ? this.hooks.superseded() : [];
+    for (const r of [...supersededRanges(this.page.store.header, "epoch"), ...this.page.store.epochRewinds, ...known]) {
       const was = by.get(r.attempt);
       if (!was || (r.start !== null && (was.start === null || r.start < was.start))) by.set(r.attempt, { ...r });
     }

@@ -65,7 +65,7 @@ function renderNow() {
       header.layout();
       overview.kpis();
     }
-    if (parts.has("records") || parts.has("header") || parts.has("steps")) page.attempts.render(); // 8.1
+    if (parts.has("records") || parts.has("header") || parts.has("steps") || parts.has("ranks")) page.attempts.render(); // 8.1
     if (parts.has("records") || parts.has("ranks") || parts.has("header")) ranks.render();
     if (parts.has("records") || parts.has("ranks") || parts.has("tab")) rankPanel.render();
     if (parts.has("stacks") || parts.has("ranks") || parts.has("tab") || parts.has("header")) page.stall.render();

@@ -95,6 +95,14 @@ export function embeddedAttemptRecords(data, attempt) {
   return one && Array.isArray(one.epochs) ? one.epochs : [];
 }
 
+/** The attempts whose superseded `part` ("series" or "epochs") the file embeds, as
+ * [{attempt, start: null}] (what is embedded is the superseded part alone). */
+function embeddedAttempts(data, part) {
+  const all = data && Array.isArray(data.superseded) ? data.superseded : [];
+  return all.filter((a) => a && Number.isInteger(a.attempt) && a[part] && Object.keys(a[part]).length)
+    .map((a) => ({ attempt: a.attempt, start: null }));
+}
+
 /** Every embedded epoch record in the order web/report.py's one Packer wrote them (the
  * snapshot's, then each attempt's superseded ones), so a column that repeats the previous
  * table's is read from the right one. */
@@ -234,7 +242,7 @@ function boot() {
         page.header.layout();
         page.overview.kpis();
       }
-      if (parts.has("records") || parts.has("header") || parts.has("steps")) page.attempts.render(); // 8.1
+      if (parts.has("records") || parts.has("header") || parts.has("steps") || parts.has("ranks")) page.attempts.render(); // 8.1
       if (parts.has("records") || parts.has("ranks") || parts.has("header")) page.ranks.render();
       if (parts.has("records") || parts.has("ranks") || parts.has("tab")) page.rankPanel.render();
       page.header.tick();
@@ -249,6 +257,7 @@ function boot() {
     onChange: () => page.invalidate("steps"),
     series: (metric, start, end, points) => Promise.resolve(embeddedSeries(data, metric, start, end, points)),
     attemptSeries: (metric, attempt, start, end, points) => Promise.resolve(embeddedAttemptSeries(data, metric, attempt, start, end, points)),
+    superseded: () => embeddedAttempts(data, "series"),
     csvHref: () => null,
   });
   page.header = new HeaderView(page);
@@ -260,7 +269,10 @@ function boot() {
   page.ranks = new RanksView(page);
   page.failure = new FailureView(page);
   // 8.1: the cost line, and the epoch chart's restarts and superseded epochs (embedded)
-  page.attempts = new AttemptView(page, { history: (k) => Promise.resolve(embeddedAttemptRecords(data, k)) });
+  page.attempts = new AttemptView(page, {
+    history: (k) => Promise.resolve(embeddedAttemptRecords(data, k)),
+    superseded: () => embeddedAttempts(data, "epochs"),
+  });
 
   const run = String(data.run ?? "");
   const snap = data.snapshot || {};

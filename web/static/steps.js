@@ -307,11 +307,14 @@ export class StepView {
 
   // ------------------------------------------------------------------ attempts (8.1)
 
-  /** The superseded ranges to draw faint: the header's, and the rewinds seen live that the
-   * header does not say yet (the lowest start per attempt). */
+  /** The superseded ranges to draw faint: the header's, the rewinds seen live that the
+   * header does not say yet, and those the `superseded` hook knows of (a saved report's
+   * embedded series, whose header may predate them by the second a header may lag); the
+   * lowest start per attempt. */
   _ghostRanges() {
     const by = new Map();
-    for (const r of [...supersededRanges(this.header, "step"), ...(this.localRewinds || [])]) {
+    const known = this.hooks.superseded ? this.hooks.superseded() : [];
+    for (const r of [...supersededRanges(this.header, "step"), ...(this.localRewinds || []), ...known]) {
       const was = by.get(r.attempt);
       if (!was || (r.start !== null && (was.start === null || r.start < was.start))) by.set(r.attempt, { attempt: r.attempt, start: r.start });
     }
@@ -543,6 +546,8 @@ export class StepView {
     if (e.key === "b:step_ms") this._rebuildTime();
     if (this.view) this._fetchZoom(e, this.view);
     this._redraw(e);
+    // (8.1) the header's cost line reads the line's median step time
+    if (e.key === "b:step_ms" && this.hooks.onChange) this.hooks.onChange(this);
   }
 
   /** The fetched history plus the live records after the cut. */
