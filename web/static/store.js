@@ -211,6 +211,13 @@ export class Store {
       if (isNum(r.step_ms)) stepMs.set(r.rank, r.step_ms);
     }
     if (anyStep) this.stepRanks = true;
+    if (sample && Number.isInteger(this.attempt) && this.attempt > 0) {
+      // (8.1) past a restart a rank is the current attempt's when this live array or the
+      // hosts name it: an answer overtaken by the restart brings no old rank back for good
+      for (const r of [...this.knownRanks]) {
+        if (!this.rankMap.has(r) && !this.hostOfRank.has(r)) this.knownRanks.delete(r);
+      }
+    }
     if (stepMs.size && sample && this.hooks.stepTimes) this.hooks.stepTimes(now, stepMs);
     this.changed("ranks");
   }
