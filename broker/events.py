@@ -28,7 +28,8 @@ class Rejected(Exception):
 
     Reasons: ``world_size_mismatch``, ``rank_out_of_range``, ``bad_metadata_json``,
     ``step_metric_names`` (a run's distinct step metric names would pass 1,024),
-    ``open_epochs`` (a run's open epochs would pass 1,024).
+    ``open_epochs`` (a run's open epochs would pass 1,024), ``old_proc`` and
+    ``attempt_rate`` (8.1, :mod:`broker.attempts`).
     """
 
     def __init__(self, reason: str, detail: str = "") -> None:

@@ -37,7 +37,10 @@ The sink is the rules and the event policy; the state it keeps is in the modules
 the ``ranks`` array), :mod:`broker.epochs` (open epochs, and the epoch rules mixed in here),
 :mod:`broker.steps.closer` (the step pipeline) and :mod:`broker.steps.rules` (the step rules
 mixed in here), :mod:`broker.alerts`, :mod:`broker.topology` (placement, hardware string),
-:mod:`broker.metadata`, :mod:`broker.collectivelast` (the header's ``collectives_last``).
+:mod:`broker.metadata`, :mod:`broker.collectivelast` (the header's ``collectives_last``),
+:mod:`broker.attempts` (8.1: the attempt rule, mixed in here; what a new attempt starts
+afresh is :meth:`RunSink._reset_processes`) and :mod:`broker.steps.line` (the line of closed
+steps and the superseded records).
 """
 from __future__ import annotations
 

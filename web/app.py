@@ -176,11 +176,13 @@ def steps_csv_header(metric_names: list[str]) -> str:
     return out.getvalue()
 
 
-def history_csv(records: list[dict[str, Any]]) -> str:
+def history_csv(records: list[dict[str, Any]],
+                named: list[dict[str, Any]] | None = None) -> str:
     """The CSV export: ``epoch,duration_secs,<metrics>,<resources>``; metric columns are the
-    union over records, ``loss`` first then sorted."""
+    union over records (and over ``named``: 8.1, the superseded records' metrics are named
+    too), ``loss`` first then sorted."""
     names: set[str] = set()
-    for record in records:
+    for record in [*records, *(named or ())]:
         metrics = record.get("metrics")
         if isinstance(metrics, dict):
             names.update(str(k) for k in metrics)
@@ -444,10 +446,11 @@ def resources(run: str) -> Response:
 
 @bp.get("/api/runs/<run>/history.csv")
 def history_export(run: str) -> Response:
-    records = _history_records(_run())
+    state = _run()
+    records = _history_records(state)
     if isinstance(records, Response):
         return records
-    body = history_csv(records)
+    body = history_csv(records, state.epoch_line.superseded)  # (8.1: their metric names too)
     response = Response(body, mimetype="text/csv")
     response.headers["Content-Disposition"] = f'attachment; filename="{run}-history.csv"'
     return response

@@ -15,7 +15,7 @@ import gevent
 import gevent.queue
 
 from broker.steps.eta import step_eta
-from broker.steps.line import EpochLine, StepLine
+from broker.steps.line import MAX_SUPERSEDED, EpochLine, StepLine
 from broker.steps.store import StepStore
 from web import sse
 from web.ranksbound import SampleRotation
@@ -151,8 +151,10 @@ class RunState:
             "collectives_last": None,  # 8.5
             "failure": None,  # 8.2
             "nonfinite": [], "nonfinite_more": 0, "replica_divergence": [],  # 8.3
+            "attempt": 0, "attempts": [], "alert_attempts": {},  # 8.1
         }
         header.update(self.header)
+        header["attempts"] = self._attempt_figures(header["attempts"])
         header["steps_done"] = self.steps.last_step
         header["step_metrics"] = self.line.metric_names()  # (8.1: superseded ones' too)
         # 8.5: against this web's own closed steps too, as steps_done (null when unknown)
@@ -161,6 +163,37 @@ class RunState:
                                  and total > 0 else None)
         header["eta_secs"] = step_eta(header["total_steps"], self.steps)
         return header
+
+    def _attempt_figures(self, attempts: Any) -> Any:
+        """The header's ``attempts`` with each entry's step and epoch figures from this web's
+        own line, superseded records and epoch records (as ``steps_done``: the broker's
+        header is only as fresh as its last ``run`` event, and steps and epochs close
+        between two of them). Entries are copied, the broker's header left as it came."""
+        if not isinstance(attempts, list) or not attempts:
+            return attempts
+        epochs: dict[int, list[int]] = {}
+        superseded: dict[int, int] = {}
+        for rec in [r for _, r in self.records] + self.epoch_line.superseded:
+            a, e = rec.get("attempt", 0), rec.get("epoch")
+            if isinstance(a, int) and isinstance(e, int):
+                c = epochs.setdefault(a, [e, e])
+                c[0], c[1] = min(c[0], e), max(c[1], e)
+        for rec in self.epoch_line.superseded:
+            a = rec.get("attempt", 0)
+            superseded[a] = superseded.get(a, 0) + 1
+        out = []
+        for entry in attempts:
+            if not isinstance(entry, dict) or not isinstance(entry.get("attempt"), int):
+                out.append(entry)
+                continue
+            k = entry["attempt"]
+            span = epochs.get(k)
+            out.append({**entry, **self.line.figures(k),
+                        "first_epoch": span[0] if span else None,
+                        "last_epoch": span[1] if span else None,
+                        "superseded_epochs": max(superseded.get(k, 0),
+                                                 entry.get("superseded_epochs") or 0)})
+        return out
 
     def record_event(self, seq: int, record: dict[str, Any]) -> bytes:
         data = self._record_bytes.get(seq)
@@ -240,10 +273,14 @@ class RunState:
             while cut and isinstance(ep, int) and self.records[cut - 1][1].get("epoch", -1) >= ep \
                     and self.records[cut - 1][1].get("attempt", 0) < att:
                 cut -= 1
+            sup = self.epoch_line.superseded
             for s, rec in self.records[cut:]:
-                self.epoch_line.superseded.append(rec)
+                sup.append(rec)
                 self._record_bytes.pop(s, None)
             del self.records[cut:]
+            if len(sup) > MAX_SUPERSEDED:  # (the oldest attempt's first, as the broker)
+                sup.sort(key=lambda r: r.get("attempt", 0))
+                del sup[: len(sup) - MAX_SUPERSEDED]
         self.records.append((seq, record))
 
 

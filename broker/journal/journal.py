@@ -447,6 +447,9 @@ class Journal:
     def _note_seq(self, st: RunFile, sink: RunSink) -> None:
         if st.track_records:
             seqs = sink.record_seqs
+            cut = sink.epoch_line.take_cut()  # 8.1: a rewind replaced records from there on
+            if cut is not None and cut < st.noted_records:
+                st.noted_records = cut
             n = len(seqs)
             if n != st.noted_records:
                 if n > st.noted_records:

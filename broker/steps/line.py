@@ -103,6 +103,15 @@ class StepLine:
                 return starts[i], starts[i + 1] if i + 1 < len(starts) else n
         return 0, 0
 
+    def first_row(self, attempt: int) -> int:
+        """The line's first row closed by ``attempt`` when it is the line's latest part (the
+        rows since are its own: 8.1's "the current attempt's" figures); the line's length
+        while it closed none."""
+        if attempt == 0:
+            return 0
+        b = self.bounds
+        return b[-1][0] if b and b[-1][1] == attempt else self.store.rows
+
     def figures(self, attempt: int) -> Dict[str, Any]:
         """The ``attempts`` entry's step figures (8.1)."""
         c = self.closed.get(attempt)
@@ -260,13 +269,21 @@ class EpochLine:
     carrying ``attempt``); a rewind moves the records from an epoch on to :attr:`superseded`
     (``(attempt, record)``, oldest first, at most MAX_SUPERSEDED)."""
 
-    __slots__ = ("superseded", "sup_counts", "closed", "current")
+    __slots__ = ("superseded", "sup_counts", "closed", "current", "cut")
 
     def __init__(self) -> None:
         self.superseded: List[Dict[str, Any]] = []
         self.sup_counts: Dict[int, int] = {}
         self.closed: Dict[int, List[int]] = {}
         self.current = 0
+        #: the fewest records the line was cut to since :meth:`take_cut` (None: not cut)
+        self.cut: Optional[int] = None
+
+    def take_cut(self) -> Optional[int]:
+        """The fewest records the line was cut to since the last call (the journal's: it
+        notes the ids of the records from there on again)."""
+        cut, self.cut = self.cut, None
+        return cut
 
     def new_attempt(self, attempt: int, last_closed: int) -> None:
         """Attempt ``attempt`` begins (the previous one's last closed epoch: for nothing but
@@ -294,6 +311,7 @@ class EpochLine:
         self.superseded.extend(gone)
         del records[cut:]
         del seqs[cut:]
+        self.cut = cut if self.cut is None else min(self.cut, cut)
         if len(self.superseded) > MAX_SUPERSEDED:
             self.superseded.sort(key=lambda r: r.get("attempt", 0))
             del self.superseded[: len(self.superseded) - MAX_SUPERSEDED]

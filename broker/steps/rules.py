@@ -189,7 +189,10 @@ class StepRules:
             return
         dw.at = now
         d, ms = self.steps.data_ms, self.steps.step_ms
-        share = data_share(d.row[:d.n], d.mean[:d.n], ms.row[:ms.n], ms.mean[:ms.n])
+        r0 = self._steps.line.first_row(self._steps.attempt)  # 8.1: the current attempt's
+        dp = int(d.row[:d.n].searchsorted(r0)) if r0 else 0
+        mp = int(ms.row[:ms.n].searchsorted(r0)) if r0 else 0
+        share = data_share(d.row[dp:d.n], d.mean[dp:d.n], ms.row[mp:ms.n], ms.mean[mp:ms.n])
         figures = [(rank, rs.mean_data(), rs.mean_ms())
                    for rank, rs in self._closer.ranks.items() if rs.data]
         changed, new = dw.update(share, figures, self.topology.place.get)  # type: ignore[arg-type]

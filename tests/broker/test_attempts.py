@@ -264,3 +264,35 @@ def test_the_failure_is_the_current_attempts_and_the_cause_the_previous_ones() -
     # rank 0 never finished: counted silent at its last frame (101.0), before rank 1's error
     assert (cause["rank"], cause["kind"]) == (0, "silent") and "frames" not in cause
     assert h["attempts"][1]["cause"] is None
+
+
+def test_data_share_is_the_current_attempts() -> None:
+    sink = RunSink(RUN)
+    sink.apply(reg(0, 1, "a"), 1.0)
+    sink.apply(Steps(run=RUN, rank=0, steps=list(range(10)), times=[1.0] * 10,
+                     step_ms=[100.0] * 10, data_ms=[50.0] * 10), 1.0)
+    sink.tick(3.0)
+    assert sink.header()["data_share"] == 0.5
+    sink.apply(reg(0, 1, "b"), 10.0)
+    sink.apply(Steps(run=RUN, rank=0, steps=[20], times=[10.0], step_ms=[100.0]), 10.0)
+    sink.tick(12.0)
+    assert sink.steps.last_step == 20
+    assert sink.header()["data_share"] is None  # attempt 1 has no data wait (yet)
+
+
+def test_epoch_ids_after_a_rewind_survive_a_restart(tmp_path: Path) -> None:
+    """The record that replaced a superseded one keeps its event id across a restart (the
+    journal notes the ids from the cut on again), so a client's Last-Event-ID stays valid."""
+    b = Broker(tmp_path / "d")
+    for f in (reg(0, 1, "a"), epoch(0, 0, 1.0), epoch(0, 1, 1.0), reg(0, 1, "b"),
+              epoch(0, 1, 2.0)):
+        assert b.send(f)
+    seqs = list(b.sinks[RUN].record_seqs)
+    assert [r["attempt"] for r in b.sinks[RUN].records] == [0, 1]
+    b.journal.close()
+    b2 = Broker(tmp_path / "d", now=b.now)
+    try:
+        assert b2.sinks[RUN].record_seqs == seqs
+        assert [(r["epoch"], r["attempt"]) for r in b2.sinks[RUN].records] == [(0, 0), (1, 1)]
+    finally:
+        b2.close()

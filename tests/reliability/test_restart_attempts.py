@@ -75,23 +75,35 @@ def test_broker_sigkill_keeps_attempts_line_and_superseded(
                           and len(v["records"]) == 2 and v, what="attempt 1 rewound", timeout=60)
         assert before["records"] == [(0, 0, 1.0), (1, 1, 2.0)]
         assert before["attempts"][0]["superseded_steps"] == 20  # steps 10-29
-        live = SSEClient(web.port, f"/api/runs/{RUN}/events")  # stays through the crash
+        live = SSEClient(web.port, f"/api/runs/{RUN}/events",  # stays through the crash
+                         timeout=3.0)
         first = live.next_event()
         assert first is not None and first["event"] == "run"
 
         broker.proc.kill()  # SIGKILL: no close(), no final flush
         broker.proc.wait(10)
+        wait_for(lambda: fetch(web.port, "/healthz").status == 503,
+                 what="the web to notice the broker is gone", timeout=60)
         broker2, _ = start_broker(spawn, data, endpoints=eps)
+        wait_for(lambda: fetch(web.port, "/healthz").status == 200,
+                 what="the web back on the restarted broker", timeout=60)
         # the restarted broker serves the same attempts, line and superseded records
         after = wait_for(lambda: (v := views(web.port)) == before and v,
                          what="the same views after the restart", timeout=60)
         assert after["attempt"] == 1
-        # attempt 1 goes on after the restart: its processes' frames still count
-        pusher.send(steps(0, 20, 25, 3.0), steps(1, 20, 25, 3.0))
-        pusher.send(epoch(0, 2, 3.0), epoch(1, 2, 3.0))
+        # attempt 1 goes on after the restart: its processes' frames still count (sent
+        # again until seen: frames queued on the PUSH socket's old connection may be lost)
+        sent = [0.0]
 
         def attempt1_steps() -> Any:
-            ev = live.next_event()
+            if time.monotonic() - sent[0] > 3.0:
+                sent[0] = time.monotonic()
+                pusher.send(steps(0, 20, 25, 3.0), steps(1, 20, 25, 3.0))
+                pusher.send(epoch(0, 2, 3.0), epoch(1, 2, 3.0))
+            try:
+                ev = live.next_event()
+            except TimeoutError:  # (nothing in 3 s: send again)
+                return None
             if ev and ev.get("event") == "steps" and ev["data"]["steps"][-1]["step"] == 24:
                 return ev
             return None

@@ -25,8 +25,9 @@ def steps(rank: int, lo: int, hi: int, loss: float) -> protocol.Steps:
                           step_ms=[10.0] * len(s), metrics={"loss": [loss] * len(s)})
 
 
-def epoch(rank: int, e: int, loss: float) -> protocol.Metrics:
-    return protocol.Metrics(run=RUN, rank=rank, epoch=e, avg_loss=loss, batches=1)
+def epoch(rank: int, e: int, loss: float, scalars: Any = None) -> protocol.Metrics:
+    return protocol.Metrics(run=RUN, rank=rank, epoch=e, avg_loss=loss, batches=1,
+                            scalars=scalars or {})
 
 
 def header(port: int) -> dict[str, Any]:
@@ -37,7 +38,8 @@ def test_a_restart_over_the_wire(web: Any, pusher: Pusher) -> None:
     port = web.port
     pusher.send(reg(0, 2, "a0"), reg(1, 2, "a1"))
     pusher.send(steps(0, 0, 20, 1.0), steps(1, 0, 20, 1.0))
-    pusher.send(epoch(0, 0, 1.0), epoch(1, 0, 1.0), epoch(0, 1, 1.0), epoch(1, 1, 1.0))
+    old = {"old_acc": (0.5, 1)}  # a metric only the superseded epoch has
+    pusher.send(epoch(0, 0, 1.0), epoch(1, 0, 1.0), epoch(0, 1, 1.0, old), epoch(1, 1, 1.0, old))
     pusher.send(protocol.Finish(run=RUN, rank=0), protocol.Finish(run=RUN, rank=1))
     wait_for(lambda: (h := fetch(port, f"/api/runs/{RUN}")).status == 200
              and h.json()["steps_done"] == 19 and h.json()["status"] == "complete",
@@ -92,6 +94,8 @@ def test_a_restart_over_the_wire(web: Any, pusher: Pusher) -> None:
     assert get_json(port, f"/api/runs/{RUN}/steps?metric=loss&attempt=")["buckets"] == b
     assert [r["epoch"] for r in get_json(port, f"/api/runs/{RUN}/history?attempt=0")] == [0, 1]
     assert [r["epoch"] for r in get_json(port, f"/api/runs/{RUN}/history")] == [0, 1]
+    hist = list(csv.reader(io.StringIO(fetch(port, f"/api/runs/{RUN}/history.csv").body.decode())))
+    assert "old_acc" in hist[0] and len(hist) == 3  # the line's 2 epochs, all metric names
     for bad in ("x", "-1", "1.0", "%D9%A1"):  # (the last: an Arabic-Indic 1)
         assert fetch(port, f"/api/runs/{RUN}/steps?attempt={bad}").status == 400, bad
         assert fetch(port, f"/api/runs/{RUN}/history.csv?attempt={bad}").status == 400, bad
@@ -99,3 +103,19 @@ def test_a_restart_over_the_wire(web: Any, pusher: Pusher) -> None:
     assert fetch(port, f"/api/runs/{RUN}/history?attempt=2").status == 404
     metrics = fetch(port, "/metrics").body.decode()
     assert f'rankboard_run_attempt{{run="{RUN}"}} 1.0' in metrics
+
+    # an old process's frames: counted, nothing else (rank 1's attempt-0 process)
+    pusher.send(reg(1, 2, "a1"))
+    wait_for(lambda: 'rankboard_frames_rejected_total{reason="old_proc"} 1.0'
+             in fetch(port, "/metrics").body.decode(), what="old_proc counted", timeout=60)
+    assert header(port)["steps_done"] == 14
+
+    # attempt 2 (rank 0's new process) has closed nothing: empty answers, a CSV header alone
+    pusher.send(reg(0, 2, "c0"))
+    wait_for(lambda: header(port)["attempt"] == 2, what="attempt 2", timeout=60)
+    assert get_json(port, f"/api/runs/{RUN}/steps?metric=loss&attempt=2")["buckets"] == []
+    assert get_json(port, f"/api/runs/{RUN}/history?attempt=2") == []
+    only = fetch(port, f"/api/runs/{RUN}/steps.csv?attempt=2").body.decode()
+    assert only.count("\r\n") == 1 and only.rstrip().endswith(",attempt")
+    hist = fetch(port, f"/api/runs/{RUN}/history.csv?attempt=2")
+    assert hist.status == 200 and hist.body.decode().count("\n") <= 1
