@@ -6,7 +6,9 @@
 // The rules are attempts.js's; text from a run reaches the DOM only through textContent.
 
 import { api, enc } from "./api.js";
-import { currentAttempt, GHOST_ATTEMPTS, restartCost, restartMarkers, supersededRanges } from "./attempts.js";
+import {
+  attemptsOf, causeText, currentAttempt, GHOST_ATTEMPTS, RESTART_COLOR, restartCost, restartMarkers, supersededRanges,
+} from "./attempts.js";
 import { colorAt } from "./axes.js";
 import { h, setText } from "./dom.js";
 import { isNum } from "./fmt.js";
@@ -80,8 +82,23 @@ export class AttemptView {
       setText(el, text || "");
       el.title = text ? "superseded steps × the line's median step time × the world size of the attempt that ran them" : "";
     }
-    overview.metrics.setMarkers(restartMarkers(hd, "epoch"));
+    overview.metrics.setMarkers(this._epochMarkers(hd));
     this._ghosts();
+  }
+
+  /** The epoch chart's restart markers: the header's, and a rewind the store saw live that
+   * the header does not say yet (its figures may trail the records). */
+  _epochMarkers(hd) {
+    const out = restartMarkers(hd, "epoch");
+    const named = new Set(out.map((m) => m.text));
+    for (const w of this.page.store.epochRewinds) {
+      const text = `restart ${w.next}`;
+      if (!Number.isInteger(w.next) || named.has(text)) continue;
+      named.add(text);
+      const prev = attemptsOf(hd).find((a) => a.attempt === w.next - 1);
+      out.push({ step: w.start, text, color: RESTART_COLOR, hover: causeText(w.next - 1, prev ? prev.cause : null) });
+    }
+    return out;
   }
 
   /** The superseded epochs to draw: the header's ranges, the rewinds the store saw, and

@@ -53,7 +53,7 @@ export class Store {
     this.stepRanks = false; // some rank has sent steps
     this.rows = null; // the rank row models last rendered (model.rankRows)
     this.stacks = null; // the last GET /stacks answer ({dumps, groups}); null: none yet
-    this.epochRewinds = []; // (8.1) [{attempt, start}]: epochs a newer attempt superseded here
+    this.epochRewinds = []; // (8.1) [{attempt, start, next}]: epochs attempt `next` superseded here
     this.attempt = null; // (8.1) the header's current attempt, once one said it
   }
 
@@ -154,7 +154,7 @@ export class Store {
     while (i > 0 && recs[i - 1].epoch >= rec.epoch) i--;
     const dropped = recs.slice(i);
     if (!dropped.some((r) => att(r) < rec.attempt)) return;
-    this.epochRewinds.push({ attempt: Math.max(...dropped.map(att)), start: rec.epoch });
+    this.epochRewinds.push({ attempt: Math.max(...dropped.map(att)), start: rec.epoch, next: rec.attempt });
     recs.length = i;
     for (const r of dropped) this.byEpoch.delete(r.epoch);
   }
