@@ -52,17 +52,19 @@ export class BandChart extends ChartKit {
   /** `series`: [{name, color?, data: Buckets}]. */
   setSeries(series) {
     const names = series.map((s) => `${s.name}\u0001${s.label || ""}`).join("\u0000");
-    this.series = series.map((s, i) => ({ name: s.name, label: s.label, color: s.color || colorAt(i), data: s.data }));
+    // `faint` (8.1): an attempt's superseded records, drawn as a thin pale line beside the line
+    this.series = series.map((s, i) => ({ name: s.name, label: s.label, color: s.color || colorAt(i), data: s.data, faint: !!s.faint }));
     if (this.solo !== null && !this.series.some((s) => s.name === this.solo)) this.solo = null;
     if (this.legendEl && names !== this._names) this._buildLegend();
     this._names = names;
     this.render();
   }
 
-  /** (8.3) Steps to mark with a dashed line and a short text: [{step, text}]. */
+  /** (8.3) Steps to mark with a dashed line and a short text: [{step, text}]; (8.1) a
+   * marker may have its `color` and a `hover` text the tooltip shows at its step. */
   setMarkers(markers) {
     const list = Array.isArray(markers) ? markers : [];
-    const sig = list.map((m) => `${m.step}:${m.text}`).join("\n");
+    const sig = list.map((m) => `${m.step}:${m.text}:${m.color || ""}:${m.hover || ""}`).join("\n");
     if (sig === this._markerSig) return;
     this._markerSig = sig;
     this.markers = list;
@@ -255,6 +257,10 @@ export class BandChart extends ChartKit {
     ctx.clip();
     for (const bin of bins) {
       const color = bin.s.color;
+      if (bin.s.faint) {
+        this._faint(ctx, bin, cols, cx, sy, okY, color);
+        continue;
+      }
       // rank spread band
       if (this.opts.band) {
         ctx.fillStyle = color;
@@ -330,6 +336,22 @@ export class BandChart extends ChartKit {
     this.last = { bins, yt, logScale, marked };
     this.drawnAt = performance.now();
     if (this.opts.onDraw) this.opts.onDraw(this);
+  }
+
+  /** (8.1) An attempt's superseded records: its mean line only, thin and pale, no band. */
+  _faint(ctx, bin, cols, cx, sy, okY, color) {
+    const idx = [];
+    const vals = [];
+    for (let c = 0; c < cols; c++) {
+      if (bin.has[c] && okY(bin.mean[c])) {
+        idx.push(c);
+        vals.push(bin.mean[c]);
+      }
+    }
+    const sm = this.smooth > 0 ? ema(vals, this.smooth) : vals;
+    this._path(ctx, idx, sm, cx, sy, color, 1.2, 0.35);
+    bin.smoothed = sm;
+    bin.idx = idx;
   }
 
   _path(ctx, idx, vals, cx, sy, color, width, alpha) {
@@ -433,6 +455,21 @@ export class BandChart extends ChartKit {
       if (bin.bad[c]) sub.push("non-finite mean in range");
       for (const s of sub) rows.push(h("div", "tip-sub", s));
     }
+    // (8.1) a marker's hover (why the previous attempt ended) at the columns it stands in
+    let first = Infinity;
+    let last = -Infinity;
+    for (const bin of this.last.bins) {
+      if (!bin.has[c]) continue;
+      first = Math.min(first, bin.first[c]);
+      last = Math.max(last, bin.last[c]);
+    }
+    for (const m of this.markers || []) {
+      if (m.hover && m.step >= first && m.step <= last) {
+        const row = h("div", "tip-sub tip-marker", `${m.text}: ${m.hover}`);
+        row.dataset.marker = String(m.text);
+        rows.push(row);
+      }
+    }
     if (this.opts.slowest && this.last.bins.length) {
       const bin = this.last.bins.find((bb) => bb.has[c]);
       if (bin) {
@@ -454,8 +491,8 @@ export class BandChart extends ChartKit {
       if (!Number.isFinite(X)) continue;
       const x = Math.round(L + ((X - X0) / (X1 - X0 || 1)) * pw) + 0.5;
       ctx.save();
-      ctx.strokeStyle = "#f2495c";
-      ctx.fillStyle = "#f2495c";
+      ctx.strokeStyle = m.color || "#f2495c";
+      ctx.fillStyle = m.color || "#f2495c";
       ctx.lineWidth = 1;
       ctx.setLineDash([3, 3]);
       ctx.beginPath();
@@ -468,7 +505,7 @@ export class BandChart extends ChartKit {
       const tw = ctx.measureText(text).width;
       ctx.fillText(text, x + 3 + tw > L + pw ? x - 3 - tw : x + 3, T + 10);
       ctx.restore();
-      out.push({ step: m.step, text, x });
+      out.push({ step: m.step, text, x, hover: m.hover || null });
     }
     return out;
   }
@@ -494,7 +531,7 @@ export class BandChart extends ChartKit {
             n(bin.rmin[c]), n(bin.rmax[c]), bin.steps[c], c,
             Number.isNaN(bin.hi[c]) ? null : g.sy(bin.hi[c])]);
         }
-        return { name: bin.s.name, columns: cols };
+        return { name: bin.s.name, faint: bin.s.faint, columns: cols };
       }),
     };
   }

@@ -16,6 +16,7 @@
 
 import { serverNow } from "./api.js";
 import { App } from "./app.js";
+import { AttemptView } from "./attemptview.js";
 import { ClusterView } from "./cluster.js";
 import { CompareView } from "./compare.js";
 import { $ } from "./dom.js";
@@ -64,6 +65,7 @@ function renderNow() {
       header.layout();
       overview.kpis();
     }
+    if (parts.has("records") || parts.has("header") || parts.has("steps") || parts.has("ranks")) page.attempts.render(); // 8.1
     if (parts.has("records") || parts.has("ranks") || parts.has("header")) ranks.render();
     if (parts.has("records") || parts.has("ranks") || parts.has("tab")) rankPanel.render();
     if (parts.has("stacks") || parts.has("ranks") || parts.has("tab") || parts.has("header")) page.stall.render();
@@ -94,6 +96,7 @@ const page = {
     page.ranks.reset();
     page.stragglers.reset();
     page.stall.reset();
+    page.attempts.reset();
   },
 };
 const app = new App(page);
@@ -112,6 +115,7 @@ function build() {
   page.ranks = new RanksView(page);
   page.stall = new StallView(page);
   page.failure = new FailureView(page);
+  page.attempts = new AttemptView(page); // 8.1: the cost line, the epoch chart's restarts
   page.cluster = new ClusterView($("cluster-view"), {
     // the cluster view's /api/runs answers keep the picker current: no second poll
     onRuns: (runs) => {
@@ -167,6 +171,10 @@ function exposeHooks() {
       fetches: page.resources.fetches }),
     stacksEvents: () => page.stall.events,
     ranksLoads: () => page.stream.ranksLoads,
+    epochChart: () => overview.metrics.snapshot(), // 8.1: faint epochs, restart markers
+    attemptFetches: () => page.attempts.fetches.slice(),
+    stepRewinds: () => steps.rewinds,
+    stripTimes: () => stragglers.strip.cols.map((c) => c.t),
     applyRanksNow: (ranks) => {
       store.applyRanks(ranks, true, serverNow());
       renderNow();

@@ -23,6 +23,29 @@ export class LineChart extends ChartKit {
     });
     this.x = [];
     this.zoom = null; // [x0, x1] or null
+    this.ghosts = []; // (8.1) [{name, color, x, values}]: superseded records, drawn faint
+    this.markers = []; // (8.1) [{step, text, color?, hover?}]: a dashed line at x = step
+    this.drawnMarkers = [];
+  }
+
+  /** (8.1) Series of their own x drawn faint beside the data (an attempt's superseded
+   * epochs): [{name, color, x, values}]. */
+  setGhosts(ghosts) {
+    this.ghosts = (Array.isArray(ghosts) ? ghosts : []).map((g) => ({
+      name: g.name, color: g.color, x: g.x.slice(), values: g.values.map(numOrNull),
+    }));
+    this.render();
+  }
+
+  /** (8.1) x values to mark with a dashed line and a short text; `hover` is shown in the
+   * tooltip at that x. [{step, text, color?, hover?}] */
+  setMarkers(markers) {
+    const list = Array.isArray(markers) ? markers : [];
+    const sig = list.map((m) => `${m.step}:${m.text}:${m.hover || ""}`).join("\n");
+    if (sig === this._markerSig) return;
+    this._markerSig = sig;
+    this.markers = list;
+    this.render();
   }
 
   /** Replace the data. `x` ascending numbers; each series {name, values, color?}. */
@@ -89,9 +112,10 @@ export class LineChart extends ChartKit {
     this._geom = null;
     if (!hasData) return;
 
-    // x domain
+    // x domain (an attempt's superseded epochs may reach past the line's last)
+    const ghostEnd = Math.max(-Infinity, ...this.ghosts.map((g) => (g.x.length ? g.x[g.x.length - 1] : -Infinity)));
     let x0 = this.zoom ? this.zoom[0] : x[0];
-    let x1 = this.zoom ? this.zoom[1] : x[x.length - 1];
+    let x1 = this.zoom ? this.zoom[1] : Math.max(x[x.length - 1], ghostEnd);
     if (x1 <= x0) {
       const pad = this.opts.xType === "time" ? 30 : 1;
       x0 -= pad;
@@ -128,6 +152,14 @@ export class LineChart extends ChartKit {
           if (v > hi) hi = v;
         }
       }
+    }
+    for (const g of this.ghosts) {
+      g.x.forEach((gx, i) => {
+        const v = g.values[i];
+        if (v === null || gx < x0 || gx > x1 || (logScale && v <= 0)) return;
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+      });
     }
     const { yMin, yMax } = this.opts;
     if (!logScale) {
@@ -176,11 +208,16 @@ export class LineChart extends ChartKit {
     ctx.clip();
     const pointsInView = i1 - i0 + 1;
     const dots = pointsInView <= Math.max(2, pw / 14);
+    for (const g of this.ghosts) {
+      const vals = logScale ? g.values.map((v) => (v !== null && v > 0 ? v : null)) : g.values;
+      this._line(ctx, g.x, vals, 0, g.x.length - 1, sx, sy, g.color, 1.2, 0.35, false);
+    }
     for (const d of draws) {
       if (this.smooth > 0) this._line(ctx, x, d.raw, i0, i1, sx, sy, d.s.color, 1, 0.25, false);
       this._line(ctx, x, d.sm, i0, i1, sx, sy, d.s.color, 1.75, 1, dots);
     }
     ctx.restore();
+    this.drawnMarkers = this._drawMarkers(ctx, x0, x1, sx, T, pw, ph, L);
 
     // crosshair
     if (this.hover !== null && this.hover >= i0 && this.hover <= i1) {
@@ -200,6 +237,44 @@ export class LineChart extends ChartKit {
     }
     this._drawSelection(ctx, theme, L, T, pw, ph);
     this._draws = draws;
+  }
+
+  /** The markers within [x0, x1]: a dashed line each, its text at the top (canvas text). */
+  _drawMarkers(ctx, x0, x1, sx, T, pw, ph, L) {
+    const out = [];
+    for (const m of this.markers) {
+      if (!(m.step >= x0 && m.step <= x1)) continue;
+      const px = Math.round(sx(m.step)) + 0.5;
+      const color = m.color || "#f2495c";
+      ctx.save();
+      ctx.strokeStyle = color;
+      ctx.fillStyle = color;
+      ctx.lineWidth = 1;
+      ctx.setLineDash([3, 3]);
+      ctx.beginPath();
+      ctx.moveTo(px, T);
+      ctx.lineTo(px, T + ph);
+      ctx.stroke();
+      ctx.setLineDash([]);
+      ctx.font = "10px sans-serif";
+      const text = String(m.text);
+      const tw = ctx.measureText(text).width;
+      ctx.fillText(text, px + 3 + tw > L + pw ? px - 3 - tw : px + 3, T + 10);
+      ctx.restore();
+      out.push({ step: m.step, text, x: px, hover: m.hover || null });
+    }
+    return out;
+  }
+
+  /** What the last draw showed, for tests: the x values, the faint series and the markers. */
+  snapshot() {
+    return {
+      x: this.x.slice(),
+      series: this.series.map((s) => ({ name: s.name, values: s.values.slice() })),
+      ghosts: this.ghosts.map((g) => ({ name: g.name, x: g.x.slice(), values: g.values.slice() })),
+      markers: this.drawnMarkers.slice(),
+      plot: this._geom ? { left: this._geom.L, top: this._geom.T, width: this._geom.pw, height: this._geom.ph } : null,
+    };
   }
 
   _line(ctx, x, vals, i0, i1, sx, sy, color, width, alpha, dots) {
@@ -247,6 +322,17 @@ export class LineChart extends ChartKit {
     if (!this._draws) return null;
     const rows = [h("div", "tip-x", `${this.opts.xLabel ? `${this.opts.xLabel} ` : ""}${this._xFormat(this.x[idx])}`)];
     for (const d of this._draws) rows.push(ChartKit.tipRow(d.s.color, d.s.name, this.opts.yFormat(d.s.values[idx])));
+    for (const g of this.ghosts) { // (8.1) a superseded value at this x
+      const i = g.x.indexOf(this.x[idx]);
+      if (i >= 0 && g.values[i] !== null) rows.push(ChartKit.tipRow(g.color, g.name, this.opts.yFormat(g.values[i])));
+    }
+    for (const m of this.markers) {
+      if (m.hover && m.step === this.x[idx]) {
+        const row = h("div", "tip-sub tip-marker", `${m.text}: ${m.hover}`);
+        row.dataset.marker = String(m.text);
+        rows.push(row);
+      }
+    }
     return rows;
   }
 }

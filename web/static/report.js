@@ -5,6 +5,7 @@
 // the web's routes are hidden). Text from the run only ever goes in through textContent.
 
 import { freezeClock } from "./api.js";
+import { AttemptView } from "./attemptview.js";
 import { lastVerdictText, verdictText } from "./collectives.js";
 import { $, h, setText } from "./dom.js";
 import { FailureView } from "./failureview.js";
@@ -67,6 +68,48 @@ function mergeBuckets(rows, points) {
       rmax = hi(rmax, b[6]);
     }
     out.push([part[0][0], part[part.length - 1][1], weight ? sum / weight : null, l, u, rmin, rmax, count]);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- attempts (8.1)
+
+/** The embedded superseded records of attempt `attempt` (web/report.py `"superseded"`:
+ * [{attempt, series: {name: buckets}, epochs: [records]}] for the latest 8 attempts that
+ * have any; only their superseded part), or null when the file holds none of it. */
+function embeddedAttempt(data, attempt) {
+  const all = data && Array.isArray(data.superseded) ? data.superseded : [];
+  return all.find((a) => a && a.attempt === attempt) || null;
+}
+
+/** `/steps?...&attempt=K` answered from the embedded series (steps in [start, end]). */
+export function embeddedAttemptSeries(data, metric, attempt, start, end, points) {
+  const one = embeddedAttempt(data, attempt);
+  if (!one) return { metric, start, end, buckets: [] };
+  return embeddedSeries({ series: one.series || {} }, metric, start, end, points);
+}
+
+/** `/history?attempt=K` answered from the embedded epochs (unpacked at boot). */
+export function embeddedAttemptRecords(data, attempt) {
+  const one = embeddedAttempt(data, attempt);
+  return one && Array.isArray(one.epochs) ? one.epochs : [];
+}
+
+/** The attempts whose superseded `part` ("series" or "epochs") the file embeds, as
+ * [{attempt, start: null}] (what is embedded is the superseded part alone). */
+function embeddedAttempts(data, part) {
+  const all = data && Array.isArray(data.superseded) ? data.superseded : [];
+  return all.filter((a) => a && Number.isInteger(a.attempt) && a[part] && Object.keys(a[part]).length)
+    .map((a) => ({ attempt: a.attempt, start: null }));
+}
+
+/** Every embedded epoch record in the order web/report.py's one Packer wrote them (the
+ * snapshot's, then each attempt's superseded ones), so a column that repeats the previous
+ * table's is read from the right one. */
+function packedInOrder(data, snap) {
+  const out = Array.isArray(snap.records) ? [...snap.records] : [];
+  for (const a of Array.isArray(data.superseded) ? data.superseded : []) {
+    if (a && Array.isArray(a.epochs)) out.push(...a.epochs);
   }
   return out;
 }
@@ -199,6 +242,7 @@ function boot() {
         page.header.layout();
         page.overview.kpis();
       }
+      if (parts.has("records") || parts.has("header") || parts.has("steps") || parts.has("ranks")) page.attempts.render(); // 8.1
       if (parts.has("records") || parts.has("ranks") || parts.has("header")) page.ranks.render();
       if (parts.has("records") || parts.has("ranks") || parts.has("tab")) page.rankPanel.render();
       page.header.tick();
@@ -212,6 +256,8 @@ function boot() {
     straggler: () => page.stragglers.text(),
     onChange: () => page.invalidate("steps"),
     series: (metric, start, end, points) => Promise.resolve(embeddedSeries(data, metric, start, end, points)),
+    attemptSeries: (metric, attempt, start, end, points) => Promise.resolve(embeddedAttemptSeries(data, metric, attempt, start, end, points)),
+    superseded: () => embeddedAttempts(data, "series"),
     csvHref: () => null,
   });
   page.header = new HeaderView(page);
@@ -222,10 +268,15 @@ function boot() {
   page.stragglers = new Stragglers(page);
   page.ranks = new RanksView(page);
   page.failure = new FailureView(page);
+  // 8.1: the cost line, and the epoch chart's restarts and superseded epochs (embedded)
+  page.attempts = new AttemptView(page, {
+    history: (k) => Promise.resolve(embeddedAttemptRecords(data, k)),
+    superseded: () => embeddedAttempts(data, "epochs"),
+  });
 
   const run = String(data.run ?? "");
   const snap = data.snapshot || {};
-  if (Array.isArray(snap.records)) unpackRecords(snap.records);
+  unpackRecords(packedInOrder(data, snap)); // (in place; 8.1: the superseded epochs too)
   store.reset(run);
   page.steps.reset(run);
   $("run-view").hidden = false;
@@ -276,6 +327,7 @@ function boot() {
     report: true,
     stepChart: (name) => page.steps.snapshot(name),
     stepData: (name) => page.steps.data(name),
+    epochChart: () => page.overview.metrics.snapshot(), // 8.1
     zoom: (range) => page.steps.zoom(range),
     heatmapCells: () => page.overview.heatmap.drawnCells || 0,
     charts: () => [...document.querySelectorAll("canvas")].filter((c) => c.width > 0 && c.offsetParent !== null).length,

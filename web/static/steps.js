@@ -17,8 +17,20 @@
 // `step_ms` series (each bucket adds mean step_ms x the steps it advances) backwards from the
 // first live record's time, or, when no step has arrived live, from the run's updated_at.
 // Exact where live, an estimate for history; the hover says which.
+//
+// Attempts (PROTOCOL 8.1): every chart draws the line (the latest attempt's record per step).
+// A live record from an attempt newer than the one that closed what the page holds, at or
+// below the last step held, is a rewind: the page drops what it holds from that step on and
+// makes that step its cut (the history below it is refetched from /steps, the rest arrives
+// live), then appends. Each attempt's superseded records are fetched with `&attempt=K` from
+// the first step a later attempt closed, and drawn faint beside the line; each attempt's
+// first step carries a "restart k" marker whose hover says why the previous attempt ended.
 
 import { api, enc } from "./api.js";
+import {
+  causeText, GHOST_ATTEMPTS, heldAttempt, isRewind, medianStepMs, RESTART_COLOR, restartMarkers,
+  supersededRanges,
+} from "./attempts.js";
 import { colorAt } from "./axes.js";
 import { BandChart, STEP_AXIS } from "./bandchart.js";
 import { Buckets } from "./buckets.js";
@@ -133,6 +145,10 @@ export class StepView {
     this.resetBtn.hidden = true;
     this.section.hidden = true;
     this.firstDraw = null;
+    this.heldAttempt = 0; // (8.1) the attempt that closed the last step held
+    this.localRewinds = []; // (8.1) [{attempt, start, next}] seen live, before the header says
+    this.ghostKey = null;
+    this.rewinds = 0;
     if (run !== null) {
       const href = this.hooks.csvHref ? this.hooks.csvHref(run) : `/api/runs/${enc(run)}/steps.csv`;
       this.csv.hidden = !href;
@@ -189,9 +205,12 @@ export class StepView {
         key, name, metric: name, isMetric, host, chart, color: colorAt(isMetric ? metrics.indexOf(name) : 10 + i),
         pick: isMetric ? (r) => (r.metrics ? r.metrics[name] : undefined) : spec.pick,
         base: new Buckets(), all: new Buckets(), zoomed: null, hasData: false, loaded: false,
+        ghosts: [], // (8.1) [{attempt, data: Buckets}]: superseded records, drawn faint
       };
       this.charts.set(key, entry);
       if (this.cutKnown) this._fetchBase(entry);
+      if (this.cutKnown && this.ghostKey !== null) this._fetchGhosts(entry);
+      entry.chart.setMarkers(this._markersFor(entry));
     });
     if (changed) {
       this.order = keys.filter((k) => this.charts.has(k));
@@ -240,6 +259,9 @@ export class StepView {
       this.cut = isNum(hd.steps_done) ? hd.steps_done : null;
       this.cutKnown = true;
       this.gen++;
+      this.heldAttempt = heldAttempt(hd, "step");
+      this.localRewinds = [];
+      this.ghostKey = null;
       // every live point we had is <= the new cut: /steps serves it now
       this.recent = [];
       this.pending = [];
@@ -257,15 +279,141 @@ export class StepView {
       this._ensureCharts();
     }
     this._markNumbers(hd);
+    if (this.cutKnown) this._ghostsChanged();
     this._sub();
   }
 
   /** (8.3) Each metric's chart marks its first non-finite step and first divergence. */
   _markNumbers(hd) {
-    const marks = numberMarkers(hd);
-    for (const e of this.charts.values()) {
-      if (e.isMetric) e.chart.setMarkers(marks.get(e.name) || []);
+    for (const e of this.charts.values()) e.chart.setMarkers(this._markersFor(e));
+  }
+
+  /** A chart's markers: (8.3) a metric's first non-finite step and divergence, and (8.1) the
+   * restart markers of every chart (from the header; a rewind seen live before the header
+   * says it is marked meanwhile). */
+  _markersFor(e) {
+    const hd = this.header;
+    const out = e.isMetric ? [...(numberMarkers(hd).get(e.name) || [])] : [];
+    const restarts = restartMarkers(hd, "step");
+    const named = new Set(restarts.map((m) => m.text));
+    for (const w of this.localRewinds || []) {
+      const text = `restart ${w.next}`;
+      if (named.has(text)) continue;
+      const prev = hd && Array.isArray(hd.attempts) ? hd.attempts.find((a) => a && a.attempt === w.next - 1) : null;
+      restarts.push({ step: w.start, text, color: RESTART_COLOR, hover: causeText(w.next - 1, prev ? prev.cause : null) });
     }
+    return out.concat(restarts);
+  }
+
+  // ------------------------------------------------------------------ attempts (8.1)
+
+  /** The superseded ranges to draw faint: the header's, the rewinds seen live that the
+   * header does not say yet, and those the `superseded` hook knows of (a saved report's
+   * embedded series, whose header may predate them by the second a header may lag); the
+   * lowest start per attempt. */
+  _ghostRanges() {
+    const by = new Map();
+    const known = this.hooks.superseded ? this.hooks.superseded() : [];
+    for (const r of [...supersededRanges(this.header, "step"), ...(this.localRewinds || []), ...known]) {
+      const was = by.get(r.attempt);
+      if (!was || (r.start !== null && (was.start === null || r.start < was.start))) by.set(r.attempt, { attempt: r.attempt, start: r.start });
+    }
+    return [...by.values()].sort((a, b) => a.attempt - b.attempt).slice(-GHOST_ATTEMPTS);
+  }
+
+  /** Refetch every chart's faint series when what is superseded changed. */
+  _ghostsChanged() {
+    const hd = this.header || {};
+    const sup = (Array.isArray(hd.attempts) ? hd.attempts : []).map((a) => a && `${a.superseded_steps}`).join(",");
+    const key = `${this._ghostRanges().map((r) => `${r.attempt}:${r.start}`).join(",")}|${sup}|${this.rewinds}`;
+    if (key === this.ghostKey) return;
+    this.ghostKey = key;
+    for (const e of this.charts.values()) {
+      e.chart.setMarkers(this._markersFor(e));
+      this._fetchGhosts(e);
+    }
+  }
+
+  /** One chart's superseded series (GET /steps?...&attempt=K from the first step a later
+   * attempt closed; within the zoomed range when zoomed, at its full resolution), drawn
+   * faint. An attempt the run no longer lists (404) draws nothing. */
+  async _fetchGhosts(e) {
+    const gen = this.gen;
+    e.ghostGen = (e.ghostGen || 0) + 1;
+    const mine = e.ghostGen;
+    const ranges = this._ghostRanges();
+    if (!ranges.length) {
+      if (e.ghosts.length) {
+        e.ghosts = [];
+        this._redraw(e);
+      }
+      return;
+    }
+    const points = e.chart.plotColumns();
+    const [lo, hi] = this.view || [null, null];
+    const out = await Promise.all(ranges.map(async (r) => {
+      const start = r.start === null ? lo : lo === null ? r.start : Math.max(r.start, lo);
+      if (start !== null && hi !== null && start > hi) return null;
+      try {
+        const d = await this._attemptSeries(e.metric, r.attempt, start, hi, points);
+        return { attempt: r.attempt, data: Buckets.fromApi(Array.isArray(d && d.buckets) ? d.buckets : []) };
+      } catch {
+        return null; // an attempt no longer listed, or a busy web: the line is what matters
+      }
+    }));
+    if (gen !== this.gen || mine !== e.ghostGen || this.charts.get(e.key) !== e) return;
+    e.ghosts = out.filter((g) => g && g.data.n);
+    this._redraw(e);
+  }
+
+  /** Attempt K's own closed records of one series in [start, end] (null: unbounded)
+   * (PROTOCOL 8.1 `/steps?...&attempt=K`), or a saved report's embedded ones (the
+   * `attemptSeries` hook). */
+  _attemptSeries(metric, attempt, start, end, points) {
+    if (this.hooks.attemptSeries) return this.hooks.attemptSeries(metric, attempt, start, end, points);
+    if (this.hooks.series) return Promise.resolve({ buckets: [] }); // a source without attempts
+    const range = `${start === null ? "" : `&start=${start}`}${end === null ? "" : `&end=${end}`}`;
+    return api(`/api/runs/${enc(this.run)}/steps?metric=${enc(metric)}${range}&points=${points}&attempt=${attempt}`);
+  }
+
+  /** The last step the page holds (live, else the connection's cut), or null. */
+  _heldLast() {
+    return this.recent.length ? this.recent[this.recent.length - 1].step : this.cut;
+  }
+
+  /**
+   * (8.1) A newer attempt closed `step`, at or below what the page holds: drop everything
+   * from `step` on. The steps below it are the line still (refetched from /steps up to
+   * step - 1, the new cut); from `step` on the new attempt's records arrive live.
+   */
+  _rewind(step, attempt) {
+    this.rewinds++;
+    this.localRewinds.push({ attempt: this.heldAttempt, start: step, next: attempt });
+    this.cut = step > 0 ? step - 1 : null;
+    this.gen++;
+    this.recent = this.recent.filter((r) => r.step < step);
+    for (const s of [...this.slowest.keys()]) if (s >= step) this.slowest.delete(s);
+    while (this.anchors.n && this.anchors.s[this.anchors.n - 1] >= step) this.anchors.n--;
+    this.lastStep = step > 0 ? step - 1 : null;
+    this.latest = null;
+    for (const e of this.charts.values()) {
+      // what is certainly the line meanwhile: the buckets wholly below `step`
+      const keep = new Buckets(e.all.n + 16);
+      for (let i = 0; i < e.all.n && e.all.s1[i] < step; i++) {
+        keep.push(e.all.s0[i], e.all.s1[i], e.all.mean[i], e.all.lo[i], e.all.hi[i], e.all.rmin[i], e.all.rmax[i], e.all.cnt[i], e.all.bad[i] === 1);
+      }
+      e.all = keep;
+      e.zoomed = null;
+      e.loaded = false;
+      this._fetchBase(e);
+    }
+    if (this.hooks.onRewind) this.hooks.onRewind(step, attempt);
+  }
+
+  /** The median step time (ms) of the line the page holds (the header's cost line, 8.1). */
+  medianStepMs() {
+    const e = this.charts.get("b:step_ms");
+    return e ? medianStepMs(e.all) : null;
   }
 
   /** A live `steps` event. */
@@ -281,7 +429,13 @@ export class StepView {
     this.pending = [];
     if (!recs.length) return;
     let newNames = null;
+    let rewound = false;
     for (const r of recs) {
+      if (isRewind(r.attempt, r.step, this.heldAttempt, this._heldLast())) {
+        this._rewind(r.step, r.attempt);
+        rewound = true;
+      }
+      if (Number.isInteger(r.attempt) && r.attempt > this.heldAttempt) this.heldAttempt = r.attempt;
       if (this.cut !== null && r.step <= this.cut) continue; // never twice
       const prev = this.recent.length ? this.recent[this.recent.length - 1].step : null;
       if (prev !== null && r.step <= prev) continue;
@@ -318,6 +472,7 @@ export class StepView {
     while (this.rate.length > 2 && now - this.rate[0][0] > RATE_WINDOW_MS) this.rate.shift();
     if (this.xMode !== "step") this._rebuildTime();
     for (const e of this.charts.values()) this._redraw(e);
+    if (rewound) this._ghostsChanged();
     this._sub();
     if (this.hooks.onChange) this.hooks.onChange(this);
   }
@@ -343,7 +498,12 @@ export class StepView {
 
   _redraw(e) {
     if (e.host.hidden) return;
-    e.chart.setSeries([{ name: e.name, color: e.color, data: this.view && e.zoomed ? e.zoomed : e.all }]);
+    const line = { name: e.name, color: e.color, data: this.view && e.zoomed ? e.zoomed : e.all };
+    // (8.1) each attempt's superseded records, faint beside the line (the page counts from 1)
+    const ghosts = (e.ghosts || []).map((g) => ({
+      name: `${e.name} · attempt ${g.attempt + 1} (superseded)`, color: e.color, data: g.data, faint: true,
+    }));
+    e.chart.setSeries([line, ...ghosts]);
   }
 
   async _fetchBase(e) {
@@ -386,6 +546,8 @@ export class StepView {
     if (e.key === "b:step_ms") this._rebuildTime();
     if (this.view) this._fetchZoom(e, this.view);
     this._redraw(e);
+    // (8.1) the header's cost line reads the line's median step time
+    if (e.key === "b:step_ms" && this.hooks.onChange) this.hooks.onChange(this);
   }
 
   /** The fetched history plus the live records after the cut. */
@@ -444,6 +606,7 @@ export class StepView {
       e.chart.setView(range);
       if (range) this._fetchZoom(e, range);
       else this._redraw(e);
+      this._fetchGhosts(e); // (8.1) at the view's resolution
     }
     if (this.hooks.onChange) this.hooks.onChange(this);
   }

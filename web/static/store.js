@@ -21,6 +21,7 @@ const HEADER_KEYS = ["run", "status", "world_size", "total_epochs", "label", "ha
 HEADER_KEYS.push("collectives_last"); // 8.5: the answer to the latest hang, kept
 HEADER_KEYS.push("total_steps", "eta_secs"); // 8.5: a step run's end
 HEADER_KEYS.push("nonfinite", "nonfinite_more", "replica_divergence"); // 8.3
+HEADER_KEYS.push("attempt", "attempts"); // 8.1: a restarted job is one run
 
 export class Store {
   constructor() {
@@ -52,6 +53,8 @@ export class Store {
     this.stepRanks = false; // some rank has sent steps
     this.rows = null; // the rank row models last rendered (model.rankRows)
     this.stacks = null; // the last GET /stacks answer ({dumps, groups}); null: none yet
+    this.epochRewinds = []; // (8.1) [{attempt, start, next}]: epochs attempt `next` superseded here
+    this.attempt = null; // (8.1) the header's current attempt, once one said it
   }
 
   /** `fn(...parts)` after every update. */
@@ -87,6 +90,12 @@ export class Store {
     const out = {};
     for (const k of HEADER_KEYS) out[k] = hd[k];
     this.header = out;
+    // (8.1) a new attempt's ranks are those of its processes: an elastic job that came back
+    // smaller leaves no row behind (the ranks array and the hosts name the new ones again)
+    if (Number.isInteger(hd.attempt)) {
+      if (this.attempt !== null && hd.attempt > this.attempt) this.knownRanks = new Set();
+      this.attempt = hd.attempt;
+    }
     this.hostOfRank = new Map();
     for (const host of Array.isArray(hd.hosts) ? hd.hosts : []) {
       for (const r of host.ranks || []) {
@@ -109,6 +118,7 @@ export class Store {
   /** One epoch record (replaces a record of the same epoch). */
   addRecord(rec) {
     if (!rec || !isNum(rec.epoch)) return;
+    this._rewindEpochs(rec);
     const had = this.byEpoch.has(rec.epoch);
     this.byEpoch.set(rec.epoch, rec);
     const recs = this.records;
@@ -127,6 +137,26 @@ export class Store {
     }
     if (this.header && this.header.status === "waiting") this.header.status = "training";
     this.changed("records", "header");
+  }
+
+  /**
+   * (8.1) An epoch record from an attempt newer than a held record at or after its epoch (a
+   * restarted job re-running epochs; also the line a reconnect replays after a rewind): drop
+   * every held record from its epoch on, so the record is then appended. A record without
+   * `attempt` (a broker before 8.1) replaces its epoch's as before; a held one without it
+   * counts as attempt 0.
+   */
+  _rewindEpochs(rec) {
+    if (!Number.isInteger(rec.attempt)) return;
+    const recs = this.records;
+    const att = (r) => (Number.isInteger(r.attempt) ? r.attempt : 0);
+    let i = recs.length;
+    while (i > 0 && recs[i - 1].epoch >= rec.epoch) i--;
+    const dropped = recs.slice(i);
+    if (!dropped.some((r) => att(r) < rec.attempt)) return;
+    this.epochRewinds.push({ attempt: Math.max(...dropped.map(att)), start: rec.epoch, next: rec.attempt });
+    recs.length = i;
+    for (const r of dropped) this.byEpoch.delete(r.epoch);
   }
 
   /**
@@ -181,6 +211,13 @@ export class Store {
       if (isNum(r.step_ms)) stepMs.set(r.rank, r.step_ms);
     }
     if (anyStep) this.stepRanks = true;
+    if (sample && Number.isInteger(this.attempt) && this.attempt > 0) {
+      // (8.1) past a restart a rank is the current attempt's when this live array or the
+      // hosts name it: an answer overtaken by the restart brings no old rank back for good
+      for (const r of [...this.knownRanks]) {
+        if (!this.rankMap.has(r) && !this.hostOfRank.has(r)) this.knownRanks.delete(r);
+      }
+    }
     if (stepMs.size && sample && this.hooks.stepTimes) this.hooks.stepTimes(now, stepMs);
     this.changed("ranks");
   }

@@ -47,6 +47,12 @@ export class Stream {
     const store = this.store;
     apiWithHeaders(`/api/runs/${enc(store.run)}`).then(({ data, headers }) => {
       if (gen !== store.gen || !data) return;
+      if (Number.isInteger(data.attempt) && Number.isInteger(store.attempt) && data.attempt < store.attempt) {
+        // (8.1) an answer from before a restart this page has seen since: its ranks are the
+        // old processes' (the new attempt's come with its `ranks` events)
+        this.ranksLoads += 1;
+        return;
+      }
       const seq = headers.get("X-Rankboard-Ranks-Seq");
       store.applyRanks(data.ranks, false, 0, seq === null ? null : Number(seq));
       this.ranksLoads += 1;
