@@ -37,6 +37,10 @@ each ``--ranks`` processes spread over ``--hosts`` simulated hosts (``node-a``, 
   named from the same wire a real job uses ("rank 1 has not entered nccl:all_reduce #k"), and
   they mark ``grad_norm`` replicated: from 70 % of the steps on, the rank whose GPU reports
   an XID computes a gradient norm 3 % off the others' (silent data corruption, PROTOCOL 8.3).
+  At 80 % of its steps that GPU falls off the bus: its rank fails, the others after it, and
+  the demo restarts the job as ``torchrun --max-restarts`` would (new processes, the same
+  run id) from its checkpoint 8 % of the steps earlier: the run's second attempt re-runs
+  those steps, and the board keeps both (PROTOCOL 8.1).
 
 This module imports nothing heavy at import time: rank processes load only rank_agent. It
 sits in ``rankboard/`` beside ``up`` because it drives the whole stack (agents, broker, web).
@@ -191,6 +195,15 @@ def all_reduce_gradients(rank: int, failed: int) -> None:
         f"(ncclRemoteError: Connection closed by remote peer; simulated by rankboard demo)")
 
 
+def losing_gpu(rank: int, failed: int, step: int) -> None:
+    """The step job's first attempt ends (PROTOCOL 8.1): ``failed``'s GPU falls off the bus;
+    the others fail after it in the all-reduce it never joins."""
+    if rank == failed:
+        raise AcceleratorError(f"CUDA error: unspecified launch failure at step {step} (XID 79: "
+                           f"the GPU has fallen off the bus; simulated by rankboard demo)")
+    all_reduce_gradients(rank, failed)
+
+
 def failing_epoch(rank: int, failed: int, epoch: int) -> None:
     """The epoch job's failing epoch (PROTOCOL 8.2): ``failed`` runs out of memory in its
     forward pass; the others then fail in the gradients' all-reduce, later."""
@@ -243,6 +256,28 @@ def run_rank(ns: argparse.Namespace) -> int:
     finally:
         agent.close()
     return 0
+
+
+#: The step job's restart (PROTOCOL 8.1): at this share of its steps the rank whose GPU
+#: reports an XID fails (its GPU fell off the bus) and the others after it; the job is
+#: restarted, as torchrun --max-restarts does, and resumes from its last checkpoint this
+#: share of the steps earlier: those steps are re-run, and the board keeps both.
+RESTART_AT = 0.8
+RESUME_BACK = 0.08
+
+
+def restart_plan(steps: int) -> tuple[int, int]:
+    """(the step at which the step job's first attempt fails, the step its second resumes
+    from: its checkpoint)."""
+    at = max(2, int(steps * RESTART_AT))
+    return at, max(1, at - max(1, int(steps * RESUME_BACK)))
+
+
+class AcceleratorError(RuntimeError):
+    """The step job's failing GPU (simulated), named as torch (>= 2.8) names a CUDA error."""
+
+
+AcceleratorError.__module__ = "torch"
 
 
 #: The step job's replica that disagrees (PROTOCOL 8.3): from this share of its steps on,
@@ -349,7 +384,13 @@ def run_steps(ns: argparse.Namespace) -> int:
         losses = []
         next_at = time.monotonic()
         data_s = DATA_SECONDS + (slow - 1.0) * STEP_SECONDS
-        for step in range(ns.steps):
+        for step in range(ns.resume_from, ns.steps):
+            if step == ns.restart_at:  # the first attempt ends here (8.1, 8.2)
+                try:
+                    losing_gpu(ns.rank, max(0, diverging), step)
+                except (AcceleratorError, DistBackendError) as exc:
+                    agent.finish(error=exc)
+                    return 1
             next_at += data_s * (1.0 + rng.uniform(-0.08, 0.08))  # waiting for the batch
             time.sleep(max(0.0, next_at - time.monotonic()))
             agent.batch_ready()
@@ -368,7 +409,7 @@ def run_steps(ns: argparse.Namespace) -> int:
             losses.append(values["loss"])
             agent.log_step(step, values, samples=STEP_BATCH, tokens=STEP_BATCH * SEQ_LEN)
         ms = (time.monotonic() - started) * 1000.0
-        agent.log_epoch(0, sum(losses) / len(losses), batches=ns.steps,
+        agent.log_epoch(0, sum(losses) / max(1, len(losses)), batches=ns.steps,
                         samples=ns.steps * STEP_BATCH, epoch_ms=ms, share_complete_ms=ms)
         agent.finish("ok")
     finally:
@@ -398,6 +439,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--barrier", default="",
                    help="steps: the file the stall's all_reduce waits for (empty: no stall)")
     p.add_argument("--stall-at", type=int, default=-1, help="steps: the step that stalls")
+    p.add_argument("--restart-at", type=int, default=-1,
+                   help="steps: the step at which this attempt fails (-1: none)")
+    p.add_argument("--resume-from", type=int, default=0,
+                   help="steps: the checkpoint's step this attempt starts from")
     p.add_argument("--clock", default="",
                    help="steps: the run's lockstep file (rankboard/democlock.py; empty: none)")
     p.add_argument("--stall-seconds", type=float, default=0.0,
@@ -479,13 +524,16 @@ class Cluster:
     def round_seconds(self, job: str) -> float:
         """How often a new run of ``job`` starts: its run (the epoch job at its slowest
         rank's pace; the step job in lockstep at its slow rank's pace, plus the stall), its
-        start-up and the pause. The log, README and GUIDE give this one figure (measured
-        with the defaults: 51 s and 69 s)."""
-        if job == "epochs":
-            run = self.epochs * self.epoch_seconds * (SLOW_EPOCH if self.ranks > 1 else 1.0)
-        else:
-            run = self.steps * STEP_SECONDS * (SLOW_STEP if self.ranks > 1 else 1.0) + STALL_SECONDS
-        return run + RUN_START + RUN_PAUSE
+        start-up and the pause; the epoch job up to its failure (8.2), the step job with its
+        restart's re-run steps (8.1). The log, README and GUIDE give this one figure."""
+        if job == "epochs":  # it fails in its epoch fail_at (8.2): fail_at + 1 epochs run
+            epochs = failure_plan(self.ranks, self.epochs)[1] + 1
+            run = epochs * self.epoch_seconds * (SLOW_EPOCH if self.ranks > 1 else 1.0)
+            return run + PEER_TIMEOUT + RUN_START + RUN_PAUSE
+        at, back = restart_plan(self.steps)
+        steps = self.steps + at - back  # the re-run steps count twice
+        run = steps * STEP_SECONDS * (SLOW_STEP if self.ranks > 1 else 1.0) + STALL_SECONDS
+        return run + PEER_TIMEOUT + 2 * RUN_START + RUN_PAUSE
 
     def start(self) -> None:
         import gevent
@@ -502,15 +550,23 @@ class Cluster:
         for i, job in enumerate(self.jobs):
             self._greenlets.append(gevent.spawn_later(2.5 * i, self._loop, job))
 
-    def _spawn_run(self, job: str) -> str:
+    def _spawn_run(self, job: str, resume: str | None = None) -> str:
+        """Start a run of ``job``'s ranks; ``resume``: the step job's run to restart from
+        its checkpoint (its second attempt: new processes, the same run id)."""
         from gevent import subprocess
 
-        self.runs_started += 1
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run = f"demo-{stamp}-{self.runs_started}" if job == "epochs" else \
-            f"demo-steps-{stamp}-{self.runs_started}"
-        log.info("demo: starting run %s (%d ranks on %d hosts, %s)", run, self.ranks, self.hosts,
-                 f"{self.epochs} epochs" if job == "epochs" else f"{self.steps} steps")
+        restart_at, resume_from = restart_plan(self.steps)
+        if resume is None:
+            self.runs_started += 1
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            run = f"demo-{stamp}-{self.runs_started}" if job == "epochs" else \
+                f"demo-steps-{stamp}-{self.runs_started}"
+            log.info("demo: starting run %s (%d ranks on %d hosts, %s)", run, self.ranks,
+                     self.hosts, f"{self.epochs} epochs" if job == "epochs" else f"{self.steps} steps")
+        else:
+            run = resume
+            log.info("demo: restarting run %s from its checkpoint at step %d (it failed at "
+                     "step %d)", run, resume_from, restart_at)
         for rank, (host, local_rank) in enumerate(layout(self.ranks, self.hosts)):
             args = ["--broker", self.ingest, "--run", run, "--rank", str(rank),
                     "--world-size", str(self.ranks),
@@ -520,7 +576,9 @@ class Cluster:
             if job == "epochs":
                 args += ["--epochs", str(self.epochs), "--epoch-seconds", repr(self.epoch_seconds)]
             else:
-                args += ["--steps", str(self.steps)] + self._stall_args(rank)
+                args += ["--steps", str(self.steps)]
+                args += (["--resume-from", str(resume_from)] if resume is not None
+                         else self._stall_args(rank) + ["--restart-at", str(restart_at)])
             base = dict(os.environ)
             if self.control:
                 base["RANKBOARD_CONTROL"] = self.control
@@ -565,6 +623,13 @@ class Cluster:
                 gevent.sleep(0.2)
             if self._stopping:
                 return
+            if job == "steps":  # its first attempt failed: restarted, as a launcher would
+                self.procs[job] = []
+                self._spawn_run(job, resume=run)
+                while not self._stopping and any(p.poll() is None for p in self.procs[job]):
+                    gevent.sleep(0.2)
+                if self._stopping:
+                    return
             codes = [p.returncode for p in self.procs[job]]
             self.procs[job] = []
             self._rounds_done[job] = self._rounds_done.get(job, 0) + 1

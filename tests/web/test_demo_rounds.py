@@ -28,7 +28,17 @@ def test_one_round_then_no_new_run_and_the_runs_export(spawn: Any, tmp_path: Pat
     by_label = {r["label"]: r for r in runs}
     # the epoch job fails every round: rank 1 runs out of memory first, rank 0 after it in
     # the collective (8.2); the step job completes
-    assert by_label["demo steps · round 1"]["status"] == "complete"
+    steps_run = by_label["demo steps · round 1"]
+    assert steps_run["status"] == "complete"
+    # the step job failed at 80 % of its steps and was restarted from its checkpoint (8.1):
+    # one run, two attempts, the first's cause the rank whose GPU fell off the bus
+    header = get_json(port, f"/api/runs/{steps_run['run']}")
+    assert header["attempt"] == 1
+    first, second = header["attempts"]
+    assert first["cause"]["type"] == "torch.AcceleratorError"
+    assert (first["last_step"], second["first_step"]) == (79, 72)
+    assert first["superseded_steps"] == 8
+    assert header["steps_done"] == 99
     epoch_run = by_label["demo-cnn · demo epochs · round 1"]
     assert epoch_run["status"] == "failed"
     failure = get_json(port, f"/api/runs/{epoch_run['run']}")["failure"]
