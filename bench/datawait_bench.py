@@ -42,7 +42,7 @@ METRICS = steps_bench.METRICS
 _CHILD = r"""
 import sys, time, json
 sys.path.insert(0, sys.argv[1])
-from broker.steps.closer import RunSteps
+from broker.run.steps.closer import RunSteps
 from rank_agent import protocol
 rounds, data = int(sys.argv[2]), sys.argv[3] == "1"
 enc, dec = protocol.encoder.encode, protocol.decode
@@ -119,7 +119,7 @@ def close_rate_with_data(n: int) -> dict[str, Any]:
 
 def stragglers_1024(rounds: int) -> float:
     """Median ms of the header's data-wait figures for 1,024 ranks (see the docstring)."""
-    from broker.sink import RunSink
+    from broker.run.sink import RunSink
 
     sink = RunSink(RUN, step_close_after=1e9)
     enc, dec = protocol.encoder.encode, protocol.decode

@@ -216,14 +216,14 @@ def test_an_upward_import_is_a_violation(tmp_path: Path, importer: str,
 # ------------------------------------------------------- the broker's family folders
 #: the broker's families (issue 27): each a folder, reached from the rest of the broker
 #: through the modules named here, and never the other way round
-FAMILIES = ("broker.journal", "broker.steps", "broker.stacks")
+FAMILIES = ("broker.journal", "broker.run.steps", "broker.stacks")
 #: what the web may import from the broker: the feed codec and the pure shared stores (and
 #: the step-run ETA over a store, which the web recomputes as it does steps_done: 8.5; and
 #: the one-request-a-run-a-second rule both apply, issue 44)
-WEB_MAY_IMPORT = {"broker.feed", "broker.steps.store", "broker.steps.encodings",
-                  "broker.stacks.groups", "broker.stacks.store", "broker.steps.eta",
+WEB_MAY_IMPORT = {"broker.feed", "broker.run.steps.store", "broker.run.steps.encodings",
+                  "broker.stacks.groups", "broker.stacks.store", "broker.run.steps.eta",
                   "broker.stacks.gate",
-                  "broker.steps.line"}  # (8.1: the line and superseded records)
+                  "broker.run.steps.line"}  # (8.1: the line and superseded records)
 
 
 def test_the_broker_families_are_folders_not_prefixes() -> None:
@@ -238,9 +238,9 @@ def test_steps_and_stacks_never_import_the_journal_or_the_sink() -> None:
     """The journal stores what the sink was fed; steps and stacks are below both."""
     graph = import_graph(ROOT, LAYERS)
     bad = [f"{m} imports {t}" for m, targets in sorted(graph.items())
-           if m.startswith(("broker.steps", "broker.stacks"))
+           if m.startswith(("broker.run.steps", "broker.stacks"))
            for t in sorted(targets)
-           if t.startswith("broker.journal") or t in ("broker.sink", "broker.runs",
+           if t.startswith("broker.journal") or t in ("broker.run.sink", "broker.runs",
                                                        "broker.server")]
     assert bad == []
 

@@ -1,12 +1,12 @@
 """A run's stack dumps on their way to the feed: kept, coalesced into ``stacks`` events.
 
-Split from :class:`broker.sink.RunSink`, which owns the rank states and the alerts: this
+Split from :class:`broker.run.sink.RunSink`, which owns the rank states and the alerts: this
 module holds what the sink does with a ``stacks`` frame (section 2.5) besides marking the
 rank ``stalled``: keep the dump in the run's :class:`~broker.stacks.store.RunStacks`, note it
 as pending, and emit at most one ``stacks`` event per :data:`STACKS_INTERVAL` (the rest wait
 for the sink's tick); and the ``stalled`` alert's text (:func:`stall_message`). The same
 events carry the run's ``collectives`` frames and its collective verdict (section 7.2;
-:mod:`broker.stacks.collectives`, the rules in :mod:`broker.collectiverules`). Pure: no
+:mod:`broker.stacks.collectives`, the rules in :mod:`broker.run.collectiverules`). Pure: no
 clock, no I/O.
 """
 from __future__ import annotations

@@ -4,23 +4,23 @@
 Kept apart from the sink because it is the closing *bookkeeping* alone: which ranks
 reported which open epoch, and how many of those reporters are still active, so that the
 close test is one comparison per frame. What a close produces (the record) is
-:mod:`broker.aggregate`'s; when it goes out (events, header order) is the sink's.
+:mod:`broker.run.aggregate`'s; when it goes out (events, header order) is the sink's.
 """
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
-from broker import aggregate
-from broker.aggregate import EpochReports
-from broker.events import Rejected
+from broker.run import aggregate
+from broker.run.aggregate import EpochReports
+from broker.run.events import Rejected
 from rank_agent.protocol import Metrics
 
 if TYPE_CHECKING:
-    from broker.attempts import Attempts
-    from broker.rankstate import RankSamples, RankState
-    from broker.steps.line import EpochLine
-    from broker.topology import Topology
+    from broker.run.attempts import Attempts
+    from broker.run.rankstate import RankSamples, RankState
+    from broker.run.steps.line import EpochLine
+    from broker.run.topology import Topology
     from rank_agent.protocol import ResourceSample
 
 __all__ = ["PendingEpochs", "EpochRules", "MAX_OPEN_EPOCHS"]
@@ -106,7 +106,7 @@ class PendingEpochs:
 
 
 class EpochRules:
-    """The sink's epoch rules (PROTOCOL.md 2.3), mixed into :class:`broker.sink.RunSink`:
+    """The sink's epoch rules (PROTOCOL.md 2.3), mixed into :class:`broker.run.sink.RunSink`:
     a ``metrics`` frame's report, when the open epochs close, and the order of what a close
     emits. Apart from the rest of the sink because it is the one per-epoch path, read on
     its own; the state it uses is the sink's (declared below for the type checker)."""

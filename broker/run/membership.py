@@ -1,5 +1,5 @@
 """Which ranks are in a run (PROTOCOL.md 2, 2.1, 3): the sink's membership rules, mixed
-into :class:`broker.sink.RunSink`.
+into :class:`broker.run.sink.RunSink`.
 
 A ``register`` places a rank and latches the run-wide settings it carries (world size,
 port, total epochs, the first label); a ``finish`` ends a rank (an error raises
@@ -12,27 +12,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from broker.failure import alert_message, error_at
+from broker.run.failure import alert_message, error_at
 from rank_agent.protocol import Finish, Register
 
 if TYPE_CHECKING:
-    from broker.alerts import RunAlerts
-    from broker.attempts import Attempts
-    from broker.epochs import PendingEpochs
-    from broker.failure import ErrorStore, FailureIndex
-    from broker.gpualerts import GpuAlertRules
-    from broker.rankstate import RankSamples, RankState
+    from broker.run.alerts import RunAlerts
+    from broker.run.attempts import Attempts
+    from broker.run.epochs import PendingEpochs
+    from broker.run.failure import ErrorStore, FailureIndex
+    from broker.run.gpualerts import GpuAlertRules
+    from broker.run.rankstate import RankSamples, RankState
+    from broker.run.steps.closer import RunSteps, StepCloser
+    from broker.run.steps.store import StepStore
+    from broker.run.topology import HardwareString, Topology
     from broker.stacks.store import RunStacks
-    from broker.steps.closer import RunSteps, StepCloser
-    from broker.steps.store import StepStore
-    from broker.topology import HardwareString, Topology
     from rank_agent.ratelimit import RateLimitedLog
 
 __all__ = ["MembershipRules"]
 
 
 class MembershipRules:
-    """Register, finish and the world size's cut, for :class:`broker.sink.RunSink`."""
+    """Register, finish and the world size's cut, for :class:`broker.run.sink.RunSink`."""
 
     if TYPE_CHECKING:
         run: str

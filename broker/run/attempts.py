@@ -16,23 +16,23 @@ process of a rank from the same one registering again by it, and starts a new **
   crash loop must not churn the run's state at the rate of its registers.
 
 :class:`Attempts` is the bookkeeping (the current attempt's processes, the header's
-``attempts`` list, bounded); :class:`AttemptRules`, mixed into :class:`broker.sink.RunSink`,
+``attempts`` list, bounded); :class:`AttemptRules`, mixed into :class:`broker.run.sink.RunSink`,
 decides on a frame before anything changes (a rejection stays side-effect free) and, when an
 attempt starts, ends the previous one: its pending steps close as at a run end, its
 incomplete epochs are dropped, and what belongs to processes starts afresh. Rewinds (a new
-attempt closing steps an older one closed) are :mod:`broker.steps.line`'s.
+attempt closing steps an older one closed) are :mod:`broker.run.steps.line`'s.
 """
 from __future__ import annotations
 
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Set
 
-from broker.events import Rejected
-from broker.failure import cause, failure
+from broker.run.events import Rejected
+from broker.run.failure import cause, failure
 from rank_agent.protocol import Register
 
 if TYPE_CHECKING:
-    from broker.steps.closer import RunSteps
+    from broker.run.steps.closer import RunSteps
 
 __all__ = ["Attempts", "AttemptRules", "MAX_ATTEMPTS_PER_MINUTE", "MAX_LISTED_ATTEMPTS",
            "restart_message"]
@@ -149,7 +149,7 @@ class Attempts:
 
 
 class AttemptRules:
-    """The sink's attempt rules, mixed into :class:`broker.sink.RunSink` (module docstring);
+    """The sink's attempt rules, mixed into :class:`broker.run.sink.RunSink` (module docstring);
     the state it uses is the sink's (declared below for the type checker)."""
 
     if TYPE_CHECKING:

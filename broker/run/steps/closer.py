@@ -16,7 +16,7 @@ no clock and does no I/O, so every rule is a unit test with a fake ``now``:
 * **late points**: a point for a step at or below the last closed one is dropped and counted
   (:attr:`StepCloser.late`); the rest of its frame still applies.
 
-How a batch is reduced (columnar, issue 17) lives in :mod:`broker.steps.columns`; this module
+How a batch is reduced (columnar, issue 17) lives in :mod:`broker.run.steps.columns`; this module
 decides *when* steps close and keeps the per-rank figures.
 
 * **A frame** costs O(1) Python calls: it is appended, by reference, to the run's pending
@@ -40,11 +40,11 @@ from typing import Any, Deque, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from broker.events import Rejected
-from broker.steps.columns import ClosedSteps, Columns, FrameBuffer, close_columns, slice_frame
-from broker.steps.line import StepLine
-from broker.steps.numbers import RunNumbers
-from broker.steps.store import StepStore
+from broker.run.events import Rejected
+from broker.run.steps.columns import ClosedSteps, Columns, FrameBuffer, close_columns, slice_frame
+from broker.run.steps.line import StepLine
+from broker.run.steps.numbers import RunNumbers
+from broker.run.steps.store import StepStore
 from rank_agent.protocol import Steps
 
 __all__ = ["RunSteps", "MAX_RUN_STEP_METRICS", "StepCloser", "RankSteps", "STEP_MS_WINDOW",
@@ -425,7 +425,7 @@ class StepCloser:
 class RunSteps:
     """One run's steps from frames to storage: the :class:`StepCloser`, the closed batches
     waiting for the next ``steps`` event (at most one per ``interval`` seconds), and the
-    :class:`~broker.steps.store.StepStore` of the published ones.
+    :class:`~broker.run.steps.store.StepStore` of the published ones.
 
     Only published steps enter :attr:`store`, so a snapshot never holds a step an event
     will bring again. Emitting the event is the sink's business: :meth:`take` hands over
@@ -526,7 +526,7 @@ class RunSteps:
         to build, MessagePack-encode here and decode in every web, where most runs have no
         SSE subscriber to show them to. The block is a few ``tobytes`` per series; a web
         appends it with :meth:`StepStore.extend_wire` and builds records only for its
-        subscribers (:func:`broker.steps.store.wire_records` gives them to whoever else
+        subscribers (:func:`broker.run.steps.store.wire_records` gives them to whoever else
         needs them)."""
         out, self._out = self._out, []
         store = self.store

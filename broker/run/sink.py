@@ -12,7 +12,7 @@ Rules worth knowing before reading the code:
 * Run-wide settings latch on first arrival (world_size, port, total_epochs, the first
   non-empty svg) or are last-write (metadata); per-rank state is last-write.
 * An epoch closes when every unfinished rank in range reported it, or when a later epoch
-  closes; the record itself comes from :mod:`broker.aggregate`.
+  closes; the record itself comes from :mod:`broker.run.aggregate`.
 * ``apply`` never emits ``ranks`` (the array is large and changes with every frame): it
   marks it dirty and :meth:`RunSink.tick` emits it at most once per ``ranks_interval``.
 * Header changes that frames can repeat are coalesced the same way: ``tick`` emits the
@@ -34,14 +34,14 @@ as registers arrive, cached per host, and re-sorted only when the host order can
 Event data shares structure with the sink's caches and earlier events: it is read-only.
 
 The sink is the rules and the event policy; the state it keeps is in the modules below it:
-:mod:`broker.membership` (register, finish, the world size: mixed in here),
-:mod:`broker.events` (Event, Rejected), :mod:`broker.rankstate` (per-rank state, samples,
-the ``ranks`` array), :mod:`broker.epochs` (open epochs, and the epoch rules mixed in here),
-:mod:`broker.steps.closer` (the step pipeline) and :mod:`broker.steps.rules` (the step rules
-mixed in here), :mod:`broker.alerts`, :mod:`broker.topology` (placement, hardware string),
-:mod:`broker.metadata`, :mod:`broker.collectivelast` (the header's ``collectives_last``),
-:mod:`broker.attempts` (8.1: the attempt rule, mixed in here; what a new attempt starts
-afresh is :meth:`RunSink._reset_processes`) and :mod:`broker.steps.line` (the line of closed
+:mod:`broker.run.membership` (register, finish, the world size: mixed in here),
+:mod:`broker.run.events` (Event, Rejected), :mod:`broker.run.rankstate` (per-rank state, samples,
+the ``ranks`` array), :mod:`broker.run.epochs` (open epochs, and the epoch rules mixed in here),
+:mod:`broker.run.steps.closer` (the step pipeline) and :mod:`broker.run.steps.rules` (the step rules
+mixed in here), :mod:`broker.run.alerts`, :mod:`broker.run.topology` (placement, hardware string),
+:mod:`broker.run.metadata`, :mod:`broker.run.collectivelast` (the header's ``collectives_last``),
+:mod:`broker.run.attempts` (8.1: the attempt rule, mixed in here; what a new attempt starts
+afresh is :meth:`RunSink._reset_processes`) and :mod:`broker.run.steps.line` (the line of closed
 steps and the superseded records).
 """
 from __future__ import annotations
@@ -53,26 +53,26 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import msgspec
 
-from broker.alerts import OnAlert, RunAlerts
-from broker.attempts import AttemptRules, Attempts
-from broker.collectivelast import LastVerdict
-from broker.collectiverules import CollectiveRules
-from broker.epochs import EpochRules, PendingEpochs
-from broker.events import Event, Rejected
-from broker.failure import ErrorStore, FailureIndex
-from broker.gpualerts import GpuAlertRules, Sampled
-from broker.membership import MembershipRules
-from broker.metadata import parse_metadata
-from broker.rankstate import RankSamples, RankState, ranks_array
+from broker.run.alerts import OnAlert, RunAlerts
+from broker.run.attempts import AttemptRules, Attempts
+from broker.run.collectivelast import LastVerdict
+from broker.run.collectiverules import CollectiveRules
+from broker.run.epochs import EpochRules, PendingEpochs
+from broker.run.events import Event, Rejected
+from broker.run.failure import ErrorStore, FailureIndex
+from broker.run.gpualerts import GpuAlertRules, Sampled
+from broker.run.membership import MembershipRules
+from broker.run.metadata import parse_metadata
+from broker.run.rankstate import RankSamples, RankState, ranks_array
+from broker.run.steps.closer import RunSteps
+from broker.run.steps.datawait import DataWait
+from broker.run.steps.eta import step_eta
+from broker.run.steps.line import EpochLine
+from broker.run.steps.rules import StepRules
+from broker.run.steps.store import StepStore
+from broker.run.topology import HardwareString, Topology
 from broker.stacks.feed import StackFeed, stall_message
 from broker.stacks.store import RunStacks
-from broker.steps.closer import RunSteps
-from broker.steps.datawait import DataWait
-from broker.steps.eta import step_eta
-from broker.steps.line import EpochLine
-from broker.steps.rules import StepRules
-from broker.steps.store import StepStore
-from broker.topology import HardwareString, Topology
 from rank_agent.protocol import (
     Collectives,
     Finish,
@@ -196,8 +196,8 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
         self._failures = FailureIndex()
         self._failure: Dict[str, Any] | None = None
         self._failure_dirty = False
-        #: The run's attempts (8.1, broker/attempts.py), the line of closed steps and the
-        #: superseded epoch records (broker/steps/line.py)
+        #: The run's attempts (8.1, broker/run/attempts.py), the line of closed steps and the
+        #: superseded epoch records (broker/run/steps/line.py)
         self.attempts = Attempts()
         self.line = self._steps.line
         self.epoch_line = EpochLine()
@@ -286,7 +286,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
                 self._on_svg(frame)  # type: ignore[arg-type]
             elif tp is Stacks:
                 self._on_stacks(frame, st, now)  # type: ignore[arg-type]
-            elif tp is Collectives:  # (broker/collectiverules.py)
+            elif tp is Collectives:  # (broker/run/collectiverules.py)
                 self._on_collectives(frame, st, now)  # type: ignore[arg-type]
             elif tp is Metadata and frame.json != self._metadata_raw:  # type: ignore[union-attr]
                 if parsed != self._metadata:
@@ -384,7 +384,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
             self._header_pending = True  # (8.2: e.g. the last live rank went stale)
         if (self._stack_feed.pending or self._stack_feed.collectives.latest
                 or self._stack_feed.collectives.has_gone):
-            self._stacks_due(now)  # (with the collective verdict: broker/collectiverules.py)
+            self._stacks_due(now)  # (with the collective verdict: broker/run/collectiverules.py)
         header_due = self._header_changed or (self._header_pending and (
             self._header_sent_at is None or now - self._header_sent_at >= self.ranks_interval
         ))
@@ -455,7 +455,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
 
     @property
     def failure(self) -> Dict[str, Any] | None:
-        """The header's ``failure`` (8.2, :func:`broker.failure.failure`), recomputed only
+        """The header's ``failure`` (8.2, :func:`broker.run.failure.failure`), recomputed only
         after a rank's status changed. Read-only, like all event data."""
         if self._failure_dirty:
             self._refresh_failure()
@@ -498,7 +498,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
 
     def _attempts_header(self) -> Dict[str, Any]:
         """The header's ``attempt`` and ``attempts`` (8.1); the entries' figures are the
-        line's (broker/steps/line.py) as of now."""
+        line's (broker/run/steps/line.py) as of now."""
         att = self.attempts
         cur = att.now
         if cur["world_size"] is None:
@@ -697,7 +697,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
 
     def _raise(self, kind: str, rank: int | None, message: str, now: float,
                notify: bool = True) -> None:
-        """Raise (or re-raise) an alert (:class:`~broker.alerts.RunAlerts`), told to the
+        """Raise (or re-raise) an alert (:class:`~broker.run.alerts.RunAlerts`), told to the
         webhooks while ``live``. The header change is coalesced: 65,536 ranks finishing
         with an error must not be 65,536 headers of a growing alert list (quadratic
         bytes); tick() emits it within ranks_interval."""

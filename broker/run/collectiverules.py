@@ -1,5 +1,5 @@
 """The sink's rules for ``collectives`` frames (PROTOCOL.md section 7.2), mixed into
-:class:`broker.sink.RunSink` as :class:`broker.epochs.EpochRules` is.
+:class:`broker.run.sink.RunSink` as :class:`broker.run.epochs.EpochRules` is.
 
 What a frame does: it is kept (:class:`broker.stacks.collectives.RunCollectives`, held by the
 run's :class:`broker.stacks.feed.StackFeed`), it makes its rank's latest frame **current**
@@ -14,7 +14,7 @@ Why currency lives in ``RankState`` rather than here: the ``steps`` path is the 
 hottest, and clearing a slot it already writes (``st.stalled = st.collective = False``) costs
 one store, where asking this module would cost a call per frame.
 
-Each verdict formed is offered to the run's :class:`broker.collectivelast.LastVerdict`, the
+Each verdict formed is offered to the run's :class:`broker.run.collectivelast.LastVerdict`, the
 header's ``collectives_last`` (8.5), which keeps the answer to a hang after its frames stop
 being current.
 """
@@ -23,13 +23,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Dict
 
-from broker.collectivelast import LastVerdict
+from broker.run.collectivelast import LastVerdict
 from broker.stacks.collectives import collective_verdict, verdict_alerts
 from rank_agent.protocol import Collectives
 from rank_agent.ratelimit import RateLimitedLog
 
 if TYPE_CHECKING:
-    from broker.rankstate import RankState
+    from broker.run.rankstate import RankState
     from broker.stacks.feed import StackFeed
 
 __all__ = ["CollectiveRules"]
@@ -39,7 +39,7 @@ _rlog = RateLimitedLog(log)
 
 
 class CollectiveRules:
-    """Mixed into :class:`broker.sink.RunSink`: uses its ``_stack_feed``, ``_ranks``,
+    """Mixed into :class:`broker.run.sink.RunSink`: uses its ``_stack_feed``, ``_ranks``,
     ``world_size`` and ``_raise``."""
 
     if TYPE_CHECKING:

@@ -1,8 +1,8 @@
-"""The sink's step rules (PROTOCOL.md 2.4), mixed into :class:`broker.sink.RunSink`: when
+"""The sink's step rules (PROTOCOL.md 2.4), mixed into :class:`broker.run.sink.RunSink`: when
 closed steps become ``steps`` events, what a published or restored step changes in the run
 (its status, a non-finite loss alert), and the steps' counters the journal reads.
 
-Apart from :mod:`broker.steps.closer` (which decides *when* a step closes, knowing nothing of
+Apart from :mod:`broker.run.steps.closer` (which decides *when* a step closes, knowing nothing of
 events) and from the sink's frame dispatch: this is where a closed step meets the run. The
 state it uses is the sink's (declared below for the type checker).
 """
@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List
 
-from broker.steps.datawait import DataWait, data_share
+from broker.run.steps.datawait import DataWait, data_share
 
 if TYPE_CHECKING:
-    from broker.alerts import RunAlerts
-    from broker.events import Event
-    from broker.steps.closer import RunSteps, StepCloser
-    from broker.steps.store import StepStore
-    from broker.topology import Topology
+    from broker.run.alerts import RunAlerts
+    from broker.run.events import Event
+    from broker.run.steps.closer import RunSteps, StepCloser
+    from broker.run.steps.store import StepStore
+    from broker.run.topology import Topology
 
 __all__ = ["StepRules", "DATA_WAIT_INTERVAL"]
 
@@ -26,7 +26,7 @@ DATA_WAIT_INTERVAL = 1.0
 
 
 class StepRules:
-    """Step publication and restoration for :class:`broker.sink.RunSink`."""
+    """Step publication and restoration for :class:`broker.run.sink.RunSink`."""
 
     if TYPE_CHECKING:
         world_size: int | None
@@ -151,7 +151,7 @@ class StepRules:
     def _publish_steps(self, now: float, final: bool = False) -> None:
         """One ``steps`` event with every step closed since the last one (at most one per
         STEPS_INTERVAL, or at once when the run ends). Its data is the store's wire block
-        of those rows (:meth:`RunSteps.take`; records: :func:`broker.steps.store.wire_records`)."""
+        of those rows (:meth:`RunSteps.take`; records: :func:`broker.run.steps.store.wire_records`)."""
         before = self.steps.rows
         self._emit("steps", self._steps.take(now))
         if self.status == "waiting":
@@ -180,7 +180,7 @@ class StepRules:
             self._header_pending = True
 
     def _update_data_wait(self, now: float, force: bool = False, quiet: bool = False) -> None:
-        """The header's ``data_share`` and ``data_stragglers`` (7.1, :mod:`broker.steps.
+        """The header's ``data_share`` and ``data_stragglers`` (7.1, :mod:`broker.run.steps.
         datawait`), at most once per DATA_WAIT_INTERVAL; a rank entering the list raises
         ``data_straggler`` (unless ``quiet``: after a restart, whose alerts come back from
         the journal as they were); the header goes out (coalesced) when the figures moved."""
