@@ -34,15 +34,19 @@ as registers arrive, cached per host, and re-sorted only when the host order can
 Event data shares structure with the sink's caches and earlier events: it is read-only.
 
 The sink is the rules and the event policy; the state it keeps is in the modules below it:
-:mod:`broker.run.membership` (register, finish, the world size: mixed in here),
 :mod:`broker.run.events` (Event, Rejected), :mod:`broker.run.rankstate` (per-rank state, samples,
 the ``ranks`` array), :mod:`broker.run.epochs` (open epochs, and the epoch rules mixed in here),
 :mod:`broker.run.steps.closer` (the step pipeline) and :mod:`broker.run.steps.rules` (the step rules
 mixed in here), :mod:`broker.run.alerts`, :mod:`broker.run.topology` (placement, hardware string),
 :mod:`broker.run.metadata`, :mod:`broker.run.collectivelast` (the header's ``collectives_last``),
-:mod:`broker.run.attempts` (8.1: the attempt rule, mixed in here; what a new attempt starts
+:mod:`broker.run.attempts` (8.1: the attempts; the attempt rule is here, what a new attempt starts
 afresh is :meth:`RunSink._reset_processes`) and :mod:`broker.run.steps.line` (the line of closed
 steps and the superseded records).
+
+Why one file past 800 lines: it is one idea, the run's state machine. Membership (register,
+finish, the world size's cut) and the attempt rule are methods here, not mixins, because
+their state *is* the sink's (25 of its fields); what owns state of its own (epochs, steps,
+the stack feed and its verdict, alerts, topology) is an object held here.
 """
 from __future__ import annotations
 
@@ -54,14 +58,12 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import msgspec
 
 from broker.run.alerts import OnAlert, RunAlerts
-from broker.run.attempts import AttemptRules, Attempts
+from broker.run.attempts import Attempts, restart_message
 from broker.run.collectivelast import LastVerdict
-from broker.run.collectiverules import CollectiveRules
 from broker.run.epochs import EpochRules, PendingEpochs
 from broker.run.events import Event, Rejected
-from broker.run.failure import ErrorStore, FailureIndex
+from broker.run.failure import ErrorStore, FailureIndex, alert_message, cause, error_at, failure
 from broker.run.gpualerts import GpuAlertRules, Sampled
-from broker.run.membership import MembershipRules
 from broker.run.metadata import parse_metadata
 from broker.run.rankstate import RankSamples, RankState, ranks_array
 from broker.run.steps.closer import RunSteps
@@ -71,6 +73,7 @@ from broker.run.steps.line import EpochLine
 from broker.run.steps.rules import StepRules
 from broker.run.steps.store import StepStore
 from broker.run.topology import HardwareString, Topology
+from broker.stacks.collectives import verdict_alerts
 from broker.stacks.feed import StackFeed, stall_message
 from broker.stacks.store import RunStacks
 from rank_agent.protocol import (
@@ -103,7 +106,7 @@ STEPS_INTERVAL = 0.25
 OnEnd = Callable[[str, str, float], None]
 
 
-class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRules):
+class RunSink(EpochRules, StepRules):
     """The broker's state of one run; see the module docstring for the rules."""
 
     shard = 0  #: the broker's shard index (PROTOCOL 7.3), set by broker.runs.Runs
@@ -183,7 +186,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
         self.on_end: OnEnd | None = None
         #: Each rank's latest dump per reason (section 2.5), compact and capped in bytes.
         self.stacks = RunStacks()
-        self._stack_feed = StackFeed(self.stacks, self._emit)
+        self._stack_feed = StackFeed(self.stacks, self._emit, run)
         #: The header's ``collectives_last`` (8.5): the answer to the latest hang, kept.
         self.collectives_last = LastVerdict()
         #: True while the journal replays frames into this sink (broker/journal/replay.py):
@@ -286,7 +289,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
                 self._on_svg(frame)  # type: ignore[arg-type]
             elif tp is Stacks:
                 self._on_stacks(frame, st, now)  # type: ignore[arg-type]
-            elif tp is Collectives:  # (broker/run/collectiverules.py)
+            elif tp is Collectives:  # (RunSink._on_collectives, below)
                 self._on_collectives(frame, st, now)  # type: ignore[arg-type]
             elif tp is Metadata and frame.json != self._metadata_raw:  # type: ignore[union-attr]
                 if parsed != self._metadata:
@@ -384,7 +387,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
             self._header_pending = True  # (8.2: e.g. the last live rank went stale)
         if (self._stack_feed.pending or self._stack_feed.collectives.latest
                 or self._stack_feed.collectives.has_gone):
-            self._stacks_due(now)  # (with the collective verdict: broker/run/collectiverules.py)
+            self._stacks_due(now)  # (with the collective verdict: StackFeed.refresh_verdict)
         header_due = self._header_changed or (self._header_pending and (
             self._header_sent_at is None or now - self._header_sent_at >= self.ranks_interval
         ))
@@ -527,7 +530,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
         states, stall dumps, collectives, data waits, the step and epoch closing with its
         start-up grace, the topology and hardware string); the run's id, label, svg,
         metadata, alerts, records, steps, port and totals are kept. Attempt k's steps
-        closed and went out before this (AttemptRules._start_attempt); its incomplete epochs
+        closed and went out before this (RunSink._start_attempt); its incomplete epochs
         are dropped here."""
         for st in self._ranks.values():
             self._errors.release(st.error)
@@ -543,7 +546,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
         self._durations = []
         self.data_wait = DataWait()
         self.stacks = RunStacks()
-        self._stack_feed = StackFeed(self.stacks, self._emit)
+        self._stack_feed = StackFeed(self.stacks, self._emit, self.run)
         self._steps.new_attempt(self.attempts.current)
         self._closer = self._steps.closer
         self.alerts.new_attempt(self.attempts.current)
@@ -742,3 +745,201 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
             return []
         self._events = []
         return events
+
+    # ------------------------------------------------ membership (PROTOCOL.md 2, 2.1, 3)
+    def _on_register(self, frame: Register, st: RankState, now: float) -> None:
+        # Header changes from registers (and hardware) are coalesced: see _header_pending.
+        self.attempts.registered_now(frame)  # 8.1: the rank's process in this attempt
+        if self.world_size is None:
+            self.world_size = frame.world_size
+            self._header_pending = True
+            self._discard_out_of_range()
+        touched = self.topology.set(frame.rank, frame.host, frame.local_rank)
+        if touched:
+            self._header_pending = True
+            self._hw.hosts_changed(touched)
+            self._samples.placed(frame.rank)  # its GPU name carries its host
+        if frame.port:
+            if not self.port:
+                self.port = frame.port
+                self._header_pending = True
+            elif frame.port != self.port:
+                self.port_conflicts += 1
+                self._port_log.warning(
+                    "port", "run %s: rank %d asks for port %d, already %d; ignored (%d so far)",
+                    self.run, frame.rank, frame.port, self.port, self.port_conflicts, now=now)
+        if frame.label and self._register_label is None:  # section 7.5: first non-empty
+            self._register_label = frame.label
+            if self.svg is None or not self.label:
+                self.label = frame.label
+                self._header_pending = True
+        if frame.total_epochs and not self.total_epochs:
+            self.total_epochs = frame.total_epochs
+            self._header_pending = True
+        if frame.total_steps and not self.total_steps:  # 8.5: first non-zero arrival wins
+            self.total_steps = frame.total_steps
+            self._header_pending = True
+        if frame.replicated:  # 8.3: the run's set is the union of its registers' lists
+            self._steps.numbers.declare(frame.replicated)
+        if st.finished:
+            self._reactivate(st)
+        self._close_ready()
+
+    def _reactivate(self, st: RankState) -> None:
+        """A register from a finished rank: it trains again, and so does an ended run."""
+        if st.status == "error":
+            self._n_error -= 1
+        self._n_finished -= 1
+        st.status = "ok"
+        self._failures.unfailed(st.rank)
+        self._failure_dirty = True
+        rank = st.rank
+        self._closer.set_active(rank, True)
+        self._pending.rank_active(rank, True)
+        if self.finished:
+            self.status = "training" if self.records or self.steps.rows else "waiting"
+            self.complete = None
+            self._header_pending = True  # coalesced: a finish/register loop is not a
+            # header (of O(world) bytes) per frame
+
+    def _on_finish(self, frame: Finish, st: RankState, now: float) -> None:
+        if st.finished:
+            return  # a repeated finish is a no-op: the first one decided the rank's status
+        error = frame.status == "error"
+        st.status = "error" if error else "finished"
+        self._n_finished += 1
+        rank = st.rank
+        self._pending.rank_active(rank, False)
+        self._failure_dirty = True
+        # 8.2: the error of the rank's latest finish is kept (an ok finish's is ignored)
+        info = frame.error if error else None
+        self._errors.release(st.error)
+        st.error = None if info is None else self._errors.admit(info)
+        st.error_at = error_at(info, now)
+        if error:
+            self._n_error += 1
+            self._failures.failed(rank, "" if info is None else info.type, st.error_at)
+            self._raise("rank_error", rank, f"rank {rank} finished with error" if info is None
+                        else alert_message(info), now)
+        self._closer.set_active(rank, False)
+        self._close_ready()
+        self._close_steps(now)
+
+    def _discard_out_of_range(self) -> None:
+        """Forget per-rank state of ranks that turned out to be >= the world size."""
+        ws = self.world_size
+        assert ws is not None
+        gone = [r for r in self._ranks if r >= ws]
+        touched: List[str] = []
+        for rank in gone:
+            st = self._ranks.pop(rank)
+            self._errors.release(st.error)
+            self._failures.forget(rank)
+            self._failure_dirty = True
+            if st.finished:
+                self._n_finished -= 1
+                if st.status == "error":
+                    self._n_error -= 1
+            self._samples.discard(rank)
+            self.stacks.discard(rank)
+            self._closer.discard(rank)
+            host = self.topology.remove(rank)
+            if host is not None and host not in touched:
+                touched.append(host)
+            self._pending.discard(rank, not st.finished)
+        if gone:
+            self.alerts.forget_ranks_from(ws)
+        self.gpu_rules.forget_from(ws)
+        if touched:
+            self._hw.hosts_changed(touched)
+
+    # ------------------------------------------------------------ attempts (PROTOCOL.md 8.1)
+    @property
+    def attempt(self) -> int:
+        """The current attempt (0-based)."""
+        return self.attempts.current
+
+    def _attempt_gate(self, frame: Any) -> None:
+        """A frame other than ``register`` from a rank that has not registered in the current
+        attempt, past attempt 0, is an old process's (``old_proc``). Call after the range
+        check; changes nothing."""
+        att = self.attempts
+        if att.current and frame.rank not in att.registered:
+            raise Rejected("old_proc", f"rank {frame.rank} has not registered in attempt "
+                                       f"{att.current}")
+
+    def _start_attempt(self, frame: Register, now: float) -> None:
+        """``frame`` starts attempt k+1 (decided by :meth:`Attempts.decide`): attempt k ends
+        (its pending steps close and go out, its cause is kept), then what belongs to
+        processes begins afresh and the ``restart`` alert is raised."""
+        if self.started_at is None:
+            self.started_at = now
+        if self._steps.close_all():
+            self._publish_steps(now, final=True)
+        ranks = self._ranks
+        ended_cause = cause(failure(ranks, self.host_of, unfinished_silent=True)) if ranks else None
+        self._fill_attempt_figures()  # (the entry's last step, for the message)
+        prev = self.attempts.begin(now, frame.world_size)
+        prev["cause"] = ended_cause
+        self.world_size = frame.world_size
+        self._reset_processes(now)
+        self._raise("restart", None, restart_message(self.attempts.current, prev), now)
+        self.status = "training"
+        self._header_changed = True
+
+    # ------------------------------------------------------ collectives (PROTOCOL.md 7.2)
+    # A frame is kept by the run's StackFeed (which forms the verdict over the current
+    # frames, broker/stacks/feed.py), it makes its rank's latest frame current
+    # (``RankState.collective``: the rank's next steps/metrics frame clears it, as it clears
+    # ``stalled``, one store on the hottest path where asking the feed would be a call per
+    # frame), and the verdict is due. It is formed when a ``stacks`` event may go out (at
+    # most 4 a second) and only when a frame came or the set of current ranks changed: a
+    # verdict over 1,024 ranks is milliseconds, not to be redone per frame. A new verdict
+    # raises its alerts here and is offered to the header's ``collectives_last`` (8.5).
+    def _on_collectives(self, frame: Collectives, st: RankState, now: float) -> None:
+        """Keep the frame; the rank's latest is current until its loop moves (7.2)."""
+        self._stack_feed.put_collectives(frame)
+        st.collective = True
+        self._stacks_due(now)
+
+    def _stacks_due(self, now: float) -> None:
+        """The run's ``stacks`` event, if one may go out now: the verdict first, when
+        something it reads changed (the tick calls this while anything is pending or any
+        ``collectives`` frame is kept)."""
+        feed = self._stack_feed
+        if not feed.due(now):
+            return
+        if feed.take_gone():
+            self._refresh_verdict(now)
+        feed.publish_due(now)
+
+    def _refresh_verdict(self, now: float) -> None:
+        ranks = self._ranks
+        formed = self._stack_feed.refresh_verdict(
+            lambda r: (st := ranks.get(r)) is not None and st.collective, self.world_size)
+        if formed is None:
+            return
+        previous, verdict, any_current = formed
+        if self.collectives_last.offer(verdict, any_current, now):
+            self._header_pending = True  # the header's collectives_last (8.5)
+        if verdict != previous and not self.replaying:
+            # a replay's verdicts are formed at other times than live ones were: the
+            # alerts they raised come back from the journal as they were (8.5)
+            for kind, rank, message in verdict_alerts(previous, verdict):
+                self._raise(kind, rank, message, now)
+
+    def settle_verdict(self, now: float) -> None:
+        """End of a journal replay that held no ``collectives_last`` (a data dir an earlier
+        version wrote): form the verdict over the replayed frames once more, so the header
+        keeps the answer they give."""
+        if self._stack_feed.settle():
+            self._refresh_verdict(now)
+
+    def close_collectives(self) -> None:
+        """The run leaves memory: its frames leave the process's byte budget."""
+        self._stack_feed.collectives.close()
+
+    def collectives_view(self) -> Dict[str, Any]:
+        """``GET /api/runs/<run>/collectives`` as the broker has it, and what a run snapshot
+        carries: ``{"groups": verdict, "ranks": [frames]}``."""
+        return self._stack_feed.view()
