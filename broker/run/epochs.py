@@ -1,5 +1,5 @@
 """The epochs of one run (PROTOCOL.md 2.3): those with reports that have not closed yet
-(:class:`PendingEpochs`), and the sink's rules that close them (:class:`EpochRules`).
+(:class:`PendingEpochs`), and what owns them with the rules that close them (:class:`RunEpochs`).
 
 Kept apart from the sink because it is the closing *bookkeeping* alone: which ranks
 reported which open epoch, and how many of those reporters are still active, so that the
@@ -9,7 +9,7 @@ close test is one comparison per frame. What a close produces (the record) is
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple
 
 from broker.run import aggregate
 from broker.run.aggregate import EpochReports
@@ -17,13 +17,11 @@ from broker.run.events import Rejected
 from rank_agent.protocol import Metrics
 
 if TYPE_CHECKING:
-    from broker.run.attempts import Attempts
     from broker.run.rankstate import RankSamples, RankState
     from broker.run.steps.line import EpochLine
     from broker.run.topology import Topology
-    from rank_agent.protocol import ResourceSample
 
-__all__ = ["PendingEpochs", "EpochRules", "MAX_OPEN_EPOCHS"]
+__all__ = ["PendingEpochs", "RunEpochs", "MAX_OPEN_EPOCHS"]
 
 #: Most epochs one run holds open (reported, not closed). Open epochs close only when every
 #: rank reported (or a later one closed), so a silent rank, or a run whose world size is
@@ -105,100 +103,72 @@ class PendingEpochs:
         return out
 
 
-class EpochRules:
-    """The sink's epoch rules (PROTOCOL.md 2.3), mixed into :class:`broker.run.sink.RunSink`:
-    a ``metrics`` frame's report, when the open epochs close, and the order of what a close
-    emits. Apart from the rest of the sink because it is the one per-epoch path, read on
-    its own; the state it uses is the sink's (declared below for the type checker)."""
+class RunEpochs:
+    """The run's epochs (PROTOCOL.md 2.3) and their rules: what is open (``pending``), what
+    closed (``records``, the seq of each one's ``epoch`` event in ``record_seqs``, the
+    durations the ETA reads) and how many reports came late. Handed the sink's ``emit``
+    (which flushes a coalesced header first: the web must never show a record under a
+    stale header) and ``raise`` as :class:`broker.stacks.feed.StackFeed` is; what a close
+    reads of the run (world size, samples, hosts, the attempt, the line) is passed in."""
 
-    if TYPE_CHECKING:
-        world_size: int | None
-        started_at: float | None
-        updated_at: float | None
-        total_epochs: int
-        status: str
-        late_metrics: int
-        records: List[Dict[str, Any]]
-        record_seqs: List[int]
-        topology: Topology
-        _samples: RankSamples
-        _pending: PendingEpochs
-        _durations: List[float]
-        _n_finished: int
-        _header_changed: bool
-        _header_pending: bool
-        attempts: Attempts
-        epoch_line: EpochLine
+    def __init__(self, emit: Callable[[str, Any], int],
+                 raise_: Callable[[str, int | None, str, float], None]) -> None:
+        self._emit = emit
+        self._raise = raise_
+        self.pending = PendingEpochs()
+        #: Closed epoch records, ascending epoch, and the seq of each one's "epoch" event.
+        self.records: List[Dict[str, Any]] = []
+        self.record_seqs: List[int] = []
+        #: the closed epochs' durations of this attempt, for the ETA
+        self.durations: List[float] = []
+        #: reports of an epoch that had already closed (dropped, counted)
+        self.late = 0
 
-        def gpu_health(self, rank: int, sample: ResourceSample, now: float) -> None: ...
-        def _raise(self, kind: str, rank: int | None, message: str, now: float,
-                   notify: bool = True) -> None: ...
-        def _emit(self, kind: str, data: Any) -> int: ...
-        def _emit_header(self) -> None: ...
-
-    def _on_metrics(self, frame: Metrics, st: RankState, now: float) -> None:
-        rank = st.rank
-        st.stalled = st.collective = False  # the loop moves (sections 3, 7.2)
-        sample = frame.resources
-        if sample is not None:  # applied first, exactly as a resources frame
-            self._samples.put(rank, sample)
-            st.sample_json = None
-            self.gpu_health(rank, sample, now)
+    def report(self, frame: Metrics, st: RankState) -> int | None:
+        """A ``metrics`` frame's report (its sample applied before): how many ranks
+        reported its epoch now, or None when the epoch had closed (late, counted)."""
         epoch = frame.epoch
-        if epoch <= self._pending.last_closed:
-            self.late_metrics += 1
-            return
+        if epoch <= self.pending.last_closed:
+            self.late += 1
+            return None
         st.epoch = epoch
         st.loss = frame.avg_loss
-        reported = self._pending.put(rank, frame, not st.finished)
-        ws = self.world_size
-        if ws is not None and reported == ws - self._n_finished:
-            self._close_through(epoch)
+        return self.pending.put(st.rank, frame, not st.finished)
 
-    def _close_ready(self) -> None:
-        """Close the highest pending epoch that is complete, and every one below it."""
-        ws = self.world_size
-        if ws is None or not self._pending:
-            return
-        epoch = self._pending.highest_complete(ws - self._n_finished)
-        if epoch is not None:
-            self._close_through(epoch)
+    def new_attempt(self) -> int:
+        """A new attempt (8.1) closes its own epochs: the open ones are dropped; returns the
+        last epoch the previous attempt closed."""
+        last_epoch = self.pending.last_closed
+        self.pending = PendingEpochs()
+        self.pending.last_closed = -1  # each attempt closes its own epochs (8.1 rewind)
+        self.durations = []
+        return last_epoch
 
-    def _close_through(self, epoch: int) -> None:
-        """Close every pending epoch <= ``epoch`` in ascending order."""
-        for e, reports in self._pending.take_through(epoch):
-            self._close(e, reports)
-
-    def _close(self, epoch: int, reports: aggregate.EpochReports) -> None:
-        now = self.updated_at
-        assert self.world_size is not None and now is not None and self.started_at is not None
-        record = aggregate.epoch_record(
-            epoch=epoch,
-            world_size=self.world_size,
-            reports=reports,
-            samples=self._samples.latest,
-            hosts=[entry["ranks"] for entry in self.topology.ordered()],
-            gpus=self._samples.gpus(),
-            total_epochs=self.total_epochs or None,
-            past_durations=self._durations,
-            elapsed_secs=now - self.started_at,
-        )
-        self._durations.append(record["duration_secs"])
-        del self._durations[: -aggregate.ETA_WINDOW]
-        record["attempt"] = self.attempts.current  # 8.1: the attempt that closed it
-        if self.records and self.records[-1]["epoch"] >= epoch:  # a new attempt rewinds
-            self.epoch_line.rewind(self.records, self.record_seqs, epoch)
-        self.epoch_line.closed_one(record)
-        self.records.append(record)
-        if self._header_pending:
-            # The web must never show a record under a stale header: a coalesced header
-            # change goes out first.
-            self._emit_header()
-        self.record_seqs.append(self._emit("epoch", record))
-        if self.status == "waiting":
-            self.status = "training"
-            self._header_changed = True
-        loss = record["metrics"]["loss"]
-        if not math.isfinite(loss):
-            self._raise("nonfinite_loss", None, f"epoch {epoch}: loss is {loss}", now)
-
+    def close_through(self, epoch: int, *, world_size: int, now: float, started_at: float,
+                      samples: RankSamples, topology: Topology, total_epochs: int,
+                      attempt: int, line: EpochLine) -> None:
+        """Close every pending epoch <= ``epoch`` in ascending order: each record is built
+        (:func:`broker.run.aggregate.epoch_record`), kept and emitted."""
+        for e, reports in self.pending.take_through(epoch):
+            record = aggregate.epoch_record(
+                epoch=e,
+                world_size=world_size,
+                reports=reports,
+                samples=samples.latest,
+                hosts=[entry["ranks"] for entry in topology.ordered()],
+                gpus=samples.gpus(),
+                total_epochs=total_epochs or None,
+                past_durations=self.durations,
+                elapsed_secs=now - started_at,
+            )
+            self.durations.append(record["duration_secs"])
+            del self.durations[: -aggregate.ETA_WINDOW]
+            record["attempt"] = attempt  # 8.1: the attempt that closed it
+            if self.records and self.records[-1]["epoch"] >= e:  # a new attempt rewinds
+                line.rewind(self.records, self.record_seqs, e)
+            line.closed_one(record)
+            self.records.append(record)
+            self.record_seqs.append(self._emit("epoch", record))
+            loss = record["metrics"]["loss"]
+            if not math.isfinite(loss):
+                self._raise("nonfinite_loss", None, f"epoch {e}: loss is {loss}", now)

@@ -60,7 +60,7 @@ import msgspec
 from broker.run.alerts import OnAlert, RunAlerts
 from broker.run.attempts import Attempts, restart_message
 from broker.run.collectivelast import LastVerdict
-from broker.run.epochs import EpochRules, PendingEpochs
+from broker.run.epochs import RunEpochs
 from broker.run.events import Event, Rejected
 from broker.run.failure import ErrorStore, FailureIndex, alert_message, cause, error_at, failure
 from broker.run.gpualerts import GpuAlertRules, Sampled
@@ -106,7 +106,7 @@ STEPS_INTERVAL = 0.25
 OnEnd = Callable[[str, str, float], None]
 
 
-class RunSink(EpochRules, StepRules):
+class RunSink(StepRules):
     """The broker's state of one run; see the module docstring for the rules."""
 
     shard = 0  #: the broker's shard index (PROTOCOL 7.3), set by broker.runs.Runs
@@ -118,13 +118,9 @@ class RunSink(EpochRules, StepRules):
         self.ranks_interval = ranks_interval
         #: Last sequence number issued (0 = none). The server may raise it (after a restart).
         self.seq = 0
-        #: Closed epoch records, ascending epoch, and the seq of each one's "epoch" event.
-        self.records: List[Dict[str, Any]] = []
-        self.record_seqs: List[int] = []
         #: (seq, status) of the last "complete" event while the run is ended, else None.
         self.complete: Tuple[int, str] | None = None
         #: Metrics frames dropped because their epoch had already closed.
-        self.late_metrics = 0
         #: Closed steps that went out in ``steps`` events (PROTOCOL 2.4), columnar.
         self._steps = RunSteps(close_after=step_close_after, interval=STEPS_INTERVAL)
         self.steps: StepStore = self._steps.store
@@ -159,8 +155,8 @@ class RunSink(EpochRules, StepRules):
         self._n_finished = 0  # tracked ranks that have finished (ok or error)
         self._n_error = 0  # ... of which with status "error"
         # Epochs with reports that have not closed (the close test is one comparison).
-        self._pending = PendingEpochs()
-        self._durations: List[float] = []
+        #: the run's epochs: open, closed (records and their seqs), late reports (2.3)
+        self.epochs = RunEpochs(self._emit_record, self._raise)
         #: The alert list (PROTOCOL 3): each (kind, rank) once, in first-raised order.
         self.alerts = RunAlerts()
         self.data_wait = DataWait()  # the header's data-wait figures (7.1)
@@ -244,7 +240,7 @@ class RunSink(EpochRules, StepRules):
             if self.attempts.current and rank not in self.attempts.registered:
                 self._attempt_gate(frame)  # (8.1: an old process's frame)
             if tp is Metrics:
-                self._pending.admit(frame.epoch)  # type: ignore[union-attr]
+                self.epochs.pending.admit(frame.epoch)  # type: ignore[union-attr]
             elif tp is Steps:
                 metrics = frame.metrics  # type: ignore[union-attr]
                 # only a new name needs the cap's check (issue 17: a call per frame saved)
@@ -539,11 +535,8 @@ class RunSink(EpochRules, StepRules):
         self.topology = Topology()
         self._samples = RankSamples(self.topology.place)
         self._hw = HardwareString(self.topology, self._summary_of)
-        last_epoch = self._pending.last_closed
-        self._pending = PendingEpochs()
-        self._pending.last_closed = -1  # each attempt closes its own epochs (8.1 rewind)
+        last_epoch = self.epochs.new_attempt()  # (its open epochs dropped)
         self.epoch_line.new_attempt(self.attempts.current, last_epoch)
-        self._durations = []
         self.data_wait = DataWait()
         self.stacks = RunStacks()
         self._stack_feed = StackFeed(self.stacks, self._emit, self.run)
@@ -795,7 +788,7 @@ class RunSink(EpochRules, StepRules):
         self._failure_dirty = True
         rank = st.rank
         self._closer.set_active(rank, True)
-        self._pending.rank_active(rank, True)
+        self.epochs.pending.rank_active(rank, True)
         if self.finished:
             self.status = "training" if self.records or self.steps.rows else "waiting"
             self.complete = None
@@ -809,7 +802,7 @@ class RunSink(EpochRules, StepRules):
         st.status = "error" if error else "finished"
         self._n_finished += 1
         rank = st.rank
-        self._pending.rank_active(rank, False)
+        self.epochs.pending.rank_active(rank, False)
         self._failure_dirty = True
         # 8.2: the error of the rank's latest finish is kept (an ok finish's is ignored)
         info = frame.error if error else None
@@ -846,7 +839,7 @@ class RunSink(EpochRules, StepRules):
             host = self.topology.remove(rank)
             if host is not None and host not in touched:
                 touched.append(host)
-            self._pending.discard(rank, not st.finished)
+            self.epochs.pending.discard(rank, not st.finished)
         if gone:
             self.alerts.forget_ranks_from(ws)
         self.gpu_rules.forget_from(ws)
@@ -943,3 +936,62 @@ class RunSink(EpochRules, StepRules):
         """``GET /api/runs/<run>/collectives`` as the broker has it, and what a run snapshot
         carries: ``{"groups": verdict, "ranks": [frames]}``."""
         return self._stack_feed.view()
+
+    # ----------------------------------------------------------- epochs (PROTOCOL.md 2.3)
+    @property
+    def records(self) -> List[Dict[str, Any]]:
+        """Closed epoch records, ascending epoch (:attr:`RunEpochs.records`)."""
+        return self.epochs.records
+
+    @property
+    def record_seqs(self) -> List[int]:
+        """The seq of each record's ``epoch`` event."""
+        return self.epochs.record_seqs
+
+    @property
+    def late_metrics(self) -> int:
+        """Reports of an epoch that had already closed (dropped, counted)."""
+        return self.epochs.late
+
+    def _on_metrics(self, frame: Metrics, st: RankState, now: float) -> None:
+        st.stalled = st.collective = False  # the loop moves (sections 3, 7.2)
+        sample = frame.resources
+        if sample is not None:  # applied first, exactly as a resources frame
+            self._samples.put(st.rank, sample)
+            st.sample_json = None
+            self.gpu_health(st.rank, sample, now)
+        reported = self.epochs.report(frame, st)
+        ws = self.world_size
+        if reported is not None and ws is not None and reported == ws - self._n_finished:
+            self._close_through(frame.epoch)
+
+    def _close_ready(self) -> None:
+        """Close the highest pending epoch that is complete, and every one below it."""
+        ws = self.world_size
+        pending = self.epochs.pending
+        if ws is None or not pending:
+            return
+        epoch = pending.highest_complete(ws - self._n_finished)
+        if epoch is not None:
+            self._close_through(epoch)
+
+    def _close_through(self, epoch: int) -> None:
+        """Close every pending epoch <= ``epoch`` (:meth:`RunEpochs.close_through`)."""
+        now = self.updated_at
+        assert self.world_size is not None and now is not None and self.started_at is not None
+        self.epochs.close_through(
+            epoch, world_size=self.world_size, now=now, started_at=self.started_at,
+            samples=self._samples, topology=self.topology, total_epochs=self.total_epochs,
+            attempt=self.attempts.current, line=self.epoch_line)
+
+    def _emit_record(self, kind: str, record: Dict[str, Any]) -> int:
+        """An ``epoch`` event for :class:`RunEpochs`: a coalesced header change goes out
+        first (the web must never show a record under a stale header), and the first
+        record turns a waiting run to training."""
+        if self._header_pending:
+            self._emit_header()
+        seq = self._emit(kind, record)
+        if self.status == "waiting":
+            self.status = "training"
+            self._header_changed = True
+        return seq
