@@ -17,7 +17,7 @@
   new field cost a run that does not send it).
 * ``data_stragglers_1024_ms``: the run header's data-wait figures for 1,024 ranks (each with
   100 ``data_ms`` values) over a store of 10,000 closed steps: ``data_share``, the ranks'
-  means and ``data_stragglers`` (:meth:`StepRules._update_data_wait`'s work), median ms.
+  means and ``data_stragglers`` (:meth:`RunSteps.update_data_wait`'s work), median ms.
 """
 from __future__ import annotations
 

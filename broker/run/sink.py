@@ -35,9 +35,9 @@ Event data shares structure with the sink's caches and earlier events: it is rea
 
 The sink is the rules and the event policy; the state it keeps is in the modules below it:
 :mod:`broker.run.events` (Event, Rejected), :mod:`broker.run.rankstate` (per-rank state, samples,
-the ``ranks`` array), :mod:`broker.run.epochs` (open epochs, and the epoch rules mixed in here),
-:mod:`broker.run.steps.closer` (the step pipeline) and :mod:`broker.run.steps.rules` (the step rules
-mixed in here), :mod:`broker.run.alerts`, :mod:`broker.run.topology` (placement, hardware string),
+the ``ranks`` array), :mod:`broker.run.epochs` (:class:`~broker.run.epochs.RunEpochs`: open
+epochs, records, and the rules that close them), :mod:`broker.run.steps.closer` (the step
+pipeline and the step rules, :class:`~broker.run.steps.closer.RunSteps`), :mod:`broker.run.alerts`, :mod:`broker.run.topology` (placement, hardware string),
 :mod:`broker.run.metadata`, :mod:`broker.run.collectivelast` (the header's ``collectives_last``),
 :mod:`broker.run.attempts` (8.1: the attempts; the attempt rule is here, what a new attempt starts
 afresh is :meth:`RunSink._reset_processes`) and :mod:`broker.run.steps.line` (the line of closed
@@ -70,7 +70,6 @@ from broker.run.steps.closer import RunSteps
 from broker.run.steps.datawait import DataWait
 from broker.run.steps.eta import step_eta
 from broker.run.steps.line import EpochLine
-from broker.run.steps.rules import StepRules
 from broker.run.steps.store import StepStore
 from broker.run.topology import HardwareString, Topology
 from broker.stacks.collectives import verdict_alerts
@@ -106,7 +105,7 @@ STEPS_INTERVAL = 0.25
 OnEnd = Callable[[str, str, float], None]
 
 
-class RunSink(StepRules):
+class RunSink:
     """The broker's state of one run; see the module docstring for the rules."""
 
     shard = 0  #: the broker's shard index (PROTOCOL 7.3), set by broker.runs.Runs
@@ -122,7 +121,8 @@ class RunSink(StepRules):
         self.complete: Tuple[int, str] | None = None
         #: Metrics frames dropped because their epoch had already closed.
         #: Closed steps that went out in ``steps`` events (PROTOCOL 2.4), columnar.
-        self._steps = RunSteps(close_after=step_close_after, interval=STEPS_INTERVAL)
+        self._steps = RunSteps(close_after=step_close_after, interval=STEPS_INTERVAL,
+                               emit=self._emit, raise_=self._raise)
         self.steps: StepStore = self._steps.store
         self._closer = self._steps.closer
         #: No rank turns stale from silence before this time: set when a run is rebuilt after
@@ -159,7 +159,6 @@ class RunSink(StepRules):
         self.epochs = RunEpochs(self._emit_record, self._raise)
         #: The alert list (PROTOCOL 3): each (kind, rank) once, in first-raised order.
         self.alerts = RunAlerts()
-        self.data_wait = DataWait()  # the header's data-wait figures (7.1)
         # Hardware string of PROTOCOL 2.2, from each rank's last summary.
         self._hw = HardwareString(self.topology, self._summary_of)
         self._ranks_dirty = False
@@ -537,7 +536,6 @@ class RunSink(StepRules):
         self._hw = HardwareString(self.topology, self._summary_of)
         last_epoch = self.epochs.new_attempt()  # (its open epochs dropped)
         self.epoch_line.new_attempt(self.attempts.current, last_epoch)
-        self.data_wait = DataWait()
         self.stacks = RunStacks()
         self._stack_feed = StackFeed(self.stacks, self._emit, self.run)
         self._steps.new_attempt(self.attempts.current)
@@ -995,3 +993,100 @@ class RunSink(StepRules):
             self.status = "training"
             self._header_changed = True
         return seq
+
+    # ------------------------------------------------------------ steps (PROTOCOL.md 2.4)
+    # The step rules are RunSteps' (broker/run/steps/closer.py); the sink keeps the run's
+    # status and header flags, which a published or restored step changes.
+    @property
+    def data_wait(self) -> DataWait:
+        """The header's data-wait figures (7.1): the current attempt's, RunSteps' own."""
+        return self._steps.data_wait
+
+    @property
+    def steps_published_at(self) -> float | None:
+        """When the last ``steps`` event was published (None: none yet)."""
+        return self._steps.sent_at
+
+    @property
+    def steps_published(self) -> int:
+        """Steps published by this sink (not restored ones): the closed-step counter."""
+        return self._steps.published
+
+    def steps_named_since(self, row: int) -> List[str]:
+        """Metric names that may have a point in the closed steps' rows from ``row`` on
+        (:meth:`RunSteps.named_since`: the rows this sink published)."""
+        return self._steps.named_since(row)
+
+    @property
+    def late_steps(self) -> int:
+        """Step points dropped because their step had already closed."""
+        return self._closer.late
+
+    def restore_steps(self, block: Dict[str, Any]) -> None:
+        """Journal replay: closed steps as :meth:`StepStore.to_wire` wrote them. They were
+        published before the restart, so no event; what they change in the run is restored
+        (its status, the closing position, the straggler window, a non-finite loss alert).
+        Raises ``ValueError`` for a block that does not follow the stored ones."""
+        before = self._steps.restore(block)
+        if before is None:
+            return
+        if self.status == "waiting":
+            self.status = "training"
+        published = block.get("published_at")
+        updated = block.get("updated_at")
+        if isinstance(updated, float) and (self.updated_at is None or updated > self.updated_at):
+            self.updated_at = updated  # the steps frames behind it are not journaled
+        bad = self.steps.last_nonfinite("loss", since=before)
+        if bad is not None:
+            step, value, at = bad
+            self._raise("nonfinite_loss", None, f"step {step}: loss is {value}",
+                        published if isinstance(published, float) else at)
+        numbers = block.get("numbers")
+        if isinstance(numbers, dict):  # 8.3: the state as of this block, and its alerts
+            self._steps.restore_numbers(numbers, published if isinstance(published, float)
+                                        else (self.updated_at or 0.0), self.world_size)
+        self._update_data_wait(self.updated_at or 0.0, force=True)
+
+    def numbers_wire(self) -> Dict[str, Any] | None:
+        """(8.3) The number rules' state for the journal's next STEPS block when it changed
+        (None: unchanged): :meth:`RunSteps.numbers_wire`."""
+        return self._steps.numbers_wire(self.alerts.listed)
+
+    def settle(self, now: float) -> List[Event]:
+        """The run leaves memory (``--max-runs`` eviction): every pending step closes with
+        the points it has, and every closed step still waiting for its ``steps`` event
+        (at most one per STEPS_INTERVAL) is published now; returns the events.
+
+        Why: the journal keeps closed steps as they are published (STEPS blocks), not the
+        points of steps in flight, so a run evicted between a step's close and its event,
+        or with points of a step not every rank had reported, lost those steps for good: in
+        the hostile soak, a 64-rank run evicted at each pause by a flood of junk runs lost
+        a step or two each time. A later point of a step closed here is late (dropped and
+        counted), as after ``--step-close-after``."""
+        if self._steps.close_all():
+            self._publish_steps(now, final=True)
+        return self._take_events()
+
+    def _close_steps(self, now: float) -> None:
+        """Queue what the closer lets close now (watermark, grace, force close)."""
+        self._steps.close(now, self.world_size)
+
+    def _publish_steps_due(self, now: float) -> None:
+        """Publish the closed steps waiting, if any, once STEPS_INTERVAL has passed."""
+        if self._steps.due(now):
+            self._publish_steps(now)
+
+    def _publish_steps(self, now: float, final: bool = False) -> None:
+        """One ``steps`` event (:meth:`RunSteps.publish`); the first turns a waiting run
+        to training, and the header goes out (coalesced) when its figures moved."""
+        if self._steps.publish(now, self.world_size, self.topology.place.get, final):
+            self._header_pending = True
+        if self.status == "waiting":
+            self.status = "training"
+            self._header_changed = True
+
+    def _update_data_wait(self, now: float, force: bool = False, quiet: bool = False) -> None:
+        """The header's data-wait figures (:meth:`RunSteps.update_data_wait`); the header
+        goes out (coalesced) when they moved."""
+        if self._steps.update_data_wait(now, self.topology.place.get, force, quiet):
+            self._header_pending = True

@@ -6,7 +6,7 @@ every batch of closed steps as it closes (steps close in ascending order and nev
 so "first" is exact). It reads no clock and does no I/O; what it finds is kept as the
 header's ``nonfinite`` and ``replica_divergence`` and queued as alerts
 (:attr:`RunNumbers.alerts`) that the sink raises when it publishes the steps
-(:mod:`broker.run.steps.rules`).
+(:meth:`broker.run.steps.closer.RunSteps.raise_numbers`).
 
 **Cost.** The close reduces every metric to ``[mean, min, max]`` per step; those decide
 whether a step needs a look at its ranks at all, so the hot path stays per step, not per
