@@ -37,7 +37,8 @@ The sink is the rules and the event policy; the state it keeps is in the modules
 :mod:`broker.run.events` (Event, Rejected), :mod:`broker.run.rankstate` (per-rank state, samples,
 the ``ranks`` array), :mod:`broker.run.epochs` (:class:`~broker.run.epochs.RunEpochs`: open
 epochs, records, and the rules that close them), :mod:`broker.run.steps.closer` (the step
-pipeline and the step rules, :class:`~broker.run.steps.closer.RunSteps`), :mod:`broker.run.alerts`, :mod:`broker.run.topology` (placement, hardware string),
+pipeline and the step rules, :class:`~broker.run.steps.closer.RunSteps`),
+:mod:`broker.run.alerts`, :mod:`broker.run.topology` (placement, hardware string),
 :mod:`broker.run.metadata`, :mod:`broker.run.collectivelast` (the header's ``collectives_last``),
 :mod:`broker.run.attempts` (8.1: the attempts; the attempt rule is here, what a new attempt starts
 afresh is :meth:`RunSink._reset_processes`) and :mod:`broker.run.steps.line` (the line of closed
@@ -119,7 +120,6 @@ class RunSink:
         self.seq = 0
         #: (seq, status) of the last "complete" event while the run is ended, else None.
         self.complete: Tuple[int, str] | None = None
-        #: Metrics frames dropped because their epoch had already closed.
         #: Closed steps that went out in ``steps`` events (PROTOCOL 2.4), columnar.
         self._steps = RunSteps(close_after=step_close_after, interval=STEPS_INTERVAL,
                                emit=self._emit, raise_=self._raise)

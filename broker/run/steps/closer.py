@@ -29,7 +29,9 @@ The batch then goes, as arrays, into the store (one append per batch, :meth:`Ste
 append_columns`), and the ``steps`` event carries the store's wire block of those rows
 (:meth:`RunSteps.take`), not records.
 The per-rank straggler figures (``step``, ``step_ms``, ``slowest_share``) live here too:
-they are what the closing sees.
+they are what the closing sees. So do the step rules (:class:`RunSteps`' ``publish``,
+``raise_numbers``, ``update_data_wait``: where a closed step meets the run, issue 44), since
+the state they read is the pipeline's; the sink keeps the run's status and header flags.
 """
 from __future__ import annotations
 
@@ -435,8 +437,10 @@ class RunSteps:
     :class:`~broker.run.steps.store.StepStore` of the published ones.
 
     Only published steps enter :attr:`store`, so a snapshot never holds a step an event
-    will bring again. Emitting the event is the sink's business: :meth:`take` hands over
-    the wire block of the rows it stored (the batches enter the store one append each).
+    will bring again. :meth:`take` hands over the wire block of the rows it stored (the
+    batches enter the store one append each); :meth:`publish` emits it through the sink's
+    ``emit`` and raises what the published steps say (the step rules, below), handed the
+    sink's callbacks as :class:`broker.stacks.feed.StackFeed` is.
     """
 
     def __init__(self, *, close_after: float = 10.0, interval: float = 0.25,
