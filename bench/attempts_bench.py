@@ -1,7 +1,7 @@
 """Attempts (PROTOCOL 8.1): what a restart costs the broker and the web.
 
 * ``rewind_1m_steps_ms``: a run of 1,000,000 closed steps x 4 metrics (restored into a real
-  :class:`broker.sink.RunSink` as the journal does); a new attempt (a ``register`` with a new
+  :class:`broker.run.sink.RunSink` as the journal does); a new attempt (a ``register`` with a new
   ``proc``) then closes its first step 1,000 steps back: what is timed is the ``steps`` frame
   that closes it and the ``tick`` that publishes it, the superseding of the 1,000 later
   records of the older attempt included (copied out, the line cut). Median of 5 restarts
@@ -26,8 +26,8 @@ import numpy as np
 from common import result
 
 from broker import feed
-from broker.sink import RunSink
-from broker.steps.store import StepStore
+from broker.run.sink import RunSink
+from broker.run.steps.store import StepStore
 from rank_agent.protocol import Register, Steps
 
 RUN = "bench-attempts"

@@ -17,7 +17,7 @@
   new field cost a run that does not send it).
 * ``data_stragglers_1024_ms``: the run header's data-wait figures for 1,024 ranks (each with
   100 ``data_ms`` values) over a store of 10,000 closed steps: ``data_share``, the ranks'
-  means and ``data_stragglers`` (:meth:`StepRules._update_data_wait`'s work), median ms.
+  means and ``data_stragglers`` (:meth:`RunSteps.update_data_wait`'s work), median ms.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ METRICS = steps_bench.METRICS
 _CHILD = r"""
 import sys, time, json
 sys.path.insert(0, sys.argv[1])
-from broker.steps.closer import RunSteps
+from broker.run.steps.closer import RunSteps
 from rank_agent import protocol
 rounds, data = int(sys.argv[2]), sys.argv[3] == "1"
 enc, dec = protocol.encoder.encode, protocol.decode
@@ -119,7 +119,7 @@ def close_rate_with_data(n: int) -> dict[str, Any]:
 
 def stragglers_1024(rounds: int) -> float:
     """Median ms of the header's data-wait figures for 1,024 ranks (see the docstring)."""
-    from broker.sink import RunSink
+    from broker.run.sink import RunSink
 
     sink = RunSink(RUN, step_close_after=1e9)
     enc, dec = protocol.encoder.encode, protocol.decode

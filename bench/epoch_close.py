@@ -1,6 +1,6 @@
 """epoch_close_4096_ms and epoch_close_scaling: the pure cost of closing one epoch.
 
-A :class:`broker.sink.RunSink` is fed what a real run sends: every rank registers (8 ranks per
+A :class:`broker.run.sink.RunSink` is fed what a real run sends: every rank registers (8 ranks per
 host, so 4,096 ranks sit on 512 hosts), sends a hardware summary and a resource sample with
 one GPU; then, per epoch, every rank but the last sends its metrics (4 scalars each). What is
 timed is the ``apply`` of the last rank's metrics frame: the close itself (aggregation and
@@ -20,7 +20,7 @@ from typing import Any
 
 from common import result
 
-from broker.sink import RunSink
+from broker.run.sink import RunSink
 from rank_agent.protocol import GpuSample, Hardware, Metrics, Register, Resources, ResourceSample
 
 RANKS_PER_HOST = 8

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import result  # noqa: E402
 
 from broker import feed  # noqa: E402
-from broker.sink import RunSink  # noqa: E402
+from broker.run.sink import RunSink  # noqa: E402
 from rank_agent.protocol import (  # noqa: E402
     GpuSample,
     Hardware,

@@ -1,7 +1,7 @@
 """failure_65536_ms: computing the header's ``failure`` (PROTOCOL 8.2) for 65,536 ranks that
 all finished with an error.
 
-A :class:`broker.sink.RunSink` of 65,536 registered ranks (8 a host) receives a ``finish``
+A :class:`broker.run.sink.RunSink` of 65,536 registered ranks (8 a host) receives a ``finish``
 with an ``ErrorInfo`` from every rank (through the real schema): most ranks fail in the
 collective (one type, a 200-character message with the rank in it, 8 frames), every 64th
 rank with one of 100 other types (101 groups: 64 listed), and rank 40,000 first (the earliest ``at``). What is timed
@@ -20,7 +20,7 @@ from typing import Any
 
 from common import result
 
-from broker.sink import RunSink
+from broker.run.sink import RunSink
 from rank_agent.protocol import ErrorInfo, Finish, Register, StackFrame, decode, encoder
 
 RANKS_PER_HOST = 8

@@ -161,7 +161,7 @@ def closes() -> int:
     """``steps_close_1024_ms``' closes, each counted alone (returns the number of closes)."""
     from steps_bench import METRICS, RANKS
 
-    from broker.steps.closer import RunSteps
+    from broker.run.steps.closer import RunSteps
     from rank_agent import protocol
 
     enc, dec = protocol.encoder.encode, protocol.decode

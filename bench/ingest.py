@@ -49,7 +49,7 @@ import zmq
 from common import Senders, broker_gc, pull_rate, push_all, result
 
 from broker.server import BrokerServer
-from broker.webhooks import WebhookNotifier
+from broker.webhooks.notifier import WebhookNotifier
 from rank_agent import protocol
 from rank_agent.protocol import GpuSample, Metrics, Register, Resources, ResourceSample
 

@@ -3,7 +3,7 @@
 ``replica_check_overhead_ratio``: closing 1,024-rank steps whose frames carry ``loss`` (a
 different value on every rank) and ``grad_norm`` (the same on every rank, up to a rounding
 difference of 1e-12 on some ranks, as an all-reduce leaves it), with ``grad_norm`` declared
-replicated, over closing the same steps without it: two runs' :class:`~broker.steps.closer.
+replicated, over closing the same steps without it: two runs' :class:`~broker.run.steps.closer.
 RunSteps` fed the same decoded frames, in alternating rounds of the same process (so both
 see the same machine load), each round every rank's one-point frame added and the step
 closed and taken into the store as the sink does (the rules run inside the close). The
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import result  # noqa: E402
 
-from broker.steps.closer import RunSteps  # noqa: E402
+from broker.run.steps.closer import RunSteps  # noqa: E402
 from rank_agent import protocol  # noqa: E402
 
 RUN = "bench-numbers"
@@ -106,7 +106,7 @@ def check_us(repeat: int) -> tuple[float, float]:
     microseconds a call: without a replicated metric, and with ``grad_norm`` replicated."""
     import timeit
 
-    from broker.steps.numbers import RunNumbers
+    from broker.run.steps.numbers import RunNumbers
 
     steps = RunSteps(close_after=1e9, interval=0.0)
     steps.closer.grace = 0.0

@@ -1,11 +1,11 @@
 """retention_scan_10000_runs_s and journal_full_e2e_p99_ms: PROTOCOL 8.4's two figures.
 
-* **retention_scan_10000_runs_s**: one retention pass (``broker.retention``: list ``runs/``,
+* **retention_scan_10000_runs_s**: one retention pass (``broker.retention.plan``: list ``runs/``,
   stat every file, plan the deletions) over a data dir of 10,000 journals (8 KiB each, every
   fifth with a file set aside beside it), with 1,000 of the runs held in memory and
   ``--retain-bytes`` at half the total, so the plan names thousands of runs. This is what
   the broker's retention thread does each pass, never on the receive loop; the loop only
-  deletes the planned runs, :data:`broker.retentionloop.DELETES_PER_TURN` per turn (their
+  deletes the planned runs, :data:`broker.retention.loop.DELETES_PER_TURN` per turn (their
   cost: ``delete_us_per_run``). Page cache warm (the files were just written), as a pass
   every 30 s finds them. Median of 3 passes.
 * **journal_full_e2e_p99_ms**: web_bench's ``e2e_latency_p99_ms`` (64 ranks, the last
@@ -32,7 +32,7 @@ from common import REPO, Stack, http_get, result
 sys.path.insert(0, str(REPO))
 
 from broker.journal.codec import HEADER  # noqa: E402
-from broker.retention import MemRun, RetentionWorker  # noqa: E402
+from broker.retention.plan import MemRun, RetentionWorker  # noqa: E402
 
 
 def _write_dir(runs_dir: Path, n: int) -> None:

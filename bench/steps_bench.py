@@ -62,9 +62,9 @@ from common import (
 )
 
 from broker.journal.journal import Journal
+from broker.run.sink import RunSink
+from broker.run.steps.store import StepStore
 from broker.server import BrokerServer
-from broker.sink import RunSink
-from broker.steps.store import StepStore
 from rank_agent import protocol
 
 SENDERS = 4
@@ -397,7 +397,7 @@ def close_1024(rounds: int) -> dict[str, Any]:
     (``thread_time``) of that per step, median over the rounds (``close_only_ms``: the
     batch alone), and of the adds per frame; ``with_adds_ms``: the 1,024 adds and the
     close together, so that work moved from the close into the adds shows (issue 17)."""
-    from broker.steps.closer import RunSteps
+    from broker.run.steps.closer import RunSteps
 
     enc, dec = protocol.encoder.encode, protocol.decode
     frames = [[dec(enc(protocol.Steps(

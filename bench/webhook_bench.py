@@ -1,7 +1,7 @@
 """webhook_storm_posts: 1,024 ranks go stale together -> how many POSTs a receiver gets.
 
 A real HTTP receiver on loopback (``http.server`` in a thread) and a real
-:class:`broker.webhooks.WebhookNotifier` with the contract's grouping window (5 s; 1 s in
+:class:`broker.webhooks.notifier.WebhookNotifier` with the contract's grouping window (5 s; 1 s in
 quick mode, which changes nothing but the wait). The 1,024 ``stale`` alerts are raised the way
 the broker's liveness tick raises them when a whole job dies: one per rank, 128 hosts, spread
 over a few hundred milliseconds. The figure is the number of POSTs received once the window has
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import percentile, result, wait_for  # noqa: E402
 
-from broker.webhooks import WebhookNotifier  # noqa: E402
+from broker.webhooks.notifier import WebhookNotifier  # noqa: E402
 
 
 def _receiver() -> tuple[ThreadingHTTPServer, list[bytes]]:

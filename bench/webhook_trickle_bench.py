@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import result  # noqa: E402
 
-from broker.webhooks import WebhookNotifier  # noqa: E402
+from broker.webhooks.notifier import WebhookNotifier  # noqa: E402
 from tests.support.receiver import Receiver, Trickler  # noqa: E402
 
 

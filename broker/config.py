@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.webhooks import DEFAULT_REPEAT, ENV_VAR
+from broker.webhooks.notifier import DEFAULT_REPEAT, ENV_VAR
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
 
 __all__ = ["BrokerConfig", "default_data_dir"]
@@ -47,7 +47,7 @@ class BrokerConfig:
     #: ranks under CURVE (``up``/``demo``: defaults to their own web's key file)
     curve_web_authorized: Path | None = None
     log_level: str = "INFO"
-    #: ``--alert-webhook`` URLs (already checked by :func:`broker.webhooks.webhook_urls`);
+    #: ``--alert-webhook`` URLs (already checked by :func:`broker.webhooks.notifier.webhook_urls`);
     #: left out of ``repr``: a URL may hold a secret.
     alert_webhooks: tuple[str, ...] = field(default=(), repr=False)
     alert_repeat: float = DEFAULT_REPEAT

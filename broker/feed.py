@@ -139,7 +139,7 @@ def _unpack(payload: bytes, what: str) -> Any:
 
 def encode_event(run: str, event: Any) -> list[bytes]:
     """PUB message of one sink event (anything with ``seq``, ``kind``, ``data``, e.g.
-    ``broker.sink.Event``; not imported here to keep this module msgspec-only)."""
+    ``broker.run.sink.Event``; not imported here to keep this module msgspec-only)."""
     body = {"seq": event.seq, "kind": event.kind, "data": event.data}
     return [RUN_PREFIX + run.encode(), _pack(body)]
 

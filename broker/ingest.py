@@ -18,7 +18,7 @@ import zmq
 
 from broker import feed
 from broker.coalesce import COALESCE_MIN_BYTES, Coalescer
-from broker.events import Event
+from broker.run.events import Event
 from broker.runs import Runs
 from broker.snapshots import msgpack_ints
 from rank_agent.ratelimit import RateLimitedLog

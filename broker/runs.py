@@ -1,7 +1,7 @@
 """Runs: the broker's registry of live runs, pure (no sockets, no clock of its own).
 
 ``Runs.ingest(raw, now)`` is the whole meaning of one received message: size check, decode,
-find or create the run's :class:`~broker.sink.RunSink`, apply, count. The server only moves
+find or create the run's :class:`~broker.run.sink.RunSink`, apply, count. The server only moves
 bytes; every reject rule is a fast unit test here (STYLE 4: receive loop apart from handler).
 
 Reject reasons (docs/PROTOCOL.md section 7): ``oversize``, ``decode``, ``schema``, ``limit`` (decode
@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Union
 import msgspec
 
 from broker.coalesce import HeldSamples
-from broker.sink import Event, OnAlert, OnEnd, Rejected, RunSink
+from broker.run.sink import Event, OnAlert, OnEnd, Rejected, RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Frame, Register, Resources
 from rank_agent.ratelimit import RateLimitedLog

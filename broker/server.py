@@ -1,6 +1,6 @@
 """The broker's I/O shell: PULL -> Runs -> PUB, the snapshot ROUTER, timers and the journal.
 
-Everything with meaning lives in :mod:`broker.runs` and :mod:`broker.sink`; this module only
+Everything with meaning lives in :mod:`broker.runs` and :mod:`broker.run.sink`; this module only
 moves bytes, in one thread, around one ``zmq.Poller``:
 
 * PULL (ingest) is drained in batches by :mod:`broker.ingest` (``NOBLOCK`` until ``Again``
@@ -13,7 +13,7 @@ moves bytes, in one thread, around one ``zmq.Poller``:
   (:mod:`broker.snapshots`; the requests themselves: :mod:`broker.router`): since every event is
   published as soon as it exists, a snapshot is always exactly "everything published so far".
 * The poll timeout (``poll_interval``) drives ``Runs.tick`` and the 1 s heartbeat.
-* Alert webhooks (PROTOCOL 3.1) run in a thread of their own (:mod:`broker.webhooks`): the
+* Alert webhooks (PROTOCOL 3.1) run in a thread of their own (:mod:`broker.webhooks.notifier`): the
   loop only hands each live alert and run end to the notifier, which takes a lock for
   microseconds, so a receiver that hangs never slows ingest. Its counters, and the
   journal's, ride in the heartbeat.
@@ -37,16 +37,16 @@ from typing import Any, Callable, Sequence, Union
 import zmq
 
 from broker import feed
-from broker.events import Event
 from broker.ingest import IngestLoop
-from broker.retentionloop import DataDirBound
+from broker.retention.loop import DataDirBound
 from broker.router import RouterRequests
+from broker.run.events import Event
+from broker.run.sink import RunSink
 from broker.runs import Runs
 from broker.shardgate import ShardGate
-from broker.sink import RunSink
 from broker.snapshots import SnapshotCache
 from broker.stacks.requests import ForwardGate
-from broker.webhooks import DEFAULT_REPEAT, WebhookNotifier
+from broker.webhooks.notifier import DEFAULT_REPEAT, WebhookNotifier
 from rank_agent import protocol
 from rank_agent.curve import CurveError, load_key, load_public_keys
 from rank_agent.protocol import Register
@@ -247,7 +247,7 @@ class BrokerServer:
         #: the receive loop and its state across batches (broker/ingest.py)
         self._ingest = IngestLoop(self.runs, batch_limit, self._rlog, flood_after=INGEST_RCVHWM)
         #: PROTOCOL 8.4: ``--retain-bytes`` (None: no bound) and the pass interval (None:
-        #: $RANKBOARD_RETENTION_INTERVAL or broker.retention.DEFAULT_INTERVAL)
+        #: $RANKBOARD_RETENTION_INTERVAL or broker.retention.plan.DEFAULT_INTERVAL)
         if retain_bytes is not None and retain_bytes <= 0:
             raise ValueError("retain_bytes must be > 0")
         self.retain_bytes = retain_bytes

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from typing import Any, Iterable
 
 from broker import feed
-from broker.sink import RunSink
+from broker.run.sink import RunSink
 from rank_agent.ratelimit import RateLimitedLog
 
 __all__ = ["SNAPSHOT_CACHE_BYTES", "SNAPSHOT_CACHE_MAX_AGE_S", "SnapshotCache", "msgpack_ints"]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from broker.config import BrokerConfig, default_data_dir
-from broker.webhooks import DEFAULT_REPEAT, ENV_VAR, redact, webhook_urls
+from broker.webhooks.notifier import DEFAULT_REPEAT, ENV_VAR, redact, webhook_urls
 from rank_agent.controlauth import SECRET_FILE_ENV
 from rank_agent.protocol import DEFAULT_INGEST, DEFAULT_PUBLISH, DEFAULT_SNAPSHOT
 from rank_agent.shards import ShardError, parse_shard
@@ -87,7 +87,7 @@ def _positive_float(text: str) -> float:
 
 
 def _size(text: str) -> int:
-    from broker.retention import parse_size
+    from broker.retention.plan import parse_size
 
     try:
         return parse_size(text)

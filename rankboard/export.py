@@ -23,7 +23,7 @@ from pathlib import Path
 
 from broker.journal.codec import HEADER, scan_entries
 from broker.journal.replay import replay
-from broker.sink import RunSink
+from broker.run.sink import RunSink
 from rank_agent.protocol import valid_run_id
 from web.report import RunReport, attachment_name, from_parts, render
 from web.stacksview import RunDumps

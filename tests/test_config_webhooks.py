@@ -4,7 +4,7 @@ argv or a config's repr; --alert-repeat and --public-url travel as flags."""
 from __future__ import annotations
 
 from broker.config import BrokerConfig
-from broker.webhooks import DEFAULT_REPEAT, ENV_VAR
+from broker.webhooks.notifier import DEFAULT_REPEAT, ENV_VAR
 from rankboard.cli import build_parser
 from rankboard.config import UpConfig, from_args
 

@@ -216,14 +216,14 @@ def test_an_upward_import_is_a_violation(tmp_path: Path, importer: str,
 # ------------------------------------------------------- the broker's family folders
 #: the broker's families (issue 27): each a folder, reached from the rest of the broker
 #: through the modules named here, and never the other way round
-FAMILIES = ("broker.journal", "broker.steps", "broker.stacks")
+FAMILIES = ("broker.journal", "broker.run.steps", "broker.stacks")
 #: what the web may import from the broker: the feed codec and the pure shared stores (and
 #: the step-run ETA over a store, which the web recomputes as it does steps_done: 8.5; and
 #: the one-request-a-run-a-second rule both apply, issue 44)
-WEB_MAY_IMPORT = {"broker.feed", "broker.steps.store", "broker.steps.encodings",
-                  "broker.stacks.groups", "broker.stacks.store", "broker.steps.eta",
+WEB_MAY_IMPORT = {"broker.feed", "broker.run.steps.store", "broker.run.steps.encodings",
+                  "broker.stacks.groups", "broker.stacks.store", "broker.run.steps.eta",
                   "broker.stacks.gate",
-                  "broker.steps.line"}  # (8.1: the line and superseded records)
+                  "broker.run.steps.line"}  # (8.1: the line and superseded records)
 
 
 def test_the_broker_families_are_folders_not_prefixes() -> None:
@@ -238,9 +238,9 @@ def test_steps_and_stacks_never_import_the_journal_or_the_sink() -> None:
     """The journal stores what the sink was fed; steps and stacks are below both."""
     graph = import_graph(ROOT, LAYERS)
     bad = [f"{m} imports {t}" for m, targets in sorted(graph.items())
-           if m.startswith(("broker.steps", "broker.stacks"))
+           if m.startswith(("broker.run.steps", "broker.stacks"))
            for t in sorted(targets)
-           if t.startswith("broker.journal") or t in ("broker.sink", "broker.runs",
+           if t.startswith("broker.journal") or t in ("broker.run.sink", "broker.runs",
                                                        "broker.server")]
     assert bad == []
 
@@ -250,3 +250,110 @@ def test_the_web_imports_only_the_brokers_shared_modules() -> None:
     used = {t for m, targets in graph.items() if m.startswith("web")
             for t in targets if t.startswith("broker")}
     assert used and used <= WEB_MAY_IMPORT, sorted(used - WEB_MAY_IMPORT)
+
+
+# ------------------------------------------------------------ one run's pure state
+#: the I/O around a run's state (issue 44): the run's folder imports none of it
+RUN_MAY_NOT_IMPORT = ("broker.server", "broker.ingest", "broker.router", "broker.runs",
+                      "broker.journal", "broker.webhooks", "broker.retention",
+                      "broker.snapshots")
+#: modules of the standard library and beyond that mean sockets, clocks, files or threads
+RUN_MAY_NOT_USE = ("zmq", "socket", "select", "time", "os", "pathlib", "io", "shutil",
+                   "tempfile", "threading", "urllib", "http", "gevent", "flask", "psutil")
+
+
+def _top_names(path: Path) -> set[str]:
+    """The first component of every absolute import in ``path``."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_run_folder_imports_no_io() -> None:
+    """broker/run/README.md: no sockets, no clock, no files, nothing of the server's side."""
+    graph = import_graph(ROOT, LAYERS)
+    run = [m for m in graph if m == "broker.run" or m.startswith("broker.run.")]
+    assert "broker.run.sink" in run and "broker.run.steps.closer" in run
+    bad = [f"{m} imports {t}" for m in sorted(run) for t in sorted(graph[m])
+           if t.startswith(RUN_MAY_NOT_IMPORT)]
+    assert bad == []
+    used = {f"{p.relative_to(ROOT)} imports {name}"
+            for p in (ROOT / "broker" / "run").rglob("*.py")
+            for name in _top_names(p) if name in RUN_MAY_NOT_USE}
+    assert used == set()
+
+
+def package_graph(graph: Graph, prefix: str = "broker") -> dict[str, set[str]]:
+    """The graph of ``prefix``'s sub-packages (``broker.run.steps.closer`` counts as
+    ``broker.run``, a top-level module as itself), without self-edges."""
+    def room(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        if module.startswith(prefix + "."):
+            edges = rooms.setdefault(room(module), set())
+            edges.update(room(t) for t in targets
+                         if t.startswith(prefix + ".") and room(t) != room(module))
+    return rooms
+
+
+def test_package_graph_sees_a_cycle_between_folders() -> None:
+    graph = {"broker.run.sink": {"broker.stacks.feed"}, "broker.stacks.feed": {"broker.x"},
+             "broker.x": {"broker.run.events"}, "broker.run.events": set()}
+    assert find_cycle(package_graph(graph)) == ["broker.run", "broker.stacks", "broker.x",
+                                                "broker.run"]
+
+
+def test_the_brokers_rooms_have_no_cycle() -> None:
+    """Folders as units: no module cycle hides as two folders importing each other."""
+    rooms = package_graph(import_graph(ROOT, LAYERS))
+    assert "broker.run" in rooms and "broker.stacks" in rooms
+    assert find_cycle(rooms) is None, " -> ".join(find_cycle(rooms) or [])
+
+
+def test_the_brokers_top_reads_as_the_pipeline() -> None:
+    """At most 16 rooms at broker/'s top (modules and folders, ``__init__`` aside)."""
+    broker = ROOT / "broker"
+    rooms = [p.name for p in broker.iterdir()
+             if (p.suffix == ".py" and p.name != "__init__.py")
+             or (p.is_dir() and (p / "__init__.py").is_file())]
+    assert len(rooms) <= 16, sorted(rooms)
+
+
+def test_no_class_declares_attributes_for_the_type_checker() -> None:
+    """No ``if TYPE_CHECKING:`` inside a class (a mixin re-declaring another class's
+    fields, issue 44): state lives in the object whose rules use it."""
+    bad = []
+    for path in sorted((ROOT / "broker").rglob("*.py")):
+        for cls in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(cls, ast.ClassDef):
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno} {cls.name}"
+                        for node in cls.body if isinstance(node, ast.If)
+                        and "TYPE_CHECKING" in ast.unparse(node.test)]
+    assert bad == []
+
+
+def test_a_file_past_800_lines_says_why_it_is_one_idea() -> None:
+    """One idea per file, not a line count (issue 44 item 3): a module past 800 lines says
+    in its docstring why it is one idea."""
+    long = []
+    for package in LAYERS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            if text.count("\n") > 800:
+                doc = ast.get_docstring(ast.parse(text)) or ""
+                if "one idea" not in doc:
+                    long.append(str(path.relative_to(ROOT)))
+    assert long == []
+
+
+def test_design_names_every_package_module() -> None:
+    """docs/DESIGN.md's module tree names only what exists, and every module's file."""
+    design = (ROOT / "docs" / "DESIGN.md").read_text(encoding="utf-8")
+    missing = sorted(str(path.relative_to(ROOT)) for path in module_names(ROOT, LAYERS).values()
+                     if path.name != "__init__.py" and path.name not in design)
+    assert missing == []

@@ -40,7 +40,7 @@ from flask import Blueprint, Flask, Response, current_app, g, render_template, r
 from prometheus_client import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException
 
-from broker.steps.encodings import csv_columns
+from broker.run.steps.encodings import csv_columns
 from rank_agent.digits import is_ascii_digits
 from rank_agent.protocol import valid_run_id
 from web.clusterapi import bp as cluster_bp

@@ -37,7 +37,7 @@ through ``textContent`` (``web/static/dom.js``); the model graph only as an ``<i
 source is a ``data:`` URI (an SVG as an image runs no script).
 
 **Size and time** (bench ``report_1m_*``). The builder is a generator of chunks: the header
-part, then one series at a time straight from the run's :class:`~broker.steps.store.StepStore`
+part, then one series at a time straight from the run's :class:`~broker.run.steps.store.StepStore`
 (one ``reduceat`` pass per series, as ``/steps`` does), so a million-step run is never copied
 and a served report streams while it is made.
 """
@@ -55,7 +55,7 @@ from typing import Any, Iterable, Iterator
 
 import msgspec
 
-from broker.steps.store import StepStore
+from broker.run.steps.store import StepStore
 
 #: Buckets per embedded step series (PROTOCOL 4): zoom works within this resolution.
 REPORT_POINTS = 2000
@@ -273,7 +273,7 @@ class RunReport:
     collectives: Any = None
     #: ``GET .../resources``: the cluster's resources over time (web/resourcetimeline.py)
     resources: Any = None
-    #: (8.1) the run's :class:`broker.steps.line.StepLine` (None: no superseded steps) and
+    #: (8.1) the run's :class:`broker.run.steps.line.StepLine` (None: no superseded steps) and
     #: its superseded epoch records
     line: Any = None
     epochs_superseded: list[dict[str, Any]] = field(default_factory=list)

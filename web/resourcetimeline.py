@@ -5,7 +5,7 @@ step-only run had none, an epoch of an hour one point for the hour).
 Why in the web: every ``ranks`` update of the broker's feed carries each rank's latest
 sample, so the web sees the cluster's samples as they change without a new feed message or
 a second copy of the samples in the broker. The point is figured as the broker figures an
-epoch record's ``resources`` (:func:`broker.aggregate.cluster_resources`): CPU and RAM per
+epoch record's ``resources`` (:func:`broker.run.aggregate.cluster_resources`): CPU and RAM per
 host (the ranks of a host read the same ``/proc``), GPU utilisation and VRAM per rank; RAM
 and VRAM as a share of their totals.
 
@@ -58,7 +58,7 @@ def cluster_point(ranks: Iterable[Any]) -> Optional[tuple[Optional[float], ...]]
     """``(cpu %, ram %, gpu util %, vram %)`` of the ranks' latest samples (a ``ranks``
     array), or None when no rank has a sample: CPU the mean and RAM the sum over hosts (a
     host's first rank in the array that reports each), GPU utilisation the mean and VRAM the
-    sums over ranks, as :func:`broker.aggregate.cluster_resources` figures an epoch's."""
+    sums over ranks, as :func:`broker.run.aggregate.cluster_resources` figures an epoch's."""
     cpu_by_host: dict[Any, float] = {}
     ram_by_host: dict[Any, tuple[float, float]] = {}
     utils: list[float] = []

@@ -14,9 +14,9 @@ from typing import Any
 import gevent
 import gevent.queue
 
-from broker.steps.eta import step_eta
-from broker.steps.line import MAX_SUPERSEDED, EpochLine, StepLine
-from broker.steps.store import StepStore
+from broker.run.steps.eta import step_eta
+from broker.run.steps.line import MAX_SUPERSEDED, EpochLine, StepLine
+from broker.run.steps.store import StepStore
 from web import sse
 from web.ranksbound import SampleRotation
 from web.resourcetimeline import ResourceTimeline

@@ -5,7 +5,7 @@ even after SIGKILL, serves the same records, keeps every run's state and issues 
 above any it issued before. The sink is pure and deterministic, so the journal does not
 store state: it stores what the sink was fed (accepted frames that changed something, as
 their known fields, with their receive time) and rebuilds the state by feeding the same
-frames to a fresh :class:`~broker.sink.RunSink`. Besides frames it stores sequence numbers, which the sink
+frames to a fresh :class:`~broker.run.sink.RunSink`. Besides frames it stores sequence numbers, which the sink
 cannot recompute (ticks are not replayed): a reservation ``seq_hi`` that every issued id
 stays below, and the id of each closed epoch record, so that a web client's
 ``Last-Event-ID`` keeps meaning the same record across a broker restart.
@@ -94,7 +94,7 @@ from broker.journal.replay import replay
 from broker.journal.seqfloor import SeqFloor
 from broker.journal.stepblocks import wire_block
 from broker.journal.writer import Handles, RunFile
-from broker.sink import RunSink
+from broker.run.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Frame, Metrics, Resources, Stacks, Steps, Svg, valid_run_id
 

@@ -32,7 +32,7 @@ from broker.journal.codec import (
     block_decoder,
 )
 from broker.journal.noops import Unchanged
-from broker.sink import Rejected, RunSink
+from broker.run.sink import Rejected, RunSink
 from rank_agent import protocol
 
 __all__ = ["Replayed", "replay"]

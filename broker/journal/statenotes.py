@@ -16,8 +16,8 @@ waits), or when the run leaves memory or the journal closes:
 * ``alerts`` (a new alert, a new message, one leaving the list), ``gpu`` (an XID, ECC or
   NVLink counter moved), ``collectives_last``: :data:`STATE_INTERVAL` (1 s). A stall storm
   changes the alert list with every frame; one entry a second is bounded by the list's cap
-  (``broker/alerts.py``: 13.7 KB for 100 ``stalled`` alerts, 447 KB for eight kinds at
-  their cap with 512-character messages) and the verdict's (``broker/collectivelast.py``).
+  (``broker/run/alerts.py``: 13.7 KB for 100 ``stalled`` alerts, 447 KB for eight kinds at
+  their cap with 512-character messages) and the verdict's (``broker/run/collectivelast.py``).
 * ``alerts`` whose only change is the time an alert was last raised: :data:`AT_INTERVAL`
   (60 s). A condition that persists is raised again with every sample (a GPU throttling):
   written each second it would grow the file by the list every second, for as long as the
@@ -41,7 +41,7 @@ import msgspec
 from broker.journal.codec import KIND_STATE, STATE_PART_BYTES, entry
 
 if TYPE_CHECKING:
-    from broker.sink import RunSink
+    from broker.run.sink import RunSink
 
 __all__ = ["StateNotes", "FIGURES_INTERVAL", "state_entry"]
 

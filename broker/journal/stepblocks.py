@@ -13,14 +13,14 @@ rows (:attr:`StepBlocks.published` is how it tells).
 
 :func:`wire_block` writes what ``to_wire`` writes for the same rows (a test holds them
 equal); it reads only the store's public parts (``column``, ``step_ms``, ``metrics`` and
-each :class:`~broker.steps.store.Series`' arrays).
+each :class:`~broker.run.steps.store.Series`' arrays).
 """
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List
 
-from broker.steps.encodings import series_wire
-from broker.steps.store import StepStore
+from broker.run.steps.encodings import series_wire
+from broker.run.steps.store import StepStore
 
 __all__ = ["StepBlocks", "wire_block", "COLUMNS"]
 

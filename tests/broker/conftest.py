@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from broker.server import BrokerServer
-from broker.webhooks import WebhookNotifier
+from broker.webhooks.notifier import WebhookNotifier
 from tests.support.brokers import LOOPBACK_ANY, FeedClient, RunningBroker
 from tests.support.receiver import Receiver
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from broker import aggregate as agg
+from broker.run import aggregate as agg
 from rank_agent.protocol import GpuSample, Metrics, ResourceSample
 from tests.support.aggregate import gpu_entries
 

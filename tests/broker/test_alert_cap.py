@@ -3,7 +3,7 @@
 past what an SSE client may queue."""
 from __future__ import annotations
 
-from broker.alerts import MAX_ALERT_MESSAGE, MAX_ALERTS_PER_KIND, RunAlerts
+from broker.run.alerts import MAX_ALERT_MESSAGE, MAX_ALERTS_PER_KIND, RunAlerts
 
 
 def nowhere(rank: int) -> None:

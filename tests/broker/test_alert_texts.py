@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from broker.gpualerts import GpuAlertRules
+from broker.run.gpualerts import GpuAlertRules
 from broker.runs import Runs
 from broker.stacks.feed import stall_message
 from rank_agent.protocol import (

@@ -23,7 +23,7 @@ import pytest
 import zmq
 
 from broker.server import BrokerServer
-from broker.webhooks import ENV_VAR, WebhookNotifier
+from broker.webhooks.notifier import ENV_VAR, WebhookNotifier
 from rank_agent.protocol import GpuSample, Resources, ResourceSample
 from tests.support import REPO
 from tests.support.brokers import LOOPBACK_ANY, FeedClient, Pusher, RunningBroker

@@ -12,9 +12,9 @@ from typing import Any, List
 import msgspec
 import pytest
 
-from broker.attempts import MAX_ATTEMPTS_PER_MINUTE
-from broker.events import Rejected
-from broker.sink import RunSink
+from broker.run.attempts import MAX_ATTEMPTS_PER_MINUTE
+from broker.run.events import Rejected
+from broker.run.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Finish, Metrics, Register, Resources, ResourceSample, Steps
 from tests.broker.test_journal_steps import Broker

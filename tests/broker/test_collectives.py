@@ -12,8 +12,8 @@ import msgspec
 import pytest
 
 from broker.journal.journal import Journal
+from broker.run.sink import RunSink
 from broker.runs import Runs
-from broker.sink import RunSink
 from broker.stacks.collectives import (
     RunCollectives,
     collective_verdict,

@@ -1,7 +1,7 @@
 """The data wait (PROTOCOL.md 7.1) in the broker: ``data_ms`` closed as ``step_ms`` is (grid
 and general close, store, wire, CSV, journal blocks), the ranks' ``data_ms``, the header's
 ``data_share`` and ``data_stragglers`` and the ``data_straggler`` alert; the pure figures of
-:mod:`broker.steps.datawait`. Pure: frames and a fake clock, no sockets."""
+:mod:`broker.run.steps.datawait`. Pure: frames and a fake clock, no sockets."""
 from __future__ import annotations
 
 import math
@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 from broker.journal.stepblocks import StepBlocks, wire_block
-from broker.runs import Runs
-from broker.steps.closer import StepCloser
-from broker.steps.datawait import (
+from broker.run.steps.closer import StepCloser
+from broker.run.steps.datawait import (
     DataWait,
     data_share,
     data_stragglers,
@@ -23,8 +22,9 @@ from broker.steps.datawait import (
     share_percent,
     straggler_message,
 )
-from broker.steps.encodings import csv_columns
-from broker.steps.store import StepStore, wire_records
+from broker.run.steps.encodings import csv_columns
+from broker.run.steps.store import StepStore, wire_records
+from broker.runs import Runs
 from rank_agent.protocol import BadSteps, Steps, check_steps, decode, encoder
 from tests.support.stepdrive import RUN, T0, Drive
 

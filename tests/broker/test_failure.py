@@ -1,22 +1,22 @@
 """The first failure (PROTOCOL 8.2) in the broker's sink: ranks ``error``, the header's
 ``failure`` (first by ``at`` not by arrival, a silent rank that stopped earlier becoming
 first once stale, groups by type, bounds), the ``rank_error`` message, and the pure
-:mod:`broker.failure` helpers (the attempts' ``cause``, the error byte budget). Frames go
+:mod:`broker.run.failure` helpers (the attempts' ``cause``, the error byte budget). Frames go
 through the real schema (encoded and decoded), the sink gets explicit times."""
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from broker.failure import (
+from broker.run.failure import (
     MAX_GROUPS,
     MAX_LISTED_RANKS,
     ErrorStore,
     cause,
     failure,
 )
-from broker.rankstate import RankState
-from broker.sink import RunSink
+from broker.run.rankstate import RankState
+from broker.run.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import ErrorInfo, StackFrame
 from tests.support.sinkframes import RUN, fin, reg, wire
@@ -164,7 +164,7 @@ def test_the_webhook_of_a_rank_error_says_the_type_and_first_line() -> None:
 
 
 def test_the_webhook_post_of_a_rank_error_carries_that_message() -> None:
-    from broker.webhooks import AlertGrouper
+    from broker.webhooks.notifier import AlertGrouper
 
     sink = sink_of(2)
     sink.live = True
@@ -297,7 +297,7 @@ def test_the_failure_survives_a_restart_and_the_journal_keeps_known_fields_only(
 
 
 def test_the_sinks_index_agrees_with_the_rule_over_random_histories() -> None:
-    """The sink keeps a :class:`~broker.failure.FailureIndex` for speed; at every point of
+    """The sink keeps a :class:`~broker.run.failure.FailureIndex` for speed; at every point of
     random histories (finishes with and without errors, ties, reactivations, ranks going
     stale and coming back) it gives what the plain rule :func:`failure` gives."""
     import random

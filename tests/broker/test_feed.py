@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from broker import feed
-from broker.sink import Event
+from broker.run.sink import Event
 
 
 def test_event_round_trip_keeps_nan_none_and_nesting() -> None:
@@ -93,7 +93,7 @@ def test_snapshot_reply_round_trip() -> None:
 
 def test_feed_imports_only_msgspec() -> None:
     code = ("import sys; import broker.feed; "
-            "bad = [m for m in ('zmq', 'gevent', 'flask', 'broker.sink', 'rank_agent') "
+            "bad = [m for m in ('zmq', 'gevent', 'flask', 'broker.run.sink', 'rank_agent') "
             "if m in sys.modules]; sys.exit(repr(bad) if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60)

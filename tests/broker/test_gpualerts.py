@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from broker.gpualerts import MAX_GPUS_PER_RANK, GpuAlert, GpuAlertRules
+from broker.run.gpualerts import MAX_GPUS_PER_RANK, GpuAlert, GpuAlertRules
 from rank_agent.protocol import GpuSample, ResourceSample
 
 
@@ -254,7 +254,7 @@ def test_feed_many_is_feed_one_by_one():
     what feeding them one by one raises, in the same order, and leave the same state."""
     import random
 
-    from broker.gpualerts import Sampled
+    from broker.run.gpualerts import Sampled
 
     rnd = random.Random(7)
 

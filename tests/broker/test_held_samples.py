@@ -203,7 +203,7 @@ def test_a_batch_of_held_samples_ends_where_applying_each_with_held_ends() -> No
     and rejections, including a rank past the world size
     (never held through ``Runs``, but the sink checks it as ``apply`` does), stale ranks
     coming back and a rank seen first in the batch."""
-    from broker.sink import Rejected, RunSink
+    from broker.run.sink import Rejected, RunSink
 
     def frames() -> list[wire.Resources]:
         return [wire.Resources(run=RUN, rank=r, sample=wire.ResourceSample(
@@ -260,7 +260,7 @@ def test_a_failing_gpu_rule_is_counted_and_the_samples_still_apply(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug in the GPU rules (not bad input) is counted as ``internal`` once for the batch,
     and the batch's samples are applied all the same."""
-    from broker.gpualerts import GpuAlertRules
+    from broker.run.gpualerts import GpuAlertRules
 
     runs, _, rec = make(True)
     feed(runs, [[register(RUN, r) for r in range(4)]])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from broker.journal.journal import Journal
-from broker.sink import Rejected, RunSink
+from broker.run.sink import Rejected, RunSink
 from rank_agent import protocol
 from rank_agent.protocol import (
     Finish,
@@ -276,7 +276,7 @@ def test_a_flood_of_replaced_metadata_is_parsed_once_on_reload(
     of 1 MiB blobs: seconds). Every journaled blob was valid and the last write wins, so the
     replaced ones are replayed as stand-ins carrying the last blob: parsed once, the same
     state (header, ranks seen, the first frame's time) as a full replay."""
-    import broker.sink as sink_module
+    import broker.run.sink as sink_module
     srv = Server(tmp_path / "d")
     srv.send(protocol.Metadata(run="md", rank=1, json=json.dumps({"i": -1})))  # small, first
     for i in range(40):

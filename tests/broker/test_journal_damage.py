@@ -19,7 +19,7 @@ import pytest
 
 from broker.journal import codec
 from broker.journal.journal import HEADER, Journal, JournalError
-from broker.sink import RunSink
+from broker.run.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import (
     Frame,
@@ -251,7 +251,7 @@ def test_newer_data_dir_format_and_second_broker_are_refused(tmp_path: Path) -> 
 CHILD = r"""
 import json, sys
 from broker.journal.journal import Journal
-from broker.sink import RunSink
+from broker.run.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Metrics, Register, Resources, ResourceSample
 

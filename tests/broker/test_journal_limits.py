@@ -16,8 +16,8 @@ import msgspec
 import pytest
 
 from broker.journal.journal import WRITE_BUFFER_BYTES, Journal
+from broker.run.steps.store import Series
 from broker.runs import Runs
-from broker.steps.store import Series
 from rank_agent import protocol
 from rank_agent.protocol import Finish, Frame, Hardware, Metadata, Metrics, Register, Steps, Svg
 
@@ -223,7 +223,7 @@ def test_a_steps_block_visits_what_it_holds_not_every_series(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 19 finding 3: writing a STEPS block visited every series of the run (blocks x
     names). The work per block must not grow with the run's series count."""
-    monkeypatch.setattr("broker.steps.store.Series", CountingSeries)
+    monkeypatch.setattr("broker.run.steps.store.Series", CountingSeries)
     small, few = _wide_then_narrow(tmp_path / "small", names=64, blocks=40)
     small.close()
     # 1,023 names + loss: the most a run may hold (MAX_RUN_STEP_METRICS)
@@ -338,8 +338,8 @@ def test_steps_rows_without_frames_behind_them_are_written_whole(tmp_path: Path)
     """Rows that did not come from the sink's own publishing (restored blocks, as
     bench/steps_bench.py builds a million-step run) have no frames to name their series:
     the journal writes every series for them, block after block."""
-    from broker.sink import RunSink
-    from broker.steps.store import StepStore
+    from broker.run.sink import RunSink
+    from broker.run.steps.store import StepStore
 
     j = Journal(tmp_path)
     j.load()

@@ -22,9 +22,9 @@ import pytest
 
 from broker.journal import codec
 from broker.journal.journal import HEADER, Journal, read_entries
-from broker.sink import Event, Rejected, RunSink
-from broker.steps.closer import RunSteps
-from broker.steps.store import SAMPLES_PER_S, STEP_MS, StepStore, wire_records
+from broker.run.sink import Event, Rejected, RunSink
+from broker.run.steps.closer import RunSteps
+from broker.run.steps.store import SAMPLES_PER_S, STEP_MS, StepStore, wire_records
 from rank_agent import protocol
 from rank_agent.protocol import Finish, Frame, Register, Resources, ResourceSample, Steps
 

@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from broker import feed
-from broker.sink import RunSink
+from broker.run.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import Register, Svg, decode, encoder
 from tests.support.brokers import FeedClient, RunningBroker

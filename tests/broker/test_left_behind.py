@@ -14,11 +14,11 @@ from typing import Any, Iterator
 import msgspec
 import pytest
 
-from broker.alerts import MAX_ALERTS_PER_KIND, RunAlerts
-from broker.collectivelast import MAX_GROUPS, MAX_RANKS, LastVerdict, kept_form
 from broker.journal import statenotes
 from broker.journal.journal import Journal
-from broker.sink import RunSink
+from broker.run.alerts import MAX_ALERTS_PER_KIND, RunAlerts
+from broker.run.collectivelast import MAX_GROUPS, MAX_RANKS, LastVerdict, kept_form
+from broker.run.sink import RunSink
 from broker.stacks.feed import STACKS_INTERVAL
 from rank_agent.protocol import (
     CollectiveEntry,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.steps.closer import StepCloser
+from broker.run.steps.closer import StepCloser
 from rank_agent.protocol import Steps, decode, encoder
 from tests.support.stepdrive import RUN, T0, Drive
 

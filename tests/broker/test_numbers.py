@@ -15,8 +15,8 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
+from broker.run.steps.numbers import majority
 from broker.runs import Runs
-from broker.steps.numbers import majority
 from rank_agent import protocol
 
 RUN = "numbers-run"
@@ -258,7 +258,7 @@ def test_register_over_the_replicated_bounds_is_rejected_as_schema(replicated: A
 def test_both_closes_give_every_ranks_value_at_a_step(sparse: bool) -> None:
     """The grid close (one frame a rank, the live case) and the general one (sorting by step
     and rank) hand the number rules the same (rank, value) pairs."""
-    from broker.steps.columns import FrameBuffer, close_columns
+    from broker.run.steps.columns import FrameBuffer, close_columns
     from rank_agent.protocol import Steps
 
     def frames() -> list[Steps]:
@@ -306,7 +306,7 @@ def test_a_new_attempt_has_first_values_of_its_own_and_keeps_the_listed_ones() -
 
 
 def test_a_journal_state_that_is_not_what_it_should_be_loads_nothing_and_breaks_nothing() -> None:
-    from broker.steps.numbers import RunNumbers
+    from broker.run.steps.numbers import RunNumbers
 
     numbers = RunNumbers()
     numbers.restore({"nonfinite": "junk", "first": [[0]], "raised": 3})
@@ -332,7 +332,7 @@ def test_the_journal_writes_the_ranks_lists_only_when_they_grow() -> None:
     assert again is not None and "raised" not in again and "messages" not in again
     assert again["divergence"][0]["count"] == 2
     # a reload takes both: the lists of the first, the count of the second
-    from broker.steps.numbers import RunNumbers
+    from broker.run.steps.numbers import RunNumbers
 
     restored = RunNumbers()
     restored.restore(first)
@@ -341,7 +341,7 @@ def test_the_journal_writes_the_ranks_lists_only_when_they_grow() -> None:
 
 
 def test_majority_past_the_pairwise_limit_agrees_with_the_pairwise_rule() -> None:
-    from broker.steps import numbers as nmod
+    from broker.run.steps import numbers as nmod
 
     rng = np.random.default_rng(7)
     for case in range(20):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.retention import DiskRun, MemRun, interval_from_env, parse_size, plan, scan_runs
+from broker.retention.plan import DiskRun, MemRun, interval_from_env, parse_size, plan, scan_runs
 
 DAY = 86400.0
 

@@ -6,7 +6,7 @@ import logging
 import msgspec
 import pytest
 
-from broker.events import Event
+from broker.run.events import Event
 from broker.runs import Runs
 from rank_agent import protocol
 from rank_agent.protocol import Svg

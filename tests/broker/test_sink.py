@@ -11,7 +11,7 @@ import tracemalloc
 import msgspec
 import pytest
 
-from broker.sink import Event, Rejected, RunSink
+from broker.run.sink import Event, Rejected, RunSink
 from rank_agent.protocol import (
     GpuSample,
 )
@@ -281,7 +281,7 @@ def test_port_first_nonzero_wins(caplog) -> None:
     assert of_kind(sink.tick(2.0), "run")[0]["port"] == 8585
     assert sink.apply(reg(2, 4, port=8585), 3.0) == []  # the same port again: a no-op
     assert of_kind(sink.tick(3.0), "run") == []
-    with caplog.at_level(logging.WARNING, logger="broker.sink"):
+    with caplog.at_level(logging.WARNING, logger="broker.run.sink"):
         assert sink.apply(reg(3, 4, port=9000), 4.0) == []  # a different one: ignored
         assert of_kind(sink.tick(4.0), "run") == []
         sink.apply(reg(3, 4, port=9001), 5.0)  # warned once per interval, still counted
@@ -290,7 +290,7 @@ def test_port_first_nonzero_wins(caplog) -> None:
     assert sink.port_conflicts == 2
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "9000" in warnings[0].getMessage()
-    with caplog.at_level(logging.WARNING, logger="broker.sink"):
+    with caplog.at_level(logging.WARNING, logger="broker.run.sink"):
         sink.apply(reg(3, 4, port=9002), 4.0 + 3600.0)
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
 
@@ -483,7 +483,7 @@ def test_a_run_holds_at_most_1024_open_epochs() -> None:
     open: a flood of metrics frames for new epochs grew the run by ~1 KB a frame, without
     end. The 1,025th open epoch is rejected (``open_epochs``); reports for open epochs,
     late ones, and new ones once epochs close, are still taken."""
-    from broker.epochs import MAX_OPEN_EPOCHS
+    from broker.run.epochs import MAX_OPEN_EPOCHS
 
     assert MAX_OPEN_EPOCHS == 1024
     sink = registered(2)

@@ -8,7 +8,7 @@ import math
 import msgspec
 import pytest
 
-from broker.sink import RunSink
+from broker.run.sink import RunSink
 from rank_agent.protocol import (
     GpuSample,
     ResourceSample,

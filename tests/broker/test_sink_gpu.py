@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.journal.journal import Journal
+from broker.run.sink import RunSink
 from broker.runs import Runs
-from broker.sink import RunSink
 from rank_agent.protocol import GpuSample, Resources, ResourceSample
 from tests.support.frames import enc, finish, metrics, register
 

@@ -7,8 +7,8 @@ import re
 import time
 import tracemalloc
 
-from broker.sink import RunSink
-from broker.topology import MAX_HARDWARE_BYTES, HardwareString, Topology
+from broker.run.sink import RunSink
+from broker.run.topology import MAX_HARDWARE_BYTES, HardwareString, Topology
 from rank_agent.protocol import (
     Hardware,
     Register,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.sink import Rejected, RunSink
+from broker.run.sink import Rejected, RunSink
 from rank_agent.protocol import (
     GpuSample,
     ResourceSample,

@@ -12,8 +12,8 @@ import zmq
 from broker import feed
 from broker.journal import journal
 from broker.journal.journal import Journal
+from broker.run.sink import RunSink
 from broker.server import BrokerServer
-from broker.sink import RunSink
 from broker.stacks.feed import STACKS_INTERVAL
 from broker.stacks.store import DUMP_OVERHEAD, RunStacks
 from rank_agent.controlwire import ControlRequest, decode_request

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from broker.run.steps.closer import StepCloser
+from broker.run.steps.store import wire_records
 from broker.runs import Runs
-from broker.steps.closer import StepCloser
-from broker.steps.store import wire_records
 from rank_agent.protocol import encoder
 from tests.support.stepdrive import RUN, T0, Drive, closer_with, fin, numbers, reg, stp
 

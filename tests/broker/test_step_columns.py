@@ -1,4 +1,4 @@
-"""The single-step fast path of the close (broker/steps/columns.py ``FrameBuffer.close_grid``,
+"""The single-step fast path of the close (broker/run/steps/columns.py ``FrameBuffer.close_grid``,
 issue 17) against the general columnar close (``close_columns`` of ``FrameBuffer.take``),
 array for array: the same exact means (``fsum`` semantics), min/max over finite values,
 non-finite rules, the slowest rank (lowest rank at the finite max), sums and names; and
@@ -16,9 +16,9 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
-from broker.steps import columns, reduce
-from broker.steps.closer import StepCloser
-from broker.steps.columns import ClosedSteps, FrameBuffer, close_columns
+from broker.run.steps import columns, reduce
+from broker.run.steps.closer import StepCloser
+from broker.run.steps.columns import ClosedSteps, FrameBuffer, close_columns
 from rank_agent.protocol import Steps
 from tests.support.spying import spy
 from tests.support.steprecords import close_frames
@@ -253,7 +253,7 @@ def test_what_the_fast_path_leaves_to_the_general_close(case: str) -> None:
 def test_the_closer_takes_the_fast_path_for_a_grid(monkeypatch: pytest.MonkeyPatch) -> None:
     """A close of one round of frames never reaches close_columns; a repeated point does,
     and closes the same as it would have; so do points left pending by an earlier close."""
-    import broker.steps.closer as steps_mod
+    import broker.run.steps.closer as steps_mod
     closes = spy(monkeypatch, steps_mod, "close_columns")
 
     def calls() -> list[int]:  # the points of each general close

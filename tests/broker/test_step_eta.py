@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from broker.steps.eta import recent_step_ms, step_eta
-from broker.steps.store import StepStore
+from broker.run.steps.eta import recent_step_ms, step_eta
+from broker.run.steps.store import StepStore
 from rank_agent.protocol import Register
 from tests.support.stepdrive import RUN, Drive, stp, wire
 from web.runstate import RunState

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import pytest
 
-from broker.steps.closer import SHARE_WINDOW, STEP_MS_WINDOW
+from broker.run.steps.closer import SHARE_WINDOW, STEP_MS_WINDOW
 from rank_agent.protocol import Steps
 from tests.support.stepdrive import T0, Drive, fin, same, stp
 from tests.support.steprecords import step_record

@@ -1,4 +1,4 @@
-"""The columnar store of closed steps (broker/steps/store.py) against brute-force references:
+"""The columnar store of closed steps (broker/run/steps/store.py) against brute-force references:
 ``series`` (PROTOCOL 4 "Step series": exact lo/hi, every step in exactly one bucket, at most
 N buckets, one per step when they fit), the rate series, ``csv_rows``/``csv_header``
 (PROTOCOL 4 ``/steps.csv``); the wire blocks the journal and snapshots carry are
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.steps.store import (
+from broker.run.steps.store import (
     SAMPLES_PER_S,
     STEP_MS,
     TOKENS_PER_S,
@@ -359,7 +359,7 @@ def test_growth_keeps_every_row_and_a_live_view_keeps_its_values(
     no copy) and by a copy where a view is alive: a view taken before a growth still reads
     what it read (the array it points into is never freed under it), and the store keeps
     every row, on both paths (the copy is the only path from Python 3.14)."""
-    import broker.steps.store as ss
+    import broker.run.steps.store as ss
 
     monkeypatch.setattr(ss, "_IN_PLACE", in_place)
     store = StepStore()

@@ -11,7 +11,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from broker.steps.store import (
+from broker.run.steps.store import (
     SAMPLES_PER_S,
     STEP_MS,
     TOKENS_PER_S,

@@ -8,9 +8,9 @@ import math
 import msgspec
 import pytest
 
+from broker.run.sink import STEPS_INTERVAL, Rejected, RunSink
+from broker.run.steps.store import wire_records
 from broker.runs import Runs
-from broker.sink import STEPS_INTERVAL, Rejected, RunSink
-from broker.steps.store import wire_records
 from rank_agent.protocol import Register, encoder
 from tests.support.stepdrive import RUN, T0, Drive, fin, reg, stp
 
@@ -148,7 +148,7 @@ def test_a_run_holds_at_most_1024_distinct_step_metric_names() -> None:
     """Contract v3 section 2 (issue 19 finding 3): a steps frame that would take the run past
     1,024 distinct metric names is rejected whole, counted as ``step_metric_names``; names
     the run already holds stay welcome."""
-    from broker.steps.closer import MAX_RUN_STEP_METRICS
+    from broker.run.steps.closer import MAX_RUN_STEP_METRICS
 
     assert MAX_RUN_STEP_METRICS == 1024
     runs = Runs()

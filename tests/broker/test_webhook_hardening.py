@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from broker.webhooks import (
+from broker.webhooks.notifier import (
     MAX_BODY_HOSTS,
     MAX_BODY_RANKS,
     AlertGrouper,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from broker.webhooks import (
+from broker.webhooks.notifier import (
     AlertGrouper,
     WebhookNotifier,
     chat_line,
@@ -229,7 +229,7 @@ def test_a_receiver_that_is_down_is_retried_then_dropped_and_its_secret_never_lo
     with socket.socket() as bound:  # bound but not listening: connections are refused
         bound.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{bound.getsockname()[1]}/hooks/SECRET-TOKEN?key=SECRET2"
-        with caplog.at_level(logging.DEBUG, logger="broker.webhooks"):
+        with caplog.at_level(logging.DEBUG, logger="broker.webhooks.notifier"):
             n = make(notifiers, [url])
             n.run_ended("r", "complete")
             wait_for(lambda: n.counters()["dropped"] == 1, what="the undeliverable POST dropped")

@@ -1,9 +1,9 @@
 """Issue 32, finding 3: a rank's XID tallies are bounded by the GPUs it is remembered with
-(``broker.gpualerts.MAX_GPUS_PER_RANK``), however many device indices it invents."""
+(``broker.run.gpualerts.MAX_GPUS_PER_RANK``), however many device indices it invents."""
 from __future__ import annotations
 
-from broker.gpualerts import MAX_GPUS_PER_RANK, GpuAlertRules
-from broker.sink import RunSink
+from broker.run.gpualerts import MAX_GPUS_PER_RANK, GpuAlertRules
+from broker.run.sink import RunSink
 from rank_agent.protocol import GpuSample, Register, Resources, ResourceSample
 
 

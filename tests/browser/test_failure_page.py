@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from broker.sink import RunSink
+from broker.run.sink import RunSink
 from rank_agent import protocol as wire
 from rankboard.export import report_of_sink
 from tests.browser.test_report import open_offline

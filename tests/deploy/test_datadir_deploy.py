@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from broker.retention import parse_size
+from broker.retention.plan import parse_size
 from rankboard.cli import build_parser
 from tests.deploy.test_shards_deploy import (
     SYSTEMD,

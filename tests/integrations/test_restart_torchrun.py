@@ -9,7 +9,7 @@ import subprocess
 import uuid
 from typing import Any
 
-from broker.steps.store import wire_records
+from broker.run.steps.store import wire_records
 from tests.support import polling
 from tests.support.integrations import REPO, example_env, torchrun
 

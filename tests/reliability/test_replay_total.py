@@ -4,7 +4,7 @@
 The finding: a ``steps`` frame of 89 bytes (``data_ms`` 1e307 over ``step_ms`` 1) made the
 data wait's percentage overflow; live that failed every publish of its run, and once its
 closed step was journaled every restart raised in the replay (``rankboard up`` exited 1
-until someone deleted the journal by hand). The overflow is fixed (broker/steps/datawait.py)
+until someone deleted the journal by hand). The overflow is fixed (broker/run/steps/datawait.py)
 and the replay made total (broker/journal/replay.py, journal.py): an entry whose replay
 raises is counted, logged once and set aside beside the journal as damaged bytes are.
 The fuzz of replay is in tests/reliability/test_fuzz.py."""

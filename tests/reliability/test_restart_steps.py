@@ -18,7 +18,7 @@ import msgspec
 import zmq
 
 from broker import feed
-from broker.steps.store import SAMPLES_PER_S, STEP_MS, StepStore, wire_records
+from broker.run.steps.store import SAMPLES_PER_S, STEP_MS, StepStore, wire_records
 from rank_agent.protocol import Register, Steps
 from tests.support.brokers import FeedClient, Pusher
 from tests.support.procs import Proc, no_traceback, start_broker

@@ -1,10 +1,10 @@
-"""Test helpers over :mod:`broker.aggregate` that the broker itself has no use for (issue 44
+"""Test helpers over :mod:`broker.run.aggregate` that the broker itself has no use for (issue 44
 item 4: they lived in the package, used only by tests)."""
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping
 
-from broker.aggregate import Placement, rank_gpu
+from broker.run.aggregate import Placement, rank_gpu
 from rank_agent.protocol import ResourceSample
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from broker.journal.journal import Journal
+from broker.run.sink import RunSink
 from broker.runs import Runs
-from broker.sink import RunSink
 from rank_agent import protocol
 
 __all__ = ["journal_and_replay", "state_of", "differences", "extremes", "FRAME_89"]

@@ -17,7 +17,7 @@ import zmq
 
 from broker import feed
 from broker.coalesce import COALESCE_MIN_BYTES, peek_metadata_run
-from broker.steps.store import SAMPLES_PER_S, STEP_MS, StepStore
+from broker.run.steps.store import SAMPLES_PER_S, STEP_MS, StepStore
 from tests.support.fuzzgen import (
     CHECK_RUN,
     CHECK_STEP_BLOCK,

@@ -13,7 +13,7 @@ import msgspec
 
 from broker.journal import codec
 from broker.journal.journal import HEADER, Journal, read_entries
-from broker.sink import Rejected, RunSink
+from broker.run.sink import Rejected, RunSink
 from rank_agent import protocol
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ import math
 import random
 from typing import Any, Optional
 
-from broker.steps.encodings import csv_columns
-from broker.steps.store import StepStore
+from broker.run.steps.encodings import csv_columns
+from broker.run.steps.store import StepStore
 from rank_agent.protocol import Steps
 from tests.support.steprecords import step_record
 

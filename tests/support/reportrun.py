@@ -1,5 +1,5 @@
 """A finished run for the report tests and ``bench/report_bench.py``: real wire frames fed to
-a real :class:`~broker.sink.RunSink` and journaled by the real :class:`~broker.journal.journal.Journal`
+a real :class:`~broker.run.sink.RunSink` and journaled by the real :class:`~broker.journal.journal.Journal`
 code path (as the broker does), closed steps as STEPS blocks (as ``bench/steps_bench.py``
 writes its million-step run), and strings a hostile rank could send in every place a
 report shows text (metadata, metric names, host names, hardware, the graph)."""
@@ -13,7 +13,7 @@ from typing import Any, Optional
 import numpy as np
 
 from broker.journal.journal import Journal
-from broker.sink import RunSink
+from broker.run.sink import RunSink
 from rank_agent import protocol
 from rank_agent.protocol import GpuSample, ResourceSample
 

@@ -1,11 +1,11 @@
 """Frames for the sink tests (PROTOCOL.md 2 and 3), built through the real schema, and the
-small readers of a :class:`~broker.sink.RunSink`'s events and state that
+small readers of a :class:`~broker.run.sink.RunSink`'s events and state that
 ``tests/broker/test_sink*.py`` share."""
 from __future__ import annotations
 
 import msgspec
 
-from broker.sink import Event, RunSink
+from broker.run.sink import Event, RunSink
 from rank_agent import protocol
 from rank_agent.protocol import decode, encoder
 

@@ -1,5 +1,5 @@
 """Builders for the step tests (PROTOCOL.md 2.4): frames through the real schema, and a
-:class:`Drive` that feeds a :class:`~broker.sink.RunSink` with a fake clock and keeps every
+:class:`Drive` that feeds a :class:`~broker.run.sink.RunSink` with a fake clock and keeps every
 event and published step record. Shared by ``tests/broker/test_step_*.py``."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any, Iterable, Optional
 
 import msgspec
 
-from broker.sink import Event, RunSink
-from broker.steps.closer import StepCloser
-from broker.steps.store import wire_records
+from broker.run.sink import Event, RunSink
+from broker.run.steps.closer import StepCloser
+from broker.run.steps.store import wire_records
 from rank_agent.protocol import Finish, Register, Steps, decode, encoder
 
 RUN = "steps-run"

@@ -1,5 +1,5 @@
 """Closed step records computed from whole frames, for tests: the expected side of the
-step tests, through the broker's own column arithmetic (:mod:`broker.steps.columns`).
+step tests, through the broker's own column arithmetic (:mod:`broker.run.steps.columns`).
 
 Not in the broker because nothing there needs a record from frames at rest: the closer
 closes columns as frames arrive.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any, Dict, Iterable, Optional
 
-from broker.steps.columns import ClosedSteps, FrameBuffer, close_columns, slice_frame
+from broker.run.steps.columns import ClosedSteps, FrameBuffer, close_columns, slice_frame
 from rank_agent.protocol import Steps
 
 __all__ = ["close_frames", "step_record"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.gpualerts import GpuAlertRules
+from broker.run.gpualerts import GpuAlertRules
 from rankboard import demogpu
 from rankboard.demogpu import SimulatedNvml, roles, simulated_sampler
 

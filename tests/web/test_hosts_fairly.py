@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from broker.alerts import MAX_ALERTS_PER_KIND, RunAlerts
-from broker.sink import RunSink
+from broker.run.alerts import MAX_ALERTS_PER_KIND, RunAlerts
+from broker.run.sink import RunSink
 from rank_agent.protocol import Finish, Register
 from tests.support.sinkframes import wire
 from web.cluster import alert_host, runs_own_kinds

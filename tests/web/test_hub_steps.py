@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from broker import feed
-from broker.sink import Event, RunSink
-from broker.steps.store import StepStore, wire_records
+from broker.run.sink import Event, RunSink
+from broker.run.steps.store import StepStore, wire_records
 from rank_agent.protocol import Finish, Register, Steps
 from tests.support.spying import spy
 from tests.support.steprecords import close_frames

@@ -333,7 +333,7 @@ def test_export_errors_are_one_line_and_no_file(tmp_path: Path) -> None:
 def test_an_exported_run_carries_its_stack_dumps_grouped() -> None:
     """A run with stall dumps: the report of the rebuilt sink (``rankboard export``'s path)
     embeds the dumps and their groups in ``GET .../stacks``'s shape."""
-    from broker.sink import RunSink
+    from broker.run.sink import RunSink
     from rank_agent.protocol import Register, StackFrame, Stacks, ThreadStack
     from rankboard.export import report_of_sink
 

@@ -1,6 +1,6 @@
 """The cluster's resources over time (web/resourcetimeline.py, issue 34 item 5), pure: the
 point of a ``ranks`` array against the broker's own epoch aggregation of the same samples
-(:func:`broker.aggregate.cluster_resources`), the spacing of points and the bound in points
+(:func:`broker.run.aggregate.cluster_resources`), the spacing of points and the bound in points
 (neighbours merge, the spacing doubles) whatever the run's length."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import pytest
 
-from broker.aggregate import cluster_resources, sample_dict
+from broker.run.aggregate import cluster_resources, sample_dict
 from rank_agent.protocol import ResourceSample
 from web.resourcetimeline import (
     FIRST_EVERY_S,

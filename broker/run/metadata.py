@@ -1,7 +1,7 @@
 """A run's metadata JSON checked and kept compact (PROTOCOL.md 2, ``metadata`` frames).
 
 Apart from the sink because it is a codec, not a rule of the run: text in, MessagePack out
-or :class:`~broker.events.Rejected`. The sink keeps the result and decodes it per header.
+or :class:`~broker.run.events.Rejected`. The sink keeps the result and decodes it per header.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 
 import msgspec
 
-from broker.events import Rejected
+from broker.run.events import Rejected
 
 __all__ = ["parse_metadata"]
 

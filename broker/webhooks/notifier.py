@@ -14,7 +14,7 @@ Two parts, as everywhere in the broker:
   lock for a few microseconds and return (**delivery never slows ingest**); all waiting
   (grouping windows, HTTP, retry delays) happens on the threads. Each URL's POSTs wait in a
   queue bounded by count (1,000) and bytes (:data:`QUEUE_BYTES`; beyond either the oldest is
-  dropped); each attempt has **one 5 s deadline** for all of it (:mod:`broker.webhookhttp`:
+  dropped); each attempt has **one 5 s deadline** for all of it (:mod:`broker.webhooks.post`:
   a receiver trickling bytes cannot stretch it), redirects are refused, and a connection
   error, a timeout, a 5xx or a 429 is retried after 1, 2 and 4 s; a retry waits in the queue
   without holding the thread. One slow receiver delays only its own URL.
@@ -51,7 +51,7 @@ import urllib.request
 from collections import deque
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
-from broker import webhookhttp
+from broker.webhooks import post as webhookhttp
 from rank_agent.ratelimit import RateLimitedLog
 
 log = logging.getLogger(__name__)

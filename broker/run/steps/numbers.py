@@ -1,12 +1,12 @@
 """Numbers that go wrong, per rank (PROTOCOL.md 8.3): the first non-finite value of each step
 metric, and replicas that disagree on a metric every rank computes alike.
 
-A :class:`RunNumbers` belongs to one run's :class:`~broker.steps.closer.RunSteps` and sees
+A :class:`RunNumbers` belongs to one run's :class:`~broker.run.steps.closer.RunSteps` and sees
 every batch of closed steps as it closes (steps close in ascending order and never change,
 so "first" is exact). It reads no clock and does no I/O; what it finds is kept as the
 header's ``nonfinite`` and ``replica_divergence`` and queued as alerts
 (:attr:`RunNumbers.alerts`) that the sink raises when it publishes the steps
-(:mod:`broker.steps.rules`).
+(:meth:`broker.run.steps.closer.RunSteps.raise_numbers`).
 
 **Cost.** The close reduces every metric to ``[mean, min, max]`` per step; those decide
 whether a step needs a look at its ranks at all, so the hot path stays per step, not per
@@ -18,7 +18,7 @@ rank:
   every pair within the tolerance (every value lies between them, on one side of zero), so
   it needs no per-rank scan either; only a step that fails this test is scanned
   (:func:`majority`), from the per-rank values the close still holds
-  (:meth:`~broker.steps.columns.ClosedSteps.values_at`).
+  (:meth:`~broker.run.steps.columns.ClosedSteps.values_at`).
 
 **Attempts.** Entries are keyed by attempt (8.1); until attempts exist a run is attempt 0
 (:attr:`RunNumbers.attempt`), and :meth:`RunNumbers.new_attempt` starts the per-attempt
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tupl
 import numpy as np
 
 if TYPE_CHECKING:
-    from broker.steps.columns import ClosedSteps
+    from broker.run.steps.columns import ClosedSteps
 
 __all__ = ["RunNumbers", "majority", "TOLERANCE", "MAX_NONFINITE", "MAX_LISTED_RANKS",
            "MAX_REPLICATED", "nonfinite_word"]

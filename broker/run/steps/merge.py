@@ -1,6 +1,6 @@
 """A rank's repeated points of one step, merged field by field (PROTOCOL.md 2 and 5, v3).
 
-Apart from :mod:`broker.steps.columns` because it is one rule of its own, taken only on the
+Apart from :mod:`broker.run.steps.columns` because it is one rule of its own, taken only on the
 rare path of a close (a rank flushed the same step twice) and tested on its own.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any, Tuple
 
 import numpy as np
 
-#: :class:`broker.steps.columns.Columns` (typed loosely: that module imports this one)
+#: :class:`broker.run.steps.columns.Columns` (typed loosely: that module imports this one)
 Columns = Any
 
 __all__ = ["merge_points"]

@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from broker.steps.store import StepStore
+from broker.run.steps.store import StepStore
 
 __all__ = ["ETA_WINDOW", "recent_step_ms", "step_eta"]
 

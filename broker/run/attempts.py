@@ -16,25 +16,21 @@ process of a rank from the same one registering again by it, and starts a new **
   crash loop must not churn the run's state at the rate of its registers.
 
 :class:`Attempts` is the bookkeeping (the current attempt's processes, the header's
-``attempts`` list, bounded); :class:`AttemptRules`, mixed into :class:`broker.sink.RunSink`,
+``attempts`` list, bounded); the attempt rules (methods of :class:`broker.run.sink.RunSink`)
 decides on a frame before anything changes (a rejection stays side-effect free) and, when an
 attempt starts, ends the previous one: its pending steps close as at a run end, its
 incomplete epochs are dropped, and what belongs to processes starts afresh. Rewinds (a new
-attempt closing steps an older one closed) are :mod:`broker.steps.line`'s.
+attempt closing steps an older one closed) are :mod:`broker.run.steps.line`'s.
 """
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Set
+from typing import Any, Deque, Dict, List, Optional, Set
 
-from broker.events import Rejected
-from broker.failure import cause, failure
+from broker.run.events import Rejected
 from rank_agent.protocol import Register
 
-if TYPE_CHECKING:
-    from broker.steps.closer import RunSteps
-
-__all__ = ["Attempts", "AttemptRules", "MAX_ATTEMPTS_PER_MINUTE", "MAX_LISTED_ATTEMPTS",
+__all__ = ["Attempts", "MAX_ATTEMPTS_PER_MINUTE", "MAX_LISTED_ATTEMPTS",
            "restart_message"]
 
 #: Attempts a run may start in any 60 s (8.1); past it a starting register is ``attempt_rate``.
@@ -146,58 +142,3 @@ class Attempts:
         self.starts.append(now)
         self.latest.append(new_entry(self.current, now, world_size))
         return prev
-
-
-class AttemptRules:
-    """The sink's attempt rules, mixed into :class:`broker.sink.RunSink` (module docstring);
-    the state it uses is the sink's (declared below for the type checker)."""
-
-    if TYPE_CHECKING:
-        run: str
-        world_size: Optional[int]
-        status: str
-        started_at: Optional[float]
-        attempts: Attempts
-        _steps: RunSteps
-        _ranks: Dict[int, Any]
-        _header_changed: bool
-
-        def _raise(self, kind: str, rank: int | None, message: str, now: float,
-                   notify: bool = True) -> None: ...
-        def _publish_steps(self, now: float, final: bool = False) -> None: ...
-        def _reset_processes(self, now: float) -> None: ...
-        def _fill_attempt_figures(self) -> None: ...
-        host_of: Callable[[int], Optional[str]]
-
-    @property
-    def attempt(self) -> int:
-        """The current attempt (0-based)."""
-        return self.attempts.current
-
-    def _attempt_gate(self, frame: Any) -> None:
-        """A frame other than ``register`` from a rank that has not registered in the current
-        attempt, past attempt 0, is an old process's (``old_proc``). Call after the range
-        check; changes nothing."""
-        att = self.attempts
-        if att.current and frame.rank not in att.registered:
-            raise Rejected("old_proc", f"rank {frame.rank} has not registered in attempt "
-                                       f"{att.current}")
-
-    def _start_attempt(self, frame: Register, now: float) -> None:
-        """``frame`` starts attempt k+1 (decided by :meth:`Attempts.decide`): attempt k ends
-        (its pending steps close and go out, its cause is kept), then what belongs to
-        processes begins afresh and the ``restart`` alert is raised."""
-        if self.started_at is None:
-            self.started_at = now
-        if self._steps.close_all():
-            self._publish_steps(now, final=True)
-        ranks = self._ranks
-        ended_cause = cause(failure(ranks, self.host_of, unfinished_silent=True)) if ranks else None
-        self._fill_attempt_figures()  # (the entry's last step, for the message)
-        prev = self.attempts.begin(now, frame.world_size)
-        prev["cause"] = ended_cause
-        self.world_size = frame.world_size
-        self._reset_processes(now)
-        self._raise("restart", None, restart_message(self.attempts.current, prev), now)
-        self.status = "training"
-        self._header_changed = True

@@ -16,7 +16,7 @@ no clock and does no I/O, so every rule is a unit test with a fake ``now``:
 * **late points**: a point for a step at or below the last closed one is dropped and counted
   (:attr:`StepCloser.late`); the rest of its frame still applies.
 
-How a batch is reduced (columnar, issue 17) lives in :mod:`broker.steps.columns`; this module
+How a batch is reduced (columnar, issue 17) lives in :mod:`broker.run.steps.columns`; this module
 decides *when* steps close and keeps the per-rank figures.
 
 * **A frame** costs O(1) Python calls: it is appended, by reference, to the run's pending
@@ -29,25 +29,28 @@ The batch then goes, as arrays, into the store (one append per batch, :meth:`Ste
 append_columns`), and the ``steps`` event carries the store's wire block of those rows
 (:meth:`RunSteps.take`), not records.
 The per-rank straggler figures (``step``, ``step_ms``, ``slowest_share``) live here too:
-they are what the closing sees.
+they are what the closing sees. So do the step rules (:class:`RunSteps`' ``publish``,
+``raise_numbers``, ``update_data_wait``: where a closed step meets the run, issue 44), since
+the state they read is the pipeline's; the sink keeps the run's status and header flags.
 """
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
 from collections import Counter, deque
-from typing import Any, Deque, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from broker.events import Rejected
-from broker.steps.columns import ClosedSteps, Columns, FrameBuffer, close_columns, slice_frame
-from broker.steps.line import StepLine
-from broker.steps.numbers import RunNumbers
-from broker.steps.store import StepStore
+from broker.run.events import Rejected
+from broker.run.steps.columns import ClosedSteps, Columns, FrameBuffer, close_columns, slice_frame
+from broker.run.steps.datawait import DataWait, data_share
+from broker.run.steps.line import StepLine
+from broker.run.steps.numbers import RunNumbers
+from broker.run.steps.store import StepStore
 from rank_agent.protocol import Steps
 
-__all__ = ["RunSteps", "MAX_RUN_STEP_METRICS", "StepCloser", "RankSteps", "STEP_MS_WINDOW",
+__all__ = ["RunSteps", "DATA_WAIT_INTERVAL", "MAX_RUN_STEP_METRICS", "StepCloser", "RankSteps", "STEP_MS_WINDOW",
            "SHARE_WINDOW"]
 
 #: Most distinct step metric names one run holds (contract v3 section 2): a ``steps`` frame
@@ -422,18 +425,35 @@ class StepCloser:
         return heap[0]
 
 
+#: the header's data-wait figures (7.1) are worked out at most this often (seconds)
+DATA_WAIT_INTERVAL = 1.0
+#: ``raise(kind, rank, message, now, notify=True)``: the sink's alert (``RunSink._raise``)
+RaiseAlert = Callable[..., None]
+
+
 class RunSteps:
     """One run's steps from frames to storage: the :class:`StepCloser`, the closed batches
     waiting for the next ``steps`` event (at most one per ``interval`` seconds), and the
-    :class:`~broker.steps.store.StepStore` of the published ones.
+    :class:`~broker.run.steps.store.StepStore` of the published ones.
 
     Only published steps enter :attr:`store`, so a snapshot never holds a step an event
-    will bring again. Emitting the event is the sink's business: :meth:`take` hands over
-    the wire block of the rows it stored (the batches enter the store one append each).
+    will bring again. :meth:`take` hands over the wire block of the rows it stored (the
+    batches enter the store one append each); :meth:`publish` emits it through the sink's
+    ``emit`` and raises what the published steps say (the step rules, below), handed the
+    sink's callbacks as :class:`broker.stacks.feed.StackFeed` is.
     """
 
-    def __init__(self, *, close_after: float = 10.0, interval: float = 0.25) -> None:
+    def __init__(self, *, close_after: float = 10.0, interval: float = 0.25,
+                 emit: Optional[Callable[[str, Any], int]] = None,
+                 raise_: Optional[RaiseAlert] = None) -> None:
         self.closer = StepCloser(close_after=close_after)
+        #: the sink's ``emit(kind, data)`` and ``raise(kind, rank, message, now, notify)``,
+        #: as :class:`broker.stacks.feed.StackFeed` is handed them (None: a bare pipeline, as
+        #: the benchmarks drive it, that publishes nothing itself)
+        self._emit = emit
+        self._raise = raise_
+        #: the header's data-wait figures (7.1), worked out after each publication
+        self.data_wait = DataWait()
         self.store = StepStore()
         self.interval = interval
         #: steps published through :meth:`take` (not restored ones)
@@ -459,6 +479,7 @@ class RunSteps:
         previous attempt's closed steps went out before (the sink's ``_start_attempt``)."""
         self.attempt = attempt
         self.closer = StepCloser(close_after=self.closer.close_after)
+        self.data_wait = DataWait()
         self.numbers.new_attempt(attempt)
 
     def admit(self, frame: Steps) -> None:
@@ -526,7 +547,7 @@ class RunSteps:
         to build, MessagePack-encode here and decode in every web, where most runs have no
         SSE subscriber to show them to. The block is a few ``tobytes`` per series; a web
         appends it with :meth:`StepStore.extend_wire` and builds records only for its
-        subscribers (:func:`broker.steps.store.wire_records` gives them to whoever else
+        subscribers (:func:`broker.run.steps.store.wire_records` gives them to whoever else
         needs them)."""
         out, self._out = self._out, []
         store = self.store
@@ -590,3 +611,105 @@ class RunSteps:
         if isinstance(published, float):
             self.sent_at = published
         return before
+
+    # ------------------------------- the step rules: where a closed step meets the run
+    # (PROTOCOL.md 2.4, 7.1, 8.3): the steps event, a non-finite loss, the number rules'
+    # alerts and the data wait. Here rather than in the sink because their state (the
+    # store, the numbers, the closer's ranks, the data wait) is this object's; the sink
+    # keeps the run's status and header flags, told by the return values.
+    def _alert(self, kind: str, rank: Optional[int], message: str, now: float,
+               notify: bool = True) -> None:
+        if self._raise is not None:
+            self._raise(kind, rank, message, now, notify)
+
+    def publish(self, now: float, world_size: Optional[int],
+                place: Callable[[int], Any], final: bool = False) -> bool:
+        """One ``steps`` event with every step closed since the last one (at most one per
+        ``interval``, or at once when the run ends). Its data is the store's wire block of
+        those rows (:meth:`take`; records: :func:`broker.run.steps.store.wire_records`).
+        True when the header's figures moved (the number rules' entries, the data wait)."""
+        store = self.store
+        before = store.rows
+        assert self._emit is not None
+        self._emit("steps", self.take(now))
+        bad = store.last_nonfinite("loss", since=before)  # array scan, not per record
+        if bad is not None:
+            self._alert("nonfinite_loss", None, f"step {bad[0]}: loss is {bad[1]}", now)
+        moved = self.raise_numbers(now, world_size)
+        # (the run's end: its last figures)
+        return self.update_data_wait(now, place, force=final) or moved
+
+    def raise_numbers(self, now: float, world_size: Optional[int]) -> bool:
+        """(8.3) The alerts the number rules found in the steps just published; True when
+        their entries moved (the header shows them). A first non-finite value on more than
+        half the world size is run-wide (``rank`` null): a NaN everywhere at once blames no
+        rank."""
+        numbers = self.numbers
+        if numbers.alerts:
+            alerts, numbers.alerts = numbers.alerts, []
+            ws = world_size if world_size is not None else len(self.closer.ranks)
+            for kind, rank, message, count in alerts:
+                if kind == "nonfinite" and count * 2 > ws:
+                    rank = None
+                self._alert(kind, rank, message, now)
+        if numbers.version != numbers.shown:
+            numbers.shown = numbers.version
+            return True
+        return False
+
+    def update_data_wait(self, now: float, place: Callable[[int], Any], force: bool = False,
+                         quiet: bool = False) -> bool:
+        """The header's ``data_share`` and ``data_stragglers`` (7.1, :mod:`broker.run.steps.
+        datawait`), at most once per DATA_WAIT_INTERVAL; a rank entering the list raises
+        ``data_straggler`` (unless ``quiet``: after a restart, whose alerts come back from
+        the journal as they were). True when the figures moved."""
+        dw = self.data_wait
+        if not force and dw.at is not None and now - dw.at < DATA_WAIT_INTERVAL:
+            return False
+        dw.at = now
+        d, ms = self.store.data_ms, self.store.step_ms
+        r0 = self.line.first_row(self.attempt)  # 8.1: the current attempt's
+        dp = int(d.row[:d.n].searchsorted(r0)) if r0 else 0
+        mp = int(ms.row[:ms.n].searchsorted(r0)) if r0 else 0
+        share = data_share(d.row[dp:d.n], d.mean[dp:d.n], ms.row[mp:ms.n], ms.mean[mp:ms.n])
+        figures = [(rank, rs.mean_data(), rs.mean_ms())
+                   for rank, rs in self.closer.ranks.items() if rs.data]
+        changed, new = dw.update(share, figures, place)  # type: ignore[arg-type]
+        for rank, message in ([] if quiet else new):
+            self._alert("data_straggler", rank, message, now)
+        return changed
+
+    def restore_numbers(self, wire: Dict[str, Any], at: float, world_size: Optional[int]
+                        ) -> None:
+        """Journal replay of the 8.3 state (:meth:`RunNumbers.wire`): the entries, and the
+        alerts they raised, raised again as they were (the newest state of the journal
+        wins; a re-raised alert keeps its (kind, rank) place in the list)."""
+        numbers = self.numbers
+        numbers.restore(wire)
+        numbers.journaled = numbers.shown = numbers.version
+        ws = world_size if world_size is not None else len(self.closer.ranks)
+        for entry, (message, count) in zip(numbers.nonfinite, numbers.nonfinite_alerts):
+            self._alert("nonfinite", None if count * 2 > ws else entry["rank"], message, at,
+                        notify=False)
+        messages = wire.get("messages")
+        for rank, message in sorted(messages.items() if isinstance(messages, dict) else (),
+                                    key=lambda item: str(item[0])):
+            if isinstance(rank, int) and isinstance(message, str):
+                self._alert("replica_divergence", rank, message, at, notify=False)
+
+    def numbers_wire(self, alerts: Callable[[], List[Dict[str, Any]]]
+                     ) -> Optional[Dict[str, Any]]:
+        """(8.3) The number rules' state for the journal's next STEPS block when it changed
+        since the last one (None: unchanged), with each rank's latest ``replica_divergence``
+        message (from the run's listed ``alerts()``) so a restart lists the same alerts."""
+        numbers = self.numbers
+        if numbers.version == numbers.journaled:
+            return None
+        # the ranks' lists and messages only when a rank joined them since the last write
+        grew = numbers.raised_version > numbers.journaled
+        numbers.journaled = numbers.version
+        wire = numbers.wire(raised=grew)
+        if grew:
+            wire["messages"] = {a["rank"]: a["message"] for a in alerts()
+                                if a["kind"] == "replica_divergence" and a["rank"] is not None}
+        return wire

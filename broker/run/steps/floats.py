@@ -1,6 +1,6 @@
 """Float columns from a ``steps`` frame's lists, in one C pass where possible.
 
-Split from :mod:`broker.steps.columns` (which closes steps) because these two are the
+Split from :mod:`broker.run.steps.columns` (which closes steps) because these two are the
 conversion, not the closing: :func:`opt_floats` (floats and ``None``, the nulls found only
 when there is a NaN) and :func:`list_floats` (many short float lists read in place from
 their MessagePack encoding, issue 17).

@@ -22,7 +22,7 @@ gpu_nvlink     ``nvlink_errors`` is above the previous sample's (a first sample 
 
 A condition that persists raises again with every sample (the sink's alert keeps the time it
 was last raised; webhook repeat suppression is per (run, kind, rank), in
-:mod:`broker.webhooks`). "Previous" is the previous sample of the same GPU, from a
+:mod:`broker.webhooks.notifier`). "Previous" is the previous sample of the same GPU, from a
 ``resources`` frame or a ``metrics`` frame's ``resources`` alike; a field absent from either
 sample breaks a two-sample rule. The sink feeds live frames only (a replay raises nothing);
 what the rules compare with is carried across a restart instead (PROTOCOL 8.5):

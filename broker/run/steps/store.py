@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 import numpy as np
 
-from broker.steps.encodings import (
+from broker.run.steps.encodings import (
     RECORD_KEYS,
     buckets,
     float_cells,

@@ -126,7 +126,7 @@ def _frames(info: Optional[ErrorInfo]) -> List[Dict[str, Any]]:
 def failure(ranks: Mapping[int, Any], host_of: HostOf, *,
             unfinished_silent: bool = False) -> Optional[Dict[str, Any]]:
     """The header's ``failure`` over ``ranks`` (rank -> a state with ``status``,
-    ``last_seen``, ``error`` and ``error_at``: :class:`broker.rankstate.RankState`), or
+    ``last_seen``, ``error`` and ``error_at``: :class:`broker.run.rankstate.RankState`), or
     ``None`` (module docstring). JSON-ready and new on every call. ``unfinished_silent``:
     count every rank that has not finished as ``stale`` (an attempt's end, 8.1: a rank
     killed by the kernel is silent before the launcher restarts the job)."""

@@ -1,7 +1,7 @@
 """A run's alert list (PROTOCOL.md section 3): each (kind, rank) listed once, the newest
 message and time kept, handed to the webhooks while the run is live.
 
-Kept apart from :class:`broker.sink.RunSink` because every diagnosis feeds it (stalls, stale
+Kept apart from :class:`broker.run.sink.RunSink` because every diagnosis feeds it (stalls, stale
 ranks, GPU health, non-finite losses, and in v4 the data wait and the collectives): one
 place decides what an alert is, how the header lists it and who is told, so a new kind is
 one ``raise_`` call and a bound on the list is written once.

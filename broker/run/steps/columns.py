@@ -1,8 +1,8 @@
 """The columnar arithmetic of closing steps (PROTOCOL.md 2.4): pending points as arrays,
 reduced per step into a :class:`ClosedSteps` batch.
 
-Split from :mod:`broker.steps.closer`, which keeps the *when* (the watermark, grace and force-close
-rules of :class:`~broker.steps.closer.StepCloser`) while this module holds the *how*: it reads no
+Split from :mod:`broker.run.steps.closer`, which keeps the *when* (the watermark, grace and force-close
+rules of :class:`~broker.run.steps.closer.StepCloser`) while this module holds the *how*: it reads no
 clock, keeps no per-rank state and knows nothing of activity. Why columnar (issue 17): the
 broker pays per frame and per closed step, and a frame of 1,000 points that closes 1,000
 steps, or a step of 1,024 ranks, must not be Python per value.
@@ -34,13 +34,13 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import msgspec
 import numpy as np
 
-from broker.steps.encodings import RECORD_KEYS as _RECORD_KEYS
-from broker.steps.encodings import none_where as _none_where
-from broker.steps.encodings import spread as _spread
-from broker.steps.floats import list_floats as _list_floats
-from broker.steps.floats import opt_floats as _opt_floats
-from broker.steps.merge import merge_points
-from broker.steps.reduce import reduce_checked, reduce_groups, reduce_rows, starts_of
+from broker.run.steps.encodings import RECORD_KEYS as _RECORD_KEYS
+from broker.run.steps.encodings import none_where as _none_where
+from broker.run.steps.encodings import spread as _spread
+from broker.run.steps.floats import list_floats as _list_floats
+from broker.run.steps.floats import opt_floats as _opt_floats
+from broker.run.steps.merge import merge_points
+from broker.run.steps.reduce import reduce_checked, reduce_groups, reduce_rows, starts_of
 from rank_agent.protocol import Steps
 
 __all__ = ["ClosedSteps", "Columns", "FrameBuffer", "close_columns", "slice_frame", "merge_points"]
@@ -65,7 +65,7 @@ def slice_frame(frame: Steps, i: int, j: int) -> Steps:
 
 class ClosedSteps:
     """Steps closed together, as arrays (one entry per step, ascending): the row columns of
-    :class:`~broker.steps.store.StepStore`, the step-time series and every metric in long
+    :class:`~broker.run.steps.store.StepStore`, the step-time series and every metric in long
     form (``metric_*``: one entry per (name, step) with a value, sorted by name then step;
     ``names``: the names, sorted, ``metric_name`` indexing them; ``*_idx``: the step's
     position in this batch)."""
@@ -271,7 +271,7 @@ class FrameBuffer:
 
     def add(self, frame: Steps, fresh: bool = False) -> None:
         """Buffer the frame's points. ``fresh``: the caller knows its steps are above every
-        point its rank has in the buffer (:class:`broker.steps.closer.StepCloser` does: a rank's
+        point its rank has in the buffer (:class:`broker.run.steps.closer.StepCloser` does: a rank's
         highest step only rises), so :meth:`close_grid` need not look for a rank twice."""
         if not fresh:
             self.overlap = True

@@ -1,6 +1,6 @@
 """The broker loop's side of PROTOCOL 8.4 (the data dir bounded in bytes and days).
 
-:mod:`broker.retention` decides, in a thread, which ended runs to delete; this applies it on
+:mod:`broker.retention.plan` decides, in a thread, which ended runs to delete; this applies it on
 the loop that owns the runs and the journal: at start (before anything is served, in the
 caller's thread), then every pass interval, at most :data:`DELETES_PER_TURN` runs per loop
 turn, each checked again first (a frame that arrived since the pass keeps its run: a run
@@ -19,15 +19,15 @@ import time
 from collections import deque
 from typing import Any
 
-from broker.events import Event
-from broker.retention import (
+from broker.retention.plan import (
     LIVE_OVER_LOG_S,
     MemRun,
     Plan,
     RetentionWorker,
     interval_from_env,
 )
-from broker.sink import RunSink
+from broker.run.events import Event
+from broker.run.sink import RunSink
 from rank_agent.ratelimit import RateLimitedLog
 
 __all__ = ["DataDirBound", "DELETES_PER_TURN", "held_runs"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterable, List, Tuple
 
-from broker import aggregate
-from broker.steps.closer import StepCloser
+from broker.run import aggregate
+from broker.run.steps.closer import StepCloser
 from rank_agent.protocol import ResourceSample
 
 __all__ = ["RankState", "RankSamples", "ranks_array"]
@@ -38,8 +38,8 @@ class RankState:
         #: (and since this broker started): its latest one is current (section 7.2)
         self.collective = False
         #: the ``ErrorInfo`` of the rank's latest finish (None: it sent none; 8.2), as the
-        #: run's :class:`broker.failure.ErrorStore` admitted it, and when the rank failed
-        #: (its ``at``, or that finish's arrival: :func:`broker.failure.error_at`)
+        #: run's :class:`broker.run.failure.ErrorStore` admitted it, and when the rank failed
+        #: (its ``at``, or that finish's arrival: :func:`broker.run.failure.error_at`)
         self.error: Any = None
         self.error_at = 0.0
 
@@ -126,7 +126,7 @@ def ranks_array(ranks: Dict[int, RankState], place: Dict[int, Tuple[str, int]],
 
     A rank's sample dict is cached on its :class:`RankState` until its next sample, so a
     ``ranks`` event every second re-encodes, but does not rebuild, an idle rank's sample.
-    ``xids`` (:attr:`broker.gpualerts.GpuAlertRules.xids`) becomes each entry's
+    ``xids`` (:attr:`broker.run.gpualerts.GpuAlertRules.xids`) becomes each entry's
     ``gpu_xids``: ``[{"gpu", "count", "last"}]`` (XID events seen live since the broker
     started, and the latest code, per GPU), or null for a rank with none. A sample carries
     only the XIDs since the previous one, so ``/metrics`` needs the tally from here.

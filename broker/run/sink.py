@@ -12,7 +12,7 @@ Rules worth knowing before reading the code:
 * Run-wide settings latch on first arrival (world_size, port, total_epochs, the first
   non-empty svg) or are last-write (metadata); per-rank state is last-write.
 * An epoch closes when every unfinished rank in range reported it, or when a later epoch
-  closes; the record itself comes from :mod:`broker.aggregate`.
+  closes; the record itself comes from :mod:`broker.run.aggregate`.
 * ``apply`` never emits ``ranks`` (the array is large and changes with every frame): it
   marks it dirty and :meth:`RunSink.tick` emits it at most once per ``ranks_interval``.
 * Header changes that frames can repeat are coalesced the same way: ``tick`` emits the
@@ -34,15 +34,20 @@ as registers arrive, cached per host, and re-sorted only when the host order can
 Event data shares structure with the sink's caches and earlier events: it is read-only.
 
 The sink is the rules and the event policy; the state it keeps is in the modules below it:
-:mod:`broker.membership` (register, finish, the world size: mixed in here),
-:mod:`broker.events` (Event, Rejected), :mod:`broker.rankstate` (per-rank state, samples,
-the ``ranks`` array), :mod:`broker.epochs` (open epochs, and the epoch rules mixed in here),
-:mod:`broker.steps.closer` (the step pipeline) and :mod:`broker.steps.rules` (the step rules
-mixed in here), :mod:`broker.alerts`, :mod:`broker.topology` (placement, hardware string),
-:mod:`broker.metadata`, :mod:`broker.collectivelast` (the header's ``collectives_last``),
-:mod:`broker.attempts` (8.1: the attempt rule, mixed in here; what a new attempt starts
-afresh is :meth:`RunSink._reset_processes`) and :mod:`broker.steps.line` (the line of closed
+:mod:`broker.run.events` (Event, Rejected), :mod:`broker.run.rankstate` (per-rank state, samples,
+the ``ranks`` array), :mod:`broker.run.epochs` (:class:`~broker.run.epochs.RunEpochs`: open
+epochs, records, and the rules that close them), :mod:`broker.run.steps.closer` (the step
+pipeline and the step rules, :class:`~broker.run.steps.closer.RunSteps`),
+:mod:`broker.run.alerts`, :mod:`broker.run.topology` (placement, hardware string),
+:mod:`broker.run.metadata`, :mod:`broker.run.collectivelast` (the header's ``collectives_last``),
+:mod:`broker.run.attempts` (8.1: the attempts; the attempt rule is here, what a new attempt starts
+afresh is :meth:`RunSink._reset_processes`) and :mod:`broker.run.steps.line` (the line of closed
 steps and the superseded records).
+
+Why one file past 800 lines: it is one idea, the run's state machine. Membership (register,
+finish, the world size's cut) and the attempt rule are methods here, not mixins, because
+their state *is* the sink's (25 of its fields); what owns state of its own (epochs, steps,
+the stack feed and its verdict, alerts, topology) is an object held here.
 """
 from __future__ import annotations
 
@@ -53,26 +58,24 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import msgspec
 
-from broker.alerts import OnAlert, RunAlerts
-from broker.attempts import AttemptRules, Attempts
-from broker.collectivelast import LastVerdict
-from broker.collectiverules import CollectiveRules
-from broker.epochs import EpochRules, PendingEpochs
-from broker.events import Event, Rejected
-from broker.failure import ErrorStore, FailureIndex
-from broker.gpualerts import GpuAlertRules, Sampled
-from broker.membership import MembershipRules
-from broker.metadata import parse_metadata
-from broker.rankstate import RankSamples, RankState, ranks_array
+from broker.run.alerts import OnAlert, RunAlerts
+from broker.run.attempts import Attempts, restart_message
+from broker.run.collectivelast import LastVerdict
+from broker.run.epochs import RunEpochs
+from broker.run.events import Event, Rejected
+from broker.run.failure import ErrorStore, FailureIndex, alert_message, cause, error_at, failure
+from broker.run.gpualerts import GpuAlertRules, Sampled
+from broker.run.metadata import parse_metadata
+from broker.run.rankstate import RankSamples, RankState, ranks_array
+from broker.run.steps.closer import RunSteps
+from broker.run.steps.datawait import DataWait
+from broker.run.steps.eta import step_eta
+from broker.run.steps.line import EpochLine
+from broker.run.steps.store import StepStore
+from broker.run.topology import HardwareString, Topology
+from broker.stacks.collectives import verdict_alerts
 from broker.stacks.feed import StackFeed, stall_message
 from broker.stacks.store import RunStacks
-from broker.steps.closer import RunSteps
-from broker.steps.datawait import DataWait
-from broker.steps.eta import step_eta
-from broker.steps.line import EpochLine
-from broker.steps.rules import StepRules
-from broker.steps.store import StepStore
-from broker.topology import HardwareString, Topology
 from rank_agent.protocol import (
     Collectives,
     Finish,
@@ -103,7 +106,7 @@ STEPS_INTERVAL = 0.25
 OnEnd = Callable[[str, str, float], None]
 
 
-class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRules):
+class RunSink:
     """The broker's state of one run; see the module docstring for the rules."""
 
     shard = 0  #: the broker's shard index (PROTOCOL 7.3), set by broker.runs.Runs
@@ -115,15 +118,11 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
         self.ranks_interval = ranks_interval
         #: Last sequence number issued (0 = none). The server may raise it (after a restart).
         self.seq = 0
-        #: Closed epoch records, ascending epoch, and the seq of each one's "epoch" event.
-        self.records: List[Dict[str, Any]] = []
-        self.record_seqs: List[int] = []
         #: (seq, status) of the last "complete" event while the run is ended, else None.
         self.complete: Tuple[int, str] | None = None
-        #: Metrics frames dropped because their epoch had already closed.
-        self.late_metrics = 0
         #: Closed steps that went out in ``steps`` events (PROTOCOL 2.4), columnar.
-        self._steps = RunSteps(close_after=step_close_after, interval=STEPS_INTERVAL)
+        self._steps = RunSteps(close_after=step_close_after, interval=STEPS_INTERVAL,
+                               emit=self._emit, raise_=self._raise)
         self.steps: StepStore = self._steps.store
         self._closer = self._steps.closer
         #: No rank turns stale from silence before this time: set when a run is rebuilt after
@@ -156,11 +155,10 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
         self._n_finished = 0  # tracked ranks that have finished (ok or error)
         self._n_error = 0  # ... of which with status "error"
         # Epochs with reports that have not closed (the close test is one comparison).
-        self._pending = PendingEpochs()
-        self._durations: List[float] = []
+        #: the run's epochs: open, closed (records and their seqs), late reports (2.3)
+        self.epochs = RunEpochs(self._emit_record, self._raise)
         #: The alert list (PROTOCOL 3): each (kind, rank) once, in first-raised order.
         self.alerts = RunAlerts()
-        self.data_wait = DataWait()  # the header's data-wait figures (7.1)
         # Hardware string of PROTOCOL 2.2, from each rank's last summary.
         self._hw = HardwareString(self.topology, self._summary_of)
         self._ranks_dirty = False
@@ -183,7 +181,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
         self.on_end: OnEnd | None = None
         #: Each rank's latest dump per reason (section 2.5), compact and capped in bytes.
         self.stacks = RunStacks()
-        self._stack_feed = StackFeed(self.stacks, self._emit)
+        self._stack_feed = StackFeed(self.stacks, self._emit, run)
         #: The header's ``collectives_last`` (8.5): the answer to the latest hang, kept.
         self.collectives_last = LastVerdict()
         #: True while the journal replays frames into this sink (broker/journal/replay.py):
@@ -196,8 +194,8 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
         self._failures = FailureIndex()
         self._failure: Dict[str, Any] | None = None
         self._failure_dirty = False
-        #: The run's attempts (8.1, broker/attempts.py), the line of closed steps and the
-        #: superseded epoch records (broker/steps/line.py)
+        #: The run's attempts (8.1, broker/run/attempts.py), the line of closed steps and the
+        #: superseded epoch records (broker/run/steps/line.py)
         self.attempts = Attempts()
         self.line = self._steps.line
         self.epoch_line = EpochLine()
@@ -241,7 +239,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
             if self.attempts.current and rank not in self.attempts.registered:
                 self._attempt_gate(frame)  # (8.1: an old process's frame)
             if tp is Metrics:
-                self._pending.admit(frame.epoch)  # type: ignore[union-attr]
+                self.epochs.pending.admit(frame.epoch)  # type: ignore[union-attr]
             elif tp is Steps:
                 metrics = frame.metrics  # type: ignore[union-attr]
                 # only a new name needs the cap's check (issue 17: a call per frame saved)
@@ -286,7 +284,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
                 self._on_svg(frame)  # type: ignore[arg-type]
             elif tp is Stacks:
                 self._on_stacks(frame, st, now)  # type: ignore[arg-type]
-            elif tp is Collectives:  # (broker/collectiverules.py)
+            elif tp is Collectives:  # (RunSink._on_collectives, below)
                 self._on_collectives(frame, st, now)  # type: ignore[arg-type]
             elif tp is Metadata and frame.json != self._metadata_raw:  # type: ignore[union-attr]
                 if parsed != self._metadata:
@@ -384,7 +382,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
             self._header_pending = True  # (8.2: e.g. the last live rank went stale)
         if (self._stack_feed.pending or self._stack_feed.collectives.latest
                 or self._stack_feed.collectives.has_gone):
-            self._stacks_due(now)  # (with the collective verdict: broker/collectiverules.py)
+            self._stacks_due(now)  # (with the collective verdict: StackFeed.refresh_verdict)
         header_due = self._header_changed or (self._header_pending and (
             self._header_sent_at is None or now - self._header_sent_at >= self.ranks_interval
         ))
@@ -455,7 +453,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
 
     @property
     def failure(self) -> Dict[str, Any] | None:
-        """The header's ``failure`` (8.2, :func:`broker.failure.failure`), recomputed only
+        """The header's ``failure`` (8.2, :func:`broker.run.failure.failure`), recomputed only
         after a rank's status changed. Read-only, like all event data."""
         if self._failure_dirty:
             self._refresh_failure()
@@ -498,7 +496,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
 
     def _attempts_header(self) -> Dict[str, Any]:
         """The header's ``attempt`` and ``attempts`` (8.1); the entries' figures are the
-        line's (broker/steps/line.py) as of now."""
+        line's (broker/run/steps/line.py) as of now."""
         att = self.attempts
         cur = att.now
         if cur["world_size"] is None:
@@ -527,7 +525,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
         states, stall dumps, collectives, data waits, the step and epoch closing with its
         start-up grace, the topology and hardware string); the run's id, label, svg,
         metadata, alerts, records, steps, port and totals are kept. Attempt k's steps
-        closed and went out before this (AttemptRules._start_attempt); its incomplete epochs
+        closed and went out before this (RunSink._start_attempt); its incomplete epochs
         are dropped here."""
         for st in self._ranks.values():
             self._errors.release(st.error)
@@ -536,14 +534,10 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
         self.topology = Topology()
         self._samples = RankSamples(self.topology.place)
         self._hw = HardwareString(self.topology, self._summary_of)
-        last_epoch = self._pending.last_closed
-        self._pending = PendingEpochs()
-        self._pending.last_closed = -1  # each attempt closes its own epochs (8.1 rewind)
+        last_epoch = self.epochs.new_attempt()  # (its open epochs dropped)
         self.epoch_line.new_attempt(self.attempts.current, last_epoch)
-        self._durations = []
-        self.data_wait = DataWait()
         self.stacks = RunStacks()
-        self._stack_feed = StackFeed(self.stacks, self._emit)
+        self._stack_feed = StackFeed(self.stacks, self._emit, self.run)
         self._steps.new_attempt(self.attempts.current)
         self._closer = self._steps.closer
         self.alerts.new_attempt(self.attempts.current)
@@ -697,7 +691,7 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
 
     def _raise(self, kind: str, rank: int | None, message: str, now: float,
                notify: bool = True) -> None:
-        """Raise (or re-raise) an alert (:class:`~broker.alerts.RunAlerts`), told to the
+        """Raise (or re-raise) an alert (:class:`~broker.run.alerts.RunAlerts`), told to the
         webhooks while ``live``. The header change is coalesced: 65,536 ranks finishing
         with an error must not be 65,536 headers of a growing alert list (quadratic
         bytes); tick() emits it within ranks_interval."""
@@ -742,3 +736,357 @@ class RunSink(AttemptRules, MembershipRules, EpochRules, StepRules, CollectiveRu
             return []
         self._events = []
         return events
+
+    # ------------------------------------------------ membership (PROTOCOL.md 2, 2.1, 3)
+    def _on_register(self, frame: Register, st: RankState, now: float) -> None:
+        # Header changes from registers (and hardware) are coalesced: see _header_pending.
+        self.attempts.registered_now(frame)  # 8.1: the rank's process in this attempt
+        if self.world_size is None:
+            self.world_size = frame.world_size
+            self._header_pending = True
+            self._discard_out_of_range()
+        touched = self.topology.set(frame.rank, frame.host, frame.local_rank)
+        if touched:
+            self._header_pending = True
+            self._hw.hosts_changed(touched)
+            self._samples.placed(frame.rank)  # its GPU name carries its host
+        if frame.port:
+            if not self.port:
+                self.port = frame.port
+                self._header_pending = True
+            elif frame.port != self.port:
+                self.port_conflicts += 1
+                self._port_log.warning(
+                    "port", "run %s: rank %d asks for port %d, already %d; ignored (%d so far)",
+                    self.run, frame.rank, frame.port, self.port, self.port_conflicts, now=now)
+        if frame.label and self._register_label is None:  # section 7.5: first non-empty
+            self._register_label = frame.label
+            if self.svg is None or not self.label:
+                self.label = frame.label
+                self._header_pending = True
+        if frame.total_epochs and not self.total_epochs:
+            self.total_epochs = frame.total_epochs
+            self._header_pending = True
+        if frame.total_steps and not self.total_steps:  # 8.5: first non-zero arrival wins
+            self.total_steps = frame.total_steps
+            self._header_pending = True
+        if frame.replicated:  # 8.3: the run's set is the union of its registers' lists
+            self._steps.numbers.declare(frame.replicated)
+        if st.finished:
+            self._reactivate(st)
+        self._close_ready()
+
+    def _reactivate(self, st: RankState) -> None:
+        """A register from a finished rank: it trains again, and so does an ended run."""
+        if st.status == "error":
+            self._n_error -= 1
+        self._n_finished -= 1
+        st.status = "ok"
+        self._failures.unfailed(st.rank)
+        self._failure_dirty = True
+        rank = st.rank
+        self._closer.set_active(rank, True)
+        self.epochs.pending.rank_active(rank, True)
+        if self.finished:
+            self.status = "training" if self.records or self.steps.rows else "waiting"
+            self.complete = None
+            self._header_pending = True  # coalesced: a finish/register loop is not a
+            # header (of O(world) bytes) per frame
+
+    def _on_finish(self, frame: Finish, st: RankState, now: float) -> None:
+        if st.finished:
+            return  # a repeated finish is a no-op: the first one decided the rank's status
+        error = frame.status == "error"
+        st.status = "error" if error else "finished"
+        self._n_finished += 1
+        rank = st.rank
+        self.epochs.pending.rank_active(rank, False)
+        self._failure_dirty = True
+        # 8.2: the error of the rank's latest finish is kept (an ok finish's is ignored)
+        info = frame.error if error else None
+        self._errors.release(st.error)
+        st.error = None if info is None else self._errors.admit(info)
+        st.error_at = error_at(info, now)
+        if error:
+            self._n_error += 1
+            self._failures.failed(rank, "" if info is None else info.type, st.error_at)
+            self._raise("rank_error", rank, f"rank {rank} finished with error" if info is None
+                        else alert_message(info), now)
+        self._closer.set_active(rank, False)
+        self._close_ready()
+        self._close_steps(now)
+
+    def _discard_out_of_range(self) -> None:
+        """Forget per-rank state of ranks that turned out to be >= the world size."""
+        ws = self.world_size
+        assert ws is not None
+        gone = [r for r in self._ranks if r >= ws]
+        touched: List[str] = []
+        for rank in gone:
+            st = self._ranks.pop(rank)
+            self._errors.release(st.error)
+            self._failures.forget(rank)
+            self._failure_dirty = True
+            if st.finished:
+                self._n_finished -= 1
+                if st.status == "error":
+                    self._n_error -= 1
+            self._samples.discard(rank)
+            self.stacks.discard(rank)
+            self._closer.discard(rank)
+            host = self.topology.remove(rank)
+            if host is not None and host not in touched:
+                touched.append(host)
+            self.epochs.pending.discard(rank, not st.finished)
+        if gone:
+            self.alerts.forget_ranks_from(ws)
+        self.gpu_rules.forget_from(ws)
+        if touched:
+            self._hw.hosts_changed(touched)
+
+    # ------------------------------------------------------------ attempts (PROTOCOL.md 8.1)
+    @property
+    def attempt(self) -> int:
+        """The current attempt (0-based)."""
+        return self.attempts.current
+
+    def _attempt_gate(self, frame: Any) -> None:
+        """A frame other than ``register`` from a rank that has not registered in the current
+        attempt, past attempt 0, is an old process's (``old_proc``). Call after the range
+        check; changes nothing."""
+        att = self.attempts
+        if att.current and frame.rank not in att.registered:
+            raise Rejected("old_proc", f"rank {frame.rank} has not registered in attempt "
+                                       f"{att.current}")
+
+    def _start_attempt(self, frame: Register, now: float) -> None:
+        """``frame`` starts attempt k+1 (decided by :meth:`Attempts.decide`): attempt k ends
+        (its pending steps close and go out, its cause is kept), then what belongs to
+        processes begins afresh and the ``restart`` alert is raised."""
+        if self.started_at is None:
+            self.started_at = now
+        if self._steps.close_all():
+            self._publish_steps(now, final=True)
+        ranks = self._ranks
+        ended_cause = cause(failure(ranks, self.host_of, unfinished_silent=True)) if ranks else None
+        self._fill_attempt_figures()  # (the entry's last step, for the message)
+        prev = self.attempts.begin(now, frame.world_size)
+        prev["cause"] = ended_cause
+        self.world_size = frame.world_size
+        self._reset_processes(now)
+        self._raise("restart", None, restart_message(self.attempts.current, prev), now)
+        self.status = "training"
+        self._header_changed = True
+
+    # ------------------------------------------------------ collectives (PROTOCOL.md 7.2)
+    # A frame is kept by the run's StackFeed (which forms the verdict over the current
+    # frames, broker/stacks/feed.py), it makes its rank's latest frame current
+    # (``RankState.collective``: the rank's next steps/metrics frame clears it, as it clears
+    # ``stalled``, one store on the hottest path where asking the feed would be a call per
+    # frame), and the verdict is due. It is formed when a ``stacks`` event may go out (at
+    # most 4 a second) and only when a frame came or the set of current ranks changed: a
+    # verdict over 1,024 ranks is milliseconds, not to be redone per frame. A new verdict
+    # raises its alerts here and is offered to the header's ``collectives_last`` (8.5).
+    def _on_collectives(self, frame: Collectives, st: RankState, now: float) -> None:
+        """Keep the frame; the rank's latest is current until its loop moves (7.2)."""
+        self._stack_feed.put_collectives(frame)
+        st.collective = True
+        self._stacks_due(now)
+
+    def _stacks_due(self, now: float) -> None:
+        """The run's ``stacks`` event, if one may go out now: the verdict first, when
+        something it reads changed (the tick calls this while anything is pending or any
+        ``collectives`` frame is kept)."""
+        feed = self._stack_feed
+        if not feed.due(now):
+            return
+        if feed.take_gone():
+            self._refresh_verdict(now)
+        feed.publish_due(now)
+
+    def _refresh_verdict(self, now: float) -> None:
+        ranks = self._ranks
+        formed = self._stack_feed.refresh_verdict(
+            lambda r: (st := ranks.get(r)) is not None and st.collective, self.world_size)
+        if formed is None:
+            return
+        previous, verdict, any_current = formed
+        if self.collectives_last.offer(verdict, any_current, now):
+            self._header_pending = True  # the header's collectives_last (8.5)
+        if verdict != previous and not self.replaying:
+            # a replay's verdicts are formed at other times than live ones were: the
+            # alerts they raised come back from the journal as they were (8.5)
+            for kind, rank, message in verdict_alerts(previous, verdict):
+                self._raise(kind, rank, message, now)
+
+    def settle_verdict(self, now: float) -> None:
+        """End of a journal replay that held no ``collectives_last`` (a data dir an earlier
+        version wrote): form the verdict over the replayed frames once more, so the header
+        keeps the answer they give."""
+        if self._stack_feed.settle():
+            self._refresh_verdict(now)
+
+    def close_collectives(self) -> None:
+        """The run leaves memory: its frames leave the process's byte budget."""
+        self._stack_feed.collectives.close()
+
+    def collectives_view(self) -> Dict[str, Any]:
+        """``GET /api/runs/<run>/collectives`` as the broker has it, and what a run snapshot
+        carries: ``{"groups": verdict, "ranks": [frames]}``."""
+        return self._stack_feed.view()
+
+    # ----------------------------------------------------------- epochs (PROTOCOL.md 2.3)
+    @property
+    def records(self) -> List[Dict[str, Any]]:
+        """Closed epoch records, ascending epoch (:attr:`RunEpochs.records`)."""
+        return self.epochs.records
+
+    @property
+    def record_seqs(self) -> List[int]:
+        """The seq of each record's ``epoch`` event."""
+        return self.epochs.record_seqs
+
+    @property
+    def late_metrics(self) -> int:
+        """Reports of an epoch that had already closed (dropped, counted)."""
+        return self.epochs.late
+
+    def _on_metrics(self, frame: Metrics, st: RankState, now: float) -> None:
+        st.stalled = st.collective = False  # the loop moves (sections 3, 7.2)
+        sample = frame.resources
+        if sample is not None:  # applied first, exactly as a resources frame
+            self._samples.put(st.rank, sample)
+            st.sample_json = None
+            self.gpu_health(st.rank, sample, now)
+        reported = self.epochs.report(frame, st)
+        ws = self.world_size
+        if reported is not None and ws is not None and reported == ws - self._n_finished:
+            self._close_through(frame.epoch)
+
+    def _close_ready(self) -> None:
+        """Close the highest pending epoch that is complete, and every one below it."""
+        ws = self.world_size
+        pending = self.epochs.pending
+        if ws is None or not pending:
+            return
+        epoch = pending.highest_complete(ws - self._n_finished)
+        if epoch is not None:
+            self._close_through(epoch)
+
+    def _close_through(self, epoch: int) -> None:
+        """Close every pending epoch <= ``epoch`` (:meth:`RunEpochs.close_through`)."""
+        now = self.updated_at
+        assert self.world_size is not None and now is not None and self.started_at is not None
+        self.epochs.close_through(
+            epoch, world_size=self.world_size, now=now, started_at=self.started_at,
+            samples=self._samples, topology=self.topology, total_epochs=self.total_epochs,
+            attempt=self.attempts.current, line=self.epoch_line)
+
+    def _emit_record(self, kind: str, record: Dict[str, Any]) -> int:
+        """An ``epoch`` event for :class:`RunEpochs`: a coalesced header change goes out
+        first (the web must never show a record under a stale header), and the first
+        record turns a waiting run to training."""
+        if self._header_pending:
+            self._emit_header()
+        seq = self._emit(kind, record)
+        if self.status == "waiting":
+            self.status = "training"
+            self._header_changed = True
+        return seq
+
+    # ------------------------------------------------------------ steps (PROTOCOL.md 2.4)
+    # The step rules are RunSteps' (broker/run/steps/closer.py); the sink keeps the run's
+    # status and header flags, which a published or restored step changes.
+    @property
+    def data_wait(self) -> DataWait:
+        """The header's data-wait figures (7.1): the current attempt's, RunSteps' own."""
+        return self._steps.data_wait
+
+    @property
+    def steps_published_at(self) -> float | None:
+        """When the last ``steps`` event was published (None: none yet)."""
+        return self._steps.sent_at
+
+    @property
+    def steps_published(self) -> int:
+        """Steps published by this sink (not restored ones): the closed-step counter."""
+        return self._steps.published
+
+    def steps_named_since(self, row: int) -> List[str]:
+        """Metric names that may have a point in the closed steps' rows from ``row`` on
+        (:meth:`RunSteps.named_since`: the rows this sink published)."""
+        return self._steps.named_since(row)
+
+    @property
+    def late_steps(self) -> int:
+        """Step points dropped because their step had already closed."""
+        return self._closer.late
+
+    def restore_steps(self, block: Dict[str, Any]) -> None:
+        """Journal replay: closed steps as :meth:`StepStore.to_wire` wrote them. They were
+        published before the restart, so no event; what they change in the run is restored
+        (its status, the closing position, the straggler window, a non-finite loss alert).
+        Raises ``ValueError`` for a block that does not follow the stored ones."""
+        before = self._steps.restore(block)
+        if before is None:
+            return
+        if self.status == "waiting":
+            self.status = "training"
+        published = block.get("published_at")
+        updated = block.get("updated_at")
+        if isinstance(updated, float) and (self.updated_at is None or updated > self.updated_at):
+            self.updated_at = updated  # the steps frames behind it are not journaled
+        bad = self.steps.last_nonfinite("loss", since=before)
+        if bad is not None:
+            step, value, at = bad
+            self._raise("nonfinite_loss", None, f"step {step}: loss is {value}",
+                        published if isinstance(published, float) else at)
+        numbers = block.get("numbers")
+        if isinstance(numbers, dict):  # 8.3: the state as of this block, and its alerts
+            self._steps.restore_numbers(numbers, published if isinstance(published, float)
+                                        else (self.updated_at or 0.0), self.world_size)
+        self._update_data_wait(self.updated_at or 0.0, force=True)
+
+    def numbers_wire(self) -> Dict[str, Any] | None:
+        """(8.3) The number rules' state for the journal's next STEPS block when it changed
+        (None: unchanged): :meth:`RunSteps.numbers_wire`."""
+        return self._steps.numbers_wire(self.alerts.listed)
+
+    def settle(self, now: float) -> List[Event]:
+        """The run leaves memory (``--max-runs`` eviction): every pending step closes with
+        the points it has, and every closed step still waiting for its ``steps`` event
+        (at most one per STEPS_INTERVAL) is published now; returns the events.
+
+        Why: the journal keeps closed steps as they are published (STEPS blocks), not the
+        points of steps in flight, so a run evicted between a step's close and its event,
+        or with points of a step not every rank had reported, lost those steps for good: in
+        the hostile soak, a 64-rank run evicted at each pause by a flood of junk runs lost
+        a step or two each time. A later point of a step closed here is late (dropped and
+        counted), as after ``--step-close-after``."""
+        if self._steps.close_all():
+            self._publish_steps(now, final=True)
+        return self._take_events()
+
+    def _close_steps(self, now: float) -> None:
+        """Queue what the closer lets close now (watermark, grace, force close)."""
+        self._steps.close(now, self.world_size)
+
+    def _publish_steps_due(self, now: float) -> None:
+        """Publish the closed steps waiting, if any, once STEPS_INTERVAL has passed."""
+        if self._steps.due(now):
+            self._publish_steps(now)
+
+    def _publish_steps(self, now: float, final: bool = False) -> None:
+        """One ``steps`` event (:meth:`RunSteps.publish`); the first turns a waiting run
+        to training, and the header goes out (coalesced) when its figures moved."""
+        if self._steps.publish(now, self.world_size, self.topology.place.get, final):
+            self._header_pending = True
+        if self.status == "waiting":
+            self.status = "training"
+            self._header_changed = True
+
+    def _update_data_wait(self, now: float, force: bool = False, quiet: bool = False) -> None:
+        """The header's data-wait figures (:meth:`RunSteps.update_data_wait`); the header
+        goes out (coalesced) when they moved."""
+        if self._steps.update_data_wait(now, self.topology.place.get, force, quiet):
+            self._header_pending = True

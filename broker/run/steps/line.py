@@ -6,7 +6,7 @@ earlier attempt closed leaves the line and is **superseded** (kept, never change
 
 Storage, shared by the broker and every web (numpy and the standard library only):
 
-* the line is the run's :class:`~broker.steps.store.StepStore`, as before, so a run that
+* the line is the run's :class:`~broker.run.steps.store.StepStore`, as before, so a run that
   never restarts pays nothing (no column, no per-row work). Attempts only ever grow along
   it (a rewind takes every later row off before the new attempt appends), so which attempt
   closed a row is a short list of ``(first row, attempt)`` bounds (:attr:`StepLine.bounds`),
@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from broker.steps.store import StepStore
+from broker.run.steps.store import StepStore
 
 __all__ = ["StepLine", "EpochLine", "MAX_SUPERSEDED"]
 

@@ -1,5 +1,5 @@
 """Exact per-group reductions of float64 values: PROTOCOL.md 2.4's mean, min and max of the
-values of each closed step (per metric, and of ``step_ms``), for :mod:`broker.steps.columns`.
+values of each closed step (per metric, and of ``step_ms``), for :mod:`broker.run.steps.columns`.
 
 Split from it because it is numerics, not step rules: a group's min and max are over its
 finite values (NaN: none); its mean is exactly rounded (``math.fsum``'s answer, which the

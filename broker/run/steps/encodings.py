@@ -1,6 +1,6 @@
 """The closed steps' encodings: records, CSV cells, wire arrays and zoom buckets.
 
-Split from :mod:`broker.steps.store` (which keeps the arrays and their growth) because these
+Split from :mod:`broker.run.steps.store` (which keeps the arrays and their growth) because these
 are the read side's formats, each a pure function of arrays: what ``/steps`` buckets,
 ``/steps.csv`` cells, PROTOCOL 2.4's record dicts and the journal's and snapshots' wire
 arrays look like. Like the store, it imports only numpy and the standard library: the web
@@ -21,7 +21,7 @@ _NAN = math.nan
 
 def csv_columns(metric_names: List[str]) -> List[str]:
     """The ``/steps.csv`` columns of PROTOCOL 4, in order (the cells of
-    :meth:`~broker.steps.store.StepStore.csv_rows` follow them; the web writes the header
+    :meth:`~broker.run.steps.store.StepStore.csv_rows` follow them; the web writes the header
     line, neutralising the names that come from ranks)."""
     cols = ["step", "time", "n"]
     for name in metric_names:
@@ -77,7 +77,7 @@ def trip_array(triples: List[Any]) -> np.ndarray:
 
 
 def series_wire(s: Any, start: int, end: int) -> List[bytes]:
-    """Rows ``start:end`` of a :class:`~broker.steps.store.Series` as its four arrays' bytes
+    """Rows ``start:end`` of a :class:`~broker.run.steps.store.Series` as its four arrays' bytes
     (typed loosely: the store imports this module, not the other way round)."""
     p0, p1 = s.span(start, end)
     return [s.row[p0:p1].tobytes(), s.mean[p0:p1].tobytes(), s.lo[p0:p1].tobytes(),

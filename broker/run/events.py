@@ -1,10 +1,10 @@
 """What a run's sink says: the events it emits and the rejection it raises.
 
-Kept apart from :mod:`broker.sink` because the sink is made of modules that need this
+Kept apart from :mod:`broker.run.sink` because the sink is made of modules that need this
 vocabulary (its epoch rules, metadata, the steps rules and closer) and that the sink itself
 imports: they cannot import it back. The broker's loop (``ingest``, ``server``), which only
 moves events, takes ``Event`` from here too; ``runs`` and the journal's replay, which drive
-sinks anyway, take both names from :mod:`broker.sink`, which re-exports them.
+sinks anyway, take both names from :mod:`broker.run.sink`, which re-exports them.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class Rejected(Exception):
     Reasons: ``world_size_mismatch``, ``rank_out_of_range``, ``bad_metadata_json``,
     ``step_metric_names`` (a run's distinct step metric names would pass 1,024),
     ``open_epochs`` (a run's open epochs would pass 1,024), ``old_proc`` and
-    ``attempt_rate`` (8.1, :mod:`broker.attempts`).
+    ``attempt_rate`` (8.1, :mod:`broker.run.attempts`).
     """
 
     def __init__(self, reason: str, detail: str = "") -> None:

@@ -1,6 +1,6 @@
 """Pure epoch aggregation: the record of PROTOCOL.md section 2.3.
 
-No clock, no I/O: the sink (:mod:`broker.sink`) decides *when* an epoch closes and hands
+No clock, no I/O: the sink (:mod:`broker.run.sink`) decides *when* an epoch closes and hands
 over what it has; this module decides *what* the record says. Keeping the rules here, apart
 from the first-arrival and last-write rules of the sink, makes each one a small unit test.
 The only state is :class:`EpochReports`, a pending epoch's reports, which the sink fills as
