@@ -33,7 +33,7 @@ class StubAgent:
         self.epochs.append({"epoch": epoch, "avg_loss": avg_loss, **kw})
         return True
 
-    def finish(self, status: str = "ok") -> bool:
+    def finish(self, status: str = "ok", error: Any = None) -> bool:
         self.finished.append(status)
         return True
 
