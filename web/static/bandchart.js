@@ -12,7 +12,7 @@
 
 import { colorAt, elapsedTicks, ema, niceTicks, timeTicks, yTicks } from "./axes.js";
 import { nanMax, nanMin } from "./buckets.js";
-import { ChartKit, strokeWithGaps } from "./chartkit.js";
+import { ChartKit, drawMarker, strokeWithGaps } from "./chartkit.js";
 import { h } from "./dom.js";
 import { fmtElapsed, fmtInt, formatClock, formatNumber } from "./fmt.js";
 
@@ -490,22 +490,7 @@ export class BandChart extends ChartKit {
       const X = ax.map(m.step);
       if (!Number.isFinite(X)) continue;
       const x = Math.round(L + ((X - X0) / (X1 - X0 || 1)) * pw) + 0.5;
-      ctx.save();
-      ctx.strokeStyle = m.color || "#f2495c";
-      ctx.fillStyle = m.color || "#f2495c";
-      ctx.lineWidth = 1;
-      ctx.setLineDash([3, 3]);
-      ctx.beginPath();
-      ctx.moveTo(x, T);
-      ctx.lineTo(x, T + ph);
-      ctx.stroke();
-      ctx.setLineDash([]);
-      ctx.font = "10px sans-serif";
-      const text = String(m.text);
-      const tw = ctx.measureText(text).width;
-      ctx.fillText(text, x + 3 + tw > L + pw ? x - 3 - tw : x + 3, T + 10);
-      ctx.restore();
-      out.push({ step: m.step, text, x, hover: m.hover || null });
+      out.push(drawMarker(ctx, m, x, L, T, pw, ph));
     }
     return out;
   }

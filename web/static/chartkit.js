@@ -59,6 +59,32 @@ export function strokeWithGaps(ctx, vals, lo, hi, xAt, yAt) {
 }
 
 /** Size `canvas` to `w` x `h` css px at the device pixel ratio; its context, scaled to css px. */
+/**
+ * One marker on a chart's plot: a dashed line at pixel column `x` over the plot (left `L`,
+ * top `T`, `pw` x `ph`), its text at the top (canvas text, never HTML), kept inside the plot.
+ * Returns `{step, text, x, hover}`, what the chart's hover reads back. The step charts
+ * (non-finite values, restarts) and the epoch chart (restarts) draw theirs through it.
+ */
+export function drawMarker(ctx, m, x, L, T, pw, ph) {
+  const color = m.color || "#f2495c";
+  ctx.save();
+  ctx.strokeStyle = color;
+  ctx.fillStyle = color;
+  ctx.lineWidth = 1;
+  ctx.setLineDash([3, 3]);
+  ctx.beginPath();
+  ctx.moveTo(x, T);
+  ctx.lineTo(x, T + ph);
+  ctx.stroke();
+  ctx.setLineDash([]);
+  ctx.font = "10px sans-serif";
+  const text = String(m.text);
+  const tw = ctx.measureText(text).width;
+  ctx.fillText(text, x + 3 + tw > L + pw ? x - 3 - tw : x + 3, T + 10);
+  ctx.restore();
+  return { step: m.step, text, x, hover: m.hover || null };
+}
+
 export function fitCanvas(canvas, w, ht) {
   const dpr = window.devicePixelRatio || 1;
   if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(ht * dpr)) {

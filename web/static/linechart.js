@@ -2,7 +2,7 @@
 // null gaps, EMA smoothing, a log toggle and drag-to-zoom on x; on the chart kit.
 
 import { colorAt, ema, niceTicks, timeTicks, yTicks } from "./axes.js";
-import { ChartKit, strokeWithGaps } from "./chartkit.js";
+import { ChartKit, drawMarker, strokeWithGaps } from "./chartkit.js";
 import { h } from "./dom.js";
 import { formatClock, formatNumber, numOrNull } from "./fmt.js";
 
@@ -245,23 +245,7 @@ export class LineChart extends ChartKit {
     for (const m of this.markers) {
       if (!(m.step >= x0 && m.step <= x1)) continue;
       const px = Math.round(sx(m.step)) + 0.5;
-      const color = m.color || "#f2495c";
-      ctx.save();
-      ctx.strokeStyle = color;
-      ctx.fillStyle = color;
-      ctx.lineWidth = 1;
-      ctx.setLineDash([3, 3]);
-      ctx.beginPath();
-      ctx.moveTo(px, T);
-      ctx.lineTo(px, T + ph);
-      ctx.stroke();
-      ctx.setLineDash([]);
-      ctx.font = "10px sans-serif";
-      const text = String(m.text);
-      const tw = ctx.measureText(text).width;
-      ctx.fillText(text, px + 3 + tw > L + pw ? px - 3 - tw : px + 3, T + 10);
-      ctx.restore();
-      out.push({ step: m.step, text, x: px, hover: m.hover || null });
+      out.push(drawMarker(ctx, m, px, L, T, pw, ph));
     }
     return out;
   }
