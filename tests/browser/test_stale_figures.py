@@ -13,6 +13,7 @@ import pytest
 from playwright.sync_api import expect
 
 from rank_agent import protocol as wire
+from tests.browser.test_collectives_view import coll, stall
 from tests.support.browser import Stack
 from tests.support.polling import wait_for
 
@@ -26,22 +27,6 @@ def steps(run: str, rank: int, first: int, n: int) -> wire.Steps:
     return wire.Steps(run=run, rank=rank, steps=list(range(first, first + n)),
                       times=[now - (n - i) * 0.1 for i in range(n)], step_ms=[100.0] * n,
                       samples=[64] * n, metrics={"loss": [1.0 / (1 + first + i) for i in range(n)]})
-
-
-def coll(run: str, rank: int, enqueued: int) -> wire.Collectives:
-    return wire.Collectives(
-        run=run, rank=rank, reason="stall", taken_at=time.time(),
-        groups=[wire.ProcessGroupStatus(pg="0", desc="default_pg", size=WORLD,
-                                        last_enqueued=enqueued, last_completed=enqueued - 1)],
-        entries=[wire.CollectiveEntry(pg="0", seq=enqueued, op="gloo:all_reduce",
-                                      input_sizes=[[4]])])
-
-
-def stall(run: str, rank: int) -> wire.Stacks:
-    frames = [wire.StackFrame(file="/job/train.py", line=41, function="train_step"),
-              wire.StackFrame(file="/venv/torch/distributed.py", line=7, function="all_reduce")]
-    return wire.Stacks(run=run, rank=rank, reason="stall", taken_at=time.time(), idle_s=40.0,
-                       threads=[wire.ThreadStack(name="MainThread", frames=frames, main=True)])
 
 
 def test_a_hang_greys_the_step_figures_and_keeps_the_verdict_on_top(stack: Stack, page: Any) -> None:
