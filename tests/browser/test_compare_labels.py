@@ -58,3 +58,28 @@ def test_two_runs_of_one_label_are_told_apart(labelled: Stack, page: Any) -> Non
     expect(page.locator("#compare-view .legend-item .legend-name")).to_have_text(
         ["train (cmpl-twin1)", "train (cmpl-twin2)"])
     page.errors.check()
+
+
+def test_a_step_run_is_named_once_the_run_list_arrives_after_the_chart(labelled: Stack, page: Any) -> None:
+    """A link opened directly draws the epoch chart before the page has its run list (which
+    is what says a run logs steps): the chart is drawn again when the list arrives, not at
+    the next 10 s refresh. The list's answer is held at the door to make that order sure."""
+    held: list = []
+    url = f"{labelled.url}/api/runs"
+
+    def hold(route: Any) -> None:
+        held.append(route)
+
+    page.route(lambda u: u == url, hold)
+    page.goto(f"{labelled.url}/#compare=cmpl-epochs,cmpl-steps&metric=loss&x=epoch")
+    wait_for(lambda: (lambda s: s and len(s["series"]) == 2
+                      and len(s["series"][0]["columns"]) == 3)(_snap(page)), 10, "the epoch chart drawn")
+    view = page.locator("#compare-view")
+    assert view.locator(".chart-status").text_content() == ""
+    assert held, "the run list was asked for"
+    page.unroute(lambda u: u == url, hold)
+    for route in held:
+        route.continue_()
+    expect(view.locator(".chart-status")).to_contain_text(
+        "1 step run (gpt steps): on the step axis only (x axis: step)", timeout=5000)
+    page.errors.check()

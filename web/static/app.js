@@ -92,7 +92,7 @@ export class App {
     this.renderPicker();
     if (store.mode === "cluster") return; // it lists the runs itself; nothing is opened
     if (store.mode === "compare") {
-      this.page.compare.renderRuns();
+      this.page.compare.runsChanged();
       return;
     }
     const wanted = runFromHash();

@@ -139,6 +139,16 @@ export class CompareView {
     this.load();
   }
 
+  /** The page's run list arrived or changed: the list is drawn again, and the epoch chart
+   * too when the list changes which chosen runs log steps (a link opened directly draws
+   * before the page knows that). */
+  runsChanged() {
+    if (!this.section.hidden && this.sel.x === "epoch" && this._drawnStepOnly !== undefined
+        && this.sel.runs.filter((run) => this._stepOnly(run)).join("\n") !== this._drawnStepOnly
+        && !this._drawEpochs()) this._loadStatus(this._errors || []);
+    this.renderRuns();
+  }
+
   renderRuns() {
     this._relabel();
     const runs = this.hooks.runs();
@@ -193,15 +203,8 @@ export class CompareView {
       const names = new Set();
       for (const run of runs) for (const rec of this.history.get(run) || []) for (const k of Object.keys(rec.metrics || {})) names.add(k);
       this._metrics([...names]);
-      // a step run has one epoch record at most: on the epoch axis it was a lone dot that
-      // looked like data; it is left out, and the status says where it is (x axis: step)
-      const stepOnly = runs.filter((run) => this._stepOnly(run));
-      this.chart.setSeries(runs.map((run, i) => ({ name: run, label: this._label(run), color: colorAt(i),
-        data: stepOnly.includes(run) ? new Buckets() : this._epochBuckets(run, metric) })));
-      if (stepOnly.length && !errors.length) {
-        this.chart.setStatus(`${stepOnly.length} step run${stepOnly.length === 1 ? "" : "s"} (${stepOnly.map((r) => this._label(r)).join(", ")}): on the step axis only (x axis: step)`);
-        return;
-      }
+      this._errors = errors;
+      if (this._drawEpochs()) return;
     } else {
       await Promise.all(runs.map(async (run) => {
         if (!RUN_ID.test(run)) return;
@@ -217,8 +220,11 @@ export class CompareView {
       this._metrics([...names], STEP_BUILTINS);
       await this._fetchSteps(gen);
     }
-    if (gen === this.gen && errors.length) this.chart.setStatus(`could not load ${errors.length} run${errors.length === 1 ? "" : "s"}`);
-    else if (gen === this.gen) this.chart.setStatus("");
+    if (gen === this.gen) this._loadStatus(errors);
+  }
+
+  _loadStatus(errors) {
+    this.chart.setStatus(errors.length ? `could not load ${errors.length} run${errors.length === 1 ? "" : "s"}` : "");
   }
 
   async _fetchSteps(gen) {
@@ -260,6 +266,24 @@ export class CompareView {
     if (!Array.isArray(series) || !series.length) return;
     if (series.every((s) => (s.label || s.name) === this._label(s.name))) return;
     this.chart.setSeries(series.map((s) => ({ ...s, label: this._label(s.name) })));
+  }
+
+  /** Draw the epoch axis from the histories held; true when the status line is the
+   * step-run note. A step run has one epoch record at most: on the epoch axis it was a lone
+   * dot that looked like data; it is left out, and the status says where it is (x axis:
+   * step). Which runs log steps is the run list's to say, and a link opened directly draws
+   * before that list arrives: `runsChanged` draws again when it does (`_drawnStepOnly`). */
+  _drawEpochs() {
+    const { runs, metric } = this.sel;
+    const stepOnly = runs.filter((run) => this._stepOnly(run));
+    this._drawnStepOnly = stepOnly.join("\n");
+    this.chart.setSeries(runs.map((run, i) => ({ name: run, label: this._label(run), color: colorAt(i),
+      data: stepOnly.includes(run) ? new Buckets() : this._epochBuckets(run, metric) })));
+    if (stepOnly.length && !(this._errors || []).length) {
+      this.chart.setStatus(`${stepOnly.length} step run${stepOnly.length === 1 ? "" : "s"} (${stepOnly.map((r) => this._label(r)).join(", ")}): on the step axis only (x axis: step)`);
+      return true;
+    }
+    return false;
   }
 
   /** Whether `run` logs steps and has fewer than two epoch records (one dot on x=epoch). */
