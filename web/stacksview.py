@@ -79,10 +79,13 @@ class RunDumps:
         if self._json is not None:  # another reader's build finished first: keep the newest
             self._drop_json()
         self._json = (key, data)
+        before = self.store.version
         self.store.budget.charge(self, "view", len(data))
-        if self.store.version != key[0] and self._json is not None:
+        if before == key[0] and self.store.version != before and self._json is not None:
             # the charge dropped some of this run's oldest dumps to fit: the answer keeps
-            # them until the next change, rather than being rebuilt (and charged) each read
+            # them until the next change, rather than being rebuilt (and charged) each read.
+            # Only then: a dump that arrived while the build ran (``before`` is already
+            # newer than ``key``) is not in ``data``, which must not pass for the newer state
             self._json = ((self.store.version, *key[1:]), data)
         return data
 

@@ -176,3 +176,29 @@ def test_a_big_run_snapshot_is_built_off_the_loop() -> None:
     assert len(hub.runs[RUN].ranks) == n and "loss" not in hub.runs[RUN].ranks[0]
     view = hub.collectives_view(RUN)
     assert view is not None and view["groups"] == VERDICT and len(view["ranks"]) == n
+
+
+def test_a_dump_that_arrives_while_the_stacks_answer_is_built_is_in_the_next_answer() -> None:
+    """The answer is built off the loop; a dump the loop takes meanwhile is not in it, so the
+    answer is cached for the state it was built from and the next read builds again. (It was
+    stamped with the newer state, as if the budget had dropped dumps, and served without the
+    new rank's dump until something else changed: the stall view's one group of two.)"""
+    from tests.web.test_hub_stacks import dump
+    from web.stacksview import RunDumps
+
+    dumps = RunDumps()
+    dumps.apply_event(1, {"dumps": [dump(r, "all_reduce", "backward") for r in range(3)]})
+    ranks = [{"rank": r, "host": f"n{r}", "status": "stalled"} for r in range(4)]
+
+    def offload(fn: Callable[..., Any], *args: Any) -> Any:
+        data = fn(*args)
+        if len(dumps.store.wire()) == 3:  # the loop runs while the pool builds
+            dumps.apply_event(2, {"dumps": [dump(3, "__next__", "train_step")]})
+        return data
+
+    first = msgspec.json.decode(dumps.view_json(ranks, 1, msgspec.json.encode, offload))
+    assert sorted(d["rank"] for d in first["dumps"]) == [0, 1, 2]
+    again = msgspec.json.decode(dumps.view_json(ranks, 1, msgspec.json.encode, offload))
+    assert sorted(d["rank"] for d in again["dumps"]) == [0, 1, 2, 3]
+    assert len(again["groups"]) == 2
+    dumps.close()
