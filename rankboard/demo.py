@@ -65,7 +65,7 @@ from rankboard.democlock import StepClock
 from rankboard.democlock import create as create_clock
 from rankboard.demofr import SimulatedRecorder, use_simulated_recorder
 from rankboard.demogpu import roles, use_simulated_gpu
-from rankboard.process import child_command, terminate_all
+from rankboard.process import PARENT_ENV, child_command, die_with_parent, terminate_all
 
 log = logging.getLogger(__name__)
 
@@ -463,6 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _exit)
     signal.signal(signal.SIGINT, _exit)
+    die_with_parent()  # after the handlers: the parent's death is a SIGTERM, a clean stop
     return run_steps(ns) if ns.mode == "steps" else run_rank(ns)
 
 
@@ -584,6 +585,7 @@ class Cluster:
                 base["RANKBOARD_CONTROL"] = self.control
             if self.control_secret_file:
                 base["RANKBOARD_CONTROL_SECRET_FILE"] = self.control_secret_file
+            base[PARENT_ENV] = str(os.getpid())  # a SIGKILLed demo leaves no rank behind
             cmd, env = child_command("rankboard.demo", args, base)
             self.procs[job].append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env))
         return run

@@ -49,7 +49,7 @@ def test_rankboard_up_then_the_recipe_then_the_page_at_8585(tmp_path: Path, page
     assert address == "http://localhost:8585"
     port = int(address.rsplit(":", 1)[1])
     with default_ports():
-        up = Proc(start.split()[1:], {"XDG_STATE_HOME": str(tmp_path / "state")}, session=True)
+        up = Proc(start.split()[1:], {"XDG_STATE_HOME": str(tmp_path / "state")})
         try:
             # bound at once, before any rank exists: the README's address answers
             up.wait_line(rf"^dashboard: http://localhost:{port}$", timeout=60.0)

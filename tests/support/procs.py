@@ -29,10 +29,9 @@ ANY = "tcp://127.0.0.1:*"
 class Proc:
     """A ``python -m <CLI_MODULE> ...`` subprocess whose stdout/stderr lines are collected."""
 
-    def __init__(self, args: list[str], env: Optional[dict[str, str]] = None, *,
-                 session: bool = False) -> None:
-        """``session``: the process leads a process group of its own, as a command started
-        from a shell does, so :meth:`interrupt` can be a terminal's Ctrl-C."""
+    def __init__(self, args: list[str], env: Optional[dict[str, str]] = None) -> None:
+        """The process leads a process group of its own, as a command started from a shell
+        does: :meth:`interrupt` is a terminal's Ctrl-C, and :meth:`close` ends the group."""
         full_env = dict(os.environ, PYTHONUNBUFFERED="1")
         full_env.pop("RANKBOARD_TOKEN", None)
         full_env.update(env or {})
@@ -40,7 +39,7 @@ class Proc:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", CLI_MODULE, *args], cwd=REPO, env=full_env,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=session,
+            start_new_session=True,
         )
         self.lines: dict[str, list[str]] = {"stdout": [], "stderr": []}
         self._cond = threading.Condition()
@@ -97,13 +96,20 @@ class Proc:
     def interrupt(self) -> None:
         """Ctrl-C at a terminal: SIGINT to every process of the foreground group (the
         process and the children it did not move to a group of their own)."""
-        assert self.proc.pid == os.getpgid(self.proc.pid), "Proc(..., session=True)"
         os.killpg(self.proc.pid, signal.SIGINT)
 
     def close(self) -> None:
+        """Kill the process and whatever is left of its group: a child that outlived it
+        (``demo``'s ranks, a broker of ``up``'s in its own session ends by itself) would hold
+        the output pipes open, and the readers would wait for it, then run on beside later
+        tests."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is empty: nothing outlived the process
         for t in self._readers:
             t.join(5)
         for stream in (self.proc.stdout, self.proc.stderr):

@@ -34,11 +34,11 @@ def pusher(broker: Broker) -> Iterator[Pusher]:
 
 @pytest.fixture
 def spawn() -> Iterator[Callable[..., Proc]]:
-    """``spawn(*args, env=..., session=...)`` starts a rankboard subprocess, killed at teardown."""
+    """``spawn(*args, env=...)`` starts a rankboard subprocess, killed at teardown."""
     procs: list[Proc] = []
 
-    def start(*args: str, env: Optional[dict[str, str]] = None, session: bool = False) -> Proc:
-        proc = Proc(list(args), env, session=session)
+    def start(*args: str, env: Optional[dict[str, str]] = None) -> Proc:
+        proc = Proc(list(args), env)
         procs.append(proc)
         return proc
 

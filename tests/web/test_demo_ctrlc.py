@@ -24,7 +24,7 @@ def _alive(proc: psutil.Process) -> bool:
 
 def test_ctrl_c_stops_the_ranks_before_the_broker(spawn: Any) -> None:
     demo = spawn("demo", "--port", "0", "--ranks", "4", "--hosts", "2", "--epochs", "50",
-                 "--epoch-seconds", "0.3", session=True)
+                 "--epoch-seconds", "0.3")
     port = demo.wait_dashboard(timeout=30)
     wait_for(lambda: any(r["epochs_done"] >= 1 for r in get_json(port, "/api/runs") or []),
              timeout=30, what="a demo run training")

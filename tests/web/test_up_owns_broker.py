@@ -83,3 +83,27 @@ def test_a_sigkilled_up_takes_its_broker_with_it(spawn: Any, tmp_path: Path) -> 
                   str(data))
     again.wait_dashboard()
     assert again.stop(signal.SIGTERM) == 0
+
+
+def test_a_sigkilled_demo_takes_its_ranks_with_it(spawn: Any) -> None:
+    """The demo's simulated ranks end with it too, however it ends: SIGKILLed, they went on
+    training into nothing (and, under a test runner, held its output pipes open)."""
+    demo = spawn("demo", "--port", "0", "--ranks", "2", "--hosts", "1", "--epochs", "50",
+                 "--no-browser")
+    demo.wait_dashboard(timeout=30)
+    parent = psutil.Process(demo.proc.pid)
+
+    def ranks() -> list[psutil.Process]:
+        return [p for p in parent.children() if "rankboard.demo" in " ".join(p.cmdline())]
+
+    found = wait_for(lambda: len(ranks()) >= 2 and ranks(), timeout=30, what="the demo's ranks")
+    os.kill(demo.proc.pid, signal.SIGKILL)
+    demo.proc.wait(10)
+
+    def gone(p: psutil.Process) -> bool:
+        try:
+            return p.status() == psutil.STATUS_ZOMBIE or not p.is_running()
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(lambda: all(gone(p) for p in found), timeout=15, what="every rank to end with the demo")
