@@ -116,7 +116,7 @@ def api_figures(quick: bool) -> list[dict[str, Any]]:
     hub = _hub()
     client = create_app(hub, {"allowed_hosts": ["localhost"]}).test_client()
     headers = {"Host": "localhost"}
-    n = 100 if quick else 400
+    n = 40 if quick else 400
     times = []
     for k in range(n):
         _touch(hub, "ranks")
@@ -125,7 +125,7 @@ def api_figures(quick: bool) -> list[dict[str, Any]]:
         times.append((time.perf_counter() - t0) * 1000.0)
         assert resp.status_code == 200
     full = []
-    for _ in range(20):  # what the page polls: every run, unfiltered
+    for _ in range(8 if quick else 20):  # what the page polls: every run, unfiltered
         _touch(hub, "ranks")
         t0 = time.perf_counter()
         assert len(client.get("/api/runs", headers=headers).get_json()) == RUNS
@@ -135,7 +135,7 @@ def api_figures(quick: bool) -> list[dict[str, Any]]:
                   unfiltered_p50_ms=round(statistics.median(full), 2))]
     cold = []
     size = 0
-    for _ in range(3 if quick else 5):
+    for _ in range(2 if quick else 5):
         fresh = _hub()
         c = create_app(fresh, {"allowed_hosts": ["localhost"]}).test_client()
         t0 = time.perf_counter()
@@ -244,7 +244,7 @@ def _page_figures(browser: Any, port: int, feed: Feed, quick: bool) -> list[dict
         page = ctx.new_page()
         page.goto(f"http://127.0.0.1:{port}/#cluster")
         wait_for(lambda: page.evaluate("window.__rankboard.cluster().firstDraw"), 60, "drawn")
-        time.sleep(3.0 if quick else 6.0)  # a warm-up window, not a synchronisation
+        time.sleep(1.0 if quick else 6.0)  # a warm-up window, not a synchronisation
         cdp = ctx.new_cdp_session(page)
         cdp.send("Performance.enable")
 
@@ -252,7 +252,7 @@ def _page_figures(browser: Any, port: int, feed: Feed, quick: bool) -> list[dict
             return {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
         s0 = page.evaluate("window.__rankboard.cluster()")
         m0, t0 = metrics(), time.monotonic()
-        time.sleep(10.0 if quick else 20.0)  # the measured window
+        time.sleep(3.0 if quick else 20.0)  # the measured window
         m1, t1 = metrics(), time.monotonic()
         s1 = page.evaluate("window.__rankboard.cluster()")
         wall = t1 - t0

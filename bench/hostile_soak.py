@@ -1,7 +1,7 @@
 """hostile_soak: every attack of issue 19 at once against ONE ``rankboard up``, while an
 honest 64-rank run streams; what the honest run saw.
 
-    python bench/hostile_soak.py --quick     # 15 s of attacks
+    python bench/hostile_soak.py --quick     # 6 s of attacks
     python bench/hostile_soak.py             # 60 s
 
 Processes: ``rankboard up`` (broker child + web), started on a data dir holding an older
@@ -569,7 +569,7 @@ def _soak(up: common.Proc, eps: dict[str, str], seconds: float, scale: float,
 
 
 def run(quick: bool = False, attacks: list[str] | None = None) -> list[dict[str, Any]]:
-    seconds, scale = (15.0, 0.25) if quick else (60.0, 1.0)
+    seconds, scale = (6.0, 0.25) if quick else (60.0, 1.0)
     r = soak(seconds, scale, ATTACKS if attacks is None else attacks)
     extra = {k: v for k, v in r.items() if k not in ("p99", "peak_mib", "lost")}
     extra["seconds"] = seconds
@@ -582,7 +582,7 @@ def run(quick: bool = False, attacks: list[str] | None = None) -> list[dict[str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="15 s of attacks at a quarter size")
+    parser.add_argument("--quick", action="store_true", help="6 s of attacks at a quarter size")
     parser.add_argument("--attacks", help="comma-separated subset of " + ",".join(ATTACKS)
                         + " (default: all; '' for none, the honest run alone)")
     args = parser.parse_args()

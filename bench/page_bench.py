@@ -222,7 +222,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
                 browser = _browser(p)
                 try:
                     out.append(first_draw(browser, server.port, n, 2 if quick else 3))
-                    out += live(browser, server, 2.0 if quick else 8.0, 4.0 if quick else 20.0,
+                    out += live(browser, server, 1.0 if quick else 8.0, 2.0 if quick else 20.0,
                                 6 if quick else 20)
                 finally:
                     browser.close()

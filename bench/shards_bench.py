@@ -318,7 +318,7 @@ def _sender(endpoint: str, frames: list[bytes], ready: Any, go: Any) -> None:
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
-    runs, epochs = (64, 30) if quick else (64, 80)
+    runs, epochs = (32, 12) if quick else (64, 80)
     out = []
     with tempfile.TemporaryDirectory(prefix="rankboard-shards-") as tmp:
         root = Path(tmp)

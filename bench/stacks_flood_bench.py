@@ -103,7 +103,7 @@ def measure(quiet: float, flood_s: float, after: float, kind: str, busy_ms: floa
 
 def run(quick: bool = False, kind: str = "stacks", busy_ms: float = 10.0,
         pinned: bool = True) -> list[dict[str, Any]]:
-    quiet, flood_s, after = (4.0, 4.0, 2.0) if quick else (10.0, 15.0, 10.0)
+    quiet, flood_s, after = (2.0, 2.0, 1.0) if quick else (10.0, 15.0, 10.0)
     got = measure(quiet, flood_s, after, kind, busy_ms, pinned)
     base, under, decoy = got["quiet"], got["under"], got["decoy"]
     suffix = "" if kind == "stacks" else f"_{kind}"

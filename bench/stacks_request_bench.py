@@ -103,7 +103,7 @@ def _round(port: int, timeout: float = 10.0) -> float:
 def run(quick: bool) -> list[dict[str, Any]]:
     import tempfile
 
-    rounds = 8 if quick else 40
+    rounds = 3 if quick else 40
     with tempfile.TemporaryDirectory(prefix="rankboard-bench-") as tmp:
         stack = Stack(Path(tmp) / "data")
         procs: list[subprocess.Popen[bytes]] = []
