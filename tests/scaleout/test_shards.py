@@ -254,7 +254,9 @@ def test_up_shards_over_an_unsharded_data_dir_says_so(spawn: Callable[..., Proc]
     try:
         line = one.wait_line(r"^RANKBOARD_BROKER=(\S+)$").group(1)
         port = one.wait_dashboard()
-        with RankAgent(line, "unsharded-1", 0, 1, control=False, linger_ms=0) as agent:
+        # (a linger: the frames, the finish last, are sent as the agent closes; with none
+        # a close before the connection was up dropped them, and the run never completed)
+        with RankAgent(line, "unsharded-1", 0, 1, control=False, linger_ms=5000) as agent:
             agent.log_epoch(0, 0.5, batches=1)
         wait_for(lambda: b'"status":"complete"' in fetch(port, "/api/runs/unsharded-1").body,
                  what="the unsharded broker's run complete")
