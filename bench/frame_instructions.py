@@ -14,7 +14,11 @@ socket) under ``valgrind --tool=callgrind``, counting only inside the loop over 
   (``ingest_floor_ratio_64r``' frames), held per batch of 256 and released as the server
   does, the journal flushed per batch;
 
-and ``decode`` (``--case steps|resources``): the decode and check alone, the floor's share;
+* ``mixed``: ``ingest_ratio``'s frames: per epoch and rank of 256 (4 senders interleaved,
+  8 ranks a host) a ``resources`` frame and a ``metrics`` frame, epochs closing as they
+  complete, batched as ``resources`` is;
+
+and ``decode`` (``--case steps|resources|mixed``): the decode and check alone, the floor's share;
 ``sketch``: the steps frames through decode, check and only the bookkeeping any closer
 must do (the rank looked up, the points appended to pending columns, the watermark
 counted), none of the rules, events, closes or journal: a lower bound for a broker written
@@ -89,6 +93,16 @@ def _steps_frames() -> Tuple[List[bytes], List[bytes]]:
 
     raws = frames_per_frame_case(rounds=STEPS_ROUNDS)
     return raws[:1024], raws[1024:]
+
+
+MIXED_EPOCHS = 20
+
+
+def _mixed_frames() -> Tuple[List[bytes], List[bytes]]:
+    import ingest as ib
+
+    senders = [ib.frames_for(s, MIXED_EPOCHS) for s in range(ib.SENDERS)]
+    return ib.registers(), [x for group in zip(*senders) for x in group]
 
 
 def _resources_frames() -> Tuple[List[bytes], List[bytes]]:
@@ -201,6 +215,8 @@ def inner(case: str, decode_only: bool, hold: bool = False) -> int:
         if case == "sketch":
             sketch(body)
             return len(body)
+    elif case == "mixed":
+        reg, body = _mixed_frames()
     else:
         reg, body = _resources_frames()
     if decode_only:
@@ -217,7 +233,7 @@ def inner(case: str, decode_only: bool, hold: bool = False) -> int:
     with tempfile.TemporaryDirectory(prefix="rankboard-instr-") as tmp:
         journal = Journal(Path(tmp) / "data")
         journal.load()
-        runs = Runs(recorder=journal.accept, hold_samples=case == "resources")
+        runs = Runs(recorder=journal.accept, hold_samples=case in ("resources", "mixed"))
         for raw in reg:
             runs.ingest(raw, 1000.0)
         runs.release_samples(1000.0)
@@ -339,9 +355,9 @@ def rates(of: str, rounds: int, quick: bool) -> int:
 
 def main(argv: List[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("case", choices=("steps", "resources", "decode", "sketch", "close",
+    ap.add_argument("case", choices=("steps", "resources", "mixed", "decode", "sketch", "close",
                                      "time", "rate"))
-    ap.add_argument("--case", dest="of", choices=("steps", "resources", "resources256"),
+    ap.add_argument("--case", dest="of", choices=("steps", "resources", "mixed", "resources256"),
                     default="steps", help="for decode, time and rate: whose frames "
                     "(resources256: rate only)")
     ap.add_argument("--hold", action="store_true", help="steps: no step closes")
