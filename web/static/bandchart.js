@@ -296,15 +296,7 @@ export class BandChart extends ChartKit {
       }
       ctx.stroke();
       // mean line (smoothed when asked; the raw line stays faint under it)
-      const idx = [];
-      const vals = [];
-      for (let c = 0; c < cols; c++) {
-        if (bin.has[c] && okY(bin.mean[c])) {
-          idx.push(c);
-          vals.push(bin.mean[c]);
-        }
-      }
-      const sm = this.smooth > 0 ? ema(vals, this.smooth) : vals;
+      const { idx, vals, sm } = this._meanLine(bin, cols, okY);
       if (this.smooth > 0) this._path(ctx, idx, vals, cx, sy, color, 1, 0.3);
       this._path(ctx, idx, sm, cx, sy, color, 1.6, 1);
       if (idx.length <= Math.max(2, pw / 12)) {
@@ -316,8 +308,6 @@ export class BandChart extends ChartKit {
           ctx.fill();
         });
       }
-      bin.smoothed = sm;
-      bin.idx = idx;
       // non-finite means: a red tick at the top
       ctx.globalAlpha = 1;
       ctx.fillStyle = "#f2495c";
@@ -340,6 +330,13 @@ export class BandChart extends ChartKit {
 
   /** (8.1) An attempt's superseded records: its mean line only, thin and pale, no band. */
   _faint(ctx, bin, cols, cx, sy, okY, color) {
+    const { idx, sm } = this._meanLine(bin, cols, okY);
+    this._path(ctx, idx, sm, cx, sy, color, 1.2, 0.35);
+  }
+
+  /** A series' drawable mean points: the columns (`idx`), their means (`vals`) and those
+   * smoothed as asked (`sm`); kept on the bin for the hover's readout. */
+  _meanLine(bin, cols, okY) {
     const idx = [];
     const vals = [];
     for (let c = 0; c < cols; c++) {
@@ -349,9 +346,9 @@ export class BandChart extends ChartKit {
       }
     }
     const sm = this.smooth > 0 ? ema(vals, this.smooth) : vals;
-    this._path(ctx, idx, sm, cx, sy, color, 1.2, 0.35);
     bin.smoothed = sm;
     bin.idx = idx;
+    return { idx, vals, sm };
   }
 
   _path(ctx, idx, vals, cx, sy, color, width, alpha) {
