@@ -57,6 +57,8 @@ export class CompareView {
     this.stepData = new Map(); // run -> Buckets of the current metric/range
     this.gen = 0;
     this.view = null;
+    this._errors = []; // the runs the last epoch-axis load could not read
+    this._drawnStepOnly = undefined; // the step runs the epoch chart left out (none drawn yet)
     this._build();
   }
 
@@ -145,7 +147,7 @@ export class CompareView {
   runsChanged() {
     if (!this.section.hidden && this.sel.x === "epoch" && this._drawnStepOnly !== undefined
         && this.sel.runs.filter((run) => this._stepOnly(run)).join("\n") !== this._drawnStepOnly
-        && !this._drawEpochs()) this._loadStatus(this._errors || []);
+        && !this._drawEpochs()) this._loadStatus(this._errors);
     this.renderRuns();
   }
 
@@ -185,6 +187,7 @@ export class CompareView {
 
   async load(refresh = false) {
     const gen = ++this.gen;
+    this._drawnStepOnly = undefined; // (this load draws when its histories are in)
     const { runs, metric, x } = this.sel;
     this.sub.textContent = runs.length ? `${runs.length} run${runs.length === 1 ? "" : "s"} · ${metric} by ${x}` : "tick two or more runs";
     this.chart.setTitle(`${metric} by ${x}`);
@@ -279,7 +282,7 @@ export class CompareView {
     this._drawnStepOnly = stepOnly.join("\n");
     this.chart.setSeries(runs.map((run, i) => ({ name: run, label: this._label(run), color: colorAt(i),
       data: stepOnly.includes(run) ? new Buckets() : this._epochBuckets(run, metric) })));
-    if (stepOnly.length && !(this._errors || []).length) {
+    if (stepOnly.length && !this._errors.length) {
       this.chart.setStatus(`${stepOnly.length} step run${stepOnly.length === 1 ? "" : "s"} (${stepOnly.map((r) => this._label(r)).join(", ")}): on the step axis only (x axis: step)`);
       return true;
     }
