@@ -55,6 +55,23 @@ OnAlert = Callable[[str, str, Optional[int], str, Optional[str], float], None]
 Place = Callable[[int], Optional[Tuple[str, int]]]
 
 
+def _mark(bitmaps: Dict[str, bytearray], kind: str, rank: int) -> bool:
+    """Set ``rank``'s bit in ``kind``'s bitmap (grown as needed); True when it was not set
+    yet. Ranks past any world size a run may have are left out (False)."""
+    if not 0 <= rank < MAX_WORLD_SIZE:
+        return False
+    bits = bitmaps.get(kind)
+    if bits is None:
+        bits = bitmaps[kind] = bytearray()
+    byte, bit = rank >> 3, 1 << (rank & 7)
+    if byte >= len(bits):
+        bits.extend(bytes(byte + 1 - len(bits)))
+    if bits[byte] & bit:
+        return False
+    bits[byte] |= bit
+    return True
+
+
 class RunAlerts:
     """The alerts of one run, in first-raised order (a re-raise updates in place)."""
 
@@ -126,31 +143,13 @@ class RunAlerts:
     def _count_rank(self, kind: str, rank: int) -> None:
         """Note that ``rank`` raised ``kind`` (once per rank; ranks past any world size a
         run may have are left out: they are discarded when the world size is known)."""
-        if not 0 <= rank < MAX_WORLD_SIZE:
-            return
-        bits = self._ranks.get(kind)
-        if bits is None:
-            bits = self._ranks[kind] = bytearray()
-        byte, bit = rank >> 3, 1 << (rank & 7)
-        if byte >= len(bits):
-            bits.extend(bytes(byte + 1 - len(bits)))
-        if not bits[byte] & bit:
-            bits[byte] |= bit
+        if _mark(self._ranks, kind, rank):
             self._n_ranks[kind] = self._n_ranks.get(kind, 0) + 1
 
     def _count_attempt(self, kind: str, rank: int) -> None:
         """Note that ``rank`` raised ``kind`` in the current attempt (8.5: a kind is judged
         in the attempt in which an alert was last raised)."""
-        if not 0 <= rank < MAX_WORLD_SIZE:
-            return
-        bits = self._att_bits.get(kind)
-        if bits is None:
-            bits = self._att_bits[kind] = bytearray()
-        byte, bit = rank >> 3, 1 << (rank & 7)
-        if byte >= len(bits):
-            bits.extend(bytes(byte + 1 - len(bits)))
-        if not bits[byte] & bit:
-            bits[byte] |= bit
+        if _mark(self._att_bits, kind, rank):
             counts = self._att_counts.setdefault(kind, {})
             counts[self.attempt] = counts.get(self.attempt, 0) + 1
             if len(counts) > MAX_COUNTED_ATTEMPTS:  # (the oldest attempt's count goes)
