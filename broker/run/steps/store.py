@@ -283,15 +283,7 @@ class StepStore:
                     got[1].append(triple)
             for name, (rows, vals) in per_metric.items():
                 series_in.append((name, np.array(rows, np.int64), trip_array(vals)))
-        base = self._reserve(k)
-        cols = self._cols
-        end = base + k
-        cols["step"][base:end] = step_a
-        cols["time"][base:end] = time_a
-        cols["n"][base:end] = n_a
-        cols["slowest"][base:end] = slow_a
-        cols["samples"][base:end] = samples_a
-        cols["tokens"][base:end] = tokens_a
+        base, end = self._put_rows(step_a, time_a, n_a, slow_a, samples_a, tokens_a)
         if len(ms_rows):
             self.step_ms.extend(ms_rows + base, ms_trip[:, 0], ms_trip[:, 1], ms_trip[:, 2])
         if len(d_rows):
@@ -302,6 +294,22 @@ class StepStore:
                 series = self._new_series(name)
             series.extend(at + base, trip[:, 0], trip[:, 1], trip[:, 2])
         self.rows = end
+
+    def _put_rows(self, step: Any, time: Any, n: Any, slowest: Any, samples: Any,
+                  tokens: Any) -> tuple[int, int]:
+        """Write a batch's row columns after the last row; ``(base, end)``: the rows they
+        took (``self.rows`` moves once the batch's series are in too)."""
+        k = len(step)
+        base = self._reserve(k)
+        cols = self._cols
+        end = base + k
+        cols["step"][base:end] = step
+        cols["time"][base:end] = time
+        cols["n"][base:end] = n
+        cols["slowest"][base:end] = slowest
+        cols["samples"][base:end] = samples
+        cols["tokens"][base:end] = tokens
+        return base, end
 
     def append_columns(self, step: np.ndarray, time: np.ndarray, n: np.ndarray,
                        slowest: np.ndarray, samples: np.ndarray, tokens: np.ndarray,
@@ -317,15 +325,7 @@ class StepStore:
         k = len(step)
         if not k:
             return
-        base = self._reserve(k)
-        cols = self._cols
-        end = base + k
-        cols["step"][base:end] = step
-        cols["time"][base:end] = time
-        cols["n"][base:end] = n
-        cols["slowest"][base:end] = slowest
-        cols["samples"][base:end] = samples
-        cols["tokens"][base:end] = tokens
+        base, end = self._put_rows(step, time, n, slowest, samples, tokens)
         idx, mean, lo, hi = step_ms
         self.step_ms.extend(idx + base, mean, lo, hi)
         if data_ms is not None and len(data_ms[0]):
