@@ -16,10 +16,8 @@ from web.serve import patch
 
 patch()
 
-from gevent.pywsgi import WSGIServer  # noqa: E402
-
 from broker import feed  # noqa: E402
-from web.app import create_app  # noqa: E402
+from tests.support.hubserve import serve  # noqa: E402
 from web.hub import Hub  # noqa: E402
 from web.runstate import RunState  # noqa: E402
 
@@ -51,11 +49,7 @@ def build_hub(hosts: int) -> Hub:
 
 
 def main() -> None:
-    app = create_app(build_hub(int(sys.argv[1])))
-    server = WSGIServer(("127.0.0.1", 0), app, log=None)
-    server.start()
-    print(f"port {server.server_port}", flush=True)
-    server.serve_forever()
+    serve(build_hub(int(sys.argv[1])))
 
 
 if __name__ == "__main__":

@@ -17,11 +17,9 @@ from web.serve import patch
 
 patch()
 
-from gevent.pywsgi import WSGIServer  # noqa: E402
-
 from broker import feed  # noqa: E402
 from tests.support.gpuentry import health_gpu  # noqa: E402
-from web.app import create_app  # noqa: E402
+from tests.support.hubserve import serve  # noqa: E402
 from web.hub import Hub  # noqa: E402
 
 RUN = "big"
@@ -57,11 +55,7 @@ def build_hub(n: int, per_rank: int) -> Hub:
 def main() -> None:
     n = int(sys.argv[1])
     per_rank = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-    app = create_app(build_hub(n, per_rank))
-    server = WSGIServer(("127.0.0.1", 0), app, log=None)
-    server.start()
-    print(f"port {server.server_port}", flush=True)
-    server.serve_forever()
+    serve(build_hub(n, per_rank))
 
 
 if __name__ == "__main__":
